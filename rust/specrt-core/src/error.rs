@@ -1,0 +1,66 @@
+//! The one error type of specrt. Every fallible function in every crate returns [`Result`]; the Python
+//! binding maps each variant to one exception class (no wildcard arm), see `rust/specrt-py/src/errors.rs`.
+
+/// Every error specrt can report. Messages name the bad value and what is allowed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SpecError {
+    /// A configuration or argument value outside its allowed range
+    /// (e.g. `temperature -1 is invalid (expected >= 0)`).
+    #[error("{0}")]
+    Config(String),
+    /// A tensor or slice with the wrong shape or length
+    /// (e.g. `target logits have 10 values, expected [k + 1, vocab] = [3, 4] = 12`).
+    #[error("{0}")]
+    Shape(String),
+    /// Draft and target (or tokens and model) disagree on the vocabulary.
+    #[error("{0}")]
+    Vocab(String),
+    /// A model produced NaN or infinite logits, or a row with no finite value.
+    #[error("non-finite logits at row {row}, token {token}: {value} ({what})")]
+    NonFinite {
+        /// Row of the `[n, vocab]` logits block (0-based).
+        row: usize,
+        /// Column (token id) of the first bad value.
+        token: usize,
+        /// The offending value, printed.
+        value: String,
+        /// What was wrong, e.g. "NaN", "+inf", "all -inf".
+        what: String,
+    },
+    /// The sequence would exceed the model's or the cache's maximum length.
+    #[error("{0}")]
+    Length(String),
+    /// The model runtime (ONNX Runtime) failed; `code` is its error code name.
+    #[error("backend error ({code}): {message}")]
+    Backend {
+        /// Error code name reported by the runtime (e.g. "InvalidArgument", "NoSuchFile").
+        code: String,
+        /// The runtime's message.
+        message: String,
+    },
+    /// A requested execution provider (e.g. CUDA) could not be loaded.
+    #[error("{0}")]
+    Provider(String),
+    /// A file could not be read or is malformed.
+    #[error("{0}")]
+    Io(String),
+    /// Generation was cancelled by the caller (e.g. KeyboardInterrupt).
+    #[error("generation cancelled")]
+    Cancelled,
+    /// A bug in specrt: an invariant did not hold. Please report it.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// `Result` with [`SpecError`].
+pub type Result<T> = std::result::Result<T, SpecError>;
+
+/// Return `Err(SpecError::$kind(format!(...)))` unless the condition holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $kind:ident, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::error::SpecError::$kind(format!($($fmt)+)));
+        }
+    };
+}

@@ -1,0 +1,10 @@
+//! specrt-core: the lossless speculative decoding core.
+//!
+//! Pure Rust (no Python, no ONNX Runtime types). Holds logits processing, the seeded RNG, one verification
+//! round (Leviathan et al. 2023, arXiv:2211.17192; Chen et al. 2023, arXiv:2302.01318), the cost model of
+//! `shared/seed`, and the draft/verify loop over a [`backend::Backend`] trait. All 2-D data is row-major.
+#![deny(missing_docs)]
+
+pub mod error;
+
+pub use error::{Result, SpecError};
