@@ -5,6 +5,7 @@
 //! `shared/seed`, and the draft/verify loop over a [`backend::Backend`] trait. All 2-D data is row-major.
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod error;
 
 pub use error::{Result, SpecError};
