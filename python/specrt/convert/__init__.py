@@ -1,0 +1,260 @@
+"""GGUF -> ONNX conversion for specrt (fp32, GroupQueryAttention with one shared KV buffer per layer).
+
+Entry point: :func:`convert`. The output folder follows ARCHITECTURE.md ("ONNX decoder contract"):
+
+=========================  ==========================================================================================
+``model.onnx``             the graph (initializers point into ``model.onnx.data``)
+``model.onnx.data``        fp32 weights, page-aligned
+``tokenizer.json``         Hugging Face ``tokenizers`` file built from the GGUF metadata
+``chat_template.jinja``    the GGUF's ``tokenizer.chat_template`` (absent if the GGUF has none)
+``generation_config.json`` ``bos_token_id``, ``eos_token_id`` (a list with every end-of-turn id), ``pad_token_id``
+``specrt_config.json``     shapes, ids and provenance the runtime needs (see :func:`convert`)
+``NOTICE``                 where the weights came from and under which license
+=========================  ==========================================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from specrt.convert.errors import (
+    ConversionError,
+    GGUFFormatError,
+    OutputExistsError,
+    TokenizerMetadataError,
+    UnsupportedArchitectureError,
+    UnsupportedModelError,
+)
+from specrt.convert.gguf_reader import ARCH_INFO, GGUFModel, ModelSpec
+
+__all__ = [
+    "MIN_ONNXRUNTIME",
+    "SUPPORTED_ARCHITECTURES",
+    "SUPPORTED_DTYPES",
+    "ConversionError",
+    "DiskSpaceError",
+    "GGUFFormatError",
+    "OutputExistsError",
+    "TokenizerMetadataError",
+    "UnsupportedArchitectureError",
+    "UnsupportedModelError",
+    "convert",
+    "estimate_output_bytes",
+]
+
+#: Oldest onnxruntime that runs the graphs (GroupQueryAttention with a past and several new tokens).
+MIN_ONNXRUNTIME = "1.20"
+SUPPORTED_ARCHITECTURES = tuple(sorted(ARCH_INFO))
+SUPPORTED_DTYPES = ("fp32",)
+
+
+class DiskSpaceError(ConversionError, OSError):
+    """Not enough free disk space for the output (checked before anything is written)."""
+
+
+def estimate_output_bytes(model: GGUFModel, spec: ModelSpec, max_positions: int | None = None) -> int:
+    """Bytes of ``model.onnx.data`` for fp32 output: every tensor as float32 plus the two cos/sin caches."""
+    n = sum(int(t.n_elements) for t in model.tensors.values())
+    n += (max_positions or spec.max_position_embeddings) * spec.head_dim
+    return 4 * n + (1 << 20) * (spec.num_layers + 4)
+
+
+def _progress(total: int, desc: str, unit: str, enabled: bool, unit_scale: bool = False) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, disable=not enabled, leave=False)
+
+
+def _hash_with_progress(path: Path, enabled: bool) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with (
+        _progress(path.stat().st_size, f"sha256 {path.name}", "B", enabled, unit_scale=True) as bar,
+        open(path, "rb") as f,
+    ):
+        while block := f.read(1 << 22):
+            h.update(block)
+            bar.update(len(block))
+    return h.hexdigest()
+
+
+def _notice(model: GGUFModel, src: Path, sha: str, provenance: str | None) -> str:
+    lines = [
+        "specrt model folder",
+        "====================",
+        "",
+        f"Converted by specrt.convert from {src.name} (SHA-256 {sha}).",
+        f"Model name (general.name): {model.get('general.name', 'unknown')}",
+        f"Architecture: {model.architecture}",
+        f"License declared in the GGUF (general.license): {model.get('general.license', 'none declared')}",
+    ]
+    keys = ("general.author", "general.organization", "general.url", "general.source.url", "general.repo_url")
+    lines.extend(f"{key}: {model.get(key)}" for key in keys if model.has(key))
+    lines += [
+        "",
+        "The weights were dequantized from the GGUF's quantized tensors to float32 and written unchanged otherwise",
+        "(Q/K projection rows of llama-family models are un-permuted back to the Hugging Face layout).",
+        "The weights remain under their upstream license; specrt's own code is Apache-2.0.",
+    ]
+    if provenance:
+        lines += ["", provenance.rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+def convert(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    dtype: str = "fp32",
+    force: bool = False,
+    max_positions: int | None = None,
+    source_sha256: str | None = None,
+    provenance: str | None = None,
+    progress: bool = True,
+    check: bool = True,
+) -> Path:
+    """Convert a GGUF decoder (``llama`` or ``qwen2``) into a specrt ONNX model folder.
+
+    The folder is written into a temporary sibling of ``out`` and renamed at the end, so an error (or Ctrl-C) leaves
+    no half-written ``out``. Peak memory is about twice the largest fp32 tensor (the embedding), not the model.
+
+    Args:
+        src: the ``.gguf`` file.
+        out: the folder to create.
+        dtype: weight / activation precision; only ``"fp32"`` so far.
+        force: replace ``out`` if it exists.
+        max_positions: rows of the rotary cos/sin caches = the longest sequence the model accepts
+            (default: the GGUF's ``context_length``).
+        source_sha256: SHA-256 of ``src`` if already known (skips hashing the file again).
+        provenance: extra text for ``NOTICE`` (package names, hashes, upstream license).
+        progress: show tqdm progress bars (hashing, dequantize + write).
+        check: run ``onnx.checker`` on the result.
+
+    Returns:
+        ``Path(out)``.
+
+    ``specrt_config.json`` holds: ``architecture``, ``hf_architecture``, ``vocab_size`` (logits width),
+    ``tokenizer_vocab_size``, ``num_layers``, ``num_attention_heads``, ``num_kv_heads``, ``head_dim``,
+    ``hidden_size``, ``intermediate_size``, ``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``,
+    ``tied_embeddings``, ``dtype``, ``kv_layout`` (``"shared_buffer"``), ``bos_token_id``, ``eos_token_ids``,
+    ``pad_token_id``, ``add_bos_token``, ``special_tokens`` (content -> id), ``source``, ``source_sha256``,
+    ``source_name``, ``min_onnxruntime``, ``onnx_opset``, ``converter``.
+
+    Raises:
+        UnsupportedModelError: ``dtype`` other than fp32, RoPE scaling, partial rotary, unknown quantization.
+        UnsupportedArchitectureError: an architecture other than ``llama`` / ``qwen2`` (the message lists them).
+        GGUFFormatError: ``src`` is missing, not a GGUF, truncated or lacks required tensors / keys.
+        TokenizerMetadataError: the tokenizer metadata is missing or of an unsupported kind.
+        OutputExistsError: ``out`` exists and ``force`` is false.
+        DiskSpaceError: the file system holding ``out`` has too little free space.
+    """
+    import onnx
+
+    from specrt.convert.graph import OPSET, ExternalDataWriter, build_decoder
+    from specrt.convert.tokenizer import build_tokenizer
+
+    src, out = Path(src), Path(out)
+    if dtype not in SUPPORTED_DTYPES:
+        raise UnsupportedModelError(f"dtype {dtype!r} is not supported yet; supported: {', '.join(SUPPORTED_DTYPES)}")
+    if out.exists() and not force:
+        raise OutputExistsError(f"{out} already exists (pass force=True / --force to replace it)")
+    t0 = time.perf_counter()
+    model = GGUFModel(src)
+    spec = model.spec()
+    tokenizer, tok_info = build_tokenizer(model)
+    if tok_info.vocab_size > spec.vocab_size:
+        raise GGUFFormatError(
+            f"{src}: the tokenizer has {tok_info.vocab_size} tokens but the embedding only {spec.vocab_size} rows"
+        )
+    if max_positions is not None and max_positions < 1:
+        raise UnsupportedModelError(f"max_positions must be positive, got {max_positions}")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    need = estimate_output_bytes(model, spec, max_positions)
+    free = shutil.disk_usage(out.parent).free
+    if free < need:
+        raise DiskSpaceError(
+            f"not enough disk space in {out.parent}: the model needs about {need / 2**30:.2f} GiB, "
+            f"{free / 2**30:.2f} GiB free"
+        )
+    sha = source_sha256 or _hash_with_progress(src, progress)
+
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        tensor_names = set(model.tensors)
+        with (
+            ExternalDataWriter(tmp / "model.onnx.data") as writer,
+            _progress(len(tensor_names), f"dequantize+write {src.name}", "tensor", progress) as bar,
+        ):
+            proto = build_decoder(
+                spec,
+                lambda name: model.tensor(name, spec),
+                writer,
+                max_positions=max_positions,
+                on_tensor=lambda _name: bar.update(1),
+                graph_name=str(model.get("general.name", "specrt_decoder")),
+            )
+        onnx.save_model(proto, str(tmp / "model.onnx"))
+        del proto
+        if check:
+            onnx.checker.check_model(str(tmp / "model.onnx"))
+
+        tokenizer.save(str(tmp / "tokenizer.json"))
+        if tok_info.chat_template:
+            (tmp / "chat_template.jinja").write_text(tok_info.chat_template, encoding="utf-8")
+        gen = {
+            "bos_token_id": tok_info.bos_token_id,
+            "eos_token_id": tok_info.eos_token_ids,
+            "pad_token_id": tok_info.pad_token_id,
+        }
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
+        config: dict[str, Any] = {
+            "architecture": spec.architecture,
+            "hf_architecture": spec.arch.hf_architecture,
+            "vocab_size": spec.vocab_size,
+            "tokenizer_vocab_size": tok_info.vocab_size,
+            "num_layers": spec.num_layers,
+            "num_attention_heads": spec.num_attention_heads,
+            "num_kv_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim,
+            "hidden_size": spec.hidden_size,
+            "intermediate_size": spec.intermediate_size,
+            "max_position_embeddings": int(max_positions or spec.max_position_embeddings),
+            "rope_theta": spec.rope_theta,
+            "rms_norm_eps": spec.rms_norm_eps,
+            "tied_embeddings": spec.tied_embeddings,
+            "dtype": dtype,
+            "kv_layout": "shared_buffer",
+            "bos_token_id": tok_info.bos_token_id,
+            "eos_token_ids": tok_info.eos_token_ids,
+            "pad_token_id": tok_info.pad_token_id,
+            "add_bos_token": tok_info.add_bos_token,
+            "special_tokens": tok_info.special_tokens,
+            "source": src.name,
+            "source_sha256": sha,
+            "source_name": model.get("general.name"),
+            "min_onnxruntime": MIN_ONNXRUNTIME,
+            "onnx_opset": OPSET,
+            "converter": "specrt.convert",
+            "conversion_seconds": round(time.perf_counter() - t0, 1),
+        }
+        (tmp / "specrt_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        (tmp / "NOTICE").write_text(_notice(model, src, sha, provenance), encoding="utf-8")
+
+        if out.exists():  # force=True: move the old folder aside first so the swap is quick
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            out.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

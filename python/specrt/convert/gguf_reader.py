@@ -1,0 +1,305 @@
+"""Read a GGUF file: hyperparameters, tokenizer metadata and dequantized fp32 tensors.
+
+GGUF stores a matrix with its dims listed fastest-first (``ne0`` = input features), so the numpy array the ``gguf``
+package gives is ``[out, in]``, the same orientation as a PyTorch ``nn.Linear.weight``. :meth:`GGUFModel.tensor`
+returns exactly that, as float32, one tensor at a time, so the caller never holds more than the tensor it is writing.
+
+llama.cpp's converter permutes the rows of the Q and K projections of ``llama`` models so its interleaved ("NORM")
+rotary embedding can be used; :meth:`GGUFModel.tensor` undoes that permutation (``unpermute_qk=True``) so that every
+architecture uses the half-split ("rotate_half", NEOX) rotary of ONNX Runtime's ``GroupQueryAttention`` with
+``rotary_interleaved=0``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specrt.convert.errors import GGUFFormatError, UnsupportedArchitectureError, UnsupportedModelError
+
+__all__ = ["ARCH_INFO", "ArchInfo", "GGUFModel", "ModelSpec", "file_sha256"]
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """What distinguishes one supported decoder family from another.
+
+    Attributes:
+        name: the GGUF ``general.architecture`` value.
+        qk_permuted: llama.cpp stores the Q/K projection rows permuted for its interleaved rotary.
+        qkv_bias: the family normally has biases on q/k/v (they are used whenever present either way).
+        hf_architecture: the Hugging Face class name, for the NOTICE and config.
+    """
+
+    name: str
+    qk_permuted: bool
+    qkv_bias: bool
+    hf_architecture: str
+
+
+#: Supported architectures. A new llama-like family is one row here (plus any extra tensors in graph.py).
+ARCH_INFO: dict[str, ArchInfo] = {
+    "llama": ArchInfo("llama", qk_permuted=True, qkv_bias=False, hf_architecture="LlamaForCausalLM"),
+    "qwen2": ArchInfo("qwen2", qk_permuted=False, qkv_bias=True, hf_architecture="Qwen2ForCausalLM"),
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Hyperparameters of a decoder-only transformer read from GGUF metadata.
+
+    Attributes:
+        architecture: ``llama`` or ``qwen2``.
+        num_layers: transformer blocks.
+        hidden_size: model width H.
+        intermediate_size: SwiGLU width F.
+        num_attention_heads: query heads.
+        num_kv_heads: key/value heads (GQA groups).
+        head_dim: per-head width; ``num_attention_heads * head_dim`` is the q projection width.
+        vocab_size: rows of the token embedding (= logits width).
+        rms_norm_eps: epsilon of every RMSNorm.
+        rope_theta: rotary base frequency.
+        max_position_embeddings: trained context length (size of the cos/sin caches).
+        tied_embeddings: the lm_head reuses the token embedding (no ``output.weight``).
+        qkv_bias: q/k/v projections have biases.
+    """
+
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tied_embeddings: bool
+    qkv_bias: bool
+
+    @property
+    def arch(self) -> ArchInfo:
+        """The :class:`ArchInfo` row of this architecture."""
+        return ARCH_INFO[self.architecture]
+
+
+def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
+    """SHA-256 of a file as lowercase hex, read in 4 MiB chunks (constant memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _field_value(field: Any) -> Any:
+    """Decode a ``gguf.ReaderField`` into a Python value (str, int, float, bool or list of them)."""
+    import gguf
+
+    types = field.types
+    if not types:
+        return None
+    if types[0] == gguf.GGUFValueType.ARRAY:
+        if len(types) > 1 and types[1] == gguf.GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+        return [field.parts[i].tolist()[0] for i in field.data]
+    if types[0] == gguf.GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+    return field.parts[field.data[0]].tolist()[0]
+
+
+class GGUFModel:
+    """A GGUF file opened for conversion (memory-mapped: tensors are read lazily).
+
+    Args:
+        path: the ``.gguf`` file.
+
+    Raises:
+        GGUFFormatError: the file is missing, not a GGUF, truncated or otherwise unreadable.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        import gguf
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise GGUFFormatError(f"{self.path}: no such GGUF file")
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise GGUFFormatError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+        try:
+            self._reader = gguf.GGUFReader(self.path, "r")
+        except Exception as e:  # the gguf package raises ValueError, IndexError, struct/numpy errors alike
+            raise GGUFFormatError(f"{self.path}: corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
+        self.tensors = {t.name: t for t in self._reader.tensors}
+        for t in self._reader.tensors:
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > size:
+                raise GGUFFormatError(
+                    f"{self.path}: truncated GGUF: tensor {t.name!r} ends at byte {end} but the file has {size} bytes"
+                )
+        self._fields: dict[str, Any] = {}
+
+    # ----- metadata -----------------------------------------------------------------------------------------
+    def has(self, key: str) -> bool:
+        """Whether metadata key ``key`` is present."""
+        return key in self._reader.fields
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The decoded value of metadata key ``key`` (``default`` when absent)."""
+        if key not in self._reader.fields:
+            return default
+        if key not in self._fields:
+            try:
+                self._fields[key] = _field_value(self._reader.fields[key])
+            except Exception as e:
+                raise GGUFFormatError(f"{self.path}: cannot decode metadata key {key!r}: {e}") from None
+        return self._fields[key]
+
+    def require(self, key: str) -> Any:
+        """The value of metadata key ``key``.
+
+        Raises:
+            GGUFFormatError: the key is absent.
+        """
+        if key not in self._reader.fields:
+            raise GGUFFormatError(f"{self.path}: required metadata key {key!r} is missing")
+        return self.get(key)
+
+    @property
+    def architecture(self) -> str:
+        """``general.architecture`` (e.g. ``llama``, ``qwen2``)."""
+        return str(self.require("general.architecture"))
+
+    def spec(self) -> ModelSpec:
+        """Read and check the hyperparameters.
+
+        Raises:
+            UnsupportedArchitectureError: the architecture is not in :data:`ARCH_INFO`.
+            UnsupportedModelError: RoPE scaling, partial rotary, or another unimplemented feature.
+            GGUFFormatError: required keys or tensors are missing.
+        """
+        arch = self.architecture
+        if arch not in ARCH_INFO:
+            raise UnsupportedArchitectureError(arch, sorted(ARCH_INFO))
+        scaling = self.get(f"{arch}.rope.scaling.type")
+        if scaling not in (None, "none", ""):
+            raise UnsupportedModelError(
+                f"RoPE scaling {scaling!r} ({arch}.rope.scaling.type) is not implemented; only unscaled RoPE models "
+                "can be converted"
+            )
+        factor = self.get(f"{arch}.rope.scaling.factor")
+        if factor not in (None, 0.0, 1.0):
+            raise UnsupportedModelError(f"RoPE scaling factor {factor} ({arch}.rope.scaling.factor) is not implemented")
+        if "rope_freqs.weight" in self.tensors:
+            raise UnsupportedModelError(
+                "the GGUF carries rope_freqs.weight (Llama 3.1-style frequency scaling), which is not implemented"
+            )
+        n_heads = int(self.require(f"{arch}.attention.head_count"))
+        hidden = int(self.require(f"{arch}.embedding_length"))
+        head_dim = int(self.get(f"{arch}.attention.key_length", hidden // n_heads))
+        rot = int(self.get(f"{arch}.rope.dimension_count", head_dim))
+        if rot != head_dim:
+            raise UnsupportedModelError(f"partial rotary (rope.dimension_count {rot} != head_dim {head_dim})")
+        if "token_embd.weight" not in self.tensors:
+            raise GGUFFormatError(f"{self.path}: tensor 'token_embd.weight' is missing")
+        vocab = int(self.tensors["token_embd.weight"].shape[1])
+        n_layers = int(self.require(f"{arch}.block_count"))
+        for i in range(n_layers):
+            for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"):
+                if f"blk.{i}.{part}.weight" not in self.tensors:
+                    raise GGUFFormatError(f"{self.path}: tensor 'blk.{i}.{part}.weight' is missing")
+            for part in ("ffn_gate", "ffn_up", "ffn_down"):
+                if f"blk.{i}.{part}.weight" not in self.tensors:
+                    raise UnsupportedModelError(
+                        f"tensor 'blk.{i}.{part}.weight' is missing (mixture-of-experts or non-SwiGLU MLPs are not "
+                        "supported)"
+                    )
+        return ModelSpec(
+            architecture=arch,
+            num_layers=n_layers,
+            hidden_size=hidden,
+            intermediate_size=int(self.require(f"{arch}.feed_forward_length")),
+            num_attention_heads=n_heads,
+            num_kv_heads=int(self.get(f"{arch}.attention.head_count_kv", n_heads)),
+            head_dim=head_dim,
+            vocab_size=vocab,
+            rms_norm_eps=float(self.require(f"{arch}.attention.layer_norm_rms_epsilon")),
+            rope_theta=float(self.get(f"{arch}.rope.freq_base", 10000.0)),
+            max_position_embeddings=int(self.require(f"{arch}.context_length")),
+            tied_embeddings="output.weight" not in self.tensors,
+            qkv_bias="blk.0.attn_q.bias" in self.tensors,
+        )
+
+    # ----- tensors ------------------------------------------------------------------------------------------
+    def raw_tensor(self, name: str) -> np.ndarray:
+        """Dequantize tensor ``name`` exactly as stored (no Q/K un-permutation).
+
+        Returns:
+            float32 array in numpy order: ``[out, in]`` for matrices, ``[n]`` for vectors.
+
+        Raises:
+            GGUFFormatError: no such tensor, or its data cannot be decoded.
+            UnsupportedModelError: a quantization type the ``gguf`` package cannot dequantize.
+        """
+        import gguf
+        from gguf.quants import dequantize
+
+        t = self.tensors.get(name)
+        if t is None:
+            raise GGUFFormatError(f"{self.path}: tensor {name!r} is missing")
+        shape = tuple(int(d) for d in reversed(t.shape))
+        qtype = t.tensor_type
+        try:
+            if qtype == gguf.GGMLQuantizationType.F32:
+                out = np.asarray(t.data, dtype=np.float32)
+            elif qtype == gguf.GGMLQuantizationType.F16:
+                out = np.asarray(t.data).view(np.float16).astype(np.float32)
+            else:
+                out = dequantize(np.asarray(t.data), qtype).astype(np.float32, copy=False)
+        except NotImplementedError:
+            raise UnsupportedModelError(
+                f"tensor {name!r} uses quantization {qtype.name}, which the gguf package cannot dequantize"
+            ) from None
+        except (ValueError, IndexError, OSError) as e:
+            raise GGUFFormatError(f"{self.path}: cannot decode tensor {name!r} ({qtype.name}): {e}") from None
+        return out.reshape(shape)
+
+    def tensor(self, name: str, spec: ModelSpec | None = None, *, unpermute_qk: bool = True) -> np.ndarray:
+        """Dequantize tensor ``name`` to float32, undoing llama.cpp's Q/K row permutation for ``llama`` models.
+
+        Args:
+            name: GGUF tensor name, e.g. ``blk.0.attn_q.weight``.
+            spec: the model's :class:`ModelSpec` (read from the file when omitted).
+            unpermute_qk: restore the half-split rotary layout of Q/K weights and biases.
+
+        Returns:
+            float32 ``[out, in]`` (matrices) or ``[n]`` (vectors).
+        """
+        w = self.raw_tensor(name)
+        if unpermute_qk and (".attn_q." in name or ".attn_k." in name):
+            spec = spec or self.spec()
+            if spec.arch.qk_permuted:
+                n = spec.num_attention_heads if ".attn_q." in name else spec.num_kv_heads
+                w = unpermute_rows(w, n)
+        return w
+
+
+def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's ``permute`` of Q/K rows.
+
+    llama.cpp turns each head's half-split pairs ``(i, i + d/2)`` into adjacent rows ``(2i, 2i + 1)``; this maps them
+    back. ``w`` is ``[n_head * d, in]`` (weights) or ``[n_head * d]`` (biases); returns the same shape.
+    """
+    rows = w.shape[0]
+    d = rows // n_head
+    rest = w.shape[1:]
+    return np.ascontiguousarray(w.reshape(n_head, d // 2, 2, *rest).swapaxes(1, 2).reshape(rows, *rest))

@@ -1,0 +1,90 @@
+"""NumPy forward pass of a GGUF decoder, the test oracle for the converted ONNX graph.
+
+Deliberately written the way llama.cpp defines the models rather than the way the converter builds its graph: it
+uses the tensors *as stored* (no Q/K un-permutation) with llama.cpp's RoPE mode for the architecture (``llama``:
+interleaved pairs ``(2i, 2i+1)``; ``qwen2``: half-split pairs ``(i, i + d/2)``), separate q/k/v and gate/up
+projections, an explicit causal mask, and float64 arithmetic. Agreement with the ONNX graph therefore checks the
+un-permutation, the fused projections and the rotary setup, not just the plumbing.
+
+Slow and memory-hungry by design (full recompute, no cache); fine for tiny models and for short prompts on
+SmolLM2-135M.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specrt.convert.gguf_reader import GGUFModel, ModelSpec
+
+__all__ = ["ROPE_MODE", "reference_logits"]
+
+#: llama.cpp's rotary layout per architecture (``llama_model_rope_type``): NORM = adjacent pairs, NEOX = halves.
+ROPE_MODE = {"llama": "norm", "qwen2": "neox"}
+
+
+def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _rope(x: np.ndarray, positions: np.ndarray, theta: float, mode: str) -> np.ndarray:
+    """Rotate ``x`` ``[S, heads, d]`` at ``positions`` ``[S]``."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    ang = positions[:, None].astype(np.float64) * inv_freq[None, :]  # [S, d/2]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    if mode == "norm":
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = a * sin + b * cos
+        return out
+    a, b = x[..., : d // 2], x[..., d // 2 :]
+    return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+
+def reference_logits(model: GGUFModel, token_ids: list[int] | np.ndarray, spec: ModelSpec | None = None) -> np.ndarray:
+    """Logits of every position of ``token_ids`` (positions 0..S-1), computed from scratch in float64.
+
+    Args:
+        model: the opened GGUF.
+        token_ids: ``S`` token ids.
+        spec: hyperparameters (read from ``model`` when omitted).
+
+    Returns:
+        float64 ``[S, vocab_size]``.
+    """
+    spec = spec or model.spec()
+    ids = np.asarray(token_ids, dtype=np.int64)
+    S, nh, kvh, hd = len(ids), spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
+    mode = ROPE_MODE[spec.architecture]
+    pos = np.arange(S)
+
+    def t(name: str) -> np.ndarray:
+        return model.raw_tensor(name).astype(np.float64)
+
+    embed = model.raw_tensor("token_embd.weight")
+    h = embed[ids].astype(np.float64)  # [S, H]
+    causal = np.triu(np.full((S, S), -np.inf), k=1)
+    for i in range(spec.num_layers):
+        p = f"blk.{i}"
+        x = _rms_norm(h, t(f"{p}.attn_norm.weight"), spec.rms_norm_eps)
+        q, k, v = (x @ t(f"{p}.attn_{n}.weight").T for n in "qkv")
+        if f"{p}.attn_q.bias" in model.tensors:
+            q, k, v = q + t(f"{p}.attn_q.bias"), k + t(f"{p}.attn_k.bias"), v + t(f"{p}.attn_v.bias")
+        q = _rope(q.reshape(S, nh, hd), pos, spec.rope_theta, mode)
+        k = _rope(k.reshape(S, kvh, hd), pos, spec.rope_theta, mode)
+        v = v.reshape(S, kvh, hd)
+        group = nh // kvh
+        out = np.empty((S, nh, hd))
+        for head in range(nh):
+            kv = head // group
+            scores = q[:, head, :] @ k[:, kv, :].T / np.sqrt(hd) + causal
+            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            out[:, head, :] = (scores / scores.sum(axis=-1, keepdims=True)) @ v[:, kv, :]
+        h = h + out.reshape(S, nh * hd) @ t(f"{p}.attn_output.weight").T
+        x = _rms_norm(h, t(f"{p}.ffn_norm.weight"), spec.rms_norm_eps)
+        gate, up = x @ t(f"{p}.ffn_gate.weight").T, x @ t(f"{p}.ffn_up.weight").T
+        h = h + (gate / (1.0 + np.exp(-gate)) * up) @ t(f"{p}.ffn_down.weight").T
+    h = _rms_norm(h, t("output_norm.weight"), spec.rms_norm_eps)
+    head = embed if spec.tied_embeddings else model.raw_tensor("output.weight")
+    return h @ head.T.astype(np.float64)

@@ -1,0 +1,184 @@
+"""Write tiny random-weight GGUF decoders (llama or qwen2 layout) for tests: a few hundred kB, written in
+milliseconds, with a small byte-level BPE tokenizer and a ChatML template in the metadata.
+
+The weights are random, so llama.cpp's Q/K permutation of ``llama`` files is simply "how these bytes are meant to be
+read": the reference forward pass reads them with llama.cpp's interleaved rotary, the converter un-permutes them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["CHATML_TEMPLATE", "tiny_vocab", "write_tiny_gguf"]
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2's reversible byte -> printable character map, as a list indexed by byte value."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
+
+
+def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
+    """A 265-token byte-level BPE vocabulary: 256 byte tokens, 5 merges, 3 control tokens, 1 user-defined token.
+
+    Returns:
+        ``(tokens, token_types, merges)`` in GGUF form (llama.cpp token types, merges as ``"a b"``).
+    """
+    tokens = _bytes_to_unicode()
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
+    tokens += ["Ġt", "he", "Ġthe", "in", "Ġa"]
+    types = [1] * len(tokens)
+    tokens += ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>"]
+    types += [3, 3, 3, 4]
+    return tokens, types, merges
+
+
+def _random_kquant(rng: np.random.Generator, rows: int, cols: int, qtype: str) -> np.ndarray:
+    """Random but well-formed Q4_K / Q6_K blocks (finite scales), as the uint8 byte array GGUF stores."""
+    if cols % 256:
+        raise ValueError(f"{qtype} needs rows whose length is a multiple of 256, got {cols}")
+    nblk = cols // 256
+    if qtype == "Q4_K":
+        blk = rng.integers(0, 256, size=(rows, nblk, 144), dtype=np.uint8)
+        blk[..., 0:2] = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)  # d
+        blk[..., 2:4] = np.frombuffer(np.float16(0.001).tobytes(), np.uint8)  # dmin
+    elif qtype == "Q6_K":
+        blk = rng.integers(0, 256, size=(rows, nblk, 210), dtype=np.uint8)
+        blk[..., 192:208] = rng.integers(-8, 8, size=(rows, nblk, 16), dtype=np.int8).view(np.uint8)  # scales
+        blk[..., 208:210] = np.frombuffer(np.float16(0.0005).tobytes(), np.uint8)  # d
+    else:  # pragma: no cover
+        raise ValueError(qtype)
+    return blk.reshape(rows, nblk * blk.shape[-1])
+
+
+def write_tiny_gguf(
+    path: str | os.PathLike[str],
+    *,
+    arch: str = "llama",
+    n_layers: int = 2,
+    hidden: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    ffn: int = 128,
+    context: int = 256,
+    rope_theta: float = 10000.0,
+    tied: bool = True,
+    qkv_bias: bool | None = None,
+    matrix_type: str = "Q8_0",
+    embed_type: str = "F32",
+    with_tokenizer: bool = True,
+    rope_scaling: str | None = None,
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight decoder GGUF.
+
+    Args:
+        path: file to create.
+        arch: ``general.architecture`` (any string; unsupported ones let tests check the error).
+        n_layers, hidden, n_heads, n_kv_heads, ffn: sizes (``hidden`` divisible by ``n_heads``; multiples of 32 for
+            32-element quant blocks, of 256 for ``Q4_K`` / ``Q6_K``).
+        context: ``{arch}.context_length``.
+        rope_theta: rotary base.
+        tied: omit ``output.weight`` (lm_head = token embedding).
+        qkv_bias: write q/k/v biases (default: ``arch == "qwen2"``).
+        matrix_type: GGML type of projection matrices: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K.
+        embed_type: GGML type of ``token_embd`` / ``output``.
+        with_tokenizer: write the tokenizer metadata and chat template.
+        rope_scaling: value of ``{arch}.rope.scaling.type`` (e.g. ``"yarn"``), or None for no key.
+        seed: RNG seed.
+
+    Returns:
+        ``Path(path)``.
+    """
+    import gguf
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(seed)
+    tokens, types, merges = tiny_vocab()
+    vocab = len(tokens)
+    head_dim = hidden // n_heads
+    if qkv_bias is None:
+        qkv_bias = arch == "qwen2"
+    path = Path(path)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-random-{arch}")
+    w.add_license("apache-2.0")
+    w.add_block_count(n_layers)
+    w.add_context_length(context)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_rope_freq_base(rope_theta)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    if rope_scaling is not None:
+        w.add_string(f"{arch}.rope.scaling.type", rope_scaling)
+        w.add_float32(f"{arch}.rope.scaling.factor", 4.0)
+    if with_tokenizer:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(vocab - 3)
+        w.add_eos_token_id(vocab - 2)
+        w.add_pad_token_id(vocab - 4)
+        w.add_add_bos_token(False)
+        w.add_chat_template(CHATML_TEMPLATE)
+
+    def mat(name: str, rows: int, cols: int, qtype: str, scale: float) -> None:
+        if qtype in ("Q4_K", "Q6_K"):
+            w.add_tensor(name, _random_kquant(rng, rows, cols, qtype), raw_dtype=gguf.GGMLQuantizationType[qtype])
+            return
+        x = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        if qtype == "F32":
+            w.add_tensor(name, x)
+        elif qtype == "F16":
+            w.add_tensor(name, x.astype(np.float16))
+        else:
+            q = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(name, quantize(x, q), raw_dtype=q)
+
+    def vec(name: str, n: int, mean: float, scale: float) -> None:
+        w.add_tensor(name, (mean + rng.standard_normal(n) * scale).astype(np.float32))
+
+    mat("token_embd.weight", vocab, hidden, embed_type, 1.0)
+    for i in range(n_layers):
+        p = f"blk.{i}"
+        vec(f"{p}.attn_norm.weight", hidden, 1.0, 0.1)
+        mat(f"{p}.attn_q.weight", n_heads * head_dim, hidden, matrix_type, 0.3)
+        mat(f"{p}.attn_k.weight", n_kv_heads * head_dim, hidden, matrix_type, 0.3)
+        mat(f"{p}.attn_v.weight", n_kv_heads * head_dim, hidden, matrix_type, 0.3)
+        if qkv_bias:
+            vec(f"{p}.attn_q.bias", n_heads * head_dim, 0.0, 0.5)
+            vec(f"{p}.attn_k.bias", n_kv_heads * head_dim, 0.0, 0.5)
+            vec(f"{p}.attn_v.bias", n_kv_heads * head_dim, 0.0, 0.5)
+        mat(f"{p}.attn_output.weight", hidden, n_heads * head_dim, matrix_type, 0.2)
+        vec(f"{p}.ffn_norm.weight", hidden, 1.0, 0.1)
+        mat(f"{p}.ffn_gate.weight", ffn, hidden, matrix_type, 0.2)
+        mat(f"{p}.ffn_up.weight", ffn, hidden, matrix_type, 0.2)
+        mat(f"{p}.ffn_down.weight", hidden, ffn, matrix_type, 0.2)
+    vec("output_norm.weight", hidden, 1.0, 0.1)
+    if not tied:
+        mat("output.weight", vocab, hidden, embed_type, 0.5)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
