@@ -1,0 +1,735 @@
+//! [`OrtBackend`]: one ONNX decoder in one ONNX Runtime session, implementing [`specrt_core::backend::Backend`].
+//!
+//! Per call nothing large is allocated in the shared-buffer layout: the KV buffers are bound once as both
+//! `past_key_values.{i}.*` input and `present.{i}.*` output (the same `OrtValue`, via `view_mut().try_upgrade()`),
+//! the small int64 inputs are views of preallocated buffers, and the logits go to a reused tensor per row count.
+
+use std::path::{Path, PathBuf};
+
+use ort::{
+    ep,
+    memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType},
+    session::{builder::GraphOptimizationLevel, builder::SessionBuilder, IoBinding, Session},
+    value::{DynTensor, DynValue, Tensor, TensorElementType, TensorRef, ValueType},
+    AsPointer,
+};
+use specrt_core::{backend::Backend, Result, SpecError};
+
+use crate::model::{
+    analyze, choose_max_seq_len, past_name, present_name, resolve_model_file, DecoderIo,
+    SpecrtConfig, TensorDesc,
+};
+use crate::options::{KvLayout, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN};
+use crate::runtime::{cuda_provider_library_path, init_runtime, ort_err, CUDA_PROVIDER_LIBRARY};
+
+/// Logits tensors kept for reuse, keyed by row count (a decode loop uses a few: 1, K + 1, the prefill's rows).
+const LOGITS_CACHE_ENTRIES: usize = 4;
+
+/// Name of an element type as used in messages and [`DecoderIo::kv_dtype`].
+fn dtype_name(ty: TensorElementType) -> String {
+    match ty {
+        TensorElementType::Float32 => "float32".into(),
+        TensorElementType::Float16 => "float16".into(),
+        TensorElementType::Bfloat16 => "bfloat16".into(),
+        TensorElementType::Int64 => "int64".into(),
+        TensorElementType::Int32 => "int32".into(),
+        other => other.to_string(),
+    }
+}
+
+fn describe(outlets: &[ort::value::Outlet]) -> Vec<TensorDesc> {
+    outlets
+        .iter()
+        .map(|o| match o.dtype() {
+            ValueType::Tensor {
+                ty,
+                shape,
+                dimension_symbols,
+            } => TensorDesc {
+                name: o.name().to_string(),
+                dtype: dtype_name(*ty),
+                shape: shape.iter().copied().collect(),
+                symbols: dimension_symbols.iter().cloned().collect(),
+            },
+            other => TensorDesc {
+                name: o.name().to_string(),
+                dtype: format!("{other:?}"),
+                shape: Vec::new(),
+                symbols: Vec::new(),
+            },
+        })
+        .collect()
+}
+
+/// Names of the session's overridable initializers (initializers that are also graph inputs, e.g. the contract's
+/// `num_logits_to_keep`): ONNX Runtime does not list them among the inputs, but they can be fed and bound.
+fn overridable_initializers(session: &Session) -> Result<Vec<String>> {
+    let api = ort::api();
+    let status_err = |what: &str, status: ort::sys::OrtStatusPtr| {
+        // SAFETY: `status` was just returned by an ONNX Runtime API call.
+        unsafe { ort::Error::result_from_status(status) }.map_err(|e| ort_err(what, &e))
+    };
+    let mut count = 0usize;
+    // SAFETY: valid session pointer, valid out pointer.
+    status_err("SessionGetOverridableInitializerCount", unsafe {
+        (api.SessionGetOverridableInitializerCount)(session.ptr(), &raw mut count)
+    })?;
+    let mut allocator: *mut ort::sys::OrtAllocator = std::ptr::null_mut();
+    // SAFETY: the default allocator is a process-wide singleton, never freed.
+    status_err("GetAllocatorWithDefaultOptions", unsafe {
+        (api.GetAllocatorWithDefaultOptions)(&raw mut allocator)
+    })?;
+    let mut names = Vec::with_capacity(count);
+    for index in 0..count {
+        let mut name: *mut std::ffi::c_char = std::ptr::null_mut();
+        // SAFETY: index < count; the name is allocated with `allocator` and freed below.
+        status_err("SessionGetOverridableInitializerName", unsafe {
+            (api.SessionGetOverridableInitializerName)(
+                session.ptr(),
+                index,
+                allocator,
+                &raw mut name,
+            )
+        })?;
+        if !name.is_null() {
+            // SAFETY: ONNX Runtime returns a NUL-terminated string.
+            names.push(
+                unsafe { std::ffi::CStr::from_ptr(name) }
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+            // SAFETY: allocated by `allocator` above.
+            let _ = status_err("AllocatorFree", unsafe {
+                (api.AllocatorFree)(allocator, name.cast())
+            });
+        }
+    }
+    Ok(names)
+}
+
+/// Register the CUDA execution provider on `builder`, failing loudly (ort's default is to fail silently and run on
+/// the CPU).
+fn register_cuda(builder: SessionBuilder, device_id: i32) -> Result<SessionBuilder> {
+    builder
+        .with_execution_providers([ep::CUDA::default().with_device_id(device_id).build().error_on_failure()])
+        .map_err(|e| {
+            SpecError::Provider(format!(
+                "CUDA execution provider could not be registered (device {device_id}): {} (check the CUDA driver \
+                 with nvidia-smi, that cuDNN 9 and the CUDA runtime are installed, e.g. onnxruntime-gpu[cuda,cudnn], \
+                 and that onnxruntime.preload_dlls() ran before the session was created)",
+                e.message()
+            ))
+        })
+}
+
+/// Check, without a model, that the CUDA execution provider can be registered with the library at `ort_library`.
+///
+/// Errors: [`SpecError::Provider`] naming the missing piece (no `libonnxruntime_providers_cuda.so` beside the
+/// library, i.e. the CPU wheel is installed; driver, CUDA runtime or cuDNN missing), or the errors of
+/// [`init_runtime`].
+pub fn check_cuda_provider(ort_library: &Path, device_id: i32) -> Result<()> {
+    init_runtime(ort_library)?;
+    check_cuda_library_present()?;
+    let builder = Session::builder().map_err(|e| ort_err("creating session options", &e))?;
+    register_cuda(builder, device_id).map(|_| ())
+}
+
+fn check_cuda_library_present() -> Result<()> {
+    let lib = cuda_provider_library_path()
+        .ok_or_else(|| SpecError::Internal("ONNX Runtime not loaded".into()))?;
+    if lib.is_file() {
+        Ok(())
+    } else {
+        Err(SpecError::Provider(format!(
+            "CUDA execution provider library not found: {} (the installed ONNX Runtime has no {CUDA_PROVIDER_LIBRARY}; \
+             this is the CPU onnxruntime wheel: uninstall it and install onnxruntime-gpu[cuda,cudnn])",
+            lib.display()
+        )))
+    }
+}
+
+/// Build the session for `provider`. Errors for a CUDA request are [`SpecError::Provider`].
+fn build_session(model_file: &Path, options: &OrtOptions, provider: Provider) -> Result<Session> {
+    let ctx = |what: &'static str| move |e: ort::Error<SessionBuilder>| ort_err(what, &e);
+    let mut builder = Session::builder()
+        .map_err(|e| ort_err("creating session options", &e))?
+        .with_optimization_level(GraphOptimizationLevel::All)
+        .map_err(ctx("setting the graph optimization level"))?
+        .with_intra_threads(options.effective_intra_op_threads())
+        .map_err(ctx("setting intra-op threads"))?
+        .with_inter_threads(options.inter_op_threads)
+        .map_err(ctx("setting inter-op threads"))?
+        .with_parallel_execution(false)
+        .map_err(ctx("setting sequential execution"))?;
+    if provider == Provider::Cuda {
+        check_cuda_library_present()?;
+        builder = register_cuda(builder, options.device_id)?;
+    }
+    builder.commit_from_file(model_file).map_err(|e| {
+        let message = e.message();
+        let lower = message.to_ascii_lowercase();
+        if provider == Provider::Cuda
+            && (e.code() == ort::ErrorCode::ExecutionProviderFailure
+                || lower.contains("cuda")
+                || lower.contains("cudnn"))
+        {
+            SpecError::Provider(format!(
+                "CUDA execution provider failed while loading {}: {message}",
+                model_file.display()
+            ))
+        } else if matches!(
+            e.code(),
+            ort::ErrorCode::NoSuchFile | ort::ErrorCode::InvalidProtobuf | ort::ErrorCode::NoModel
+        ) {
+            SpecError::Io(format!(
+                "cannot load model {}: {message}",
+                model_file.display()
+            ))
+        } else {
+            ort_err(&format!("loading model {}", model_file.display()), &e)
+        }
+    })
+}
+
+/// State of the KV cache, per layout.
+enum KvState {
+    /// One `[1, kv_heads, max_seq_len, head_dim]` buffer per past/present pair, in `[l0.key, l0.value, l1.key, ...]`
+    /// order, bound once as input and output.
+    Shared { buffers: Vec<DynTensor> },
+    /// The last `present.*` outputs (`[1, kv_heads, n_cached, head_dim]`, same order), which become the next past;
+    /// `empty` are zero-length pasts for `n_past == 0`.
+    Optimum {
+        pasts: Vec<Option<DynValue>>,
+        empty: Vec<DynTensor>,
+    },
+}
+
+/// One decoder model in one ONNX Runtime session (see the crate docs for the layouts).
+///
+/// Field order is drop order: the binding (which references the buffers) goes first, the session last.
+pub struct OrtBackend {
+    binding: IoBinding,
+    kv: KvState,
+    /// Reused logits tensors `[1, rows, vocab]` f32 (host memory; CUDA-pinned on CUDA), most recent last.
+    logits: Vec<(usize, Tensor<f32>)>,
+    /// Row count of the logits tensor currently bound (`None` before the first call).
+    logits_bound_rows: Option<usize>,
+    /// `[max_seq_len]` int64: the current call's token ids in the first S entries.
+    ids: Box<[i64]>,
+    /// `[max_seq_len]` int64 ones; the attention mask is a view of the first `n_past + S`.
+    ones: Box<[i64]>,
+    /// `[max_seq_len]` int64 `0, 1, 2, ...`; `position_ids` is the view `[n_past, n_past + S)`.
+    positions: Box<[i64]>,
+    /// `[1]` int64: `num_logits_to_keep`.
+    n_keep: Box<[i64]>,
+    logits_allocator: Option<Allocator>,
+    _kv_allocator: Option<Allocator>,
+    session: Session,
+    io: DecoderIo,
+    max_seq_len: usize,
+    /// Positions with valid KV after the last call (`n_past + S` of that call).
+    n_cached: usize,
+    provider: Provider,
+    fallback_reason: Option<String>,
+    model_file: PathBuf,
+}
+
+impl OrtBackend {
+    /// Load a model for decoding.
+    ///
+    /// `model` is a model folder (holding `model.onnx` and, optionally, `specrt_config.json`) or an `.onnx` file.
+    /// Loads ONNX Runtime from `options.ort_library` first (once per process), builds one session, detects the KV
+    /// layout, and for the shared-buffer layout allocates the KV cache once
+    /// (`2 * n_layers` tensors `[1, kv_heads, max_seq_len, head_dim]` on the provider's device).
+    ///
+    /// Errors: [`SpecError::Config`] for invalid options or a model that does not follow a supported decoder
+    /// layout; [`SpecError::Io`] for a missing library or model file, or an unreadable/corrupt model or config;
+    /// [`SpecError::Provider`] when CUDA was requested and cannot be used (unless `allow_fallback`);
+    /// [`SpecError::Backend`] for other ONNX Runtime failures (library load, session creation, allocation).
+    pub fn new(model: impl AsRef<Path>, options: &OrtOptions) -> Result<Self> {
+        options.validate()?;
+        init_runtime(&options.ort_library)?;
+        let model_file = resolve_model_file(model.as_ref())?;
+        let config = SpecrtConfig::read_beside(&model_file)?;
+
+        let (session, provider, fallback_reason) =
+            match build_session(&model_file, options, options.provider) {
+                Ok(session) => (session, options.provider, None),
+                Err(SpecError::Provider(reason)) if options.allow_fallback => (
+                    build_session(&model_file, options, Provider::Cpu)?,
+                    Provider::Cpu,
+                    Some(reason),
+                ),
+                Err(e) => return Err(e),
+            };
+        match Self::with_session(session, &model_file, &config, options, provider) {
+            Err(SpecError::Provider(reason))
+                if options.allow_fallback && provider == Provider::Cuda =>
+            {
+                let session = build_session(&model_file, options, Provider::Cpu)?;
+                let mut backend =
+                    Self::with_session(session, &model_file, &config, options, Provider::Cpu)?;
+                backend.fallback_reason = Some(reason);
+                Ok(backend)
+            }
+            Ok(mut backend) => {
+                backend.fallback_reason = fallback_reason;
+                Ok(backend)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn with_session(
+        session: Session,
+        model_file: &Path,
+        config: &SpecrtConfig,
+        options: &OrtOptions,
+        provider: Provider,
+    ) -> Result<Self> {
+        let inputs = describe(session.inputs());
+        let outputs = describe(session.outputs());
+        let overridable = overridable_initializers(&session)?;
+        let io = analyze(&inputs, &outputs, &overridable, config, options.layout)?;
+        let max_seq_len = choose_max_seq_len(
+            options.max_seq_len,
+            config,
+            io.static_kv_len,
+            DEFAULT_MAX_SEQ_LEN,
+        )?;
+        let kv_type = match io.kv_dtype.as_str() {
+            "float32" => TensorElementType::Float32,
+            "float16" => TensorElementType::Float16,
+            "bfloat16" => TensorElementType::Bfloat16,
+            other => {
+                return Err(SpecError::Config(format!(
+                    "KV cache type {other} is not supported"
+                )))
+            }
+        };
+
+        let (kv_allocator, logits_allocator) = if provider == Provider::Cuda {
+            if io.layout == KvLayout::Optimum {
+                return Err(SpecError::Config(format!(
+                    "{} uses the Optimum KV layout, which specrt runs on the CPU provider only (convert it with \
+                     `specrt convert` for CUDA)",
+                    model_file.display()
+                )));
+            }
+            if kv_type == TensorElementType::Float32 {
+                return Err(SpecError::Config(format!(
+                    "{} has a float32 KV cache; GroupQueryAttention has no float32 CUDA kernel (expected a float16 or \
+                     bfloat16 model for CUDA)",
+                    model_file.display()
+                )));
+            }
+            // Creating the device allocator proves the session really runs the CUDA provider.
+            let device = MemoryInfo::new(AllocationDevice::CUDA, options.device_id, AllocatorType::Device, MemoryType::Default)
+                .and_then(|info| Allocator::new(&session, info))
+                .map_err(|e| {
+                    SpecError::Provider(format!(
+                        "the session has no CUDA allocator for device {} (CUDA provider not active): {}",
+                        options.device_id,
+                        e.message()
+                    ))
+                })?;
+            let pinned = MemoryInfo::new(
+                AllocationDevice::CUDA_PINNED,
+                0,
+                AllocatorType::Device,
+                MemoryType::CPUOutput,
+            )
+            .and_then(|info| Allocator::new(&session, info))
+            .map_err(|e| {
+                SpecError::Provider(format!("no CUDA pinned-memory allocator: {}", e.message()))
+            })?;
+            (Some(device), Some(pinned))
+        } else {
+            (None, None)
+        };
+
+        let mut binding = session
+            .create_binding()
+            .map_err(|e| ort_err("creating the IO binding", &e))?;
+        let kv_shape = [1, io.kv_heads, max_seq_len, io.head_dim];
+        let kv = match io.layout {
+            KvLayout::SharedBuffer => {
+                let alloc = kv_allocator.as_ref().unwrap_or_else(|| session.allocator());
+                let mut buffers = Vec::with_capacity(2 * io.n_layers);
+                for layer in 0..io.n_layers {
+                    for kind in ["key", "value"] {
+                        let mut buffer = DynTensor::new(alloc, kv_type, kv_shape).map_err(|e| {
+                            ort_err(
+                                &format!("allocating the KV buffer {kv_shape:?} of layer {layer}"),
+                                &e,
+                            )
+                        })?;
+                        binding
+                            .bind_input(past_name(layer, kind), &buffer)
+                            .map_err(|e| ort_err("binding a past KV input", &e))?;
+                        let alias = buffer.view_mut().try_upgrade().map_err(|_| {
+                            SpecError::Internal("KV buffer view is not upgradable".into())
+                        })?;
+                        binding
+                            .bind_output(present_name(layer, kind), alias)
+                            .map_err(|e| ort_err("binding a present KV output", &e))?;
+                        buffers.push(buffer);
+                    }
+                }
+                KvState::Shared { buffers }
+            }
+            KvLayout::Optimum => {
+                let cpu = MemoryInfo::new(
+                    AllocationDevice::CPU,
+                    0,
+                    AllocatorType::Device,
+                    MemoryType::CPUOutput,
+                )
+                .map_err(|e| ort_err("creating CPU memory info", &e))?;
+                let mut empty = Vec::with_capacity(2 * io.n_layers);
+                for layer in 0..io.n_layers {
+                    for kind in ["key", "value"] {
+                        binding
+                            .bind_output_to_device(present_name(layer, kind), &cpu)
+                            .map_err(|e| ort_err("binding a present KV output", &e))?;
+                        empty.push(
+                            DynTensor::new(
+                                session.allocator(),
+                                kv_type,
+                                [1, io.kv_heads, 0, io.head_dim],
+                            )
+                            .map_err(|e| ort_err("allocating an empty past", &e))?,
+                        );
+                    }
+                }
+                KvState::Optimum {
+                    pasts: (0..2 * io.n_layers).map(|_| None).collect(),
+                    empty,
+                }
+            }
+        };
+        let max_i64 = i64::try_from(max_seq_len)
+            .map_err(|_| SpecError::Config("max_seq_len too large".into()))?;
+        let backend = OrtBackend {
+            binding,
+            kv,
+            logits: Vec::new(),
+            logits_bound_rows: None,
+            ids: vec![0; max_seq_len].into_boxed_slice(),
+            ones: vec![1; max_seq_len].into_boxed_slice(),
+            positions: (0..max_i64).collect(),
+            n_keep: vec![0].into_boxed_slice(),
+            logits_allocator,
+            _kv_allocator: kv_allocator,
+            session,
+            io,
+            max_seq_len,
+            n_cached: 0,
+            provider,
+            fallback_reason: None,
+            model_file: model_file.to_path_buf(),
+        };
+        Ok(backend)
+    }
+
+    /// The KV layout in use: [`KvLayout::SharedBuffer`] (the specrt contract) or [`KvLayout::Optimum`].
+    pub fn layout(&self) -> KvLayout {
+        self.io.layout
+    }
+
+    /// The provider the session really runs on (CPU after a CUDA fallback).
+    pub fn provider(&self) -> Provider {
+        self.provider
+    }
+
+    /// ONNX Runtime names of the session's providers, preferred first (e.g.
+    /// `["CUDAExecutionProvider", "CPUExecutionProvider"]`).
+    pub fn providers(&self) -> Vec<&'static str> {
+        match self.provider {
+            Provider::Cpu => vec![Provider::Cpu.ort_name()],
+            Provider::Cuda => vec![Provider::Cuda.ort_name(), Provider::Cpu.ort_name()],
+        }
+    }
+
+    /// Why CUDA was not used, when the options allowed a fallback to CPU and it happened.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback_reason.as_deref()
+    }
+
+    /// The decoder interface found in the model (layers, KV heads, head size, KV dtype, optional inputs).
+    pub fn decoder_io(&self) -> &DecoderIo {
+        &self.io
+    }
+
+    /// The model file this backend runs.
+    pub fn model_file(&self) -> &Path {
+        &self.model_file
+    }
+
+    /// Positions with valid KV after the last call (`n_past + tokens.len()` of that call; 0 before any call).
+    pub fn n_cached(&self) -> usize {
+        self.n_cached
+    }
+
+    /// Addresses of the KV tensors' data (`[l0.key, l0.value, l1.key, ...]`): for the shared-buffer layout these
+    /// never change (the cache is allocated once); for the Optimum layout they are the current pasts (0 if none).
+    /// For tests and diagnostics.
+    pub fn kv_buffer_addresses(&self) -> Vec<usize> {
+        match &self.kv {
+            KvState::Shared { buffers } => buffers.iter().map(|b| b.data_ptr() as usize).collect(),
+            KvState::Optimum { pasts, .. } => pasts
+                .iter()
+                .map(|p| {
+                    p.as_ref().map_or(0, |v| {
+                        v.downcast_ref::<ort::value::DynTensorValueType>()
+                            .map_or(0, |t| t.data_ptr() as usize)
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Address of the logits data returned by the last call (0 before any call). For tests and diagnostics.
+    pub fn logits_address(&self) -> usize {
+        self.logits.last().map_or(0, |(_, t)| t.data_ptr() as usize)
+    }
+
+    fn validate(&self, tokens: &[u32], n_past: usize, n_logits: usize) -> Result<()> {
+        let s = tokens.len();
+        if s == 0 {
+            return Err(SpecError::Config(
+                "tokens is empty (expected at least 1 token)".into(),
+            ));
+        }
+        if n_logits == 0 || n_logits > s {
+            return Err(SpecError::Config(format!(
+                "n_logits {n_logits} is invalid (expected 1 <= n_logits <= number of tokens {s})"
+            )));
+        }
+        if n_past + s > self.max_seq_len {
+            return Err(SpecError::Length(format!(
+                "n_past {n_past} + {s} tokens = {} exceeds max_seq_len {}",
+                n_past + s,
+                self.max_seq_len
+            )));
+        }
+        if n_past > self.n_cached {
+            return Err(SpecError::Config(format!(
+                "n_past {n_past} exceeds the {} positions cached by previous calls",
+                self.n_cached
+            )));
+        }
+        let vocab = self.io.vocab_size;
+        if let Some((i, &t)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= vocab)
+        {
+            return Err(SpecError::Vocab(format!(
+                "token {t} at index {i} is out of range (vocab size {vocab})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bind the logits output to a reused `[1, rows, vocab]` tensor; returns its index in `self.logits`.
+    fn bind_logits(&mut self, rows: usize) -> Result<()> {
+        let vocab = self.io.vocab_size;
+        if let Some(pos) = self.logits.iter().position(|(r, _)| *r == rows) {
+            // Most recent last, so eviction drops the least recently used.
+            let entry = self.logits.remove(pos);
+            self.logits.push(entry);
+        } else {
+            if self.logits.len() == LOGITS_CACHE_ENTRIES {
+                // The evicted tensor may be the bound one: rebind below in any case.
+                self.logits.remove(0);
+                self.logits_bound_rows = None;
+            }
+            let alloc = self
+                .logits_allocator
+                .as_ref()
+                .unwrap_or_else(|| self.session.allocator());
+            let tensor = Tensor::<f32>::new(alloc, [1, rows, vocab])
+                .map_err(|e| ort_err(&format!("allocating logits [1, {rows}, {vocab}]"), &e))?;
+            self.logits.push((rows, tensor));
+        }
+        if self.logits_bound_rows != Some(rows) {
+            let (_, tensor) = self.logits.last_mut().expect("pushed above");
+            let alias = tensor
+                .view_mut()
+                .try_upgrade()
+                .map_err(|_| SpecError::Internal("logits view is not upgradable".into()))?;
+            self.binding
+                .bind_output("logits", alias)
+                .map_err(|e| ort_err("binding logits", &e))?;
+            self.logits_bound_rows = Some(rows);
+        }
+        Ok(())
+    }
+
+    /// Copy the first `n_past` positions of an Optimum present `[1, H, n_cached, D]` into a new contiguous
+    /// `[1, H, n_past, D]` tensor (rollback).
+    fn slice_past(&self, value: &DynValue, n_past: usize) -> Result<DynTensor> {
+        let ty = match value.dtype() {
+            ValueType::Tensor { ty, .. } => *ty,
+            other => {
+                return Err(SpecError::Internal(format!(
+                    "present is not a tensor: {other:?}"
+                )))
+            }
+        };
+        let (h, d, t) = (self.io.kv_heads, self.io.head_dim, self.n_cached);
+        let elem = ty
+            .byte_size(1)
+            .ok_or_else(|| SpecError::Internal("KV element size unknown".into()))?;
+        let mut out = DynTensor::new(self.session.allocator(), ty, [1, h, n_past, d])
+            .map_err(|e| ort_err("allocating a rolled-back past", &e))?;
+        let tensor = value
+            .downcast_ref::<ort::value::DynTensorValueType>()
+            .map_err(|e| ort_err("reading a present", &e))?;
+        let src = tensor.data_ptr().cast::<u8>();
+        let dst = out.data_ptr_mut().cast::<u8>();
+        let (row_src, row_dst) = (t * d * elem, n_past * d * elem);
+        for head in 0..h {
+            // SAFETY: CPU tensors; `src` holds h * t * d elements, `dst` h * n_past * d, n_past <= t.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.add(head * row_src),
+                    dst.add(head * row_dst),
+                    row_dst,
+                )
+            };
+        }
+        Ok(out)
+    }
+
+    fn bind_optimum_pasts(&mut self, n_past: usize) -> Result<()> {
+        let n_cached = self.n_cached;
+        let rolled: Option<Vec<DynTensor>> = match &self.kv {
+            KvState::Optimum { pasts, .. } if n_past > 0 && n_past < n_cached => Some(
+                pasts
+                    .iter()
+                    .map(|p| {
+                        self.slice_past(p.as_ref().expect("n_cached > 0 means pasts exist"), n_past)
+                    })
+                    .collect::<Result<_>>()?,
+            ),
+            _ => None,
+        };
+        let KvState::Optimum { pasts, empty } = &mut self.kv else {
+            unreachable!("optimum layout")
+        };
+        if let Some(rolled) = rolled {
+            for (slot, tensor) in pasts.iter_mut().zip(rolled) {
+                *slot = Some(tensor.into_dyn());
+            }
+        }
+        for layer in 0..self.io.n_layers {
+            for (k, kind) in ["key", "value"].into_iter().enumerate() {
+                let j = 2 * layer + k;
+                let name = past_name(layer, kind);
+                let result = if n_past == 0 {
+                    self.binding.bind_input(name, &empty[j])
+                } else {
+                    self.binding.bind_input(
+                        name,
+                        pasts[j].as_ref().expect("n_past > 0 means pasts exist"),
+                    )
+                };
+                result.map_err(|e| ort_err("binding a past KV input", &e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, tokens: &[u32], n_past: usize, n_logits: usize) -> Result<usize> {
+        let s = tokens.len();
+        for (dst, &t) in self.ids.iter_mut().zip(tokens) {
+            *dst = i64::from(t);
+        }
+        let ids = TensorRef::from_array_view(([1, s], &self.ids[..s]))
+            .map_err(|e| ort_err("input_ids", &e))?;
+        self.binding
+            .bind_input("input_ids", &ids)
+            .map_err(|e| ort_err("binding input_ids", &e))?;
+        if self.io.has_attention_mask {
+            let total = n_past + s;
+            let mask = TensorRef::from_array_view(([1, total], &self.ones[..total]))
+                .map_err(|e| ort_err("attention_mask", &e))?;
+            self.binding
+                .bind_input("attention_mask", &mask)
+                .map_err(|e| ort_err("binding attention_mask", &e))?;
+        }
+        if self.io.has_position_ids {
+            let pos = TensorRef::from_array_view(([1, s], &self.positions[n_past..n_past + s]))
+                .map_err(|e| ort_err("position_ids", &e))?;
+            self.binding
+                .bind_input("position_ids", &pos)
+                .map_err(|e| ort_err("binding position_ids", &e))?;
+        }
+        let rows = if self.io.has_num_logits_to_keep {
+            self.n_keep[0] = i64::try_from(n_logits).expect("n_logits <= max_seq_len");
+            let keep = TensorRef::from_array_view((Vec::<i64>::new(), &self.n_keep[..]))
+                .map_err(|e| ort_err("num_logits_to_keep", &e))?;
+            self.binding
+                .bind_input("num_logits_to_keep", &keep)
+                .map_err(|e| ort_err("binding num_logits_to_keep", &e))?;
+            n_logits
+        } else {
+            s
+        };
+        if self.io.layout == KvLayout::Optimum {
+            self.bind_optimum_pasts(n_past)?;
+        }
+        self.bind_logits(rows)?;
+
+        let mut outputs = self
+            .session
+            .run_binding(&self.binding)
+            .map_err(|e| ort_err("running the model", &e))?;
+        if let KvState::Optimum { pasts, .. } = &mut self.kv {
+            for layer in 0..self.io.n_layers {
+                for (k, kind) in ["key", "value"].into_iter().enumerate() {
+                    let name = present_name(layer, kind);
+                    let value = outputs.remove(&name).ok_or_else(|| {
+                        SpecError::Internal(format!("output {name} missing after the run"))
+                    })?;
+                    pasts[2 * layer + k] = Some(value);
+                }
+            }
+        }
+        drop(outputs);
+        if self.provider == Provider::Cuda {
+            self.binding
+                .synchronize_outputs()
+                .map_err(|e| ort_err("synchronizing outputs", &e))?;
+        }
+        self.n_cached = n_past + s;
+        Ok(rows)
+    }
+}
+
+impl Backend for OrtBackend {
+    fn vocab_size(&self) -> usize {
+        self.io.vocab_size
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    /// See [`Backend::forward`]. Also [`SpecError::Vocab`] for a token id `>= vocab_size`, and
+    /// [`SpecError::Config`] for an `n_past` beyond the positions cached by previous calls.
+    fn forward(&mut self, tokens: &[u32], n_past: usize, n_logits: usize) -> Result<&[f32]> {
+        self.validate(tokens, n_past, n_logits)?;
+        let rows = self.run(tokens, n_past, n_logits)?;
+        let vocab = self.io.vocab_size;
+        let (_, tensor) = self.logits.last().expect("bound in run");
+        // SAFETY: the tensor holds `rows * vocab` f32 in host memory (CPU, or CUDA-pinned after synchronisation)
+        // and lives in `self` until the next call; `extract_tensor` is not used because ort (api-20) reports
+        // CUDA-pinned memory as not CPU-accessible.
+        let all =
+            unsafe { std::slice::from_raw_parts(tensor.data_ptr().cast::<f32>(), rows * vocab) };
+        Ok(&all[(rows - n_logits) * vocab..])
+    }
+}

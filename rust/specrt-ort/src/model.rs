@@ -1,0 +1,561 @@
+//! Model folder resolution, `specrt_config.json`, and the analysis of a decoder's inputs/outputs (layout
+//! detection). Everything here works on plain descriptions, so it is unit-tested without ONNX Runtime.
+
+use std::path::{Path, PathBuf};
+
+use specrt_core::{Result, SpecError};
+
+use crate::options::KvLayout;
+
+/// Name of the model file inside a model folder.
+pub const MODEL_FILE: &str = "model.onnx";
+/// Name of the specrt model description beside the model.
+pub const CONFIG_FILE: &str = "specrt_config.json";
+
+/// One graph input or output as ONNX Runtime reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorDesc {
+    /// Input/output name.
+    pub name: String,
+    /// Element type, lower case ONNX-ish names: `"float32"`, `"float16"`, `"bfloat16"`, `"int64"`, ...
+    pub dtype: String,
+    /// Dimensions; `-1` for a dynamic one.
+    pub shape: Vec<i64>,
+    /// Symbolic names of the dimensions (empty string when the dimension has none).
+    pub symbols: Vec<String>,
+}
+
+impl TensorDesc {
+    fn dim(&self, i: usize) -> Option<i64> {
+        self.shape.get(i).copied()
+    }
+
+    fn symbol(&self, i: usize) -> &str {
+        self.symbols.get(i).map_or("", String::as_str)
+    }
+}
+
+/// What `specrt_config.json` says (all fields optional; absent file = all `None`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecrtConfig {
+    /// `vocab_size`.
+    pub vocab_size: Option<usize>,
+    /// `max_position_embeddings`: the longest sequence the model supports.
+    pub max_position_embeddings: Option<usize>,
+    /// `kv_layout`.
+    pub kv_layout: Option<KvLayout>,
+}
+
+impl SpecrtConfig {
+    /// Parse the JSON text of `specrt_config.json` (`origin` names the file in errors).
+    ///
+    /// Errors: [`SpecError::Io`] for malformed JSON or a field of the wrong type; [`SpecError::Config`] for an
+    /// unknown `kv_layout`.
+    pub fn parse(text: &str, origin: &Path) -> Result<Self> {
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| SpecError::Io(format!("{} is not valid JSON: {e}", origin.display())))?;
+        let obj = value
+            .as_object()
+            .ok_or_else(|| SpecError::Io(format!("{} is not a JSON object", origin.display())))?;
+        let usize_field = |key: &str| -> Result<Option<usize>> {
+            match obj.get(key) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .map(Some)
+                    .ok_or_else(|| {
+                        SpecError::Io(format!(
+                            "{}: {key} = {v} is invalid (expected a non-negative integer)",
+                            origin.display()
+                        ))
+                    }),
+            }
+        };
+        let kv_layout = match obj.get("kv_layout") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(s)) => Some(s.parse::<KvLayout>()?),
+            Some(v) => {
+                return Err(SpecError::Io(format!(
+                    "{}: kv_layout = {v} is invalid (expected a string)",
+                    origin.display()
+                )))
+            }
+        };
+        Ok(SpecrtConfig {
+            vocab_size: usize_field("vocab_size")?,
+            max_position_embeddings: usize_field("max_position_embeddings")?,
+            kv_layout,
+        })
+    }
+
+    /// Read `specrt_config.json` beside `model_file` if present.
+    pub fn read_beside(model_file: &Path) -> Result<Self> {
+        let path = model_file.with_file_name(CONFIG_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Self::parse(&text, &path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SpecrtConfig::default()),
+            Err(e) => Err(SpecError::Io(format!(
+                "cannot read {}: {e}",
+                path.display()
+            ))),
+        }
+    }
+}
+
+/// Resolve a model folder (holding `model.onnx`) or a `.onnx` file path to the model file.
+///
+/// Errors: [`SpecError::Io`] naming the path when it does not exist or the folder has no `model.onnx`.
+pub fn resolve_model_file(path: &Path) -> Result<PathBuf> {
+    if path.is_dir() {
+        let file = path.join(MODEL_FILE);
+        if file.is_file() {
+            Ok(file)
+        } else {
+            Err(SpecError::Io(format!(
+                "model file not found: {} (the folder {} has no {MODEL_FILE})",
+                file.display(),
+                path.display()
+            )))
+        }
+    } else if path.is_file() {
+        Ok(path.to_path_buf())
+    } else {
+        Err(SpecError::Io(format!(
+            "model file not found: {} (expected a model folder holding {MODEL_FILE}, or an .onnx file)",
+            path.display()
+        )))
+    }
+}
+
+/// The decoder interface found in a model: what the backend binds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecoderIo {
+    /// KV layout (see [`analyze`] for how it is chosen).
+    pub layout: KvLayout,
+    /// Number of layers (pairs of `past_key_values.{i}.key/value`).
+    pub n_layers: usize,
+    /// KV heads (dim 1 of the past inputs).
+    pub kv_heads: usize,
+    /// Head width (dim 3 of the past inputs).
+    pub head_dim: usize,
+    /// Element type of the KV tensors (`"float32"`, `"float16"`, ...).
+    pub kv_dtype: String,
+    /// Logits width.
+    pub vocab_size: usize,
+    /// The graph has an `attention_mask` input.
+    pub has_attention_mask: bool,
+    /// The graph has a `position_ids` input.
+    pub has_position_ids: bool,
+    /// `num_logits_to_keep` can be fed (graph input or overridable initializer).
+    pub has_num_logits_to_keep: bool,
+    /// Static length of the shared KV buffer, when the graph fixes it.
+    pub static_kv_len: Option<usize>,
+}
+
+/// Name of the past input of layer `i` (`kind` = `"key"` or `"value"`).
+pub fn past_name(i: usize, kind: &str) -> String {
+    format!("past_key_values.{i}.{kind}")
+}
+
+/// Name of the present output of layer `i` (`kind` = `"key"` or `"value"`).
+pub fn present_name(i: usize, kind: &str) -> String {
+    format!("present.{i}.{kind}")
+}
+
+/// Analyse a decoder's inputs/outputs and choose the KV layout.
+///
+/// Layout, first rule that applies: (1) `forced` (the `layout` option); (2) `kv_layout` of `specrt_config.json`;
+/// (3) `num_logits_to_keep` is an input or an overridable initializer -> shared buffer (the contract's marker);
+/// (4) past and present share dim 2 (same symbolic name, or the same static size) -> shared buffer;
+/// (5) otherwise Optimum (Optimum exports name them `past_sequence_length` / `total_sequence_length`).
+///
+/// Errors: [`SpecError::Config`] naming what is missing or malformed (no `input_ids`, no KV inputs, a past without
+/// its present, dynamic head sizes, non-float32 logits, unknown vocab, shared layout without `attention_mask`).
+pub fn analyze(
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    overridable: &[String],
+    config: &SpecrtConfig,
+    forced: Option<KvLayout>,
+) -> Result<DecoderIo> {
+    let input = |name: &str| inputs.iter().find(|d| d.name == name);
+    let output = |name: &str| outputs.iter().find(|d| d.name == name);
+    let names = |descs: &[TensorDesc]| {
+        descs
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+
+    let ids = input("input_ids").ok_or_else(|| {
+        SpecError::Config(format!(
+            "model has no input_ids input (inputs: {})",
+            names(inputs)
+        ))
+    })?;
+    if ids.dtype != "int64" {
+        return Err(SpecError::Config(format!(
+            "input_ids has type {} (expected int64)",
+            ids.dtype
+        )));
+    }
+    let logits = output("logits").ok_or_else(|| {
+        SpecError::Config(format!(
+            "model has no logits output (outputs: {})",
+            names(outputs)
+        ))
+    })?;
+    if logits.dtype != "float32" {
+        return Err(SpecError::Config(format!(
+            "logits output has type {} (expected float32; cast in the graph)",
+            logits.dtype
+        )));
+    }
+    if logits.shape.len() != 3 {
+        return Err(SpecError::Config(format!(
+            "logits output has rank {} (expected [batch, sequence, vocab])",
+            logits.shape.len()
+        )));
+    }
+
+    let n_layers = (0..)
+        .take_while(|&i| input(&past_name(i, "key")).is_some())
+        .count();
+    if n_layers == 0 {
+        return Err(SpecError::Config(format!(
+            "model has no past_key_values.0.key input: not a decoder with a KV cache (inputs: {})",
+            names(inputs)
+        )));
+    }
+    let first = input(&past_name(0, "key")).expect("counted above");
+    let (Some(kv_heads), Some(head_dim)) = (first.dim(1), first.dim(3)) else {
+        return Err(SpecError::Config(format!(
+            "{} has shape {:?} (expected [batch, kv_heads, seq, head_dim])",
+            first.name, first.shape
+        )));
+    };
+    if first.shape.len() != 4 || kv_heads <= 0 || head_dim <= 0 {
+        return Err(SpecError::Config(format!(
+            "{} has shape {:?} (expected [batch, kv_heads, seq, head_dim] with static kv_heads and head_dim)",
+            first.name, first.shape
+        )));
+    }
+    for i in 0..n_layers {
+        for kind in ["key", "value"] {
+            let past = input(&past_name(i, kind)).ok_or_else(|| {
+                SpecError::Config(format!("model has no {} input", past_name(i, kind)))
+            })?;
+            let present = output(&present_name(i, kind)).ok_or_else(|| {
+                SpecError::Config(format!(
+                    "model has {} but no {} output",
+                    past.name,
+                    present_name(i, kind)
+                ))
+            })?;
+            if past.dtype != first.dtype || present.dtype != first.dtype {
+                return Err(SpecError::Config(format!(
+                    "{} / {} have types {} / {} (expected {} like {})",
+                    past.name, present.name, past.dtype, present.dtype, first.dtype, first.name
+                )));
+            }
+            if past.shape.len() != 4
+                || past.dim(1) != Some(kv_heads)
+                || past.dim(3) != Some(head_dim)
+            {
+                return Err(SpecError::Config(format!(
+                    "{} has shape {:?} (expected [1, {kv_heads}, seq, {head_dim}] like {})",
+                    past.name, past.shape, first.name
+                )));
+            }
+        }
+    }
+    if !matches!(first.dtype.as_str(), "float32" | "float16" | "bfloat16") {
+        return Err(SpecError::Config(format!(
+            "KV cache type {} is not supported (expected float32, float16 or bfloat16)",
+            first.dtype
+        )));
+    }
+
+    let has_nltk = input("num_logits_to_keep").is_some()
+        || overridable.iter().any(|n| n == "num_logits_to_keep");
+    let present0 = output(&present_name(0, "key")).expect("checked above");
+    let shares_dim = {
+        let (ps, qs) = (first.symbol(2), present0.symbol(2));
+        (!ps.is_empty() && ps == qs)
+            || (first.dim(2).is_some_and(|d| d > 0) && first.dim(2) == present0.dim(2))
+    };
+    let layout = forced
+        .or(config.kv_layout)
+        .unwrap_or(if has_nltk || shares_dim {
+            KvLayout::SharedBuffer
+        } else {
+            KvLayout::Optimum
+        });
+    let has_attention_mask = input("attention_mask").is_some();
+    if layout == KvLayout::SharedBuffer && !has_attention_mask {
+        return Err(SpecError::Config(
+            "shared-buffer model has no attention_mask input (the contract derives seqlens_k and \
+             total_sequence_length from it)"
+                .into(),
+        ));
+    }
+    let vocab_size = match logits.dim(2) {
+        Some(v) if v > 0 => usize::try_from(v).expect("positive"),
+        _ => config.vocab_size.ok_or_else(|| {
+            SpecError::Config(format!(
+                "vocab size unknown: logits has shape {:?} and no vocab_size in {CONFIG_FILE}",
+                logits.shape
+            ))
+        })?,
+    };
+    let static_kv_len = match (layout, first.dim(2)) {
+        (KvLayout::SharedBuffer, Some(d)) if d > 0 => Some(usize::try_from(d).expect("positive")),
+        _ => None,
+    };
+    Ok(DecoderIo {
+        layout,
+        n_layers,
+        kv_heads: usize::try_from(kv_heads).expect("positive"),
+        head_dim: usize::try_from(head_dim).expect("positive"),
+        kv_dtype: first.dtype.clone(),
+        vocab_size,
+        has_attention_mask,
+        has_position_ids: input("position_ids").is_some(),
+        has_num_logits_to_keep: has_nltk,
+        static_kv_len,
+    })
+}
+
+/// Choose the cache length: the option, else `max_position_embeddings`, else `default`; capped by the model's
+/// maximum (`max_position_embeddings`) and by a static KV length fixed in the graph.
+///
+/// Errors: [`SpecError::Config`] when the option exceeds a static KV length fixed in the graph.
+pub fn choose_max_seq_len(
+    requested: Option<usize>,
+    config: &SpecrtConfig,
+    static_kv_len: Option<usize>,
+    default: usize,
+) -> Result<usize> {
+    if let (Some(req), Some(fixed)) = (requested, static_kv_len) {
+        if req > fixed {
+            return Err(SpecError::Config(format!(
+                "max_seq_len {req} exceeds the KV length {fixed} fixed in the model graph"
+            )));
+        }
+    }
+    let mut len = requested
+        .or(static_kv_len)
+        .or(config.max_position_embeddings)
+        .unwrap_or(default);
+    if let Some(model_max) = config.max_position_embeddings {
+        len = len.min(model_max);
+    }
+    if let Some(fixed) = static_kv_len {
+        len = len.min(fixed);
+    }
+    Ok(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(name: &str, dtype: &str, shape: &[i64], symbols: &[&str]) -> TensorDesc {
+        TensorDesc {
+            name: name.into(),
+            dtype: dtype.into(),
+            shape: shape.to_vec(),
+            symbols: symbols.iter().map(|s| (*s).to_string()).collect(),
+        }
+    }
+
+    /// A 2-layer decoder; `past_sym` / `present_sym` name dim 2 of the KV tensors.
+    fn decoder(
+        past_sym: &str,
+        present_sym: &str,
+        extra_inputs: &[&str],
+    ) -> (Vec<TensorDesc>, Vec<TensorDesc>) {
+        let mut inputs = vec![
+            desc("input_ids", "int64", &[1, -1], &["", "sequence_length"]),
+            desc("attention_mask", "int64", &[1, -1], &["", "total"]),
+        ];
+        for name in extra_inputs {
+            inputs.push(desc(name, "int64", &[1, -1], &["", "s"]));
+        }
+        let mut outputs = vec![desc("logits", "float32", &[1, -1, 64], &["", "n", ""])];
+        for i in 0..2 {
+            for kind in ["key", "value"] {
+                inputs.push(desc(
+                    &past_name(i, kind),
+                    "float32",
+                    &[1, 2, -1, 16],
+                    &["", "", past_sym, ""],
+                ));
+                outputs.push(desc(
+                    &present_name(i, kind),
+                    "float32",
+                    &[1, 2, -1, 16],
+                    &["", "", present_sym, ""],
+                ));
+            }
+        }
+        (inputs, outputs)
+    }
+
+    #[test]
+    fn shared_dim_name_means_shared_buffer() {
+        let (i, o) = decoder("max_seq", "max_seq", &[]);
+        let io = analyze(&i, &o, &[], &SpecrtConfig::default(), None).unwrap();
+        assert_eq!(io.layout, KvLayout::SharedBuffer);
+        assert_eq!(
+            (io.n_layers, io.kv_heads, io.head_dim, io.vocab_size),
+            (2, 2, 16, 64)
+        );
+        assert!(!io.has_num_logits_to_keep);
+    }
+
+    #[test]
+    fn overridable_num_logits_to_keep_means_shared_buffer() {
+        let (i, o) = decoder("past_sequence_length", "total_sequence_length", &[]);
+        let io = analyze(
+            &i,
+            &o,
+            &["num_logits_to_keep".into()],
+            &SpecrtConfig::default(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(io.layout, KvLayout::SharedBuffer);
+        assert!(io.has_num_logits_to_keep);
+    }
+
+    #[test]
+    fn optimum_names_mean_optimum() {
+        let (i, o) = decoder(
+            "past_sequence_length",
+            "total_sequence_length",
+            &["position_ids"],
+        );
+        let io = analyze(&i, &o, &[], &SpecrtConfig::default(), None).unwrap();
+        assert_eq!(io.layout, KvLayout::Optimum);
+        assert!(io.has_position_ids);
+    }
+
+    #[test]
+    fn config_and_option_override_detection() {
+        let (i, o) = decoder("past_sequence_length", "total_sequence_length", &[]);
+        let cfg = SpecrtConfig {
+            kv_layout: Some(KvLayout::SharedBuffer),
+            ..Default::default()
+        };
+        assert_eq!(
+            analyze(&i, &o, &[], &cfg, None).unwrap().layout,
+            KvLayout::SharedBuffer
+        );
+        assert_eq!(
+            analyze(&i, &o, &[], &cfg, Some(KvLayout::Optimum))
+                .unwrap()
+                .layout,
+            KvLayout::Optimum
+        );
+    }
+
+    #[test]
+    fn missing_pieces_are_config_errors_naming_them() {
+        let (mut i, o) = decoder("m", "m", &[]);
+        i.retain(|d| d.name != "input_ids");
+        let msg = analyze(&i, &o, &[], &SpecrtConfig::default(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("input_ids"), "{msg}");
+
+        let (i, mut o) = decoder("m", "m", &[]);
+        o.retain(|d| d.name != "present.1.value");
+        let msg = analyze(&i, &o, &[], &SpecrtConfig::default(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("present.1.value"), "{msg}");
+
+        let (i, mut o) = decoder("m", "m", &[]);
+        o[0].dtype = "float16".into();
+        let msg = analyze(&i, &o, &[], &SpecrtConfig::default(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("float16") && msg.contains("float32"), "{msg}");
+
+        let (mut i, o) = decoder("m", "m", &[]);
+        i.retain(|d| d.name != "attention_mask");
+        let msg = analyze(&i, &o, &[], &SpecrtConfig::default(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("attention_mask"), "{msg}");
+    }
+
+    #[test]
+    fn dynamic_vocab_needs_the_config() {
+        let (i, mut o) = decoder("m", "m", &[]);
+        o[0].shape = vec![1, -1, -1];
+        assert!(analyze(&i, &o, &[], &SpecrtConfig::default(), None).is_err());
+        let cfg = SpecrtConfig {
+            vocab_size: Some(99),
+            ..Default::default()
+        };
+        assert_eq!(analyze(&i, &o, &[], &cfg, None).unwrap().vocab_size, 99);
+    }
+
+    #[test]
+    fn config_parses_and_rejects_bad_json() {
+        let p = Path::new("/m/specrt_config.json");
+        let cfg = SpecrtConfig::parse(
+            r#"{"vocab_size": 64, "max_position_embeddings": 128, "kv_layout": "shared_buffer", "x": [1]}"#,
+            p,
+        )
+        .unwrap();
+        assert_eq!(cfg.vocab_size, Some(64));
+        assert_eq!(cfg.max_position_embeddings, Some(128));
+        assert_eq!(cfg.kv_layout, Some(KvLayout::SharedBuffer));
+        assert!(matches!(SpecrtConfig::parse("{", p), Err(SpecError::Io(_))));
+        assert!(matches!(
+            SpecrtConfig::parse(r#"{"vocab_size": -1}"#, p),
+            Err(SpecError::Io(_))
+        ));
+        assert!(matches!(
+            SpecrtConfig::parse(r#"{"kv_layout": "paged"}"#, p),
+            Err(SpecError::Config(_))
+        ));
+    }
+
+    #[test]
+    fn max_seq_len_is_capped_by_the_model() {
+        let cfg = SpecrtConfig {
+            max_position_embeddings: Some(128),
+            ..Default::default()
+        };
+        assert_eq!(choose_max_seq_len(None, &cfg, None, 4096).unwrap(), 128);
+        assert_eq!(choose_max_seq_len(Some(64), &cfg, None, 4096).unwrap(), 64);
+        assert_eq!(
+            choose_max_seq_len(Some(1000), &cfg, None, 4096).unwrap(),
+            128
+        );
+        assert_eq!(
+            choose_max_seq_len(None, &SpecrtConfig::default(), None, 4096).unwrap(),
+            4096
+        );
+        assert_eq!(
+            choose_max_seq_len(None, &SpecrtConfig::default(), Some(32), 4096).unwrap(),
+            32
+        );
+        assert!(choose_max_seq_len(Some(64), &SpecrtConfig::default(), Some(32), 4096).is_err());
+    }
+
+    #[test]
+    fn missing_model_paths_are_io_errors_naming_the_path() {
+        let err = resolve_model_file(Path::new("/no/such/model_dir")).unwrap_err();
+        assert!(
+            matches!(&err, SpecError::Io(m) if m.contains("/no/such/model_dir")),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,312 @@
+//! Plain-Rust options of the ONNX Runtime backend (no ort types), with parsing and validation.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use specrt_core::{Result, SpecError};
+
+/// Sequence length used when neither the options nor the model folder give one.
+pub const DEFAULT_MAX_SEQ_LEN: usize = 4096;
+
+/// Execution provider of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Provider {
+    /// ONNX Runtime's CPU execution provider.
+    #[default]
+    Cpu,
+    /// ONNX Runtime's CUDA execution provider (needs the `onnxruntime-gpu` wheel, a CUDA driver and cuDNN).
+    Cuda,
+}
+
+impl Provider {
+    /// The name used on the Python side and in option strings: `"cpu"` or `"cuda"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Cpu => "cpu",
+            Provider::Cuda => "cuda",
+        }
+    }
+
+    /// ONNX Runtime's name of the execution provider (`"CPUExecutionProvider"`, `"CUDAExecutionProvider"`).
+    pub fn ort_name(self) -> &'static str {
+        match self {
+            Provider::Cpu => "CPUExecutionProvider",
+            Provider::Cuda => "CUDAExecutionProvider",
+        }
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Provider {
+    type Err = SpecError;
+
+    /// Parse `"cpu"` / `"cuda"` (case-insensitive; ORT names like `"CUDAExecutionProvider"` are accepted too).
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" | "cpuexecutionprovider" => Ok(Provider::Cpu),
+            "cuda" | "gpu" | "cudaexecutionprovider" => Ok(Provider::Cuda),
+            _ => Err(SpecError::Config(format!(
+                "provider {s:?} is invalid (expected one of: \"cpu\", \"cuda\")"
+            ))),
+        }
+    }
+}
+
+/// How the model's KV cache inputs and outputs relate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvLayout {
+    /// The specrt decoder contract (onnxruntime-genai style): `past_key_values.{i}.*` and `present.{i}.*` are one
+    /// preallocated `[1, kv_heads, max_seq, head_dim]` buffer; the graph appends at `n_past` (GroupQueryAttention).
+    SharedBuffer,
+    /// Hugging Face Optimum: `past_key_values.{i}.*` is `[1, kv_heads, past, head_dim]`, `present.{i}.*` is the
+    /// concatenation `[1, kv_heads, past + S, head_dim]` and becomes the next past.
+    Optimum,
+}
+
+impl KvLayout {
+    /// `"shared_buffer"` or `"optimum"` (the `kv_layout` value of `specrt_config.json`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvLayout::SharedBuffer => "shared_buffer",
+            KvLayout::Optimum => "optimum",
+        }
+    }
+}
+
+impl fmt::Display for KvLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for KvLayout {
+    type Err = SpecError;
+
+    /// Parse `"shared_buffer"` / `"optimum"` (also `"concat"` for the latter).
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "shared_buffer" | "shared" => Ok(KvLayout::SharedBuffer),
+            "optimum" | "concat" => Ok(KvLayout::Optimum),
+            _ => Err(SpecError::Config(format!(
+                "kv layout {s:?} is invalid (expected one of: \"shared_buffer\", \"optimum\")"
+            ))),
+        }
+    }
+}
+
+/// Options of one [`crate::OrtBackend`] (one model, one session).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrtOptions {
+    /// Absolute path of `libonnxruntime.so.1.x` (from the `onnxruntime` / `onnxruntime-gpu` wheel). Loaded once per
+    /// process; every backend of the process must name the same file.
+    pub ort_library: PathBuf,
+    /// Execution provider (default CPU).
+    pub provider: Provider,
+    /// CUDA device ordinal (ignored on CPU).
+    pub device_id: i32,
+    /// Intra-op threads; `None` = the number of physical cores.
+    pub intra_op_threads: Option<usize>,
+    /// Inter-op threads (the session runs sequentially, so 1 is right).
+    pub inter_op_threads: usize,
+    /// Longest total sequence (cached + new tokens). `None` = `max_position_embeddings` from
+    /// `specrt_config.json`, else [`DEFAULT_MAX_SEQ_LEN`]; always capped by the model's maximum when known.
+    pub max_seq_len: Option<usize>,
+    /// When CUDA is requested but cannot be used, fall back to CPU (reported by
+    /// [`crate::OrtBackend::fallback_reason`]) instead of failing with [`SpecError::Provider`].
+    pub allow_fallback: bool,
+    /// Force a KV layout instead of detecting it (see [`crate::OrtBackend::layout`]).
+    pub layout: Option<KvLayout>,
+}
+
+impl OrtOptions {
+    /// CPU defaults for the library at `ort_library`.
+    pub fn new(ort_library: impl Into<PathBuf>) -> Self {
+        OrtOptions {
+            ort_library: ort_library.into(),
+            provider: Provider::Cpu,
+            device_id: 0,
+            intra_op_threads: None,
+            inter_op_threads: 1,
+            max_seq_len: None,
+            allow_fallback: false,
+            layout: None,
+        }
+    }
+
+    /// Check the values that need no library or model.
+    ///
+    /// Errors: [`SpecError::Config`] for a relative or empty library path, zero threads, a zero `max_seq_len` or a
+    /// negative device id.
+    pub fn validate(&self) -> Result<()> {
+        if self.ort_library.as_os_str().is_empty() {
+            return Err(SpecError::Config(
+                "ort_library is empty (expected the absolute path of libonnxruntime.so.1.x)".into(),
+            ));
+        }
+        if !self.ort_library.is_absolute() {
+            return Err(SpecError::Config(format!(
+                "ort_library {:?} is not an absolute path (a relative path would be resolved against the Python \
+                 interpreter's directory)",
+                self.ort_library
+            )));
+        }
+        if self.intra_op_threads == Some(0) {
+            return Err(SpecError::Config(
+                "intra_op_threads 0 is invalid (expected >= 1)".into(),
+            ));
+        }
+        if self.inter_op_threads == 0 {
+            return Err(SpecError::Config(
+                "inter_op_threads 0 is invalid (expected >= 1)".into(),
+            ));
+        }
+        if self.max_seq_len == Some(0) {
+            return Err(SpecError::Config(
+                "max_seq_len 0 is invalid (expected >= 1)".into(),
+            ));
+        }
+        if self.device_id < 0 {
+            return Err(SpecError::Config(format!(
+                "device_id {} is invalid (expected >= 0)",
+                self.device_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Intra-op threads to use: the option, or [`physical_cores`].
+    pub fn effective_intra_op_threads(&self) -> usize {
+        self.intra_op_threads.unwrap_or_else(physical_cores)
+    }
+}
+
+/// Number of physical cores (distinct `(physical id, core id)` pairs in `/proc/cpuinfo`), falling back to the
+/// available parallelism (logical CPUs), and never above it (cgroup/affinity limits).
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let physical = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .map(|text| count_physical_cores(&text))
+        .unwrap_or(0);
+    if physical == 0 {
+        logical
+    } else {
+        physical.min(logical)
+    }
+}
+
+/// Count distinct `(physical id, core id)` pairs in `/proc/cpuinfo` text; 0 if the fields are absent.
+fn count_physical_cores(cpuinfo: &str) -> usize {
+    let mut seen = std::collections::BTreeSet::new();
+    for block in cpuinfo.split("\n\n") {
+        let field = |key: &str| {
+            block.lines().find_map(|line| {
+                let (k, v) = line.split_once(':')?;
+                (k.trim() == key).then(|| v.trim().to_string())
+            })
+        };
+        if let Some(core) = field("core id") {
+            seen.insert((field("physical id").unwrap_or_default(), core));
+        }
+    }
+    seen.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_parses_names_case_insensitively() {
+        assert_eq!("cpu".parse::<Provider>().unwrap(), Provider::Cpu);
+        assert_eq!(" CUDA ".parse::<Provider>().unwrap(), Provider::Cuda);
+        assert_eq!(
+            "CUDAExecutionProvider".parse::<Provider>().unwrap(),
+            Provider::Cuda
+        );
+        assert_eq!(Provider::Cuda.ort_name(), "CUDAExecutionProvider");
+        assert_eq!(Provider::default(), Provider::Cpu);
+    }
+
+    #[test]
+    fn unknown_provider_names_the_valid_set() {
+        let err = "tpu".parse::<Provider>().unwrap_err();
+        let SpecError::Config(msg) = err else {
+            panic!("expected Config")
+        };
+        assert!(
+            msg.contains("\"tpu\"") && msg.contains("\"cpu\"") && msg.contains("\"cuda\""),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn layout_round_trips() {
+        for layout in [KvLayout::SharedBuffer, KvLayout::Optimum] {
+            assert_eq!(layout.as_str().parse::<KvLayout>().unwrap(), layout);
+        }
+        assert!("paged".parse::<KvLayout>().is_err());
+    }
+
+    #[test]
+    fn defaults_are_cpu_sequential() {
+        let o = OrtOptions::new("/abs/libonnxruntime.so.1.32.0");
+        assert_eq!(o.provider, Provider::Cpu);
+        assert_eq!(o.inter_op_threads, 1);
+        assert!(!o.allow_fallback);
+        assert!(o.validate().is_ok());
+        assert!(o.effective_intra_op_threads() >= 1);
+    }
+
+    #[test]
+    fn validate_rejects_bad_values() {
+        let base = OrtOptions::new("/abs/lib.so");
+        let cases = [
+            OrtOptions {
+                ort_library: "".into(),
+                ..base.clone()
+            },
+            OrtOptions {
+                ort_library: "lib/libonnxruntime.so".into(),
+                ..base.clone()
+            },
+            OrtOptions {
+                intra_op_threads: Some(0),
+                ..base.clone()
+            },
+            OrtOptions {
+                inter_op_threads: 0,
+                ..base.clone()
+            },
+            OrtOptions {
+                max_seq_len: Some(0),
+                ..base.clone()
+            },
+            OrtOptions {
+                device_id: -1,
+                ..base.clone()
+            },
+        ];
+        for case in cases {
+            assert!(
+                matches!(case.validate(), Err(SpecError::Config(_))),
+                "{case:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn physical_cores_counts_core_ids_not_hyperthreads() {
+        let text = "processor\t: 0\nphysical id\t: 0\ncore id\t: 0\n\nprocessor\t: 1\nphysical id\t: 0\ncore id\t: 0\n\n\
+                    processor\t: 2\nphysical id\t: 0\ncore id\t: 1\n\nprocessor\t: 3\nphysical id\t: 1\ncore id\t: 0\n";
+        assert_eq!(count_physical_cores(text), 3);
+        assert_eq!(count_physical_cores("processor : 0\n"), 0);
+        assert!(physical_cores() >= 1);
+    }
+}

@@ -1,0 +1,105 @@
+//! Loading the ONNX Runtime shared library (once per process) and mapping `ort` errors to [`SpecError`].
+//!
+//! `ort` is built with `load-dynamic`: nothing is linked or downloaded at build time, and the library is `dlopen`ed
+//! here from an absolute path. Without this, the first `ort` call would read `ORT_DYLIB_PATH` and **panic** if the
+//! library is missing, so every constructor calls [`init_runtime`] before touching any other `ort` API.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use specrt_core::{Result, SpecError};
+
+/// File name of the CUDA execution provider library that the `onnxruntime-gpu` wheel puts beside
+/// `libonnxruntime.so` (the CPU wheel lacks it).
+pub const CUDA_PROVIDER_LIBRARY: &str = "libonnxruntime_providers_cuda.so";
+
+/// The library this process loaded (canonical path), set once.
+static LOADED: OnceLock<PathBuf> = OnceLock::new();
+/// Serialises first-time loading (ort's own `OnceLock` would silently ignore a second, different path).
+static LOAD_LOCK: Mutex<()> = Mutex::new(());
+
+/// Path of the ONNX Runtime library loaded in this process, if any.
+pub fn loaded_library() -> Option<&'static Path> {
+    LOADED.get().map(PathBuf::as_path)
+}
+
+/// Load `libonnxruntime` from `path` (absolute) unless this process already loaded it.
+///
+/// Errors: [`SpecError::Config`] for a relative path, or when another library file is already loaded (one ONNX
+/// Runtime per process); [`SpecError::Io`] when the file does not exist; [`SpecError::Backend`] with code
+/// `LoadLibrary` when it cannot be loaded or is not ONNX Runtime, and code `LibraryVersion` when it is older than the
+/// API this build needs (ONNX Runtime 1.20).
+pub fn init_runtime(path: &Path) -> Result<()> {
+    if !path.is_absolute() {
+        return Err(SpecError::Config(format!(
+            "ONNX Runtime library path {} is not absolute (expected e.g. <site-packages>/onnxruntime/capi/\
+             libonnxruntime.so.1.x)",
+            path.display()
+        )));
+    }
+    if !path.is_file() {
+        return Err(SpecError::Io(format!(
+            "ONNX Runtime library not found: {} (expected the libonnxruntime.so.1.x shipped in the onnxruntime or \
+             onnxruntime-gpu wheel's capi/ folder; set SPECRT_ORT_LIBRARY to override)",
+            path.display()
+        )));
+    }
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let _guard = LOAD_LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(loaded) = LOADED.get() {
+        if *loaded == canonical {
+            return Ok(());
+        }
+        return Err(SpecError::Config(format!(
+            "ONNX Runtime is already loaded from {} in this process; cannot also load {} (one library per process)",
+            loaded.display(),
+            path.display()
+        )));
+    }
+    match ort::init_from(&canonical) {
+        Ok(builder) => {
+            // The environment is global too; a second commit would be ignored.
+            let _ = builder.with_name("specrt").with_telemetry(false).commit();
+            let _ = LOADED.set(canonical);
+            Ok(())
+        }
+        Err(err) => Err(match &err {
+            ort::LoadDynamicError::BadVersion { version_str, .. } => SpecError::Backend {
+                code: "LibraryVersion".into(),
+                message: format!(
+                    "ONNX Runtime library {} is version {version_str}, too old: specrt needs >= 1.{} ({err})",
+                    path.display(),
+                    ort::MINOR_VERSION
+                ),
+            },
+            ort::LoadDynamicError::MissingApi { .. } => SpecError::Backend {
+                code: "LoadLibrary".into(),
+                message: format!(
+                    "{} is not an ONNX Runtime library: it does not export OrtGetApiBase",
+                    path.display()
+                ),
+            },
+            ort::LoadDynamicError::Dlopen { .. } => SpecError::Backend {
+                code: "LoadLibrary".into(),
+                message: format!("cannot load the ONNX Runtime library {}: {err}", path.display()),
+            },
+        }),
+    }
+}
+
+/// Map an `ort` error to [`SpecError::Backend`]; `context` says what was being done.
+pub(crate) fn ort_err<R>(context: &str, err: &ort::Error<R>) -> SpecError {
+    SpecError::Backend {
+        code: format!("{:?}", err.code()),
+        message: format!("{context}: {}", err.message()),
+    }
+}
+
+/// The CUDA provider library expected beside the loaded ONNX Runtime library.
+pub(crate) fn cuda_provider_library_path() -> Option<PathBuf> {
+    loaded_library()
+        .and_then(Path::parent)
+        .map(|dir| dir.join(CUDA_PROVIDER_LIBRARY))
+}
