@@ -6,6 +6,13 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+pub mod cost;
 pub mod error;
+pub mod rng;
+pub mod sampling;
+pub mod verify;
 
 pub use error::{Result, SpecError};
+pub use rng::{PcgState, Rng};
+pub use sampling::{PenaltyContext, Sampler, SamplingParams};
+pub use verify::{verify, LastToken, Verification, VerifyMode, MAX_DRAFT_TOKENS};

@@ -1,0 +1,1084 @@
+//! Logits processing and sampling of one row, in Hugging Face's order:
+//! penalties (repetition as HF; frequency / presence as OpenAI / vLLM), then temperature, top-k, top-p, min-p.
+//!
+//! The hot path ([`Sampler`]) allocates nothing per call: one `Sampler` per vocabulary size holds reusable buffers.
+//! A processed row is kept as unnormalised weights `w` (`exp((x - max) / T)`, so the top token has weight exactly
+//! 1), a keep-threshold and the f64 total of the kept weights:
+//! `p(x) = (w[x] >= threshold ? w[x] : 0) / total`. Exact zeros (masked, `-inf` logits, or `exp` below `e^-87`,
+//! i.e. probability < 1.7e-38 relative to the top token) are never emitted.
+//!
+//! Exact definitions (mirrored by `python/specrt/reference.py`):
+//! - penalties, for every token `t` seen so far (prompt or output): repetition (HF
+//!   `RepetitionPenaltyLogitsProcessor`): `x < 0 ? x * r : x / r` if `t` is in the prompt or the output; then
+//!   (vLLM / OpenAI) `x -= count_out(t) * frequency + (count_out(t) > 0) * presence`, counting output tokens only.
+//! - temperature `T`: `w = exp((x - max) * (1 / T))`; `T < MIN_TEMPERATURE` means greedy (argmax, lowest id on ties).
+//! - top-k (HF `TopKLogitsWarper`): keep tokens whose logit is >= the k-th largest logit (ties at the boundary kept).
+//! - top-p (HF `TopPLogitsWarper`): keep a token iff the mass of the tokens strictly more probable than it is < p,
+//!   i.e. walk the tokens in descending order until the cumulative mass reaches `p`; all tokens tied with the last
+//!   one walked are kept too.
+//! - min-p (HF `MinPLogitsWarper`): keep tokens with `p >= min_p * p_max`, i.e. `w >= min_p` (the top weight is 1).
+//! - sampling with a uniform `u` in `[0, 1)`: the first token `i` whose running (f64) sum of kept weights exceeds
+//!   `u * total` (inverse CDF, no sort).
+
+use crate::error::{Result, SpecError};
+use crate::rng::Rng;
+
+/// Temperatures below this are greedy (as vLLM's `_SAMPLING_EPS`): `1 / T` would overflow the exponent.
+pub const MIN_TEMPERATURE: f32 = 1e-5;
+
+/// Logits below `max - 87 * T` get weight 0 (their probability relative to the top token is < e^-87 = 1.6e-38).
+const EXP_FLOOR: f32 = -87.0;
+
+/// Candidate thresholds for top-p, as fractions of the total mass: at most 2^10, then 2^16 candidates, then all.
+const NUCLEUS_LEVELS: [f64; 3] = [1.0 / 1024.0, 1.0 / 65536.0, 0.0];
+
+/// How one row is turned into a distribution. `Default` is plain sampling at temperature 1.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature, >= 0. Values below [`MIN_TEMPERATURE`] (e.g. 0) mean greedy decoding.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 = off.
+    pub top_k: u32,
+    /// Nucleus mass in (0, 1]; 1 = off.
+    pub top_p: f32,
+    /// Keep tokens with probability >= `min_p` times the top probability, in [0, 1]; 0 = off.
+    pub min_p: f32,
+    /// HF repetition penalty, > 0; 1 = off. Divides positive / multiplies negative logits of seen tokens.
+    pub repetition_penalty: f32,
+    /// OpenAI / vLLM frequency penalty (finite; 0 = off): subtract `count * frequency_penalty`.
+    pub frequency_penalty: f32,
+    /// OpenAI / vLLM presence penalty (finite; 0 = off): subtract it once from every generated token.
+    pub presence_penalty: f32,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding (temperature 0, no penalties).
+    #[must_use]
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// True when the row is decoded by argmax (temperature below [`MIN_TEMPERATURE`]).
+    #[must_use]
+    pub fn is_greedy(&self) -> bool {
+        self.temperature < MIN_TEMPERATURE
+    }
+
+    /// True when any penalty is active (the row then needs a [`PenaltyContext`]).
+    #[must_use]
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+    }
+
+    /// Check every value against its allowed range.
+    ///
+    /// Errors: [`SpecError::Config`] naming the bad value and the allowed range.
+    pub fn validate(&self) -> Result<()> {
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(SpecError::Config(format!(
+                "temperature {t} is invalid (expected a finite value >= 0; 0 = greedy)"
+            )));
+        }
+        let p = self.top_p;
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(SpecError::Config(format!(
+                "top_p {p} is invalid (expected 0 < top_p <= 1; 1 = off)"
+            )));
+        }
+        let m = self.min_p;
+        if !(0.0..=1.0).contains(&m) {
+            return Err(SpecError::Config(format!(
+                "min_p {m} is invalid (expected 0 <= min_p <= 1; 0 = off)"
+            )));
+        }
+        let r = self.repetition_penalty;
+        if !(r.is_finite() && r > 0.0) {
+            return Err(SpecError::Config(format!(
+                "repetition_penalty {r} is invalid (expected a finite value > 0; 1 = off)"
+            )));
+        }
+        for (name, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !v.is_finite() {
+                return Err(SpecError::Config(format!(
+                    "{name} {v} is invalid (expected a finite value; 0 = off)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The tokens seen so far, for penalties: prompt tokens (repetition penalty only) and output tokens with counts.
+///
+/// The decode loop pushes committed output tokens. To evaluate row `i` of a round with draft tokens
+/// `d_1 .. d_{i-1}` counted on top, push them, evaluate, then [`PenaltyContext::truncate`] back to the committed
+/// length: a rejected draft leaves no trace (`verify` does exactly this and always restores the length).
+#[derive(Clone, Debug)]
+pub struct PenaltyContext {
+    vocab: usize,
+    // [vocab] output-token counts (allocated on first use).
+    counts: Vec<u32>,
+    // [vocab] whether the token is in the prompt (allocated on first use).
+    in_prompt: Vec<bool>,
+    // Distinct seen tokens in order of first appearance (prompt first), so popping is LIFO.
+    seen: Vec<u32>,
+    // Output tokens in order.
+    history: Vec<u32>,
+}
+
+impl PenaltyContext {
+    /// An empty context for a vocabulary of `vocab` tokens (allocates nothing until the first token).
+    #[must_use]
+    pub fn new(vocab: usize) -> Self {
+        Self {
+            vocab,
+            counts: Vec::new(),
+            in_prompt: Vec::new(),
+            seen: Vec::new(),
+            history: Vec::new(),
+        }
+    }
+
+    fn check(&self, token: u32) -> Result<usize> {
+        let t = token as usize;
+        if t >= self.vocab {
+            return Err(SpecError::Vocab(format!(
+                "token id {token} is out of range (expected < vocab size {})",
+                self.vocab
+            )));
+        }
+        Ok(t)
+    }
+
+    // Lazily sized: a context that never sees a token costs nothing.
+    fn alloc(&mut self) {
+        if self.counts.is_empty() {
+            self.counts = vec![0; self.vocab];
+            self.in_prompt = vec![false; self.vocab];
+        }
+    }
+
+    /// Mark prompt tokens as seen (repetition penalty only). Call before any output token is pushed.
+    ///
+    /// Errors: [`SpecError::Vocab`] for an id >= vocab; [`SpecError::Config`] if output tokens were pushed already.
+    pub fn add_prompt(&mut self, prompt: &[u32]) -> Result<()> {
+        if !self.history.is_empty() {
+            return Err(SpecError::Config(
+                "prompt tokens must be added before output tokens".to_owned(),
+            ));
+        }
+        for &tok in prompt {
+            self.check(tok)?;
+        }
+        self.alloc();
+        for &tok in prompt {
+            let t = tok as usize;
+            if !self.in_prompt[t] {
+                self.in_prompt[t] = true;
+                self.seen.push(tok);
+            }
+        }
+        Ok(())
+    }
+
+    /// Count one output token.
+    ///
+    /// Errors: [`SpecError::Vocab`] for an id >= vocab.
+    pub fn push(&mut self, token: u32) -> Result<()> {
+        let t = self.check(token)?;
+        self.alloc();
+        if self.counts[t] == 0 && !self.in_prompt[t] {
+            self.seen.push(token);
+        }
+        self.counts[t] += 1;
+        self.history.push(token);
+        Ok(())
+    }
+
+    /// Number of output tokens counted.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.history.len()
+    }
+
+    /// True when no output token is counted.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.history.is_empty()
+    }
+
+    /// Forget output tokens beyond the first `len` (undo of [`PenaltyContext::push`]; prompt tokens stay).
+    pub fn truncate(&mut self, len: usize) {
+        while self.history.len() > len {
+            let Some(tok) = self.history.pop() else { break };
+            let t = tok as usize;
+            self.counts[t] -= 1;
+            if self.counts[t] == 0 && !self.in_prompt[t] {
+                // First seen at this position, so it is the last entry of `seen`.
+                debug_assert_eq!(self.seen.last(), Some(&tok));
+                self.seen.pop();
+            }
+        }
+    }
+
+    /// How many times `token` occurs among the output tokens.
+    #[must_use]
+    pub fn count(&self, token: u32) -> u32 {
+        self.counts.get(token as usize).copied().unwrap_or(0)
+    }
+
+    /// Apply the penalties of `params` to the seen tokens of `logits` (`[vocab]`, modified in place).
+    pub fn apply(&self, params: &SamplingParams, logits: &mut [f32]) {
+        let (r, f, pr) = (
+            params.repetition_penalty,
+            params.frequency_penalty,
+            params.presence_penalty,
+        );
+        for &tok in &self.seen {
+            let t = tok as usize;
+            let Some(x) = logits.get_mut(t) else { continue };
+            if r != 1.0 {
+                *x = if *x < 0.0 { *x * r } else { *x / r };
+            }
+            let c = self.counts[t];
+            if c > 0 {
+                #[allow(clippy::cast_precision_loss)]
+                let cf = c as f32;
+                *x -= cf * f + pr;
+            }
+        }
+    }
+}
+
+/// `e^x` for `x <= 0` (or `-inf`), 0 below [`EXP_FLOOR`]; about 1 ulp (Cephes `expf` polynomial). Branch-free, so
+/// loops over it vectorise.
+#[inline(always)]
+fn exp_nonpos(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer kept in the low mantissa bits
+    let xc = if x < EXP_FLOOR { EXP_FLOOR } else { x };
+    let t = xc.mul_add(LOG2E, ROUND);
+    let n = t - ROUND;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc));
+    let mut y = 1.987_569_1e-4_f32;
+    y = y.mul_add(r, 1.398_199_9e-3);
+    y = y.mul_add(r, 8.333_452e-3);
+    y = y.mul_add(r, 4.166_579_6e-2);
+    y = y.mul_add(r, 1.666_666_5e-1);
+    y = y.mul_add(r, 0.5);
+    let y = (y * r).mul_add(r, r) + 1.0;
+    // n in [-126, 0]: 2^n is a normal float whose biased exponent is n + 127.
+    let scale = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000).wrapping_add(127) << 23);
+    if x < EXP_FLOOR {
+        0.0
+    } else {
+        y * scale
+    }
+}
+
+/// Max of a row, checking for NaN / +inf / all -inf. `row` is used in the error only.
+///
+/// Errors: [`SpecError::NonFinite`] with the row and the first bad token.
+pub fn checked_max(logits: &[f32], row: usize) -> Result<f32> {
+    const L: usize = 16;
+    let mut acc = [f32::NEG_INFINITY; L];
+    // Non-zero iff some value is NaN or +inf (`!(x < inf)` is true exactly for those).
+    let mut bad = [0u8; L];
+    let chunks = logits.chunks_exact(L);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..L {
+            let x = c[j];
+            acc[j] = if x > acc[j] { x } else { acc[j] };
+            bad[j] |= u8::from(!(x < f32::INFINITY));
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    let mut any_bad = bad.iter().any(|&b| b != 0);
+    for &x in rest {
+        m = if x > m { x } else { m };
+        any_bad |= !(x < f32::INFINITY);
+    }
+    for &a in &acc {
+        m = if a > m { a } else { m };
+    }
+    if any_bad {
+        if let Some((token, &x)) = logits
+            .iter()
+            .enumerate()
+            .find(|(_, x)| !(**x < f32::INFINITY))
+        {
+            return Err(SpecError::NonFinite {
+                row,
+                token,
+                value: format!("{x}"),
+                what: if x.is_nan() { "NaN" } else { "+inf" }.to_owned(),
+            });
+        }
+    }
+    if m == f32::NEG_INFINITY {
+        return Err(SpecError::NonFinite {
+            row,
+            token: 0,
+            value: "-inf".to_owned(),
+            what: "all -inf".to_owned(),
+        });
+    }
+    Ok(m)
+}
+
+/// Argmax of a row (lowest id on ties), checking for non-finite values as [`checked_max`].
+///
+/// Errors: [`SpecError::NonFinite`].
+pub fn checked_argmax(logits: &[f32], row: usize) -> Result<u32> {
+    let m = checked_max(logits, row)?;
+    let i = logits.iter().position(|&x| x == m).unwrap_or(0);
+    #[allow(clippy::cast_possible_truncation)]
+    Ok(i as u32)
+}
+
+/// Natural log of the softmax of a raw row at `token` (no penalties, temperature 1): the target's log-probability
+/// of an emitted token. Output in (-inf, 0].
+///
+/// Errors: [`SpecError::NonFinite`] (bad row), [`SpecError::Vocab`] (token >= row length).
+pub fn log_softmax_at(logits: &[f32], token: u32, row: usize) -> Result<f32> {
+    let t = token as usize;
+    if t >= logits.len() {
+        return Err(SpecError::Vocab(format!(
+            "token id {token} is out of range (expected < vocab size {})",
+            logits.len()
+        )));
+    }
+    let m = checked_max(logits, row)?;
+    let sum = exp_sum(logits, m, 1.0);
+    #[allow(clippy::cast_possible_truncation)]
+    Ok((f64::from(logits[t] - m) - sum.ln()) as f32)
+}
+
+/// `sum exp((x - m) * inv_t)` in f64 (several accumulators).
+fn exp_sum(x: &[f32], m: f32, inv_t: f32) -> f64 {
+    const L: usize = 8;
+    let mut acc = [0f64; L];
+    let chunks = x.chunks_exact(L);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..L {
+            acc[j] += f64::from(exp_nonpos((c[j] - m) * inv_t));
+        }
+    }
+    let mut s: f64 = acc.iter().sum();
+    for &v in rest {
+        s += f64::from(exp_nonpos((v - m) * inv_t));
+    }
+    s
+}
+
+/// Reusable scratch for processing and sampling rows of one vocabulary size. Holds the last processed row.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    vocab: usize,
+    // [vocab] weights of the last processed row (or the residual after a rejection).
+    w: Vec<f32>,
+    // [vocab] penalised copy of the logits.
+    logits: Vec<f32>,
+    // [vocab] residual max(0, p - q).
+    resid: Vec<f32>,
+    // Min-heap of the top-k logits.
+    heap: Vec<f32>,
+    // Candidate weights for top-p.
+    cand: Vec<f32>,
+    // Keep-threshold on `w` and f64 total of kept weights, for the last processed row.
+    threshold: f32,
+    total: f64,
+}
+
+impl Sampler {
+    /// Scratch for rows of `vocab` logits (allocates `3 * vocab` floats once).
+    #[must_use]
+    pub fn new(vocab: usize) -> Self {
+        Self {
+            vocab,
+            w: vec![0.0; vocab],
+            logits: vec![0.0; vocab],
+            resid: vec![0.0; vocab],
+            heap: Vec::new(),
+            cand: Vec::new(),
+            threshold: 0.0,
+            total: 0.0,
+        }
+    }
+
+    /// The vocabulary size this scratch serves.
+    #[must_use]
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    fn check_row(&self, logits: &[f32]) -> Result<()> {
+        if logits.len() != self.vocab {
+            return Err(SpecError::Shape(format!(
+                "logits row has {} values, expected [vocab] = [{}]",
+                logits.len(),
+                self.vocab
+            )));
+        }
+        Ok(())
+    }
+
+    /// The logits to use for a row: the input, or a penalised copy of it.
+    fn penalised<'a>(
+        logits_buf: &'a mut [f32],
+        logits: &'a [f32],
+        params: &SamplingParams,
+        penalties: Option<&PenaltyContext>,
+    ) -> &'a [f32] {
+        match penalties {
+            Some(ctx) if params.has_penalties() && !ctx.seen.is_empty() => {
+                logits_buf.copy_from_slice(logits);
+                ctx.apply(params, logits_buf);
+                logits_buf
+            }
+            _ => logits,
+        }
+    }
+
+    /// Greedy choice for a row: argmax of the penalised logits (lowest id on ties).
+    ///
+    /// Errors: [`SpecError::Shape`], [`SpecError::NonFinite`] (checked on the penalised logits).
+    pub fn argmax(
+        &mut self,
+        logits: &[f32],
+        row: usize,
+        params: &SamplingParams,
+        penalties: Option<&PenaltyContext>,
+    ) -> Result<u32> {
+        self.check_row(logits)?;
+        let x = Self::penalised(&mut self.logits, logits, params, penalties);
+        checked_argmax(x, row)
+    }
+
+    /// Process one row of logits (`[vocab] float32`) into the stored distribution (see the module docs), readable
+    /// with [`Sampler::prob`], [`Sampler::write_probs`], [`Sampler::sample_processed`].
+    ///
+    /// For a greedy `params` the distribution is the point mass on [`Sampler::argmax`].
+    ///
+    /// Errors: [`SpecError::Shape`] (length != vocab), [`SpecError::NonFinite`] (NaN, +inf or all -inf, reported
+    /// with `row` and the token id). `params` is assumed validated ([`SamplingParams::validate`]).
+    pub fn process(
+        &mut self,
+        logits: &[f32],
+        row: usize,
+        params: &SamplingParams,
+        penalties: Option<&PenaltyContext>,
+    ) -> Result<()> {
+        self.check_row(logits)?;
+        let x = Self::penalised(&mut self.logits, logits, params, penalties);
+        if params.is_greedy() {
+            let a = checked_argmax(x, row)? as usize;
+            self.w.fill(0.0);
+            self.w[a] = 1.0;
+            self.threshold = 0.0;
+            self.total = 1.0;
+            return Ok(());
+        }
+        let m = checked_max(x, row)?;
+        let kth = if params.top_k > 0 && (params.top_k as usize) < x.len() {
+            kth_largest(x, params.top_k as usize, &mut self.heap)
+        } else {
+            f32::NEG_INFINITY
+        };
+        let inv_t = 1.0 / params.temperature;
+        let mut total = exp_pass(x, m, inv_t, kth, &mut self.w);
+        let mut thr = 0.0f32;
+        if params.top_p < 1.0 {
+            (thr, total) = nucleus(&self.w, total, f64::from(params.top_p), &mut self.cand);
+        }
+        if params.min_p > 0.0 && params.min_p > thr {
+            thr = params.min_p;
+            total = masked_sum(&self.w, thr);
+        }
+        self.threshold = thr;
+        self.total = total;
+        Ok(())
+    }
+
+    /// Probability of `token` in the last processed row, in [0, 1] (f64 of f32 weights).
+    #[must_use]
+    pub fn prob(&self, token: u32) -> f64 {
+        let w = self.w.get(token as usize).copied().unwrap_or(0.0);
+        if w >= self.threshold {
+            f64::from(w) / self.total
+        } else {
+            0.0
+        }
+    }
+
+    /// Write the last processed row, normalised, into `out` (`[vocab] float32`) and return its f64 sum (~1).
+    ///
+    /// Errors: [`SpecError::Shape`] if `out.len() != vocab`.
+    pub fn write_probs(&self, out: &mut [f32]) -> Result<f64> {
+        if out.len() != self.vocab {
+            return Err(SpecError::Shape(format!(
+                "probability row has {} values, expected [vocab] = [{}]",
+                out.len(),
+                self.vocab
+            )));
+        }
+        #[allow(clippy::cast_possible_truncation)]
+        let inv = (1.0 / self.total) as f32;
+        Ok(normalise_into(&self.w, self.threshold, inv, out))
+    }
+
+    /// Sample from the last processed row with a uniform `u` in [0, 1) (inverse CDF over kept weights).
+    #[must_use]
+    pub fn sample_processed(&self, u: f64) -> u32 {
+        inverse_cdf(&self.w, self.threshold, self.total, u)
+    }
+
+    /// Process a row and sample one token from it (a target-only step, K = 0). Draws one uniform unless greedy.
+    ///
+    /// Errors: as [`Sampler::process`].
+    pub fn sample(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        penalties: Option<&PenaltyContext>,
+        rng: &mut Rng,
+    ) -> Result<u32> {
+        if params.is_greedy() {
+            return self.argmax(logits, 0, params, penalties);
+        }
+        self.process(logits, 0, params, penalties)?;
+        Ok(self.sample_processed(rng.next_f64()))
+    }
+
+    /// The draft's step: process a row, write the normalised distribution into `probs_out` (`[vocab] float32`,
+    /// the `q` row that `verify` needs) and sample the token from exactly that row. Draws one uniform unless greedy
+    /// (then `probs_out` is the point mass on the argmax).
+    ///
+    /// Errors: as [`Sampler::process`]; [`SpecError::Shape`] if `probs_out.len() != vocab`.
+    pub fn sample_draft(
+        &mut self,
+        logits: &[f32],
+        params: &SamplingParams,
+        penalties: Option<&PenaltyContext>,
+        rng: &mut Rng,
+        probs_out: &mut [f32],
+    ) -> Result<u32> {
+        self.process(logits, 0, params, penalties)?;
+        let sum = self.write_probs(probs_out)?;
+        if params.is_greedy() {
+            #[allow(clippy::cast_possible_truncation)]
+            return Ok(self.w.iter().position(|&w| w == 1.0).unwrap_or(0) as u32);
+        }
+        Ok(inverse_cdf(probs_out, 0.0, sum, rng.next_f64()))
+    }
+
+    /// After [`Sampler::process`] of a target row: sample from the residual `norm(max(0, p - q))` with uniform `u`
+    /// (Leviathan et al. 2023, arXiv:2211.17192, Algorithm 1; Chen et al. 2023, arXiv:2302.01318, eq. 1).
+    ///
+    /// `p` is the processed row in f32 (`w * f32(1 / total)`), `q` the draft row (`[vocab] float32`).
+    /// If the residual mass is zero or below the smallest normal f32 (only possible through round-off: the
+    /// residual mass equals the rejection probability `1 - sum min(p, q)`, so a true zero means the rejection
+    /// that led here has probability 0), sample from `p` instead; this changes the output distribution by at most
+    /// that (round-off sized) rejection probability.
+    pub(crate) fn sample_residual(&mut self, q: &[f32], u: f64) -> u32 {
+        #[allow(clippy::cast_possible_truncation)]
+        let inv = (1.0 / self.total) as f32;
+        let r_total = residual_into(&self.w, self.threshold, inv, q, &mut self.resid);
+        if r_total < f64::from(f32::MIN_POSITIVE) {
+            return self.sample_processed(u);
+        }
+        inverse_cdf(&self.resid, 0.0, r_total, u)
+    }
+
+    /// After [`Sampler::process`]: sample from the processed row with `token` removed, renormalised (the residual of
+    /// a point-mass draft, `norm(max(0, p - onehot(token)))`). Falls back to `p` when the remaining mass is
+    /// round-off sized, as [`Sampler::sample_residual`].
+    pub(crate) fn sample_excluding(&mut self, token: u32, u: f64) -> u32 {
+        let t = token as usize;
+        let wt = if self.w[t] >= self.threshold {
+            f64::from(self.w[t])
+        } else {
+            0.0
+        };
+        let rest = self.total - wt;
+        if rest < self.total * f64::from(f32::EPSILON) * 1e-3 || rest <= 0.0 {
+            return self.sample_processed(u);
+        }
+        let saved = self.w[t];
+        self.w[t] = 0.0;
+        let tok = inverse_cdf(&self.w, self.threshold, rest, u);
+        self.w[t] = saved;
+        tok
+    }
+}
+
+/// The k-th largest value of `x` (k >= 1, k < len) via a size-k min-heap in `heap` (reused).
+fn kth_largest(x: &[f32], k: usize, heap: &mut Vec<f32>) -> f32 {
+    heap.clear();
+    heap.extend_from_slice(&x[..k]);
+    // Heapify (min-heap).
+    for i in (0..k / 2).rev() {
+        sift_down(heap, i);
+    }
+    for &v in &x[k..] {
+        if v > heap[0] {
+            heap[0] = v;
+            sift_down(heap, 0);
+        }
+    }
+    heap[0]
+}
+
+fn sift_down(h: &mut [f32], mut i: usize) {
+    let n = h.len();
+    loop {
+        let l = 2 * i + 1;
+        if l >= n {
+            return;
+        }
+        let r = l + 1;
+        let c = if r < n && h[r] < h[l] { r } else { l };
+        if h[c] < h[i] {
+            h.swap(c, i);
+            i = c;
+        } else {
+            return;
+        }
+    }
+}
+
+/// `w_i = x_i >= kth ? exp((x_i - m) * inv_t) : 0`; returns the f64 sum.
+fn exp_pass(x: &[f32], m: f32, inv_t: f32, kth: f32, w: &mut [f32]) -> f64 {
+    const L: usize = 8;
+    let mut acc = [0f64; L];
+    let xc = x.chunks_exact(L);
+    let xr = xc.remainder();
+    let mut wc = w.chunks_exact_mut(L);
+    for (xs, ws) in xc.zip(&mut wc) {
+        for j in 0..L {
+            let e = exp_nonpos((xs[j] - m) * inv_t);
+            let e = if xs[j] >= kth { e } else { 0.0 };
+            ws[j] = e;
+            acc[j] += f64::from(e);
+        }
+    }
+    let mut s: f64 = acc.iter().sum();
+    for (xv, wv) in xr.iter().zip(wc.into_remainder()) {
+        let e = exp_nonpos((xv - m) * inv_t);
+        let e = if *xv >= kth { e } else { 0.0 };
+        *wv = e;
+        s += f64::from(e);
+    }
+    s
+}
+
+/// f64 sum of the weights >= `thr`.
+fn masked_sum(w: &[f32], thr: f32) -> f64 {
+    const L: usize = 8;
+    let mut acc = [0f64; L];
+    let c = w.chunks_exact(L);
+    let rest = c.remainder();
+    for ws in c {
+        for j in 0..L {
+            acc[j] += f64::from(if ws[j] >= thr { ws[j] } else { 0.0 });
+        }
+    }
+    let mut s: f64 = acc.iter().sum();
+    for &v in rest {
+        s += f64::from(if v >= thr { v } else { 0.0 });
+    }
+    s
+}
+
+/// `out_i = (w_i >= thr ? w_i : 0) * inv`; returns the f64 sum of `out`.
+fn normalise_into(w: &[f32], thr: f32, inv: f32, out: &mut [f32]) -> f64 {
+    const L: usize = 8;
+    let mut acc = [0f64; L];
+    let wc = w.chunks_exact(L);
+    let wr = wc.remainder();
+    let mut oc = out.chunks_exact_mut(L);
+    for (ws, os) in wc.zip(&mut oc) {
+        for j in 0..L {
+            let v = if ws[j] >= thr { ws[j] * inv } else { 0.0 };
+            os[j] = v;
+            acc[j] += f64::from(v);
+        }
+    }
+    let mut s: f64 = acc.iter().sum();
+    for (wv, ov) in wr.iter().zip(oc.into_remainder()) {
+        let v = if *wv >= thr { wv * inv } else { 0.0 };
+        *ov = v;
+        s += f64::from(v);
+    }
+    s
+}
+
+/// `r_i = max(0, p_i - q_i)` with `p_i = (w_i >= thr ? w_i : 0) * inv` (f32); returns the f64 sum of `r`.
+fn residual_into(w: &[f32], thr: f32, inv: f32, q: &[f32], r: &mut [f32]) -> f64 {
+    const L: usize = 8;
+    let mut acc = [0f64; L];
+    let wc = w.chunks_exact(L);
+    let wr = wc.remainder();
+    let qc = q.chunks_exact(L);
+    let qr = qc.remainder();
+    let mut rc = r.chunks_exact_mut(L);
+    for ((ws, qs), rs) in wc.zip(qc).zip(&mut rc) {
+        for j in 0..L {
+            let p = if ws[j] >= thr { ws[j] * inv } else { 0.0 };
+            let d = p - qs[j];
+            // `d > 0` is false for NaN: a NaN draft value contributes nothing.
+            let v = if d > 0.0 { d } else { 0.0 };
+            rs[j] = v;
+            acc[j] += f64::from(v);
+        }
+    }
+    let mut s: f64 = acc.iter().sum();
+    for ((wv, qv), rv) in wr.iter().zip(qr).zip(rc.into_remainder()) {
+        let p = if *wv >= thr { wv * inv } else { 0.0 };
+        let d = p - qv;
+        let v = if d > 0.0 { d } else { 0.0 };
+        *rv = v;
+        s += f64::from(v);
+    }
+    s
+}
+
+/// Top-p threshold: returns `(threshold, kept_total)` for weights `w` with f64 total `total`.
+fn nucleus(w: &[f32], total: f64, top_p: f64, cand: &mut Vec<f32>) -> (f32, f64) {
+    let target = top_p * total;
+    let mut mass = 0.0f64;
+    for level in NUCLEUS_LEVELS {
+        #[allow(clippy::cast_possible_truncation)]
+        let tau = (total * level) as f32;
+        cand.clear();
+        mass = 0.0;
+        for &x in w {
+            if x >= tau && x > 0.0 {
+                cand.push(x);
+                mass += f64::from(x);
+            }
+        }
+        // All tokens at least as likely as the weakest candidate are candidates, so once the candidates hold
+        // `target` mass the nucleus lies inside them.
+        if mass >= target {
+            break;
+        }
+    }
+    if cand.is_empty() || mass < target {
+        // Round-off: the full set holds slightly less than top_p * total. Keep everything.
+        return (0.0, total);
+    }
+    let v = weighted_select(cand, target);
+    let kept: f64 = cand
+        .iter()
+        .filter(|&&x| x >= v)
+        .map(|&x| f64::from(x))
+        .sum();
+    (v, kept)
+}
+
+/// The value at which the descending cumulative sum of `s` first reaches `target` (weighted quickselect with
+/// `select_nth_unstable_by`; average O(len)). `s` is non-empty; it is reordered.
+fn weighted_select(s: &mut [f32], mut target: f64) -> f32 {
+    let mut lo = 0usize;
+    let mut hi = s.len();
+    while hi - lo > 1 {
+        let part = &mut s[lo..hi];
+        let mid = (part.len() - 1) / 2;
+        part.select_nth_unstable_by(mid, |a, b| b.total_cmp(a));
+        let upper: f64 = part[..=mid].iter().map(|&x| f64::from(x)).sum();
+        if upper >= target {
+            hi = lo + mid + 1;
+        } else {
+            target -= upper;
+            lo += mid + 1;
+        }
+    }
+    s[lo]
+}
+
+/// First index whose running f64 sum of kept weights (`w_i >= thr`) exceeds `u * total`. Chunked: a chunk is
+/// scanned element by element only when its sum crosses the target. Never returns a zero-weight token; if round-off
+/// leaves the target unreached, returns the last kept token.
+fn inverse_cdf(w: &[f32], thr: f32, total: f64, u: f64) -> u32 {
+    const L: usize = 64;
+    let target = u * total;
+    let mut acc = 0.0f64;
+    for (ci, c) in w.chunks(L).enumerate() {
+        let mut cs = [0f64; 4];
+        let quads = c.chunks_exact(4);
+        let qrest = quads.remainder();
+        for q in quads {
+            for j in 0..4 {
+                cs[j] += f64::from(if q[j] >= thr { q[j] } else { 0.0 });
+            }
+        }
+        let mut csum = cs[0] + cs[1] + cs[2] + cs[3];
+        for &v in qrest {
+            csum += f64::from(if v >= thr { v } else { 0.0 });
+        }
+        if acc + csum > target {
+            for (j, &v) in c.iter().enumerate() {
+                let v = if v >= thr { v } else { 0.0 };
+                acc += f64::from(v);
+                if acc > target && v > 0.0 {
+                    #[allow(clippy::cast_possible_truncation)]
+                    return (ci * L + j) as u32;
+                }
+            }
+        } else {
+            acc += csum;
+        }
+    }
+    let last = w.iter().rposition(|&v| v >= thr && v > 0.0).unwrap_or(0);
+    #[allow(clippy::cast_possible_truncation)]
+    let last = last as u32;
+    last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probs(logits: &[f32], params: &SamplingParams, ctx: Option<&PenaltyContext>) -> Vec<f32> {
+        let mut s = Sampler::new(logits.len());
+        s.process(logits, 0, params, ctx).unwrap();
+        let mut out = vec![0.0; logits.len()];
+        s.write_probs(&mut out).unwrap();
+        out
+    }
+
+    fn softmax(x: &[f64]) -> Vec<f64> {
+        let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
+        let s: f64 = e.iter().sum();
+        e.iter().map(|v| v / s).collect()
+    }
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        let mut worst = 0.0f64;
+        let mut x = -87.0f32;
+        while x <= 0.0 {
+            let got = f64::from(exp_nonpos(x));
+            let want = f64::from(x).exp();
+            worst = worst.max((got - want).abs() / want);
+            x += 0.001_3;
+        }
+        assert!(worst < 3e-7, "worst relative error {worst}");
+        assert_eq!(exp_nonpos(0.0), 1.0);
+        assert_eq!(exp_nonpos(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_nonpos(-90.0), 0.0);
+    }
+
+    #[test]
+    fn plain_softmax_matches_f64() {
+        let logits = [1.0f32, 2.0, 3.0, -1.0, 0.5];
+        let p = probs(&logits, &SamplingParams::default(), None);
+        let want = softmax(&logits.map(f64::from));
+        for (a, b) in p.iter().zip(&want) {
+            assert!((f64::from(*a) - b).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn top_k_keeps_ties_at_boundary() {
+        let logits = [1.0f32, 3.0, 2.0, 2.0, 0.0];
+        let params = SamplingParams {
+            top_k: 2,
+            ..SamplingParams::default()
+        };
+        let p = probs(&logits, &params, None);
+        // 2nd largest logit is 2.0, tied: tokens 1, 2, 3 kept.
+        assert_eq!(p[0], 0.0);
+        assert_eq!(p[4], 0.0);
+        assert!(p[1] > 0.0 && p[2] > 0.0 && p[3] > 0.0);
+    }
+
+    #[test]
+    fn top_p_walks_descending_until_mass_reached() {
+        // p = [0.5, 0.3, 0.15, 0.05] (as logits of the probabilities).
+        let logits = [0.5f32, 0.3, 0.15, 0.05].map(f32::ln);
+        for (top_p, kept) in [
+            (0.45f32, 1usize),
+            (0.6, 2),
+            (0.75, 2),
+            (0.85, 3),
+            (0.9, 3),
+            (0.97, 4),
+        ] {
+            let params = SamplingParams {
+                top_p,
+                ..SamplingParams::default()
+            };
+            let p = probs(&logits, &params, None);
+            let n = p.iter().filter(|&&v| v > 0.0).count();
+            assert_eq!(n, kept, "top_p {top_p}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn top_p_on_large_flat_vocab_uses_fallback_levels() {
+        let logits = vec![0.0f32; 100_000];
+        let params = SamplingParams {
+            top_p: 0.5,
+            ..SamplingParams::default()
+        };
+        let p = probs(&logits, &params, None);
+        // Every token tied: all are kept.
+        assert!(p.iter().all(|&v| v > 0.0));
+    }
+
+    #[test]
+    fn min_p_threshold_is_relative_to_top() {
+        let logits = [0.5f32, 0.3, 0.15, 0.05].map(f32::ln);
+        let params = SamplingParams {
+            min_p: 0.3,
+            ..SamplingParams::default()
+        };
+        let p = probs(&logits, &params, None);
+        // Threshold 0.3 * 0.5 = 0.15: tokens 0..=2 kept.
+        assert!(p[2] > 0.0 && p[3] == 0.0);
+    }
+
+    #[test]
+    fn penalties_follow_hf_then_openai() {
+        let logits = [2.0f32, -2.0, 1.0, 0.0];
+        let params = SamplingParams {
+            repetition_penalty: 2.0,
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            ..SamplingParams::default()
+        };
+        let mut ctx = PenaltyContext::new(4);
+        ctx.add_prompt(&[2]).unwrap();
+        ctx.push(0).unwrap();
+        ctx.push(0).unwrap();
+        ctx.push(1).unwrap();
+        let mut x = logits;
+        ctx.apply(&params, &mut x);
+        // token 0: 2/2 - 2*0.5 - 0.25 = -0.25; token 1: -2*2 - 0.5 - 0.25 = -4.75; token 2 (prompt): 1/2.
+        assert_eq!(x, [-0.25, -4.75, 0.5, 0.0]);
+        ctx.truncate(1);
+        assert_eq!(ctx.count(1), 0);
+        assert_eq!(ctx.count(0), 1);
+        assert_eq!(ctx.seen, vec![2, 0]);
+    }
+
+    #[test]
+    fn non_finite_logits_are_reported_with_position() {
+        let mut s = Sampler::new(40);
+        let mut row = vec![0.0f32; 40];
+        row[33] = f32::NAN;
+        let e = s
+            .process(&row, 3, &SamplingParams::default(), None)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SpecError::NonFinite {
+                    row: 3,
+                    token: 33,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        row[33] = f32::INFINITY;
+        let e = s
+            .process(&row, 1, &SamplingParams::default(), None)
+            .unwrap_err();
+        assert!(
+            matches!(e, SpecError::NonFinite { row: 1, token: 33, ref what, .. } if what == "+inf")
+        );
+        let row = vec![f32::NEG_INFINITY; 40];
+        let e = s
+            .process(&row, 0, &SamplingParams::default(), None)
+            .unwrap_err();
+        assert!(matches!(e, SpecError::NonFinite { ref what, .. } if what == "all -inf"));
+    }
+
+    #[test]
+    fn validate_names_value_and_range() {
+        let bad = [
+            SamplingParams {
+                temperature: -1.0,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                top_p: 0.0,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                top_p: 1.5,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                min_p: -0.1,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                repetition_penalty: 0.0,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                frequency_penalty: f32::NAN,
+                ..SamplingParams::default()
+            },
+        ];
+        for p in bad {
+            let e = p.validate().unwrap_err();
+            assert!(
+                matches!(e, SpecError::Config(ref m) if m.contains("expected")),
+                "{e}"
+            );
+        }
+        SamplingParams::default().validate().unwrap();
+        SamplingParams::greedy().validate().unwrap();
+    }
+
+    #[test]
+    fn inverse_cdf_never_returns_zero_weight() {
+        let w = [0.0f32, 1.0, 0.0, 2.0, 0.0];
+        assert_eq!(inverse_cdf(&w, 0.0, 3.0, 0.0), 1);
+        assert_eq!(inverse_cdf(&w, 0.0, 3.0, 0.34), 3);
+        assert_eq!(inverse_cdf(&w, 0.0, 3.0, 0.999_999_999), 3);
+        // Round-off beyond the total: last kept token.
+        assert_eq!(inverse_cdf(&w, 0.0, 3.1, 0.999_999), 3);
+    }
+
+    #[test]
+    fn log_softmax_matches_f64() {
+        let logits = [1.0f32, 2.0, 3.0];
+        let want = softmax(&[1.0, 2.0, 3.0])[1].ln();
+        let got = log_softmax_at(&logits, 1, 0).unwrap();
+        assert!((f64::from(got) - want).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,401 @@
+//! One verification round of speculative sampling: accept a prefix of the K draft tokens and emit exactly one more
+//! token (recovered at the first rejection, or a bonus token when all K are accepted).
+//!
+//! Stochastic mode is speculative sampling (Leviathan, Kalman, Matias 2023, "Fast Inference from Transformers via
+//! Speculative Decoding", arXiv:2211.17192, Algorithm 1; Chen et al. 2023, "Accelerating Large Language Model
+//! Decoding with Speculative Sampling", arXiv:2302.01318, Algorithm 2): accept draft token `x` drawn from `q` with
+//! probability `min(1, p(x) / q(x))`; at the first rejection sample from `norm(max(0, p - q))`. The emitted tokens
+//! are then distributed exactly as tokens sampled from the target alone ("lossless"): the accept branch emits `x`
+//! with probability `min(p(x), q(x))`, the reject branch with `R * max(0, p(x) - q(x)) / Z`, and the rejection
+//! probability `R` equals the residual mass `Z = 1 - sum min(p, q)`, so the two add up to `p(x)`.
+//!
+//! Random draws, in order (the NumPy reference `specrt.reference.verify` draws the same):
+//! one uniform per evaluated draft position (drawn even when acceptance is certain, so the stream position does
+//! not depend on the values), then one uniform for the recovered or bonus token. Greedy mode draws nothing.
+
+use crate::error::{Result, SpecError};
+use crate::rng::Rng;
+use crate::sampling::{PenaltyContext, Sampler, SamplingParams};
+
+/// Largest number of draft tokens per round.
+pub const MAX_DRAFT_TOKENS: usize = 64;
+
+/// How the draft tokens were proposed, i.e. which acceptance rule is lossless.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifyMode {
+    /// Drafts sampled from the `q` rows given (a draft model): accept with `min(1, p/q)`, residual
+    /// `norm(max(0, p - q))`, bonus from the last target row.
+    Stochastic,
+    /// Temperature 0: accept while the draft token equals the target argmax; the target argmax is the
+    /// correction / bonus. No random draws; draft rows are not read.
+    Greedy,
+    /// Point-mass drafts (n-gram / prompt lookup): `q = onehot(x)`, accept with probability `p(x)`, on rejection
+    /// sample from `p` with `x` removed, renormalised. Draft rows are not read.
+    Deterministic,
+}
+
+impl VerifyMode {
+    /// The mode actually run: any mode is [`VerifyMode::Greedy`] when `params` is greedy (at temperature 0 `p` is a
+    /// point mass on the argmax and both stochastic rules reduce to argmax matching).
+    #[must_use]
+    pub fn effective(self, params: &SamplingParams) -> Self {
+        if params.is_greedy() {
+            Self::Greedy
+        } else {
+            self
+        }
+    }
+}
+
+/// What the last emitted token of a round is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LastToken {
+    /// Sampled from the residual at the first rejected position (or the target argmax in greedy mode).
+    Recovered,
+    /// All K draft tokens were accepted; sampled from target row K.
+    Bonus,
+}
+
+/// The result of one round. Output tokens = accepted + one recovered or bonus token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verification {
+    /// Number of draft tokens proposed (K).
+    pub n_draft: usize,
+    /// Number of draft tokens accepted, in `0..=K`.
+    pub n_accepted: usize,
+    /// `[n_accepted + 1]` emitted token ids: the accepted draft tokens, then the recovered or bonus token.
+    pub tokens: Vec<u32>,
+    /// Whether `tokens.last()` is recovered or bonus.
+    pub last: LastToken,
+    /// `[n evaluated draft positions]` acceptance probabilities `min(1, p(x)/q(x))` (greedy: 1 or 0), one per draft
+    /// position evaluated (`n_accepted`, plus the rejected one if any). Their mean estimates the per-token
+    /// acceptance rate with less variance than the accept counts.
+    pub accept_probs: Vec<f32>,
+}
+
+fn check_inputs(
+    vocab: usize,
+    logits_tgt: &[f32],
+    probs_dft: &[f32],
+    tokens_dft: &[u32],
+    mode: VerifyMode,
+) -> Result<()> {
+    let k = tokens_dft.len();
+    if k > MAX_DRAFT_TOKENS {
+        return Err(SpecError::Config(format!(
+            "{k} draft tokens is invalid (expected 0 <= k <= {MAX_DRAFT_TOKENS})"
+        )));
+    }
+    if logits_tgt.len() != (k + 1) * vocab {
+        return Err(SpecError::Shape(format!(
+            "target logits have {} values, expected [k + 1, vocab] = [{}, {vocab}] = {}",
+            logits_tgt.len(),
+            k + 1,
+            (k + 1) * vocab
+        )));
+    }
+    if mode == VerifyMode::Stochastic && probs_dft.len() != k * vocab {
+        return Err(SpecError::Shape(format!(
+            "draft probabilities have {} values, expected [k, vocab] = [{k}, {vocab}] = {}",
+            probs_dft.len(),
+            k * vocab
+        )));
+    }
+    if let Some((i, &t)) = tokens_dft
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t as usize >= vocab)
+    {
+        return Err(SpecError::Vocab(format!(
+            "draft token {t} at position {i} is out of range (expected < vocab size {vocab})"
+        )));
+    }
+    Ok(())
+}
+
+/// Run one verification round.
+///
+/// Inputs:
+/// - `sampler`: scratch for this vocabulary (`sampler.vocab()` is the vocab size).
+/// - `logits_tgt`: `[k + 1, vocab] float32` raw target logits; row `i` scores the token after `d_1 .. d_i`.
+/// - `probs_dft`: `[k, vocab] float32` probabilities, row `i` exactly the distribution `d_{i+1}` was sampled from
+///   (as written by [`Sampler::sample_draft`]). Only read in [`VerifyMode::Stochastic`]; may be empty otherwise.
+/// - `tokens_dft`: `[k]` draft token ids, `0 <= k <= MAX_DRAFT_TOKENS`.
+/// - `params`: validated sampling parameters, applied to every target row.
+/// - `mode`: see [`VerifyMode`] (greedy `params` force [`VerifyMode::Greedy`]).
+/// - `penalties`: committed tokens; row `i` sees them plus `d_1 .. d_i`. Restored to its length on entry before
+///   returning (also on error).
+/// - `rng`: advanced as described in the module docs.
+///
+/// Rows are processed lazily (row `i + 1` only if `d_{i+1}` was accepted); the residual only at a rejection.
+///
+/// Output: [`Verification`] with `1 <= tokens.len() = n_accepted + 1 <= k + 1`.
+///
+/// Errors: [`SpecError::Config`] (k > 64, or a draft token with `q = 0` / `q > 1`), [`SpecError::Shape`],
+/// [`SpecError::Vocab`], [`SpecError::NonFinite`] (NaN / inf target logits of an evaluated row, or a non-finite
+/// `q(d_i)`; `row` is the target row, `token` the id).
+#[allow(clippy::too_many_arguments)]
+pub fn verify(
+    sampler: &mut Sampler,
+    logits_tgt: &[f32],
+    probs_dft: &[f32],
+    tokens_dft: &[u32],
+    params: &SamplingParams,
+    mode: VerifyMode,
+    penalties: &mut PenaltyContext,
+    rng: &mut Rng,
+) -> Result<Verification> {
+    let vocab = sampler.vocab();
+    if mode == VerifyMode::Greedy && !params.is_greedy() {
+        return Err(SpecError::Config(format!(
+            "mode greedy needs temperature 0, got temperature {}",
+            params.temperature
+        )));
+    }
+    let mode = mode.effective(params);
+    check_inputs(vocab, logits_tgt, probs_dft, tokens_dft, mode)?;
+    let committed = penalties.len();
+    let out = verify_rows(
+        sampler, logits_tgt, probs_dft, tokens_dft, params, mode, penalties, rng,
+    );
+    // A rejected draft leaves no trace: drop the draft tokens pushed for later rows, even on error.
+    penalties.truncate(committed);
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn verify_rows(
+    sampler: &mut Sampler,
+    logits_tgt: &[f32],
+    probs_dft: &[f32],
+    tokens_dft: &[u32],
+    params: &SamplingParams,
+    mode: VerifyMode,
+    penalties: &mut PenaltyContext,
+    rng: &mut Rng,
+) -> Result<Verification> {
+    let vocab = sampler.vocab();
+    let k = tokens_dft.len();
+    let use_penalties = params.has_penalties();
+    let mut tokens = Vec::with_capacity(k + 1);
+    let mut accept_probs = Vec::with_capacity(k);
+    for (i, &d) in tokens_dft.iter().enumerate() {
+        // [vocab] target row i: scores d_{i+1} given the committed tokens and d_1 .. d_i.
+        let row = &logits_tgt[i * vocab..(i + 1) * vocab];
+        let ctx = use_penalties.then_some(&*penalties);
+        match mode {
+            VerifyMode::Greedy => {
+                let a = sampler.argmax(row, i, params, ctx)?;
+                if a != d {
+                    accept_probs.push(0.0);
+                    tokens.push(a);
+                    return Ok(done(k, tokens, LastToken::Recovered, accept_probs));
+                }
+                accept_probs.push(1.0);
+            }
+            VerifyMode::Stochastic | VerifyMode::Deterministic => {
+                sampler.process(row, i, params, ctx)?;
+                let p = sampler.prob(d);
+                let q = if mode == VerifyMode::Stochastic {
+                    draft_prob(probs_dft, i, vocab, d)?
+                } else {
+                    1.0
+                };
+                let u = rng.next_f64();
+                #[allow(clippy::cast_possible_truncation)]
+                accept_probs.push((p / q).min(1.0) as f32);
+                // Accept with probability min(1, p/q); `u < 1`, so p >= q always accepts. No division: q > 0.
+                if u * q >= p {
+                    let u = rng.next_f64();
+                    let t = if mode == VerifyMode::Stochastic {
+                        let q_row = &probs_dft[i * vocab..(i + 1) * vocab];
+                        sampler.sample_residual(q_row, u)
+                    } else {
+                        sampler.sample_excluding(d, u)
+                    };
+                    tokens.push(t);
+                    return Ok(done(k, tokens, LastToken::Recovered, accept_probs));
+                }
+            }
+        }
+        tokens.push(d);
+        if use_penalties {
+            penalties.push(d)?;
+        }
+    }
+    // All K accepted: bonus token from target row K.
+    let row = &logits_tgt[k * vocab..(k + 1) * vocab];
+    let ctx = use_penalties.then_some(&*penalties);
+    let t = if mode == VerifyMode::Greedy {
+        sampler.argmax(row, k, params, ctx)?
+    } else {
+        sampler.process(row, k, params, ctx)?;
+        sampler.sample_processed(rng.next_f64())
+    };
+    tokens.push(t);
+    Ok(done(k, tokens, LastToken::Bonus, accept_probs))
+}
+
+fn done(k: usize, tokens: Vec<u32>, last: LastToken, accept_probs: Vec<f32>) -> Verification {
+    Verification {
+        n_draft: k,
+        n_accepted: tokens.len() - 1,
+        tokens,
+        last,
+        accept_probs,
+    }
+}
+
+/// `q(d)` from draft row `i`, checked: a proposed token must have had positive probability.
+fn draft_prob(probs_dft: &[f32], i: usize, vocab: usize, d: u32) -> Result<f64> {
+    let q = probs_dft[i * vocab + d as usize];
+    if !q.is_finite() {
+        return Err(SpecError::NonFinite {
+            row: i,
+            token: d as usize,
+            value: format!("{q}"),
+            what: "draft probability".to_owned(),
+        });
+    }
+    if !(q > 0.0 && q <= 1.0 + 1e-3) {
+        return Err(SpecError::Config(format!(
+            "draft_probs[{i}, {d}] = {q} is invalid for proposed token {d} (expected 0 < q <= 1: a proposed token \
+             must have positive draft probability)"
+        )));
+    }
+    Ok(f64::from(q))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k_zero_is_one_target_sample() {
+        let mut s = Sampler::new(4);
+        let mut ctx = PenaltyContext::new(4);
+        let mut rng = Rng::seed_from_u64(1);
+        let logits = [
+            0.0f32,
+            f32::NEG_INFINITY,
+            f32::NEG_INFINITY,
+            f32::NEG_INFINITY,
+        ];
+        let v = verify(
+            &mut s,
+            &logits,
+            &[],
+            &[],
+            &SamplingParams::default(),
+            VerifyMode::Stochastic,
+            &mut ctx,
+            &mut rng,
+        )
+        .unwrap();
+        assert_eq!(v.tokens, vec![0]);
+        assert_eq!(v.last, LastToken::Bonus);
+        assert_eq!(v.n_accepted, 0);
+    }
+
+    #[test]
+    fn p_equal_q_always_accepts() {
+        let vocab = 3;
+        let logits = [1.0f32, 2.0, 3.0];
+        let mut s = Sampler::new(vocab);
+        let params = SamplingParams::default();
+        s.process(&logits, 0, &params, None).unwrap();
+        let mut q = vec![0.0; vocab];
+        s.write_probs(&mut q).unwrap();
+        let mut rng = Rng::seed_from_u64(3);
+        let mut ctx = PenaltyContext::new(vocab);
+        let logits2: Vec<f32> = logits.iter().chain(&logits).copied().collect();
+        for d in 0..3 {
+            let v = verify(
+                &mut s,
+                &logits2,
+                &q,
+                &[d],
+                &params,
+                VerifyMode::Stochastic,
+                &mut ctx,
+                &mut rng,
+            )
+            .unwrap();
+            assert_eq!(v.n_accepted, 1);
+        }
+    }
+
+    #[test]
+    fn zero_draft_prob_for_proposed_token_is_an_error() {
+        let mut s = Sampler::new(2);
+        let mut ctx = PenaltyContext::new(2);
+        let mut rng = Rng::seed_from_u64(0);
+        let e = verify(
+            &mut s,
+            &[0.0; 4],
+            &[1.0, 0.0],
+            &[1],
+            &SamplingParams::default(),
+            VerifyMode::Stochastic,
+            &mut ctx,
+            &mut rng,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, SpecError::Config(ref m) if m.contains("draft_probs[0, 1]")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn too_many_draft_tokens_is_an_error() {
+        let mut s = Sampler::new(2);
+        let mut ctx = PenaltyContext::new(2);
+        let mut rng = Rng::seed_from_u64(0);
+        let toks = vec![0u32; 65];
+        let e = verify(
+            &mut s,
+            &vec![0.0; 66 * 2],
+            &vec![0.5; 65 * 2],
+            &toks,
+            &SamplingParams::default(),
+            VerifyMode::Stochastic,
+            &mut ctx,
+            &mut rng,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, SpecError::Config(ref m) if m.contains("65 draft tokens")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn penalties_see_accepted_drafts_and_are_restored() {
+        // Row 1 has token 0 on top by a small margin; the accepted draft token 0 is penalised away in row 1.
+        let vocab = 2;
+        let logits = [5.0f32, 0.0, 0.1, 0.0];
+        let params = SamplingParams {
+            temperature: 0.0,
+            presence_penalty: 1.0,
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(vocab);
+        let mut ctx = PenaltyContext::new(vocab);
+        let mut rng = Rng::seed_from_u64(0);
+        let v = verify(
+            &mut s,
+            &logits,
+            &[],
+            &[0],
+            &params,
+            VerifyMode::Greedy,
+            &mut ctx,
+            &mut rng,
+        )
+        .unwrap();
+        assert_eq!(v.tokens, vec![0, 1]);
+        assert_eq!(ctx.len(), 0);
+        assert_eq!(ctx.count(0), 0);
+    }
+}
