@@ -1,0 +1,270 @@
+//! `OrtModel`: one ONNX decoder on ONNX Runtime (wraps `specrt_ort::OrtBackend`), for tests and diagnostics.
+//! Converts and forwards, nothing more.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use specrt_core::{backend::Backend, SpecError};
+use specrt_ort::{KvLayout, OrtBackend, OrtOptions, Provider};
+
+/// Temporary `SpecError` -> Python exception conversion, until `errors.rs` (the one exhaustive mapping) lands;
+/// then this becomes a call to it.
+fn spec_err(err: SpecError) -> PyErr {
+    let msg = err.to_string();
+    match err {
+        SpecError::Io(_) if msg.contains("not found") => PyFileNotFoundError::new_err(msg),
+        SpecError::Io(_) => PyOSError::new_err(msg),
+        SpecError::Config(_) | SpecError::Shape(_) | SpecError::Vocab(_) | SpecError::Length(_) => {
+            PyValueError::new_err(msg)
+        }
+        SpecError::NonFinite { .. }
+        | SpecError::Backend { .. }
+        | SpecError::Provider(_)
+        | SpecError::Cancelled
+        | SpecError::Internal(_) => PyRuntimeError::new_err(msg),
+    }
+}
+
+/// Token ids from a 1-D numpy integer array (any signed/unsigned width) or a sequence of ints.
+fn extract_tokens(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    fn convert<T: Copy + TryInto<u32> + std::fmt::Display>(values: &[T]) -> PyResult<Vec<u32>> {
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                t.try_into().map_err(|_| {
+                    spec_err(SpecError::Vocab(format!(
+                        "token {t} at index {i} is out of range (expected 0..2^32)"
+                    )))
+                })
+            })
+            .collect()
+    }
+    macro_rules! try_dtype {
+        ($($t:ty),*) => {$(
+            if let Ok(array) = tokens.extract::<PyReadonlyArray1<'_, $t>>() {
+                return match array.as_slice() {
+                    Ok(slice) => convert(slice),
+                    Err(_) => convert(&array.as_array().iter().copied().collect::<Vec<$t>>()),
+                };
+            }
+        )*};
+    }
+    try_dtype!(i64, i32, u32, u64, i16, u16, i8, u8);
+    if let Ok(array) = tokens.cast::<numpy::PyUntypedArray>() {
+        return Err(PyTypeError::new_err(format!(
+            "tokens must be a 1-D integer array, got ndim={} dtype={}",
+            array.ndim(),
+            array.dtype()
+        )));
+    }
+    let values: Vec<i64> = tokens.extract().map_err(|_| {
+        PyTypeError::new_err("tokens must be a 1-D numpy integer array or a sequence of ints")
+    })?;
+    convert(&values)
+}
+
+/// One ONNX decoder model in one ONNX Runtime session, with its KV cache.
+///
+/// Args:
+///     path: model folder (holding ``model.onnx`` and optionally ``specrt_config.json``) or an ``.onnx`` file.
+///     ort_library: absolute path of ``libonnxruntime.so.1.x``; default: ``specrt._ort.find_ort_library()``
+///         (``SPECRT_ORT_LIBRARY``, else the installed onnxruntime wheel).
+///     provider: ``"cpu"`` or ``"cuda"``.
+///     device_id: CUDA device ordinal.
+///     max_seq_len: longest total sequence (cached + new); default: the model's ``max_position_embeddings`` or 4096,
+///         always capped by the model's maximum.
+///     intra_op_threads: ONNX Runtime intra-op threads; default: number of physical cores.
+///     allow_fallback: if CUDA cannot be used, run on CPU (see ``fallback_reason``) instead of raising.
+///     layout: force ``"shared_buffer"`` or ``"optimum"`` instead of detecting it.
+///
+/// Raises:
+///     FileNotFoundError: model file or ONNX Runtime library missing.
+///     ValueError: invalid option, or the model does not follow a supported decoder layout.
+///     RuntimeError: CUDA requested and unavailable (without ``allow_fallback``), or ONNX Runtime failed
+///         (e.g. a corrupt model or a library that cannot be loaded).
+#[pyclass(module = "specrt._specrt", name = "OrtModel")]
+pub struct PyOrtModel {
+    inner: Mutex<OrtBackend>,
+}
+
+#[pymethods]
+impl PyOrtModel {
+    #[new]
+    #[pyo3(signature = (
+        path, *, ort_library=None, provider="cpu", device_id=0, max_seq_len=None, intra_op_threads=None,
+        allow_fallback=false, layout=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        ort_library: Option<PathBuf>,
+        provider: &str,
+        device_id: i32,
+        max_seq_len: Option<usize>,
+        intra_op_threads: Option<usize>,
+        allow_fallback: bool,
+        layout: Option<&str>,
+    ) -> PyResult<Self> {
+        let provider: Provider = provider.parse().map_err(spec_err)?;
+        let ort_library = match ort_library {
+            Some(p) => p,
+            None => py
+                .import("specrt._ort")?
+                .call_method1("find_ort_library", (provider.as_str(),))?
+                .extract::<PathBuf>()?,
+        };
+        let mut options = OrtOptions::new(ort_library);
+        options.provider = provider;
+        options.device_id = device_id;
+        options.max_seq_len = max_seq_len;
+        options.intra_op_threads = intra_op_threads;
+        options.allow_fallback = allow_fallback;
+        options.layout = layout
+            .map(str::parse::<KvLayout>)
+            .transpose()
+            .map_err(spec_err)?;
+        let backend = py
+            .detach(|| OrtBackend::new(&path, &options))
+            .map_err(spec_err)?;
+        Ok(PyOrtModel {
+            inner: Mutex::new(backend),
+        })
+    }
+
+    /// Run ``tokens`` on top of the first ``n_past`` cached positions.
+    ///
+    /// Args:
+    ///     tokens: ``[S]`` token ids (numpy integer array of any width, or a sequence of ints), ``S >= 1``.
+    ///     n_past: cached positions to keep (a smaller value than last time rolls back).
+    ///     n_logits: rows wanted, ``1 <= n_logits <= S``.
+    ///
+    /// Returns:
+    ///     ``[n_logits, vocab_size] float32``: the logits of the last ``n_logits`` positions (a new array).
+    ///
+    /// Raises:
+    ///     ValueError: empty tokens, bad ``n_logits``, ``n_past + S > max_seq_len``, ``n_past`` beyond the cache,
+    ///         token id ``>= vocab_size``.
+    ///     RuntimeError: ONNX Runtime failed.
+    #[pyo3(signature = (tokens, n_past, n_logits=1))]
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: &Bound<'py, PyAny>,
+        n_past: usize,
+        n_logits: usize,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let tokens = extract_tokens(tokens)?;
+        // Lock inside `detach`: never wait for the mutex while holding the GIL.
+        let (logits, vocab) = py
+            .detach(|| {
+                let mut backend = self
+                    .inner
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let vocab = backend.vocab_size();
+                backend
+                    .forward(&tokens, n_past, n_logits)
+                    .map(|rows| (rows.to_vec(), vocab))
+            })
+            .map_err(spec_err)?;
+        PyArray1::from_vec(py, logits).reshape([n_logits, vocab])
+    }
+
+    /// Logits width.
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.lock().vocab_size()
+    }
+
+    /// Longest total sequence (cached + new tokens).
+    #[getter]
+    fn max_seq_len(&self) -> usize {
+        self.lock().max_seq_len()
+    }
+
+    /// KV layout: ``"shared_buffer"`` (the specrt contract) or ``"optimum"``.
+    #[getter]
+    fn layout(&self) -> &'static str {
+        self.lock().layout().as_str()
+    }
+
+    /// ONNX Runtime providers of the session, preferred first.
+    #[getter]
+    fn providers(&self) -> Vec<&'static str> {
+        self.lock().providers()
+    }
+
+    /// Why CUDA was not used (``allow_fallback=True`` and it fell back to CPU), else ``None``.
+    #[getter]
+    fn fallback_reason(&self) -> Option<String> {
+        self.lock().fallback_reason().map(str::to_string)
+    }
+
+    /// Number of layers.
+    #[getter]
+    fn num_layers(&self) -> usize {
+        self.lock().decoder_io().n_layers
+    }
+
+    /// Element type of the KV cache (``"float32"``, ``"float16"``, ``"bfloat16"``).
+    #[getter]
+    fn kv_dtype(&self) -> String {
+        self.lock().decoder_io().kv_dtype.clone()
+    }
+
+    /// Positions with valid KV after the last call.
+    #[getter]
+    fn n_cached(&self) -> usize {
+        self.lock().n_cached()
+    }
+
+    /// Path of the model file.
+    #[getter]
+    fn model_path(&self) -> PathBuf {
+        self.lock().model_file().to_path_buf()
+    }
+
+    /// Data addresses of the KV tensors (constant for ``"shared_buffer"``: allocated once). Diagnostics.
+    fn kv_buffer_addresses(&self) -> Vec<usize> {
+        self.lock().kv_buffer_addresses()
+    }
+
+    /// Data address of the last returned logits buffer inside the backend. Diagnostics.
+    fn logits_address(&self) -> usize {
+        self.lock().logits_address()
+    }
+
+    /// Check that the CUDA provider can be registered with ``ort_library``; raises RuntimeError naming what is
+    /// missing.
+    #[staticmethod]
+    #[pyo3(signature = (ort_library, device_id=0))]
+    fn check_cuda(py: Python<'_>, ort_library: PathBuf, device_id: i32) -> PyResult<()> {
+        py.detach(|| specrt_ort::check_cuda_provider(&ort_library, device_id))
+            .map_err(spec_err)
+    }
+
+    fn __repr__(&self) -> String {
+        let b = self.lock();
+        format!(
+            "OrtModel({:?}, layout={:?}, provider={:?}, vocab_size={}, max_seq_len={})",
+            b.model_file().display().to_string(),
+            b.layout().as_str(),
+            b.provider().as_str(),
+            b.vocab_size(),
+            b.max_seq_len()
+        )
+    }
+}
+
+impl PyOrtModel {
+    fn lock(&self) -> std::sync::MutexGuard<'_, OrtBackend> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
