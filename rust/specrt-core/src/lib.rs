@@ -7,12 +7,20 @@
 
 pub mod backend;
 pub mod cost;
+pub mod engine;
 pub mod error;
 pub mod rng;
 pub mod sampling;
+pub mod stats;
+pub mod testing;
 pub mod verify;
 
+pub use backend::Backend;
+pub use engine::{
+    Engine, FinishReason, GenerationConfig, GenerationOutput, StepOutput, TokenSource,
+};
 pub use error::{Result, SpecError};
 pub use rng::{PcgState, Rng};
 pub use sampling::{PenaltyContext, Sampler, SamplingParams};
+pub use stats::Stats;
 pub use verify::{verify, LastToken, Verification, VerifyMode, MAX_DRAFT_TOKENS};

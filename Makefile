@@ -1,0 +1,44 @@
+# specrt developer targets. `make help` lists them.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PROMPT ?= Write a Python function that checks whether a string is a palindrome, ignoring case and punctuation.
+
+.PHONY: help venv install run test test-rs test-py lint format bench-core
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+venv: $(PY) ## create the virtual environment .venv
+
+install: $(PY) ## build the Rust extension and install specrt (editable) with test extras into .venv
+	$(PY) -m pip install -q -e '.[test]'
+
+run: install ## main job: pull the Qwen2.5-Coder 1.5B target + 0.5B draft (cached) and generate with speculation
+	$(VENV)/bin/specrt generate --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
+		--chat --prompt "$(PROMPT)" --max-new-tokens 128 --temperature 0 --num-speculative-tokens 4 --stats
+
+test-rs: ## Rust tests (all crates)
+	cargo test --workspace
+
+test-py: install ## Python tests (pytest; exit code 5 = no tests ran counts as failure)
+	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest ran no tests" >&2; exit 1; fi; exit $$rc
+
+test: test-rs test-py ## all tests (Rust then Python)
+
+lint: $(PY) ## format checks and linters
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check python tests benches
+	$(VENV)/bin/ruff format --check python tests benches
+
+format: $(PY) ## apply formatting
+	cargo fmt --all
+	$(VENV)/bin/ruff format python tests benches
+
+bench-core: ## criterion benches of the verification kernel
+	cargo bench -p specrt-core

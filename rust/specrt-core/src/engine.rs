@@ -1,0 +1,537 @@
+//! The draft/verify loop: prefill, then rounds of propose (draft model) -> score K + 1 positions (target) ->
+//! verify -> commit, with KV bookkeeping by length (see ARCHITECTURE.md, "Authoritative state").
+//!
+//! Speculative sampling after Leviathan et al. 2023 (arXiv:2211.17192) and Chen et al. 2023 (arXiv:2302.01318).
+//! Target-only decoding is the same loop with K = 0: one target row per round, its token counted as a bonus token.
+//!
+//! The draft never spends an extra pass catching up: the committed tokens it has not seen (the recovered or bonus
+//! token, and the last draft token when all K were accepted) are the input of its first pass of the next round.
+
+use std::time::Instant;
+
+use crate::backend::Backend;
+use crate::error::{Result, SpecError};
+use crate::rng::Rng;
+use crate::sampling::{log_softmax_at, PenaltyContext, Sampler, SamplingParams};
+use crate::stats::Stats;
+use crate::verify::{verify, LastToken, VerifyMode, MAX_DRAFT_TOKENS};
+
+/// Settings of one generation request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerationConfig {
+    /// Most tokens to emit (>= 1).
+    pub max_new_tokens: usize,
+    /// K, draft tokens per round, `0..=64`; 0 (or no draft model) is plain target decoding. Capped each round so
+    /// that no round drafts beyond `max_new_tokens`.
+    pub num_speculative_tokens: usize,
+    /// Logits processing applied to target rows and to the draft's rows alike.
+    pub sampling: SamplingParams,
+    /// Seed of the request's random stream: the same seed, models and settings give the same tokens.
+    pub seed: u64,
+    /// End-of-sequence ids (every id the model treats as end of turn); emitted, then generation stops with
+    /// [`FinishReason::Eos`] unless `ignore_eos`.
+    pub eos_token_ids: Vec<u32>,
+    /// Further ids that stop generation ([`FinishReason::Stop`]); the stop token is emitted.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past EOS ids (stop tokens still stop).
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 128,
+            num_speculative_tokens: 4,
+            sampling: SamplingParams::default(),
+            seed: 0,
+            eos_token_ids: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+impl GenerationConfig {
+    /// Check every setting; errors name the bad value and the allowed range.
+    ///
+    /// Errors: [`SpecError::Config`].
+    pub fn validate(&self) -> Result<()> {
+        self.sampling.validate()?;
+        if self.num_speculative_tokens > MAX_DRAFT_TOKENS {
+            return Err(SpecError::Config(format!(
+                "num_speculative_tokens {} is invalid (expected 0 <= K <= {MAX_DRAFT_TOKENS})",
+                self.num_speculative_tokens
+            )));
+        }
+        if self.max_new_tokens == 0 {
+            return Err(SpecError::Config(
+                "max_new_tokens 0 is invalid (expected >= 1)".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An EOS id was emitted.
+    Eos,
+    /// A stop token id was emitted, or the caller stopped at a stop string.
+    Stop,
+    /// `max_new_tokens` were emitted.
+    Length,
+}
+
+impl FinishReason {
+    /// The name used in APIs: "eos", "stop" or "length".
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Eos => "eos",
+            Self::Stop => "stop",
+            Self::Length => "length",
+        }
+    }
+}
+
+/// Where an emitted token came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenSource {
+    /// A draft token the target accepted.
+    Accepted,
+    /// Sampled from the residual after a rejection (greedy: the target's argmax at the first mismatch).
+    Recovered,
+    /// Sampled from the target's last row after all drafts were accepted (every token of a K = 0 round).
+    Bonus,
+}
+
+impl TokenSource {
+    /// The name used in APIs: "accepted", "recovered" or "bonus".
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Recovered => "recovered",
+            Self::Bonus => "bonus",
+        }
+    }
+}
+
+/// Tokens committed by one round, in order. Nothing after a stop is included.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepOutput {
+    /// `[n]` emitted token ids.
+    pub tokens: Vec<u32>,
+    /// `[n]` where each token came from.
+    pub sources: Vec<TokenSource>,
+    /// `[n]` the target's log-probability of each token (log-softmax of the raw target logits, natural log).
+    pub logprobs: Vec<f32>,
+    /// K used in this round (draft tokens proposed).
+    pub n_drafted: usize,
+    /// Set when the generation ended in this round.
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// Everything a finished generation returns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerationOutput {
+    /// Emitted token ids (the prompt excluded).
+    pub tokens: Vec<u32>,
+    /// Where each emitted token came from.
+    pub sources: Vec<TokenSource>,
+    /// The target's log-probability of each emitted token.
+    pub logprobs: Vec<f32>,
+    /// Why generation ended.
+    pub finish_reason: FinishReason,
+    /// Counters and timings.
+    pub stats: Stats,
+}
+
+/// State of the generation in progress.
+struct Request {
+    cfg: GenerationConfig,
+    // [n_prompt + n_generated] committed tokens.
+    tokens: Vec<u32>,
+    n_prompt: usize,
+    // Valid KV lengths (prefix of `tokens`) in each cache.
+    n_past_tgt: usize,
+    n_past_dft: usize,
+    penalties: PenaltyContext,
+    rng: Rng,
+    stats: Stats,
+    // [n_generated] per emitted token.
+    sources: Vec<TokenSource>,
+    logprobs: Vec<f32>,
+    finish_reason: Option<FinishReason>,
+}
+
+/// A target model, an optional draft model, and the request being decoded. Not thread-safe by itself: a caller
+/// sharing one engine between threads serialises the calls (the Python `Decoder` does).
+pub struct Engine {
+    target: Box<dyn Backend>,
+    draft: Option<Box<dyn Backend>>,
+    vocab: usize,
+    sampler_tgt: Sampler,
+    sampler_dft: Sampler,
+    // [k, vocab] the distributions the draft tokens of this round were drawn from; grows to the largest K used.
+    probs_dft: Vec<f32>,
+    // [k] draft tokens of this round.
+    tokens_dft: Vec<u32>,
+    // [k + 1] target input of this round: the last committed token then the drafts.
+    input_tgt: Vec<u32>,
+    request: Option<Request>,
+}
+
+impl Engine {
+    /// An engine over a target and an optional draft model.
+    ///
+    /// Errors: [`SpecError::Vocab`] if the draft's vocabulary size differs from the target's (both named).
+    pub fn new(target: Box<dyn Backend>, draft: Option<Box<dyn Backend>>) -> Result<Self> {
+        let vocab = target.vocab_size();
+        if let Some(d) = &draft {
+            if d.vocab_size() != vocab {
+                return Err(SpecError::Vocab(format!(
+                    "draft vocab size {} != target vocab size {vocab}",
+                    d.vocab_size()
+                )));
+            }
+        }
+        Ok(Self {
+            target,
+            draft,
+            vocab,
+            sampler_tgt: Sampler::new(vocab),
+            sampler_dft: Sampler::new(vocab),
+            probs_dft: Vec::new(),
+            tokens_dft: Vec::with_capacity(MAX_DRAFT_TOKENS),
+            input_tgt: Vec::with_capacity(MAX_DRAFT_TOKENS + 1),
+            request: None,
+        })
+    }
+
+    /// Vocabulary size shared by target and draft.
+    #[must_use]
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    /// Whether a draft model is attached.
+    #[must_use]
+    pub fn has_draft(&self) -> bool {
+        self.draft.is_some()
+    }
+
+    /// Longest sequence (prompt + new tokens) both caches can hold.
+    #[must_use]
+    pub fn max_seq_len(&self) -> usize {
+        let t = self.target.max_seq_len();
+        self.draft.as_ref().map_or(t, |d| t.min(d.max_seq_len()))
+    }
+
+    /// Start a generation: validate, prefill both caches with all prompt tokens but the last (that one is the
+    /// first input of the first round). Any generation in progress is dropped.
+    ///
+    /// Errors: [`SpecError::Config`] (empty prompt, bad settings), [`SpecError::Vocab`] (a prompt id >= vocab),
+    /// [`SpecError::Length`] (prompt + max_new_tokens beyond [`Engine::max_seq_len`]), backend errors.
+    pub fn start(&mut self, prompt: &[u32], cfg: GenerationConfig) -> Result<()> {
+        self.request = None;
+        cfg.validate()?;
+        if prompt.is_empty() {
+            return Err(SpecError::Config(
+                "the prompt is empty (expected at least one token)".to_owned(),
+            ));
+        }
+        if let Some((i, &t)) = prompt
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= self.vocab)
+        {
+            return Err(SpecError::Vocab(format!(
+                "prompt token {t} at position {i} is out of range (expected < vocab size {})",
+                self.vocab
+            )));
+        }
+        let max_seq = self.max_seq_len();
+        if prompt.len() + cfg.max_new_tokens > max_seq {
+            return Err(SpecError::Length(format!(
+                "prompt of {} tokens + max_new_tokens {} = {} exceeds the maximum sequence length {max_seq}",
+                prompt.len(),
+                cfg.max_new_tokens,
+                prompt.len() + cfg.max_new_tokens
+            )));
+        }
+        let mut penalties = PenaltyContext::new(self.vocab);
+        if cfg.sampling.has_penalties() {
+            penalties.add_prompt(prompt)?;
+        }
+        let t0 = Instant::now();
+        let n_past = prompt.len() - 1;
+        if n_past > 0 {
+            self.target.forward(&prompt[..n_past], 0, 1)?;
+            if let Some(d) = self.draft.as_mut() {
+                d.forward(&prompt[..n_past], 0, 1)?;
+            }
+        }
+        let stats = Stats {
+            n_prompt_tokens: prompt.len() as u64,
+            prefill_ms: ms_since(t0),
+            ..Stats::default()
+        };
+        let mut tokens = Vec::with_capacity(prompt.len() + cfg.max_new_tokens);
+        tokens.extend_from_slice(prompt);
+        let rng = Rng::seed_from_u64(cfg.seed);
+        self.request = Some(Request {
+            tokens,
+            n_prompt: prompt.len(),
+            n_past_tgt: n_past,
+            n_past_dft: n_past,
+            penalties,
+            rng,
+            stats,
+            sources: Vec::with_capacity(cfg.max_new_tokens),
+            logprobs: Vec::with_capacity(cfg.max_new_tokens),
+            finish_reason: None,
+            cfg,
+        });
+        Ok(())
+    }
+
+    /// Run one round and commit its tokens. After the generation finished, returns an empty output with the
+    /// finish reason.
+    ///
+    /// Errors: [`SpecError::Config`] if no generation was started; backend, non-finite-logits and verification
+    /// errors (the generation is then dropped: its caches are in an unknown state).
+    pub fn step(&mut self) -> Result<StepOutput> {
+        let out = self.step_inner();
+        if out.is_err() {
+            self.request = None;
+        }
+        out
+    }
+
+    fn step_inner(&mut self) -> Result<StepOutput> {
+        let vocab = self.vocab;
+        let req = self.request.as_mut().ok_or_else(|| {
+            SpecError::Config("no generation in progress (call start first)".to_owned())
+        })?;
+        if let Some(r) = req.finish_reason {
+            return Ok(StepOutput {
+                finish_reason: Some(r),
+                ..StepOutput::default()
+            });
+        }
+        let len = req.tokens.len();
+        let remaining = req.cfg.max_new_tokens - (len - req.n_prompt);
+        // K is fixed before any random draw of the round, so the round is lossless whatever K is.
+        let k = match self.draft {
+            Some(_) => req.cfg.num_speculative_tokens.min(remaining - 1),
+            None => 0,
+        };
+        let params = req.cfg.sampling.clone();
+        let use_penalties = params.has_penalties();
+
+        // Draft: K sequential passes; the first one feeds every committed token the draft has not seen.
+        let t_draft = Instant::now();
+        self.tokens_dft.clear();
+        if k > 0 {
+            let draft = self.draft.as_mut().expect("k > 0 only with a draft");
+            if self.probs_dft.len() < k * vocab {
+                self.probs_dft.resize(k * vocab, 0.0);
+            }
+            let n_committed = req.penalties.len();
+            let mut n_past = req.n_past_dft;
+            let mut prev = [0u32; 1];
+            for i in 0..k {
+                let input: &[u32] = if i == 0 { &req.tokens[n_past..] } else { &prev };
+                let n_input = input.len();
+                let logits = draft.forward(input, n_past, 1)?;
+                n_past += n_input;
+                let ctx = use_penalties.then_some(&req.penalties);
+                let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
+                let d = self
+                    .sampler_dft
+                    .sample_draft(logits, &params, ctx, &mut req.rng, q_row)?;
+                self.tokens_dft.push(d);
+                if use_penalties {
+                    req.penalties.push(d)?;
+                }
+                prev[0] = d;
+            }
+            // A rejected draft leaves no trace in the penalties.
+            req.penalties.truncate(n_committed);
+            req.n_past_dft = n_past;
+        }
+        let draft_ms = ms_since(t_draft);
+
+        // Target: one pass over the last committed token and the K drafts, K + 1 rows of logits.
+        let t_target = Instant::now();
+        self.input_tgt.clear();
+        self.input_tgt.push(req.tokens[len - 1]);
+        self.input_tgt.extend_from_slice(&self.tokens_dft);
+        let logits_tgt = self.target.forward(&self.input_tgt, len - 1, k + 1)?;
+        let target_ms = ms_since(t_target);
+
+        let t_core = Instant::now();
+        let ver = verify(
+            &mut self.sampler_tgt,
+            logits_tgt,
+            &self.probs_dft[..k * vocab],
+            &self.tokens_dft,
+            &params,
+            VerifyMode::Stochastic,
+            &mut req.penalties,
+            &mut req.rng,
+        )?;
+        let n_acc = ver.n_accepted;
+        req.n_past_tgt = len + n_acc;
+        if k > 0 {
+            // The draft saw the committed prefix and d_1 .. d_{K-1}.
+            req.n_past_dft = len + n_acc.min(k - 1);
+        }
+
+        let mut out = StepOutput {
+            n_drafted: k,
+            ..StepOutput::default()
+        };
+        let stats = &mut req.stats;
+        stats.n_rounds += 1;
+        stats.n_drafted += k as u64;
+        stats.draft_ms += draft_ms;
+        stats.target_ms += target_ms;
+        if stats.accepted_at.len() < k {
+            stats.accepted_at.resize(k, 0);
+        }
+        for (i, &tok) in ver.tokens.iter().enumerate() {
+            let source = if i < n_acc {
+                TokenSource::Accepted
+            } else if ver.last == LastToken::Bonus {
+                TokenSource::Bonus
+            } else {
+                TokenSource::Recovered
+            };
+            let row = &logits_tgt[i * vocab..(i + 1) * vocab];
+            let logprob = log_softmax_at(row, tok, i)?;
+            match source {
+                TokenSource::Accepted => {
+                    stats.n_accepted += 1;
+                    stats.accepted_at[i] += 1;
+                }
+                TokenSource::Recovered => stats.n_recovered += 1,
+                TokenSource::Bonus => stats.n_bonus += 1,
+            }
+            req.tokens.push(tok);
+            if use_penalties {
+                req.penalties.push(tok)?;
+            }
+            req.sources.push(source);
+            req.logprobs.push(logprob);
+            out.tokens.push(tok);
+            out.sources.push(source);
+            out.logprobs.push(logprob);
+            let finish = if !req.cfg.ignore_eos && req.cfg.eos_token_ids.contains(&tok) {
+                Some(FinishReason::Eos)
+            } else if req.cfg.stop_token_ids.contains(&tok) {
+                Some(FinishReason::Stop)
+            } else if req.tokens.len() - req.n_prompt >= req.cfg.max_new_tokens {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if finish.is_some() {
+                // Nothing after a stop is emitted or counted.
+                req.finish_reason = finish;
+                out.finish_reason = finish;
+                break;
+            }
+        }
+        stats.core_ms += ms_since(t_core);
+        Ok(out)
+    }
+
+    /// Keep only the first `n_keep` generated tokens and finish with [`FinishReason::Stop`] (the caller matched a
+    /// stop string). Statistics then count only the kept tokens.
+    ///
+    /// Errors: [`SpecError::Config`] if no generation was started or `n_keep` exceeds the generated count.
+    pub fn stop_at(&mut self, n_keep: usize) -> Result<()> {
+        let req = self.request.as_mut().ok_or_else(|| {
+            SpecError::Config("no generation in progress (call start first)".to_owned())
+        })?;
+        let n_gen = req.sources.len();
+        if n_keep > n_gen {
+            return Err(SpecError::Config(format!(
+                "stop_at({n_keep}) is invalid (expected <= {n_gen} generated tokens)"
+            )));
+        }
+        for src in req.sources.drain(n_keep..) {
+            match src {
+                TokenSource::Accepted => req.stats.n_accepted -= 1,
+                TokenSource::Recovered => req.stats.n_recovered -= 1,
+                TokenSource::Bonus => req.stats.n_bonus -= 1,
+            }
+        }
+        req.logprobs.truncate(n_keep);
+        req.tokens.truncate(req.n_prompt + n_keep);
+        req.finish_reason = Some(FinishReason::Stop);
+        Ok(())
+    }
+
+    /// Statistics of the current (or last) generation.
+    #[must_use]
+    pub fn stats(&self) -> Option<&Stats> {
+        self.request.as_ref().map(|r| &r.stats)
+    }
+
+    /// Whether the current generation has finished (`None` when there is none).
+    #[must_use]
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        self.request.as_ref().and_then(|r| r.finish_reason)
+    }
+
+    /// The result of the current (or last) generation.
+    ///
+    /// Errors: [`SpecError::Config`] if none was started or it has not finished.
+    pub fn output(&self) -> Result<GenerationOutput> {
+        let req = self.request.as_ref().ok_or_else(|| {
+            SpecError::Config("no generation in progress (call start first)".to_owned())
+        })?;
+        let finish_reason = req.finish_reason.ok_or_else(|| {
+            SpecError::Config(
+                "the generation has not finished (call step until it does)".to_owned(),
+            )
+        })?;
+        Ok(GenerationOutput {
+            tokens: req.tokens[req.n_prompt..].to_vec(),
+            sources: req.sources.clone(),
+            logprobs: req.logprobs.clone(),
+            finish_reason,
+            stats: req.stats.clone(),
+        })
+    }
+
+    /// Generate to the end: [`Engine::start`], then [`Engine::step`] until finished. `on_step` sees each round's
+    /// committed tokens as they are committed (streaming) and may return `false` to stop early
+    /// ([`FinishReason::Stop`]).
+    ///
+    /// Errors: as [`Engine::start`] and [`Engine::step`].
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        cfg: GenerationConfig,
+        mut on_step: impl FnMut(&StepOutput) -> bool,
+    ) -> Result<GenerationOutput> {
+        self.start(prompt, cfg)?;
+        while self.finish_reason().is_none() {
+            let out = self.step()?;
+            if !on_step(&out) && out.finish_reason.is_none() {
+                let n = self.request.as_ref().map_or(0, |r| r.sources.len());
+                self.stop_at(n)?;
+            }
+        }
+        self.output()
+    }
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
