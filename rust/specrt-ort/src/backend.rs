@@ -616,6 +616,14 @@ impl OrtBackend {
             ),
             _ => None,
         };
+        // Where ONNX Runtime allocates the presents (`MemoryInfo` is not `Send`, so it is made per call).
+        let host = MemoryInfo::new(
+            AllocationDevice::CPU,
+            0,
+            AllocatorType::Device,
+            MemoryType::CPUOutput,
+        )
+        .map_err(|e| ort_err("creating CPU memory info", &e))?;
         let KvState::Optimum { pasts, empty } = &mut self.kv else {
             unreachable!("optimum layout")
         };
@@ -637,6 +645,11 @@ impl OrtBackend {
                     )
                 };
                 result.map_err(|e| ort_err("binding a past KV input", &e))?;
+                // Rebind every call: after a run ONNX Runtime keeps the allocated present as a preallocated output
+                // of that (old) shape.
+                self.binding
+                    .bind_output_to_device(present_name(layer, kind), &host)
+                    .map_err(|e| ort_err("binding a present KV output", &e))?;
             }
         }
         Ok(())

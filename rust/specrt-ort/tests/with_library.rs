@@ -8,12 +8,17 @@ use specrt_core::{backend::Backend, SpecError};
 use specrt_ort::{check_cuda_provider, KvLayout, OrtBackend, OrtOptions, Provider};
 
 fn env_paths() -> Option<(PathBuf, PathBuf)> {
-    Some((std::env::var_os("SPECRT_ORT_LIBRARY")?.into(), std::env::var_os("SPECRT_TEST_MODEL")?.into()))
+    Some((
+        std::env::var_os("SPECRT_ORT_LIBRARY")?.into(),
+        std::env::var_os("SPECRT_TEST_MODEL")?.into(),
+    ))
 }
 
 #[test]
 fn chunked_prefill_and_rollback_match_full_prefill() {
-    let Some((lib, model)) = env_paths() else { return };
+    let Some((lib, model)) = env_paths() else {
+        return;
+    };
     let mut options = OrtOptions::new(&lib);
     options.max_seq_len = Some(32);
     let mut backend = OrtBackend::new(&model, &options).unwrap();
@@ -26,25 +31,47 @@ fn chunked_prefill_and_rollback_match_full_prefill() {
     backend.forward(&tokens[..7], 0, 1).unwrap();
     backend.forward(&[1, 2, 3], 7, 3).unwrap(); // later rejected
     let tail = backend.forward(&tokens[7..], 7, 5).unwrap().to_vec();
-    let max_err = full[7 * vocab..].iter().zip(&tail).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let max_err = full[7 * vocab..]
+        .iter()
+        .zip(&tail)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
     assert!(max_err < 1e-4, "max |err| {max_err}");
-    assert_eq!(kv, backend.kv_buffer_addresses(), "KV buffers must never be reallocated");
+    assert_eq!(
+        kv,
+        backend.kv_buffer_addresses(),
+        "KV buffers must never be reallocated"
+    );
 
     let err = backend.forward(&tokens, 25, 1).unwrap_err();
-    assert!(matches!(err, SpecError::Length(ref m) if m.contains("32")), "{err}");
+    assert!(
+        matches!(err, SpecError::Length(ref m) if m.contains("32")),
+        "{err}"
+    );
 }
 
 #[test]
 fn cuda_on_the_cpu_wheel_is_a_provider_error() {
-    let Some((lib, model)) = env_paths() else { return };
-    if lib.with_file_name(specrt_ort::CUDA_PROVIDER_LIBRARY).exists() {
+    let Some((lib, model)) = env_paths() else {
+        return;
+    };
+    if lib
+        .with_file_name(specrt_ort::CUDA_PROVIDER_LIBRARY)
+        .exists()
+    {
         return; // GPU wheel: covered by the gpu tests
     }
     let err = check_cuda_provider(&lib, 0).unwrap_err();
-    assert!(matches!(err, SpecError::Provider(ref m) if m.contains("libonnxruntime_providers_cuda.so")), "{err}");
+    assert!(
+        matches!(err, SpecError::Provider(ref m) if m.contains("libonnxruntime_providers_cuda.so")),
+        "{err}"
+    );
     let mut options = OrtOptions::new(&lib);
     options.provider = Provider::Cuda;
-    assert!(matches!(OrtBackend::new(&model, &options), Err(SpecError::Provider(_))));
+    assert!(matches!(
+        OrtBackend::new(&model, &options),
+        Err(SpecError::Provider(_))
+    ));
     options.allow_fallback = true;
     let backend = OrtBackend::new(&model, &options).unwrap();
     assert_eq!(backend.provider(), Provider::Cpu);
