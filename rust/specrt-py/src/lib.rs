@@ -1,12 +1,21 @@
 //! `specrt._specrt`: the Python extension module. Converts and registers, nothing more.
 use pyo3::prelude::*;
 
+pub mod arrays;
 mod backend;
+mod cost;
+pub mod errors;
+mod sampling;
+mod verify;
 
 /// The extension module.
 #[pymodule]
 fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    sampling::register(m)?;
+    verify::register(m)?;
+    cost::register(m)?;
     m.add_class::<backend::PyOrtModel>()?;
     Ok(())
 }

@@ -1,0 +1,369 @@
+//! Python wrappers of `specrt_core::sampling` and `specrt_core::rng`: `Rng`, `sample`, `sample_draft`,
+//! `process_logits`, `log_softmax_at`. Convert, call the core, convert back.
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use specrt_core::rng::PcgState;
+use specrt_core::{PenaltyContext, Rng, Sampler, SamplingParams, SpecError};
+
+use crate::arrays::{f32_1d, token_ids};
+use crate::errors::{run_kernel, to_pyerr};
+
+/// A seeded PCG64 random stream, the twin of `numpy.random.PCG64` (see `specrt.reference.numpy_generator`).
+///
+/// Passed as `rng=` to `sample` / `sample_draft` / `verify`, it is advanced in place, so successive calls continue
+/// one stream.
+#[pyclass(module = "specrt._specrt", name = "Rng")]
+#[derive(Clone)]
+pub struct PyRng {
+    pub(crate) inner: Rng,
+}
+
+#[pymethods]
+impl PyRng {
+    /// Create a stream from a 64-bit seed (splitmix64 -> `rand_pcg::Pcg64::new`, reproduced by
+    /// `specrt.reference.pcg_state_from_seed`).
+    ///
+    /// Args:
+    ///     seed: integer in [0, 2**64).
+    #[new]
+    #[pyo3(text_signature = "(seed)")]
+    fn new(seed: u64) -> Self {
+        Self {
+            inner: Rng::seed_from_u64(seed),
+        }
+    }
+
+    /// Create a stream at an exact PCG64 state.
+    ///
+    /// Args:
+    ///     state: 128-bit LCG state.
+    ///     inc: 128-bit odd increment.
+    ///
+    /// Raises:
+    ///     ConfigError: `inc` is even.
+    #[staticmethod]
+    #[pyo3(text_signature = "(state, inc)")]
+    fn from_state(state: u128, inc: u128) -> PyResult<Self> {
+        Ok(Self {
+            inner: Rng::from_state(PcgState { state, inc }).map_err(to_pyerr)?,
+        })
+    }
+
+    /// The current `(state, inc)`; NumPy's `PCG64.state["state"]` takes them as `{"state": .., "inc": ..}`.
+    #[getter]
+    fn state(&self) -> (u128, u128) {
+        let s = self.inner.state();
+        (s.state, s.inc)
+    }
+
+    /// Next raw 64-bit output (NumPy `PCG64.random_raw()`).
+    fn next_u64(&mut self) -> u64 {
+        self.inner.next_u64()
+    }
+
+    /// Next uniform float in [0, 1) (NumPy `Generator(PCG64).random()`).
+    fn random(&mut self) -> f64 {
+        self.inner.next_f64()
+    }
+
+    /// An independent copy at the same state (a checkpoint).
+    fn copy(&self) -> Self {
+        self.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        let s = self.inner.state();
+        format!("Rng(state=0x{:032x}, inc=0x{:032x})", s.state, s.inc)
+    }
+}
+
+/// Sampling parameters from Python keyword values, validated.
+///
+/// # Errors
+/// `ConfigError` naming the bad value and its range.
+#[allow(clippy::too_many_arguments, clippy::cast_possible_truncation)]
+pub fn params_from(
+    temperature: f64,
+    top_k: i64,
+    top_p: f64,
+    min_p: f64,
+    repetition_penalty: f64,
+    frequency_penalty: f64,
+    presence_penalty: f64,
+) -> PyResult<SamplingParams> {
+    let top_k = u32::try_from(top_k).map_err(|_| {
+        to_pyerr(SpecError::Config(format!(
+            "top_k {top_k} is invalid (expected an integer 0 <= top_k < 2**32; 0 = off)"
+        )))
+    })?;
+    let params = SamplingParams {
+        temperature: temperature as f32,
+        top_k,
+        top_p: top_p as f32,
+        min_p: min_p as f32,
+        repetition_penalty: repetition_penalty as f32,
+        frequency_penalty: frequency_penalty as f32,
+        presence_penalty: presence_penalty as f32,
+    };
+    params.validate().map_err(to_pyerr)?;
+    Ok(params)
+}
+
+/// A penalty context from optional prompt / output token sequences.
+///
+/// # Errors
+/// `ShapeError` / `VocabError` for bad token inputs.
+pub fn penalties_from(
+    vocab: usize,
+    prompt_tokens: Option<&Bound<'_, PyAny>>,
+    output_tokens: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PenaltyContext> {
+    let mut ctx = PenaltyContext::new(vocab);
+    if let Some(p) = prompt_tokens {
+        ctx.add_prompt(&token_ids(p, "prompt_tokens", vocab)?)
+            .map_err(to_pyerr)?;
+    }
+    if let Some(o) = output_tokens {
+        for t in token_ids(o, "output_tokens", vocab)? {
+            ctx.push(t).map_err(to_pyerr)?;
+        }
+    }
+    Ok(ctx)
+}
+
+/// The stream to use: `rng` (advanced in place), a fresh one from `seed`, or none for greedy.
+///
+/// # Errors
+/// `ConfigError` if both are given, or neither while sampling needs random numbers.
+pub fn resolve_rng(seed: Option<u64>, rng: Option<Rng>, needed: bool) -> PyResult<Option<Rng>> {
+    match (seed, rng) {
+        (Some(_), Some(_)) => Err(to_pyerr(SpecError::Config(
+            "pass either seed= or rng=, not both".to_owned(),
+        ))),
+        (Some(s), None) => Ok(Some(Rng::seed_from_u64(s))),
+        (None, Some(r)) => Ok(Some(r)),
+        (None, None) if needed => Err(to_pyerr(SpecError::Config(
+            "sampling needs an explicit random stream: pass seed=<int> or rng=specrt.Rng(seed) (temperature 0 needs \
+             neither)"
+                .to_owned(),
+        ))),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Sample one token from a row of logits (a target-only step).
+///
+/// Args:
+///     logits: `[vocab] float32` raw logits, C-contiguous.
+///     temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty, presence_penalty: see
+///         `specrt.SamplingParams` docs in `_specrt.pyi`; temperature 0 = greedy.
+///     prompt_tokens, output_tokens: seen tokens for the penalties.
+///     seed / rng: the random stream (exactly one unless greedy); `rng` is advanced.
+///
+/// Returns:
+///     The token id.
+///
+/// Raises:
+///     ShapeError, ConfigError, VocabError, NonFiniteLogitsError (row 0, with the token id).
+#[pyfunction]
+#[pyo3(signature = (logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+    frequency_penalty=0.0, presence_penalty=0.0, prompt_tokens=None, output_tokens=None, seed=None, rng=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn sample(
+    py: Python<'_>,
+    logits: &Bound<'_, PyAny>,
+    temperature: f64,
+    top_k: i64,
+    top_p: f64,
+    min_p: f64,
+    repetition_penalty: f64,
+    frequency_penalty: f64,
+    presence_penalty: f64,
+    prompt_tokens: Option<&Bound<'_, PyAny>>,
+    output_tokens: Option<&Bound<'_, PyAny>>,
+    seed: Option<u64>,
+    rng: Option<Bound<'_, PyRng>>,
+) -> PyResult<u32> {
+    let params = params_from(
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
+    )?;
+    let arr = f32_1d(logits, "logits", "[vocab]", None)?;
+    let row = arr
+        .as_slice()
+        .map_err(|e| to_pyerr(SpecError::Shape(e.to_string())))?;
+    let ctx = penalties_from(row.len(), prompt_tokens, output_tokens)?;
+    let mut stream = resolve_rng(
+        seed,
+        rng.as_ref().map(|r| r.borrow().inner.clone()),
+        !params.is_greedy(),
+    )?
+    .unwrap_or_else(|| Rng::seed_from_u64(0));
+    let tok = run_kernel(py, || {
+        let mut s = Sampler::new(row.len());
+        s.sample(row, &params, Some(&ctx), &mut stream)
+    })?;
+    if let Some(r) = rng {
+        r.borrow_mut().inner = stream;
+    }
+    Ok(tok)
+}
+
+/// The draft's step: process a row, return the token and the exact distribution it was drawn from (the `q` row
+/// for `verify`).
+///
+/// Args:
+///     logits: `[vocab] float32` raw draft logits. Other arguments as `sample`.
+///
+/// Returns:
+///     `(token, probs)`: the token id and `[vocab] float32` probabilities (sum ~1; a one-hot row when greedy).
+///
+/// Raises:
+///     ShapeError, ConfigError, VocabError, NonFiniteLogitsError.
+#[pyfunction]
+#[pyo3(signature = (logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+    frequency_penalty=0.0, presence_penalty=0.0, prompt_tokens=None, output_tokens=None, seed=None, rng=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn sample_draft<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    temperature: f64,
+    top_k: i64,
+    top_p: f64,
+    min_p: f64,
+    repetition_penalty: f64,
+    frequency_penalty: f64,
+    presence_penalty: f64,
+    prompt_tokens: Option<&Bound<'py, PyAny>>,
+    output_tokens: Option<&Bound<'py, PyAny>>,
+    seed: Option<u64>,
+    rng: Option<Bound<'py, PyRng>>,
+) -> PyResult<(u32, Bound<'py, PyArray1<f32>>)> {
+    let params = params_from(
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
+    )?;
+    let arr = f32_1d(logits, "logits", "[vocab]", None)?;
+    let row = arr
+        .as_slice()
+        .map_err(|e| to_pyerr(SpecError::Shape(e.to_string())))?;
+    let ctx = penalties_from(row.len(), prompt_tokens, output_tokens)?;
+    let mut stream = resolve_rng(
+        seed,
+        rng.as_ref().map(|r| r.borrow().inner.clone()),
+        !params.is_greedy(),
+    )?
+    .unwrap_or_else(|| Rng::seed_from_u64(0));
+    let (tok, probs) = run_kernel(py, || {
+        let mut s = Sampler::new(row.len());
+        let mut probs = vec![0f32; row.len()];
+        let t = s.sample_draft(row, &params, Some(&ctx), &mut stream, &mut probs)?;
+        Ok((t, probs))
+    })?;
+    if let Some(r) = rng {
+        r.borrow_mut().inner = stream;
+    }
+    Ok((tok, PyArray1::from_vec(py, probs)))
+}
+
+/// The processed distribution of a row (penalties, temperature, top-k, top-p, min-p), without sampling.
+///
+/// Args:
+///     logits: `[vocab] float32` raw logits. Other arguments as `sample` (no random stream).
+///
+/// Returns:
+///     `[vocab] float32` probabilities summing to ~1 (one-hot at the argmax when temperature is 0).
+///
+/// Raises:
+///     ShapeError, ConfigError, VocabError, NonFiniteLogitsError.
+#[pyfunction]
+#[pyo3(signature = (logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+    frequency_penalty=0.0, presence_penalty=0.0, prompt_tokens=None, output_tokens=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn process_logits<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    temperature: f64,
+    top_k: i64,
+    top_p: f64,
+    min_p: f64,
+    repetition_penalty: f64,
+    frequency_penalty: f64,
+    presence_penalty: f64,
+    prompt_tokens: Option<&Bound<'py, PyAny>>,
+    output_tokens: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let params = params_from(
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
+    )?;
+    let arr = f32_1d(logits, "logits", "[vocab]", None)?;
+    let row = arr
+        .as_slice()
+        .map_err(|e| to_pyerr(SpecError::Shape(e.to_string())))?;
+    let ctx = penalties_from(row.len(), prompt_tokens, output_tokens)?;
+    let probs = run_kernel(py, || {
+        let mut s = Sampler::new(row.len());
+        s.process(row, 0, &params, Some(&ctx))?;
+        let mut probs = vec![0f32; row.len()];
+        s.write_probs(&mut probs)?;
+        Ok(probs)
+    })?;
+    Ok(PyArray1::from_vec(py, probs))
+}
+
+/// Log-softmax of a raw row at one token (temperature 1, no penalties): the log-probability the target assigns.
+///
+/// Args:
+///     logits: `[vocab] float32` raw logits.
+///     token: token id in [0, vocab).
+///
+/// Returns:
+///     float in (-inf, 0].
+///
+/// Raises:
+///     ShapeError, VocabError, NonFiniteLogitsError.
+#[pyfunction]
+#[pyo3(text_signature = "(logits, token)")]
+pub fn log_softmax_at(py: Python<'_>, logits: &Bound<'_, PyAny>, token: i64) -> PyResult<f32> {
+    let arr = f32_1d(logits, "logits", "[vocab]", None)?;
+    let row = arr
+        .as_slice()
+        .map_err(|e| to_pyerr(SpecError::Shape(e.to_string())))?;
+    let Ok(t) = u32::try_from(token) else {
+        return Err(to_pyerr(SpecError::Vocab(format!(
+            "token id {token} is out of range (expected 0 <= id < vocab size {})",
+            row.len()
+        ))));
+    };
+    run_kernel(py, || specrt_core::sampling::log_softmax_at(row, t, 0))
+}
+
+/// Register this file's classes and functions.
+///
+/// # Errors
+/// If registration fails.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyRng>()?;
+    m.add_function(wrap_pyfunction!(sample, m)?)?;
+    m.add_function(wrap_pyfunction!(sample_draft, m)?)?;
+    m.add_function(wrap_pyfunction!(process_logits, m)?)?;
+    m.add_function(wrap_pyfunction!(log_softmax_at, m)?)?;
+    Ok(())
+}
