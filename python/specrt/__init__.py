@@ -1,9 +1,11 @@
 """specrt: lossless speculative decoding on ONNX Runtime.
 
 The Rust core (``specrt._specrt``) holds sampling, verification and the decode loop; this package holds the
-Python API, tokenization, model conversion and the CLI.
+Python API (:class:`Decoder`), tokenization, model conversion (``specrt.convert``), the model cache
+(``specrt.models``) and the CLI (``specrt.cli``).
 """
 
 from specrt._specrt import __version__
+from specrt.generate import Decoder, GenerationResult, Stats, StreamChunk
 
-__all__ = ["__version__"]
+__all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk", "__version__"]

@@ -4,6 +4,7 @@ use pyo3::prelude::*;
 pub mod arrays;
 mod backend;
 mod cost;
+mod engine;
 pub mod errors;
 mod sampling;
 mod verify;
@@ -17,5 +18,6 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     verify::register(m)?;
     cost::register(m)?;
     m.add_class::<backend::PyOrtModel>()?;
+    m.add_class::<engine::PyEngine>()?;
     Ok(())
 }

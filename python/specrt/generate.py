@@ -1,0 +1,478 @@
+"""The generation API: :class:`Decoder` (a target, an optional draft) and its ``generate`` / ``stream`` calls.
+
+Speculative sampling (Leviathan et al. 2023, arXiv:2211.17192; Chen et al. 2023, arXiv:2302.01318): the draft
+proposes ``num_speculative_tokens`` (K) tokens, the target scores K + 1 positions in one pass, and modified
+rejection sampling keeps the output distribution exactly the target's. The loop runs in Rust (``specrt._specrt``)
+with the GIL released; this module adds tokenization, chat templates, stop strings and streaming.
+
+Threads: one :class:`Decoder` may be shared between threads; its generations are serialised (a lock held for the
+whole call). Separate decoders run in parallel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specrt import _specrt
+from specrt._ort import find_ort_library
+from specrt.errors import ConfigError, ModelFileError, VocabError
+
+__all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk"]
+
+_SOURCES = ("accepted", "recovered", "bonus")
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Statistics of one generation (vLLM's definitions: emitted = accepted + recovered + bonus).
+
+    Attributes:
+        n_prompt_tokens: prompt length in tokens.
+        n_rounds: verification rounds (target passes after prefill).
+        n_drafted: draft tokens proposed and verified.
+        n_accepted: emitted draft tokens the target accepted.
+        n_recovered: emitted tokens sampled from the residual norm(max(0, p - q)) after a rejection.
+        n_bonus: emitted tokens from the target's last row after all drafts were accepted (K = 0 steps included).
+        acceptance_rate: accepted / drafted in [0, 1] (None if nothing was drafted).
+        mean_tokens_per_round: emitted / rounds (the seed's E).
+        prefill_ms, draft_ms, target_ms, core_ms: wall time in ms (core = verification and bookkeeping).
+        draft_ms_per_round, target_ms_per_round: per-round means in ms.
+        decode_tokens_per_s: emitted tokens per second after prefill; tokens_per_s: including prefill.
+        accepted_at: rounds in which draft position i was accepted.
+    """
+
+    n_prompt_tokens: int
+    n_rounds: int
+    n_drafted: int
+    n_accepted: int
+    n_recovered: int
+    n_bonus: int
+    acceptance_rate: float | None
+    mean_tokens_per_round: float | None
+    prefill_ms: float
+    draft_ms: float
+    target_ms: float
+    core_ms: float
+    draft_ms_per_round: float
+    target_ms_per_round: float
+    decode_tokens_per_s: float | None
+    tokens_per_s: float | None
+    accepted_at: tuple[int, ...] = ()
+
+    @property
+    def n_emitted(self) -> int:
+        """accepted + recovered + bonus."""
+        return self.n_accepted + self.n_recovered + self.n_bonus
+
+    @classmethod
+    def _from_engine(cls, d: dict[str, Any]) -> Stats:
+        rounds = max(int(d["n_rounds"]), 1)
+        return cls(
+            n_prompt_tokens=d["n_prompt_tokens"],
+            n_rounds=d["n_rounds"],
+            n_drafted=d["n_drafted"],
+            n_accepted=d["n_accepted"],
+            n_recovered=d["n_recovered"],
+            n_bonus=d["n_bonus"],
+            acceptance_rate=d["acceptance_rate"],
+            mean_tokens_per_round=d["mean_tokens_per_round"],
+            prefill_ms=d["prefill_ms"],
+            draft_ms=d["draft_ms"],
+            target_ms=d["target_ms"],
+            core_ms=d["core_ms"],
+            draft_ms_per_round=d["draft_ms"] / rounds,
+            target_ms_per_round=d["target_ms"] / rounds,
+            decode_tokens_per_s=d["decode_tokens_per_s"],
+            tokens_per_s=d["tokens_per_s"],
+            accepted_at=tuple(d["accepted_at"]),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """All fields plus ``n_emitted``, JSON-ready."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["accepted_at"] = list(self.accepted_at)
+        out["n_emitted"] = self.n_emitted
+        return out
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What :meth:`Decoder.generate` returns.
+
+    Attributes:
+        text: the generated text (special tokens skipped; ends before a matched stop string).
+        token_ids: the emitted token ids (an EOS or stop token id that ended generation included).
+        finish_reason: ``"eos"``, ``"stop"`` (stop string or stop token id) or ``"length"``.
+        logprobs: the target's log-probability (natural log, raw logits) of each emitted token.
+        sources: ``"accepted"``, ``"recovered"`` or ``"bonus"`` for each emitted token.
+        stats: counters and timings.
+        prompt_token_ids: the prompt as the models saw it.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    logprobs: list[float]
+    sources: list[str]
+    stats: Stats
+    prompt_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """One piece of a streamed generation: the text and tokens committed by one round.
+
+    ``text`` holds back incomplete UTF-8 and a possible partial stop string until they resolve. The last chunk has
+    ``finish_reason`` and ``result`` set.
+    """
+
+    text: str
+    token_ids: list[int]
+    sources: list[str]
+    finish_reason: str | None = None
+    result: GenerationResult | None = None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelFileError(f"{path}: {e}") from e
+
+
+def _as_id_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+class _ModelFolder:
+    """The files of a converted model folder that the Python side needs."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.path = path
+        tok = path / "tokenizer.json"
+        if not tok.is_file():
+            raise ModelFileError(f"{path} has no tokenizer.json (expected a folder written by `specrt convert`)")
+        try:
+            self.tokenizer = Tokenizer.from_file(str(tok))
+        except Exception as e:
+            raise ModelFileError(f"{tok}: cannot be loaded by tokenizers: {e}") from e
+        self.config = _read_json(path / "specrt_config.json")
+        self.generation = _read_json(path / "generation_config.json")
+        template = path / "chat_template.jinja"
+        self.chat_template = template.read_text(encoding="utf-8") if template.is_file() else None
+
+
+def _render_chat(template: str, messages: Sequence[dict[str, Any]], add_generation_prompt: bool, **extra: Any) -> str:
+    """Render a chat template the way Hugging Face transformers does (sandboxed jinja2, trim/lstrip blocks)."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(
+            messages=list(messages), add_generation_prompt=add_generation_prompt, **extra
+        )
+    except jinja2.exceptions.TemplateError as e:
+        raise ConfigError(f"chat template failed: {e}") from e
+
+
+def _longest_partial_stop(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
+
+
+class Decoder:
+    """A target model and an optional draft model, ready to generate.
+
+    Args:
+        target: a model name from ``specrt models list`` (pulled and converted on first use) or a model folder
+            written by ``specrt convert``.
+        draft: the same for the draft model, or ``None`` for target-only decoding. Must share the target's
+            vocabulary.
+        provider: ``"cpu"`` (default) or ``"cuda"``.
+        device_id: CUDA device ordinal.
+        max_seq_len: longest prompt + new tokens; bounds the KV memory each model preallocates
+            (bytes = 2 * layers * kv_heads * head_dim * max_seq_len * 4 for fp32). Default: the model's
+            ``max_position_embeddings``, capped at 4096 unless given.
+        intra_op_threads: ONNX Runtime threads per model (default: physical cores).
+        allow_fallback: with ``provider="cuda"``, run on CPU instead of raising when CUDA cannot be used.
+        ort_library: absolute path of ``libonnxruntime.so.1.x`` (default: from the installed onnxruntime wheel, or
+            ``$SPECRT_ORT_LIBRARY``).
+        dtype: precision to pull for model names (``"fp32"``).
+
+    Raises:
+        UnknownModelError, ModelFileError, FileNotFoundError: a model cannot be found or read.
+        VocabError: draft and target vocabularies differ (both sizes named).
+        ProviderError: CUDA requested and unavailable (without ``allow_fallback``).
+        BackendError: ONNX Runtime failed to load a model.
+    """
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str],
+        draft: str | os.PathLike[str] | None = None,
+        *,
+        provider: str = "cpu",
+        device_id: int = 0,
+        max_seq_len: int | None = 4096,
+        intra_op_threads: int | None = None,
+        allow_fallback: bool = False,
+        ort_library: str | None = None,
+        dtype: str = "fp32",
+    ) -> None:
+        from specrt.models import resolve_model
+
+        self.target_path = resolve_model(target, dtype)
+        self.draft_path = resolve_model(draft, dtype) if draft is not None else None
+        self._target = _ModelFolder(self.target_path)
+        if self.draft_path is not None:
+            d = _ModelFolder(self.draft_path)
+            vt, vd = self._target.tokenizer.get_vocab_size(), d.tokenizer.get_vocab_size()
+            if vt != vd or self._target.tokenizer.get_vocab() != d.tokenizer.get_vocab():
+                raise VocabError(
+                    f"draft tokenizer ({self.draft_path / 'tokenizer.json'}, {vd} tokens) differs from target "
+                    f"tokenizer ({self.target_path / 'tokenizer.json'}, {vt} tokens)"
+                )
+        self.tokenizer = self._target.tokenizer
+        self._engine = _specrt.Engine(
+            str(self.target_path),
+            str(self.draft_path) if self.draft_path is not None else None,
+            ort_library=ort_library or find_ort_library(provider),
+            provider=provider,
+            device_id=device_id,
+            max_seq_len=max_seq_len,
+            intra_op_threads=intra_op_threads,
+            allow_fallback=allow_fallback,
+        )
+        self._lock = threading.Lock()
+        gen = self._target.generation
+        self.eos_token_ids: list[int] = _as_id_list(gen.get("eos_token_id", self._target.config.get("eos_token_ids")))
+        self.defaults: dict[str, Any] = {
+            k: gen[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty") if k in gen
+        }
+
+    @property
+    def vocab_size(self) -> int:
+        """Logits width shared by target and draft."""
+        return self._engine.vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        """Longest prompt + new tokens."""
+        return self._engine.max_seq_len
+
+    @property
+    def providers(self) -> list[str]:
+        """ONNX Runtime execution providers in use (preferred first)."""
+        return list(self._engine.providers)
+
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """Render chat ``messages`` (``[{"role": ..., "content": ...}]``) with the model folder's template.
+
+        Raises:
+            ConfigError: the model has no chat template, or the template rejects the messages.
+        """
+        if not self._target.chat_template:
+            raise ConfigError(f"{self.target_path} has no chat_template.jinja; pass a plain prompt instead")
+        return _render_chat(
+            self._target.chat_template,
+            messages,
+            add_generation_prompt,
+            bos_token=self._target.config.get("bos_token", ""),
+            eos_token=self._target.config.get("eos_token", ""),
+        )
+
+    def encode(self, prompt: str | Sequence[int] | None, messages: Sequence[dict[str, Any]] | None) -> list[int]:
+        """Token ids for a prompt (text or ids) or chat messages (exactly one of the two).
+
+        Raises:
+            ConfigError: both or neither given, or the prompt is empty.
+        """
+        if (prompt is None) == (messages is None):
+            raise ConfigError("give exactly one of prompt and messages")
+        if messages is not None:
+            ids = self.tokenizer.encode(self.apply_chat_template(messages), add_special_tokens=False).ids
+        elif isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt).ids
+        else:
+            ids = [int(t) for t in prompt]  # type: ignore[union-attr]
+        if not ids:
+            raise ConfigError("the prompt is empty (expected at least one token)")
+        return ids
+
+    def generate(self, prompt: str | Sequence[int] | None = None, **kwargs: Any) -> GenerationResult:
+        """Generate a completion; see :meth:`stream` for the arguments. Returns a :class:`GenerationResult`."""
+        result = None
+        for chunk in self.stream(prompt, **kwargs):
+            result = chunk.result
+        assert result is not None
+        return result
+
+    def stream(
+        self,
+        prompt: str | Sequence[int] | None = None,
+        *,
+        messages: Sequence[dict[str, Any]] | None = None,
+        max_new_tokens: int = 128,
+        num_speculative_tokens: int = 4,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        seed: int = 0,
+        stop: str | Sequence[str] | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        ignore_eos: bool = False,
+    ) -> Iterator[StreamChunk]:
+        """Generate, yielding text as it is committed.
+
+        Args:
+            prompt: text (encoded with the model's tokenizer) or token ids; or give ``messages``.
+            messages: chat messages, rendered with the model folder's chat template.
+            max_new_tokens: most tokens to emit (>= 1).
+            num_speculative_tokens: K, draft tokens per round (0..64; 0 or no draft = target-only).
+            temperature: 0 = greedy; default from generation_config.json, else 1.
+            top_k, top_p, min_p: nucleus settings (0, 1, 0 = off); defaults from generation_config.json.
+            repetition_penalty: HF-style (1 = off); frequency_penalty, presence_penalty: OpenAI-style (0 = off).
+            seed: random seed; the same seed and settings give the same tokens.
+            stop: stop strings; the text ends before the first match.
+            stop_token_ids: extra token ids that end generation.
+            ignore_eos: keep going past the model's EOS ids.
+
+        Yields:
+            :class:`StreamChunk` per round; the last one carries the :class:`GenerationResult`.
+
+        Raises:
+            ConfigError: a setting out of range (named, with the allowed range).
+            SequenceLengthError: prompt + max_new_tokens exceeds ``max_seq_len``.
+            NonFiniteLogitsError: a model produced NaN/inf logits (position named).
+            KeyboardInterrupt: stops promptly (between rounds); the decoder stays usable.
+        """
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not s for s in stops):
+            raise ConfigError("stop strings must be non-empty")
+        ids = self.encode(prompt, messages)
+        d = self.defaults
+        settings = {
+            "max_new_tokens": max_new_tokens,
+            "num_speculative_tokens": num_speculative_tokens,
+            "temperature": float(d.get("temperature", 1.0) if temperature is None else temperature),
+            "top_k": int(d.get("top_k", 0) if top_k is None else top_k),
+            "top_p": float(d.get("top_p", 1.0) if top_p is None else top_p),
+            "min_p": float(d.get("min_p", 0.0) if min_p is None else min_p),
+            "repetition_penalty": float(
+                d.get("repetition_penalty", 1.0) if repetition_penalty is None else repetition_penalty
+            ),
+            "frequency_penalty": float(frequency_penalty),
+            "presence_penalty": float(presence_penalty),
+            "seed": int(seed),
+            "eos_token_ids": list(self.eos_token_ids),
+            "stop_token_ids": [int(t) for t in (stop_token_ids or [])],
+            "ignore_eos": bool(ignore_eos),
+        }
+        with self._lock:
+            yield from self._run(ids, settings, stops)
+
+    def _run(self, ids: list[int], settings: dict[str, Any], stops: list[str]) -> Iterator[StreamChunk]:
+        engine = self._engine
+        decode = self.tokenizer.decode
+        engine.start(ids, **settings)
+        tokens: list[int] = []
+        sources: list[str] = []
+        logprobs: list[float] = []
+        sent = 0  # characters of text already yielded
+        text = ""
+        finish: str | None = None
+        while finish is None:
+            out = engine.step()
+            n_before = len(tokens)
+            tokens += out["tokens"]
+            sources += out["sources"]
+            logprobs += out["logprobs"]
+            finish = out["finish_reason"]
+            text = decode(tokens, skip_special_tokens=True)
+            if stops:
+                hit = self._find_stop(tokens, text, stops, sent)
+                if hit is not None:
+                    cut, n_keep = hit
+                    engine.stop_at(n_keep)
+                    del tokens[n_keep:], sources[n_keep:], logprobs[n_keep:]
+                    text = text[:cut]
+                    finish = "stop"
+            if finish is None:
+                # Hold back an incomplete UTF-8 sequence and a possible partial stop string.
+                end = len(text.rstrip("\ufffd"))
+                end -= _longest_partial_stop(text[:end], stops)
+            else:
+                end = len(text)
+            yield StreamChunk(text=text[sent:end], token_ids=tokens[n_before:], sources=sources[n_before:])
+            sent = max(sent, end)
+        stats = Stats._from_engine(engine.stats())
+        result = GenerationResult(
+            text=text,
+            token_ids=tokens,
+            finish_reason=finish,
+            logprobs=logprobs,
+            sources=sources,
+            stats=stats,
+            prompt_token_ids=ids,
+        )
+        yield StreamChunk(text="", token_ids=[], sources=[], finish_reason=finish, result=result)
+
+    def _find_stop(self, tokens: list[int], text: str, stops: list[str], sent: int) -> tuple[int, int] | None:
+        """First stop-string match in ``text`` (searching from just before ``sent``): (cut index, tokens to keep)."""
+        start = max(0, sent - max(len(s) for s in stops))
+        best = None
+        for s in stops:
+            i = text.find(s, start)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is None:
+            return None
+        cut, s = best
+        return cut, self._tokens_covering(tokens, cut + len(s))
+
+    def _tokens_covering(self, tokens: list[int], n_chars: int) -> int:
+        """Fewest tokens whose decoded text reaches ``n_chars`` characters (keeps the stop string's last token)."""
+        lo, hi = 1, len(tokens)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(self.tokenizer.decode(tokens[:mid], skip_special_tokens=True).rstrip("\ufffd")) >= n_chars:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def __repr__(self) -> str:
+        return f"Decoder(target={str(self.target_path)!r}, draft={str(self.draft_path) if self.draft_path else None!r})"
