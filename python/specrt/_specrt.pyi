@@ -1,0 +1,169 @@
+"""Type stubs for the Rust extension ``specrt._specrt`` (hand-written; sections per binding file)."""
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+# ---------------------------------------------------------------------------------------------------------------
+# errors.rs
+# ---------------------------------------------------------------------------------------------------------------
+
+class SpecrtError(Exception): ...
+class ConfigError(SpecrtError, ValueError): ...
+class ShapeError(SpecrtError, ValueError): ...
+class VocabError(SpecrtError, ValueError): ...
+
+class NonFiniteLogitsError(SpecrtError, ValueError):
+    row: int
+    token: int
+    value: str
+    what: str
+
+class SequenceLengthError(SpecrtError, ValueError): ...
+
+class BackendError(SpecrtError, RuntimeError):
+    code: str
+    message: str
+
+class ProviderError(SpecrtError, RuntimeError): ...
+class ModelFileError(SpecrtError, OSError): ...
+class ModelFileNotFoundError(ModelFileError, FileNotFoundError): ...
+class GenerationCancelled(SpecrtError): ...
+class InternalError(SpecrtError, RuntimeError): ...
+
+# ---------------------------------------------------------------------------------------------------------------
+# sampling.rs
+# ---------------------------------------------------------------------------------------------------------------
+
+_Tokens = npt.NDArray[np.integer] | Sequence[int]
+
+class Rng:
+    """Seeded PCG64 stream, twin of numpy's PCG64. Advanced in place when passed as ``rng=``."""
+
+    def __init__(self, seed: int) -> None: ...
+    @staticmethod
+    def from_state(state: int, inc: int) -> Rng: ...
+    @property
+    def state(self) -> tuple[int, int]: ...
+    def next_u64(self) -> int: ...
+    def random(self) -> float: ...
+    def copy(self) -> Rng: ...
+
+def sample(
+    logits: npt.NDArray[np.float32],
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    prompt_tokens: _Tokens | None = None,
+    output_tokens: _Tokens | None = None,
+    seed: int | None = None,
+    rng: Rng | None = None,
+) -> int:
+    """One token from ``logits`` ([vocab] float32). Exactly one of seed / rng unless temperature is 0."""
+
+def sample_draft(
+    logits: npt.NDArray[np.float32],
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    prompt_tokens: _Tokens | None = None,
+    output_tokens: _Tokens | None = None,
+    seed: int | None = None,
+    rng: Rng | None = None,
+) -> tuple[int, npt.NDArray[np.float32]]:
+    """The draft's step: (token, [vocab] float32 distribution it was drawn from)."""
+
+def process_logits(
+    logits: npt.NDArray[np.float32],
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    prompt_tokens: _Tokens | None = None,
+    output_tokens: _Tokens | None = None,
+) -> npt.NDArray[np.float32]:
+    """The processed [vocab] float32 distribution of a row."""
+
+def log_softmax_at(logits: npt.NDArray[np.float32], token: int) -> float:
+    """log softmax(logits)[token] of a raw row."""
+
+# ---------------------------------------------------------------------------------------------------------------
+# verify.rs
+# ---------------------------------------------------------------------------------------------------------------
+
+MAX_DRAFT_TOKENS: int
+
+class Verification:
+    n_draft: int
+    n_accepted: int
+    tokens: list[int]
+    last: Literal["recovered", "bonus"]
+    accept_probs: list[float]
+
+def verify(
+    target_logits: npt.NDArray[np.float32],
+    draft_probs: npt.NDArray[np.float32] | None,
+    draft_tokens: _Tokens,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    prompt_tokens: _Tokens | None = None,
+    output_tokens: _Tokens | None = None,
+    seed: int | None = None,
+    rng: Rng | None = None,
+    mode: Literal["stochastic", "greedy", "deterministic"] = "stochastic",
+) -> Verification:
+    """One verification round: target_logits [k + 1, vocab] float32, draft_probs [k, vocab] float32."""
+
+# ---------------------------------------------------------------------------------------------------------------
+# cost.rs
+# ---------------------------------------------------------------------------------------------------------------
+
+class OptimalK:
+    k: int
+    speedup: float
+
+class DraftComparison:
+    speedup_a: float
+    speedup_b: float
+    b_wins: bool
+
+def acceptance_prob(p: float, q: float) -> float: ...
+def expected_tokens(a: float, k: int) -> float: ...
+def cycle_cost(k: int, c_q: float, c_p: float, c_verify: float | None = None) -> float: ...
+def speedup(a: float, k: int, c_q: float, c_p: float, c_verify: float | None = None) -> float: ...
+def optimal_k(
+    a: float,
+    c_q: float,
+    c_p: float,
+    *,
+    k_max: int = 64,
+    c_verify: Callable[[int], float] | Sequence[float] | None = None,
+) -> OptimalK: ...
+def compare_drafts(
+    a_a: float, c_q_a: float, a_b: float, c_q_b: float, *, k: int, c_p: float, c_verify: float | None = None
+) -> DraftComparison: ...
+def alpha_from_tokens_per_round(tokens_per_round: float, k: int) -> float: ...
