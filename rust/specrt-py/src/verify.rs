@@ -131,7 +131,7 @@ pub fn verify(
         Some(vocab),
     )?;
     let dft = match (mode.effective(&params), draft_probs) {
-        (VerifyMode::Stochastic, None) => {
+        (VerifyMode::Stochastic, None) if k > 0 => {
             return Err(to_pyerr(SpecError::Config(
                 "mode \"stochastic\" needs draft_probs ([k, vocab] float32)".to_owned(),
             )))
