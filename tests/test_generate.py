@@ -1,0 +1,222 @@
+"""The generation API end to end on tiny random-weight models converted from GGUF (and SmolLM2-135M when pulled).
+
+Greedy parity (speculative == target-only, token for token), the distribution of the first token at temperature 1,
+stops (EOS, stop token, stop string, max_new_tokens), streaming, statistics and bad input.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import specrt
+from specrt import _specrt
+from specrt._ort import find_ort_library
+from specrt.convert import convert
+from specrt.convert.tiny import write_tiny_gguf
+from specrt.errors import ConfigError, SequenceLengthError, VocabError
+
+
+def _convert_tiny(root: Path, name: str, **kw) -> Path:
+    gguf = write_tiny_gguf(root / f"{name}.gguf", **kw)
+    return convert(gguf, root / name, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A qwen2 target, drafts of the same family (a 1-layer one and one with other weights), and a llama model."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": _convert_tiny(root, "target", arch="qwen2", seed=1, n_layers=2),
+        "draft_close": _convert_tiny(root, "draft_close", arch="qwen2", seed=1, n_layers=1),
+        "draft_other": _convert_tiny(root, "draft_other", arch="qwen2", seed=7, n_layers=1),
+        "llama": _convert_tiny(root, "llama", arch="llama", seed=3, n_layers=2, n_heads=4, n_kv_heads=1),
+    }
+
+
+@pytest.fixture(scope="module")
+def target_only(tiny: dict[str, Path]) -> specrt.Decoder:
+    return specrt.Decoder(tiny["target"], max_seq_len=256)
+
+
+PROMPTS = ["def add(a, b):", "hello world, hello", "x = [1, 2, 3]\nfor"]
+
+
+@pytest.mark.parametrize("draft", ["target", "draft_close", "draft_other"])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_speculative_output_equals_target_only(tiny, target_only, draft: str, k: int) -> None:
+    dec = specrt.Decoder(tiny["target"], tiny[draft], max_seq_len=256)
+    for prompt in PROMPTS:
+        ref = target_only.generate(prompt, max_new_tokens=40, temperature=0, ignore_eos=True)
+        out = dec.generate(prompt, max_new_tokens=40, temperature=0, num_speculative_tokens=k, ignore_eos=True)
+        assert out.token_ids == ref.token_ids, (prompt, draft, k)
+        assert out.text == ref.text
+        # fp32 kernels over k + 1 rows and over one row round differently (~1e-5).
+        np.testing.assert_allclose(out.logprobs, ref.logprobs, rtol=0, atol=1e-4)
+        s = out.stats
+        assert s.n_accepted + s.n_recovered + s.n_bonus == len(out.token_ids) == 40
+        if draft == "target":
+            assert s.n_accepted == s.n_drafted, "a draft identical to the target is always accepted"
+
+
+def test_greedy_parity_on_llama_layout_with_self_draft(tiny) -> None:
+    ref = specrt.Decoder(tiny["llama"]).generate("abc", max_new_tokens=30, temperature=0, ignore_eos=True)
+    out = specrt.Decoder(tiny["llama"], tiny["llama"]).generate(
+        "abc", max_new_tokens=30, temperature=0, num_speculative_tokens=5, ignore_eos=True
+    )
+    assert out.token_ids == ref.token_ids
+    assert out.stats.mean_tokens_per_round == pytest.approx(30 / out.stats.n_rounds)
+
+
+def test_first_token_at_temperature_one_follows_the_target_distribution(tiny) -> None:
+    # Exact target distribution of the first generated token, from the target's logits.
+    dec = specrt.Decoder(tiny["target"], tiny["draft_other"], max_seq_len=64)
+    ids = dec.encode("hello", None)
+    model = _specrt.OrtModel(str(tiny["target"]), ort_library=find_ort_library(), max_seq_len=64)
+    logits = model.forward(np.array(ids, dtype=np.int64), 0, 1)[0].astype(np.float64)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    n = 4000
+    counts = np.zeros_like(p)
+    for seed in range(n):
+        out = dec.generate(ids, max_new_tokens=2, temperature=1.0, num_speculative_tokens=3, seed=seed)
+        counts[out.token_ids[0]] += 1
+    # Pearson chi-square over cells with expected count >= 5 (the rest pooled); critical value at z = 4.3
+    # (Wilson-Hilferty, one-sided p ~ 1e-5): a correct sampler fails with negligible probability, and a sampler off
+    # by a few percent of mass on a frequent token fails reliably at this n.
+    expected = p * n
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    stat = float(((obs - exp) ** 2 / np.maximum(exp, 1e-12)).sum())
+    df = len(obs) - 1
+    a = 2 / (9 * df)
+    crit = df * (1 - a + 4.3 * math.sqrt(a)) ** 3
+    assert stat < crit, f"chi-square {stat:.1f} >= {crit:.1f} (df {df})"
+
+
+def test_same_seed_same_output_and_seed_matters(tiny) -> None:
+    dec = specrt.Decoder(tiny["target"], tiny["draft_close"])
+    a = dec.generate("hello", max_new_tokens=30, temperature=1.0, seed=5, ignore_eos=True)
+    b = dec.generate("hello", max_new_tokens=30, temperature=1.0, seed=5, ignore_eos=True)
+    c = dec.generate("hello", max_new_tokens=30, temperature=1.0, seed=6, ignore_eos=True)
+    assert a.token_ids == b.token_ids and a.sources == b.sources
+    assert a.token_ids != c.token_ids
+
+
+def test_eos_planted_inside_a_block_ends_generation(tiny, target_only) -> None:
+    ref = target_only.generate("hello", max_new_tokens=40, temperature=0, ignore_eos=True)
+    # Plant EOS: declare a token the greedy output emits mid-way an end-of-sequence id.
+    pos = 9
+    eos = ref.token_ids[pos]
+    first = ref.token_ids.index(eos)
+    dec = specrt.Decoder(tiny["target"], tiny["target"])
+    dec.eos_token_ids = [eos]
+    out = dec.generate("hello", max_new_tokens=40, temperature=0, num_speculative_tokens=6)
+    assert out.finish_reason == "eos"
+    assert out.token_ids == ref.token_ids[: first + 1], "nothing after EOS"
+    assert out.stats.n_emitted == first + 1
+
+
+def test_stop_token_and_max_new_tokens_inside_a_block(tiny, target_only) -> None:
+    ref = target_only.generate("hello", max_new_tokens=40, temperature=0, ignore_eos=True)
+    dec = specrt.Decoder(tiny["target"], tiny["target"])
+    stop = ref.token_ids[7]
+    out = dec.generate("hello", max_new_tokens=40, temperature=0, num_speculative_tokens=8, stop_token_ids=[stop])
+    assert out.finish_reason == "stop"
+    assert out.token_ids == ref.token_ids[: ref.token_ids.index(stop) + 1]
+    out = dec.generate("hello", max_new_tokens=5, temperature=0, num_speculative_tokens=8, ignore_eos=True)
+    assert out.finish_reason == "length"
+    assert out.token_ids == ref.token_ids[:5]
+    assert out.stats.n_emitted == 5
+
+
+def test_stop_string_cuts_text_and_tokens(tiny, target_only) -> None:
+    ref = target_only.generate("hello", max_new_tokens=40, temperature=0, ignore_eos=True)
+    stop = ref.text[12:15]
+    assert len(stop) == 3
+    cut = ref.text.find(stop)
+    dec = specrt.Decoder(tiny["target"], tiny["draft_close"])
+    out = dec.generate("hello", max_new_tokens=40, temperature=0, stop=[stop], ignore_eos=True)
+    assert out.finish_reason == "stop"
+    assert out.text == ref.text[:cut]
+    assert stop not in out.text
+    # The kept tokens are a prefix of the reference that reaches the end of the stop string, and no more.
+    n = len(out.token_ids)
+    assert out.token_ids == ref.token_ids[:n]
+    decode = dec.tokenizer.decode
+    assert len(decode(ref.token_ids[:n], skip_special_tokens=True)) >= cut + len(stop)
+    assert len(decode(ref.token_ids[: n - 1], skip_special_tokens=True)) < cut + len(stop)
+    assert out.stats.n_emitted == n
+
+
+def test_streaming_yields_the_final_text_and_holds_back_partial_stops(tiny, target_only) -> None:
+    ref = target_only.generate("hello", max_new_tokens=40, temperature=0, ignore_eos=True)
+    stop = ref.text[20:24]
+    dec = specrt.Decoder(tiny["target"], tiny["draft_close"])
+    chunks = list(dec.stream("hello", max_new_tokens=40, temperature=0, stop=[stop], ignore_eos=True))
+    result = chunks[-1].result
+    assert result is not None
+    streamed = "".join(c.text for c in chunks)
+    assert streamed == result.text == ref.text[: ref.text.find(stop)]
+    for i in range(1, len(chunks)):
+        assert stop not in "".join(c.text for c in chunks[:i])
+    assert sum(len(c.token_ids) for c in chunks) == len(result.token_ids)
+
+
+def test_chat_messages_use_the_model_template(tiny) -> None:
+    dec = specrt.Decoder(tiny["target"])
+    text = dec.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert "<|im_start|>" in text and text.rstrip().endswith("assistant")
+    out = dec.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=4, temperature=0)
+    assert out.prompt_token_ids == dec.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_bad_input_gives_specific_errors(tiny, tmp_path) -> None:
+    dec = specrt.Decoder(tiny["target"], tiny["draft_close"], max_seq_len=64)
+    with pytest.raises(ConfigError, match="empty"):
+        dec.generate("", max_new_tokens=4)
+    with pytest.raises(ConfigError, match=r"temperature -0\.5"):
+        dec.generate("hi", temperature=-0.5)
+    with pytest.raises(ConfigError, match=r"top_p 1\.5"):
+        dec.generate("hi", top_p=1.5)
+    with pytest.raises(ConfigError, match="top_k -1"):
+        dec.generate("hi", top_k=-1)
+    with pytest.raises(ConfigError, match="min_p 2"):
+        dec.generate("hi", min_p=2.0)
+    with pytest.raises(ConfigError, match="num_speculative_tokens 65"):
+        dec.generate("hi", num_speculative_tokens=65)
+    with pytest.raises(SequenceLengthError, match="64"):
+        dec.generate("hi", max_new_tokens=100)
+    with pytest.raises(ConfigError, match="exactly one"):
+        dec.generate("hi", messages=[{"role": "user", "content": "x"}])
+    # The decoder stays usable after errors.
+    assert dec.generate("hi", max_new_tokens=3, temperature=0).stats.n_emitted == 3
+
+
+def test_vocab_mismatch_names_both_sizes(tiny, tmp_path) -> None:
+    small = _convert_tiny(tmp_path, "small", arch="qwen2", seed=2, n_layers=1, with_tokenizer=True)
+    # Same tokenizer but a different logits width is caught by the engine; build one by editing nothing is not
+    # possible with the tiny writer, so compare two real widths: the tiny vocab (265) against itself passes...
+    specrt.Decoder(tiny["target"], small)
+    # ...and a draft whose tokenizer differs is refused with both sizes named.
+    import json
+
+    tok = json.loads((small / "tokenizer.json").read_text())
+    tok["added_tokens"].append(
+        {
+            "id": 265,
+            "content": "<extra>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+    )
+    (small / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(VocabError, match=r"266 tokens.*265 tokens"):
+        specrt.Decoder(tiny["target"], small)
