@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from specrt._specrt import OrtModel
 
 from fixtures.tiny_decoders import DecoderSpec, make_contract_decoder, make_optimum_decoder
 from specrt._ort import cuda_provider_library, find_ort_library
+from specrt._specrt import OrtModel
 
 try:
     from specrt import errors as _errors
@@ -29,7 +29,7 @@ except ImportError:  # errors.py not there yet: the binding maps to the built-in
 
 # The project hierarchy subclasses the built-ins (ConfigError(SpecrtError, ValueError), ...), so these hold both ways.
 ConfigError = getattr(_errors, "ConfigError", ValueError)
-LengthError = getattr(_errors, "LengthError", ValueError)
+LengthError = getattr(_errors, "SequenceLengthError", ValueError)
 VocabError = getattr(_errors, "VocabError", ValueError)
 ProviderError = getattr(_errors, "ProviderError", RuntimeError)
 BackendError = getattr(_errors, "BackendError", RuntimeError)

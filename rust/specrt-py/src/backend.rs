@@ -5,28 +5,12 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use specrt_core::{backend::Backend, SpecError};
 use specrt_ort::{KvLayout, OrtBackend, OrtOptions, Provider};
 
-/// Temporary `SpecError` -> Python exception conversion, until `errors.rs` (the one exhaustive mapping) lands;
-/// then this becomes a call to it.
-fn spec_err(err: SpecError) -> PyErr {
-    let msg = err.to_string();
-    match err {
-        SpecError::Io(_) if msg.contains("not found") => PyFileNotFoundError::new_err(msg),
-        SpecError::Io(_) => PyOSError::new_err(msg),
-        SpecError::Config(_) | SpecError::Shape(_) | SpecError::Vocab(_) | SpecError::Length(_) => {
-            PyValueError::new_err(msg)
-        }
-        SpecError::NonFinite { .. }
-        | SpecError::Backend { .. }
-        | SpecError::Provider(_)
-        | SpecError::Cancelled
-        | SpecError::Internal(_) => PyRuntimeError::new_err(msg),
-    }
-}
+use crate::errors::{run_kernel, to_pyerr as spec_err};
 
 /// Token ids from a 1-D numpy integer array (any signed/unsigned width) or a sequence of ints.
 fn extract_tokens(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
@@ -82,10 +66,11 @@ fn extract_tokens(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 ///     layout: force ``"shared_buffer"`` or ``"optimum"`` instead of detecting it.
 ///
 /// Raises:
-///     FileNotFoundError: model file or ONNX Runtime library missing.
-///     ValueError: invalid option, or the model does not follow a supported decoder layout.
-///     RuntimeError: CUDA requested and unavailable (without ``allow_fallback``), or ONNX Runtime failed
-///         (e.g. a corrupt model or a library that cannot be loaded).
+///     ModelFileNotFoundError: model file or ONNX Runtime library missing (a ``FileNotFoundError``).
+///     ModelFileError: unreadable or corrupt model / ``specrt_config.json`` (an ``OSError``).
+///     ConfigError: invalid option, or the model does not follow a supported decoder layout (a ``ValueError``).
+///     ProviderError: CUDA requested and unavailable, without ``allow_fallback`` (a ``RuntimeError``).
+///     BackendError: ONNX Runtime failed, e.g. a library that cannot be loaded (a ``RuntimeError``).
 #[pyclass(module = "specrt._specrt", name = "OrtModel")]
 pub struct PyOrtModel {
     inner: Mutex<OrtBackend>,
@@ -128,9 +113,7 @@ impl PyOrtModel {
             .map(str::parse::<KvLayout>)
             .transpose()
             .map_err(spec_err)?;
-        let backend = py
-            .detach(|| OrtBackend::new(&path, &options))
-            .map_err(spec_err)?;
+        let backend = run_kernel(py, || OrtBackend::new(&path, &options))?;
         Ok(PyOrtModel {
             inner: Mutex::new(backend),
         })
@@ -147,9 +130,11 @@ impl PyOrtModel {
     ///     ``[n_logits, vocab_size] float32``: the logits of the last ``n_logits`` positions (a new array).
     ///
     /// Raises:
-    ///     ValueError: empty tokens, bad ``n_logits``, ``n_past + S > max_seq_len``, ``n_past`` beyond the cache,
-    ///         token id ``>= vocab_size``.
-    ///     RuntimeError: ONNX Runtime failed.
+    ///     ConfigError: empty tokens, bad ``n_logits``, ``n_past`` beyond the cached positions.
+    ///     SequenceLengthError: ``n_past + S > max_seq_len``.
+    ///     VocabError: a token id ``< 0`` or ``>= vocab_size``.
+    ///     TypeError: tokens not a 1-D integer array / sequence of ints.
+    ///     BackendError: ONNX Runtime failed.
     #[pyo3(signature = (tokens, n_past, n_logits=1))]
     fn forward<'py>(
         &self,
@@ -159,19 +144,17 @@ impl PyOrtModel {
         n_logits: usize,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let tokens = extract_tokens(tokens)?;
-        // Lock inside `detach`: never wait for the mutex while holding the GIL.
-        let (logits, vocab) = py
-            .detach(|| {
-                let mut backend = self
-                    .inner
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let vocab = backend.vocab_size();
-                backend
-                    .forward(&tokens, n_past, n_logits)
-                    .map(|rows| (rows.to_vec(), vocab))
-            })
-            .map_err(spec_err)?;
+        // Lock with the GIL released (inside `run_kernel`): never wait for the mutex while holding the GIL.
+        let (logits, vocab) = run_kernel(py, || {
+            let mut backend = self
+                .inner
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let vocab = backend.vocab_size();
+            backend
+                .forward(&tokens, n_past, n_logits)
+                .map(|rows| (rows.to_vec(), vocab))
+        })?;
         PyArray1::from_vec(py, logits).reshape([n_logits, vocab])
     }
 
@@ -239,13 +222,14 @@ impl PyOrtModel {
         self.lock().logits_address()
     }
 
-    /// Check that the CUDA provider can be registered with ``ort_library``; raises RuntimeError naming what is
+    /// Check that the CUDA provider can be registered with ``ort_library``; raises ProviderError naming what is
     /// missing.
     #[staticmethod]
     #[pyo3(signature = (ort_library, device_id=0))]
     fn check_cuda(py: Python<'_>, ort_library: PathBuf, device_id: i32) -> PyResult<()> {
-        py.detach(|| specrt_ort::check_cuda_provider(&ort_library, device_id))
-            .map_err(spec_err)
+        run_kernel(py, || {
+            specrt_ort::check_cuda_provider(&ort_library, device_id)
+        })
     }
 
     fn __repr__(&self) -> String {
