@@ -174,6 +174,22 @@ def test_token_arrays_of_any_integer_type_are_accepted(contract_dir: Path, dtype
     np.testing.assert_array_equal(OrtModel(contract_dir, max_seq_len=MAX_SEQ).forward(arg, 0, 2), want)
 
 
+def test_fp16_model_runs_with_an_fp16_kv_cache(tmp_path: Path, contract_dir: Path) -> None:
+    # The CUDA form of the contract (fp16 weights and KV, logits cast to float32 in the graph), here on CPU.
+    make_contract_decoder(tmp_path, SPEC, fp16=True)
+    m = OrtModel(tmp_path, max_seq_len=MAX_SEQ)
+    assert m.kv_dtype == "float16"
+    tokens = _tokens(12, seed=8)
+    full = m.forward(tokens, 0, 12)
+    assert full.dtype == np.float32
+    fp32 = OrtModel(contract_dir, max_seq_len=MAX_SEQ).forward(tokens, 0, 12)
+    np.testing.assert_allclose(full, fp32, atol=2e-2, rtol=0)
+    m = OrtModel(tmp_path, max_seq_len=MAX_SEQ)
+    m.forward(tokens[:7], 0, 1)
+    m.forward((tokens[7:10] + 1) % SPEC.vocab_size, 7, 3)
+    np.testing.assert_allclose(m.forward(tokens[7:], 7, 5), full[7:], atol=2e-3, rtol=0)
+
+
 def test_layout_is_detected_without_specrt_config(tmp_path: Path) -> None:
     # No specrt_config.json: the overridable num_logits_to_keep input marks the contract layout.
     make_contract_decoder(tmp_path, SPEC, write_config=False)
