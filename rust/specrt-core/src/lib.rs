@@ -9,6 +9,7 @@ pub mod backend;
 pub mod cost;
 pub mod engine;
 pub mod error;
+pub mod ngram;
 pub mod rng;
 pub mod sampling;
 pub mod stats;
@@ -20,6 +21,7 @@ pub use engine::{
     Engine, FinishReason, GenerationConfig, GenerationOutput, StepOutput, TokenSource,
 };
 pub use error::{Result, SpecError};
+pub use ngram::{NgramProposer, MAX_NGRAM_LEN};
 pub use rng::{PcgState, Rng};
 pub use sampling::{PenaltyContext, Sampler, SamplingParams};
 pub use stats::Stats;
