@@ -17,12 +17,33 @@ _COLORS = {"accepted": "\033[32m", "recovered": "\033[33m", "bonus": "\033[36m"}
 _RESET = "\033[0m"
 
 
+def _k_arg(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer 0..64 or 'auto'") from None
+
+
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to emit (default 128)")
     g.add_argument(
-        "--num-speculative-tokens", "-k", type=int, default=4, help="K draft tokens per round, 0..64 (default 4)"
+        "--num-speculative-tokens",
+        "-k",
+        type=_k_arg,
+        default=4,
+        help="K draft tokens per round, 0..64, or 'auto' (chosen each round from measured costs; default 4)",
     )
+    g.add_argument(
+        "--proposer",
+        choices=["draft", "ngram", "ngram+draft", "none"],
+        default=None,
+        help="who drafts: the draft model (default with --draft), prompt lookup, both (n-gram first), or none",
+    )
+    g.add_argument("--prompt-lookup-min", type=int, default=2, help="shortest n-gram to match (default 2)")
+    g.add_argument("--prompt-lookup-max", type=int, default=4, help="longest n-gram to match (default 4)")
     g.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: model's, else 1)")
     g.add_argument("--top-k", type=int, default=None, help="0 = off")
     g.add_argument("--top-p", type=float, default=None, help="1 = off")
@@ -73,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", default="fp32")
     c.add_argument("--force", action="store_true", help="replace OUT if it exists")
     c.add_argument("--max-positions", type=int, default=None, help="longest sequence (default: the GGUF's context)")
+    c.add_argument("--num-layers", type=int, default=None, help="keep only the first N decoder layers (a draft)")
 
     k = sub.add_parser("cost", help="the cost model of speculative decoding: expected tokens and speedup per K")
     k.add_argument("--alpha", "-a", type=float, required=True, help="per-token acceptance rate a in [0, 1]")
@@ -86,6 +108,9 @@ def _sampling_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return {
         "max_new_tokens": a.max_new_tokens,
         "num_speculative_tokens": a.num_speculative_tokens,
+        "proposer": a.proposer,
+        "prompt_lookup_min": a.prompt_lookup_min,
+        "prompt_lookup_max": a.prompt_lookup_max,
         "temperature": a.temperature,
         "top_k": a.top_k,
         "top_p": a.top_p,
@@ -206,7 +231,7 @@ def _models(a: argparse.Namespace) -> int:
 def _convert(a: argparse.Namespace) -> int:
     from specrt.convert import convert
 
-    print(convert(a.src, a.out, dtype=a.dtype, force=a.force, max_positions=a.max_positions))
+    print(convert(a.src, a.out, dtype=a.dtype, force=a.force, max_positions=a.max_positions, num_layers=a.num_layers))
     return 0
 
 

@@ -343,7 +343,11 @@ class Decoder:
         *,
         messages: Sequence[dict[str, Any]] | None = None,
         max_new_tokens: int = 128,
-        num_speculative_tokens: int = 4,
+        num_speculative_tokens: int | str = 4,
+        proposer: str | None = None,
+        prompt_lookup_min: int = 2,
+        prompt_lookup_max: int = 4,
+        pinned_costs: dict[str, Any] | None = None,
         temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
@@ -362,7 +366,17 @@ class Decoder:
             prompt: text (encoded with the model's tokenizer) or token ids; or give ``messages``.
             messages: chat messages, rendered with the model folder's chat template.
             max_new_tokens: most tokens to emit (>= 1).
-            num_speculative_tokens: K, draft tokens per round (0..64; 0 or no draft = target-only).
+            num_speculative_tokens: K, draft tokens per round (0..64; 0 or no draft = target-only), or ``"auto"``:
+                each round picks the K in 0..8 that maximises expected tokens per second from running estimates of
+                the acceptance rate and the measured costs (the seed's cost model; K = 0 when no K is predicted to
+                win, probing again later). Auto K depends on timings, so the same seed can give different text
+                unless ``pinned_costs`` is given; a fixed K always repeats exactly.
+            proposer: ``"draft"`` (the draft model; default when one is attached), ``"ngram"`` (prompt lookup: copy
+                the continuation of the longest matching n-gram of the prompt and text so far), ``"ngram+draft"``
+                (n-gram first, the draft model when nothing matches), or ``"none"`` (target-only).
+            prompt_lookup_min, prompt_lookup_max: n-gram lengths to match (vLLM's names; 1 <= min <= max <= 32).
+            pinned_costs: with ``"auto"``: ``{"c_draft": float, "c_verify": [K_max + 1 floats]}`` in any one unit —
+                one draft pass, and a target pass over n = 1..K_max + 1 tokens — used instead of timings.
             temperature: 0 = greedy; default from generation_config.json, else 1.
             top_k, top_p, min_p: nucleus settings (0, 1, 0 = off); defaults from generation_config.json.
             repetition_penalty: HF-style (1 = off); frequency_penalty, presence_penalty: OpenAI-style (0 = off).
@@ -385,9 +399,10 @@ class Decoder:
             raise ConfigError("stop strings must be non-empty")
         ids = self.encode(prompt, messages)
         d = self.defaults
+        spec = self._speculation(num_speculative_tokens, proposer, prompt_lookup_min, prompt_lookup_max, pinned_costs)
         settings = {
             "max_new_tokens": max_new_tokens,
-            "num_speculative_tokens": num_speculative_tokens,
+            **spec,
             "temperature": float(d.get("temperature", 1.0) if temperature is None else temperature),
             "top_k": int(d.get("top_k", 0) if top_k is None else top_k),
             "top_p": float(d.get("top_p", 1.0) if top_p is None else top_p),
@@ -404,6 +419,45 @@ class Decoder:
         }
         with self._lock:
             yield from self._run(ids, settings, stops)
+
+    def _speculation(
+        self,
+        k: int | str,
+        proposer: str | None,
+        lookup_min: int,
+        lookup_max: int,
+        pinned: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """Engine settings for K and the proposer (validated here where the engine cannot name the Python value)."""
+        has_draft = self.draft_path is not None
+        if proposer is None:
+            proposer = "draft" if has_draft else "none"
+        allowed = ("draft", "ngram", "ngram+draft", "none")
+        if proposer not in allowed:
+            raise ConfigError(f"proposer {proposer!r} is invalid (expected one of: {', '.join(map(repr, allowed))})")
+        if "draft" in proposer and not has_draft:
+            raise ConfigError(f"proposer {proposer!r} needs a draft model; this Decoder has none")
+        auto = isinstance(k, str)
+        if auto and k != "auto":
+            raise ConfigError(f"num_speculative_tokens {k!r} is invalid (expected an integer 0..64 or 'auto')")
+        if not auto and (isinstance(k, bool) or not isinstance(k, int)):
+            raise ConfigError(f"num_speculative_tokens {k!r} is invalid (expected an integer 0..64 or 'auto')")
+        if not auto and not 0 <= k <= 64:
+            raise ConfigError(f"num_speculative_tokens {k} is invalid (expected 0 <= K <= 64, or 'auto')")
+        if pinned is not None and not auto:
+            raise ConfigError("pinned_costs only apply with num_speculative_tokens='auto'")
+        out: dict[str, Any] = {
+            "num_speculative_tokens": 8 if auto else (0 if proposer == "none" else k),
+            "auto_k": auto and proposer != "none",
+            "use_draft_model": "draft" in proposer,
+        }
+        if "ngram" in proposer:
+            out["prompt_lookup_min"] = int(lookup_min)
+            out["prompt_lookup_max"] = int(lookup_max)
+        if pinned is not None:
+            out["pinned_c_draft"] = float(pinned["c_draft"])
+            out["pinned_c_verify"] = [float(c) for c in pinned["c_verify"]]
+        return out
 
     def _run(self, ids: list[int], settings: dict[str, Any], stops: list[str]) -> Iterator[StreamChunk]:
         engine = self._engine

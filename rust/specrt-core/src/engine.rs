@@ -9,8 +9,10 @@
 
 use std::time::Instant;
 
+use crate::adaptive::{AutoK, KController};
 use crate::backend::Backend;
 use crate::error::{Result, SpecError};
+use crate::ngram::NgramProposer;
 use crate::rng::Rng;
 use crate::sampling::{log_softmax_at, PenaltyContext, Sampler, SamplingParams};
 use crate::stats::Stats;
@@ -35,6 +37,22 @@ pub struct GenerationConfig {
     pub stop_token_ids: Vec<u32>,
     /// Keep generating past EOS ids (stop tokens still stop).
     pub ignore_eos: bool,
+    /// Choose K each round from measured costs and acceptance (`num_speculative_tokens="auto"`); `None` = fixed K.
+    pub auto_k: Option<AutoK>,
+    /// Prompt-lookup (n-gram) proposals; with a draft model they come first and the draft model drafts only
+    /// when there is no match.
+    pub ngram: Option<NgramConfig>,
+    /// Draft with the attached draft model (default true; false = n-gram only or target-only).
+    pub use_draft_model: bool,
+}
+
+/// Settings of prompt-lookup drafting (vLLM's names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NgramConfig {
+    /// Shortest suffix n-gram to match (>= 1).
+    pub prompt_lookup_min: usize,
+    /// Longest suffix n-gram to match (>= prompt_lookup_min, <= 32).
+    pub prompt_lookup_max: usize,
 }
 
 impl Default for GenerationConfig {
@@ -47,6 +65,9 @@ impl Default for GenerationConfig {
             eos_token_ids: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            auto_k: None,
+            ngram: None,
+            use_draft_model: true,
         }
     }
 }
@@ -62,6 +83,9 @@ impl GenerationConfig {
                 "num_speculative_tokens {} is invalid (expected 0 <= K <= {MAX_DRAFT_TOKENS})",
                 self.num_speculative_tokens
             )));
+        }
+        if let Some(a) = &self.auto_k {
+            a.validate()?;
         }
         if self.max_new_tokens == 0 {
             return Err(SpecError::Config(
@@ -164,6 +188,7 @@ struct Request {
     sources: Vec<TokenSource>,
     logprobs: Vec<f32>,
     finish_reason: Option<FinishReason>,
+    controller: Option<KController>,
 }
 
 /// A target model, an optional draft model, and the request being decoded. Not thread-safe by itself: a caller
@@ -180,7 +205,11 @@ pub struct Engine {
     tokens_dft: Vec<u32>,
     // [k + 1] target input of this round: the last committed token then the drafts.
     input_tgt: Vec<u32>,
+    // Prompt-lookup index over the committed tokens (allocations reused across requests).
+    ngram: Option<NgramProposer>,
     request: Option<Request>,
+    // Reused output of `step`.
+    out: StepOutput,
 }
 
 impl Engine {
@@ -206,7 +235,9 @@ impl Engine {
             probs_dft: Vec::new(),
             tokens_dft: Vec::with_capacity(MAX_DRAFT_TOKENS),
             input_tgt: Vec::with_capacity(MAX_DRAFT_TOKENS + 1),
+            ngram: None,
             request: None,
+            out: StepOutput::default(),
         })
     }
 
@@ -261,6 +292,28 @@ impl Engine {
                 prompt.len() + cfg.max_new_tokens
             )));
         }
+        let controller = cfg.auto_k.clone().map(KController::new).transpose()?;
+        match cfg.ngram {
+            Some(ng) => {
+                let fresh = self.ngram.as_ref().is_none_or(|p| {
+                    p.min_n() != ng.prompt_lookup_min || p.max_n() != ng.prompt_lookup_max
+                });
+                if fresh {
+                    self.ngram = Some(NgramProposer::new(
+                        ng.prompt_lookup_min,
+                        ng.prompt_lookup_max,
+                    )?);
+                }
+                let p = self.ngram.as_mut().expect("just set");
+                p.reset();
+                p.extend(prompt);
+            }
+            None => {
+                if let Some(p) = self.ngram.as_mut() {
+                    p.reset();
+                }
+            }
+        }
         let mut penalties = PenaltyContext::new(self.vocab);
         if cfg.sampling.has_penalties() {
             penalties.add_prompt(prompt)?;
@@ -292,76 +345,107 @@ impl Engine {
             sources: Vec::with_capacity(cfg.max_new_tokens),
             logprobs: Vec::with_capacity(cfg.max_new_tokens),
             finish_reason: None,
+            controller,
             cfg,
         });
         Ok(())
     }
 
-    /// Run one round and commit its tokens. After the generation finished, returns an empty output with the
-    /// finish reason.
+    /// Run one round and commit its tokens; returns what it committed (a buffer reused by the next call). After
+    /// the generation finished, returns an empty output with the finish reason.
     ///
     /// Errors: [`SpecError::Config`] if no generation was started; backend, non-finite-logits and verification
     /// errors (the generation is then dropped: its caches are in an unknown state).
-    pub fn step(&mut self) -> Result<StepOutput> {
-        let out = self.step_inner();
-        if out.is_err() {
+    pub fn step(&mut self) -> Result<&StepOutput> {
+        if let Err(e) = self.step_inner() {
             self.request = None;
+            return Err(e);
         }
-        out
+        Ok(&self.out)
     }
 
-    fn step_inner(&mut self) -> Result<StepOutput> {
+    #[allow(clippy::too_many_lines)]
+    fn step_inner(&mut self) -> Result<()> {
         let vocab = self.vocab;
         let req = self.request.as_mut().ok_or_else(|| {
             SpecError::Config("no generation in progress (call start first)".to_owned())
         })?;
-        if let Some(r) = req.finish_reason {
-            return Ok(StepOutput {
-                finish_reason: Some(r),
-                ..StepOutput::default()
-            });
+        let out = &mut self.out;
+        out.tokens.clear();
+        out.sources.clear();
+        out.logprobs.clear();
+        out.n_drafted = 0;
+        out.finish_reason = req.finish_reason;
+        if req.finish_reason.is_some() {
+            return Ok(());
         }
         let len = req.tokens.len();
         let remaining = req.cfg.max_new_tokens - (len - req.n_prompt);
-        // K is fixed before any random draw of the round, so the round is lossless whatever K is.
-        let k = match self.draft {
-            Some(_) => req.cfg.num_speculative_tokens.min(remaining - 1),
-            None => 0,
+        let draft_usable = self.draft.is_some() && req.cfg.use_draft_model;
+        // K is fixed before any random draw of the round, so the round is lossless whatever K is; it never drafts
+        // past max_new_tokens.
+        let k_cap = if draft_usable || req.cfg.ngram.is_some() {
+            remaining - 1
+        } else {
+            0
         };
-        let params = req.cfg.sampling.clone();
+        let k_fixed = req
+            .cfg
+            .auto_k
+            .as_ref()
+            .map_or(req.cfg.num_speculative_tokens, |a| a.k_max)
+            .min(k_cap);
+        let params = req.cfg.sampling;
         let use_penalties = params.has_penalties();
 
-        // Draft: K sequential passes; the first one feeds every committed token the draft has not seen.
         let t_draft = Instant::now();
         self.tokens_dft.clear();
-        if k > 0 {
-            let draft = self.draft.as_mut().expect("k > 0 only with a draft");
-            if self.probs_dft.len() < k * vocab {
-                self.probs_dft.resize(k * vocab, 0.0);
+        // Proposals, first choice: the continuation of a matching n-gram (deterministic drafts).
+        let mut mode = VerifyMode::Stochastic;
+        if let (Some(ng), true) = (self.ngram.as_ref(), req.cfg.ngram.is_some() && k_fixed > 0) {
+            if ng.propose(k_fixed, &mut self.tokens_dft) > 0 {
+                mode = VerifyMode::Deterministic;
             }
-            let n_committed = req.penalties.len();
-            let mut n_past = req.n_past_dft;
-            let mut prev = [0u32; 1];
-            for i in 0..k {
-                let input: &[u32] = if i == 0 { &req.tokens[n_past..] } else { &prev };
-                let n_input = input.len();
-                let logits = draft.forward(input, n_past, 1)?;
-                n_past += n_input;
-                let ctx = use_penalties.then_some(&req.penalties);
-                let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
-                let d = self
-                    .sampler_dft
-                    .sample_draft(logits, &params, ctx, &mut req.rng, q_row)?;
-                self.tokens_dft.push(d);
-                if use_penalties {
-                    req.penalties.push(d)?;
-                }
-                prev[0] = d;
-            }
-            // A rejected draft leaves no trace in the penalties.
-            req.penalties.truncate(n_committed);
-            req.n_past_dft = n_past;
         }
+        // Otherwise the draft model: K sequential passes, the first one feeding every committed token it has not
+        // seen (no separate catch-up pass).
+        let mut n_draft_passes = 0;
+        if mode == VerifyMode::Stochastic && draft_usable {
+            let k = match req.controller.as_mut() {
+                Some(c) => c.choose(k_cap),
+                None => k_fixed,
+            };
+            if k > 0 {
+                let draft = self.draft.as_mut().expect("draft_usable");
+                if self.probs_dft.len() < k * vocab {
+                    self.probs_dft.resize(k * vocab, 0.0);
+                }
+                let n_committed = req.penalties.len();
+                let mut n_past = req.n_past_dft;
+                let mut prev = [0u32; 1];
+                for i in 0..k {
+                    let input: &[u32] = if i == 0 { &req.tokens[n_past..] } else { &prev };
+                    let n_input = input.len();
+                    let logits = draft.forward(input, n_past, 1)?;
+                    n_past += n_input;
+                    let ctx = use_penalties.then_some(&req.penalties);
+                    let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
+                    let d =
+                        self.sampler_dft
+                            .sample_draft(logits, &params, ctx, &mut req.rng, q_row)?;
+                    self.tokens_dft.push(d);
+                    if use_penalties {
+                        req.penalties.push(d)?;
+                    }
+                    prev[0] = d;
+                }
+                // A rejected draft leaves no trace in the penalties.
+                req.penalties.truncate(n_committed);
+                req.n_past_dft = n_past;
+                n_draft_passes = k;
+            }
+        }
+        let k = self.tokens_dft.len();
         let draft_ms = ms_since(t_draft);
 
         // Target: one pass over the last committed token and the K drafts, K + 1 rows of logits.
@@ -373,35 +457,52 @@ impl Engine {
         let target_ms = ms_since(t_target);
 
         let t_core = Instant::now();
+        let probs_dft: &[f32] = if mode == VerifyMode::Stochastic {
+            &self.probs_dft[..k * vocab]
+        } else {
+            &[]
+        };
         let ver = verify(
             &mut self.sampler_tgt,
             logits_tgt,
-            &self.probs_dft[..k * vocab],
+            probs_dft,
             &self.tokens_dft,
             &params,
-            VerifyMode::Stochastic,
+            mode,
             &mut req.penalties,
             &mut req.rng,
         )?;
         let n_acc = ver.n_accepted;
         req.n_past_tgt = len + n_acc;
-        if k > 0 {
+        if n_draft_passes > 0 {
             // The draft saw the committed prefix and d_1 .. d_{K-1}.
             req.n_past_dft = len + n_acc.min(k - 1);
         }
+        if let Some(c) = req.controller.as_mut() {
+            let probs: &[f32] = if n_draft_passes > 0 {
+                &ver.accept_probs
+            } else {
+                &[]
+            };
+            c.observe(k, probs, draft_ms, n_draft_passes, target_ms);
+        }
 
-        let mut out = StepOutput {
-            n_drafted: k,
-            ..StepOutput::default()
-        };
+        out.n_drafted = k;
         let stats = &mut req.stats;
         stats.n_rounds += 1;
         stats.n_drafted += k as u64;
+        if mode == VerifyMode::Deterministic {
+            stats.n_drafted_ngram += k as u64;
+        }
         stats.draft_ms += draft_ms;
         stats.target_ms += target_ms;
         if stats.accepted_at.len() < k {
             stats.accepted_at.resize(k, 0);
         }
+        if stats.rounds_by_k.len() <= k {
+            stats.rounds_by_k.resize(k + 1, 0);
+        }
+        stats.rounds_by_k[k] += 1;
         for (i, &tok) in ver.tokens.iter().enumerate() {
             let source = if i < n_acc {
                 TokenSource::Accepted
@@ -416,6 +517,9 @@ impl Engine {
                 TokenSource::Accepted => {
                     stats.n_accepted += 1;
                     stats.accepted_at[i] += 1;
+                    if mode == VerifyMode::Deterministic {
+                        stats.n_accepted_ngram += 1;
+                    }
                 }
                 TokenSource::Recovered => stats.n_recovered += 1,
                 TokenSource::Bonus => stats.n_bonus += 1,
@@ -445,8 +549,13 @@ impl Engine {
                 break;
             }
         }
+        if req.cfg.ngram.is_some() {
+            if let Some(ng) = self.ngram.as_mut() {
+                ng.extend(&out.tokens);
+            }
+        }
         stats.core_ms += ms_since(t_core);
-        Ok(out)
+        Ok(())
     }
 
     /// Keep only the first `n_keep` generated tokens and finish with [`FinishReason::Stop`] (the caller matched a
@@ -472,8 +581,19 @@ impl Engine {
         }
         req.logprobs.truncate(n_keep);
         req.tokens.truncate(req.n_prompt + n_keep);
+        if let Some(ng) = self.ngram.as_mut() {
+            if req.cfg.ngram.is_some() {
+                ng.truncate(req.tokens.len());
+            }
+        }
         req.finish_reason = Some(FinishReason::Stop);
         Ok(())
+    }
+
+    /// What the last [`Engine::step`] committed.
+    #[must_use]
+    pub fn last_step(&self) -> &StepOutput {
+        &self.out
     }
 
     /// Statistics of the current (or last) generation.
@@ -523,7 +643,7 @@ impl Engine {
         self.start(prompt, cfg)?;
         while self.finish_reason().is_none() {
             let out = self.step()?;
-            if !on_step(&out) && out.finish_reason.is_none() {
+            if !on_step(out) && out.finish_reason.is_none() {
                 let n = self.request.as_ref().map_or(0, |r| r.sources.len());
                 self.stop_at(n)?;
             }

@@ -5,6 +5,7 @@
 //! `shared/seed`, and the draft/verify loop over a [`backend::Backend`] trait. All 2-D data is row-major.
 #![deny(missing_docs)]
 
+pub mod adaptive;
 pub mod backend;
 pub mod cost;
 pub mod engine;
@@ -16,9 +17,10 @@ pub mod stats;
 pub mod testing;
 pub mod verify;
 
+pub use adaptive::{AutoK, KController, PinnedCosts};
 pub use backend::Backend;
 pub use engine::{
-    Engine, FinishReason, GenerationConfig, GenerationOutput, StepOutput, TokenSource,
+    Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig, StepOutput, TokenSource,
 };
 pub use error::{Result, SpecError};
 pub use ngram::{NgramProposer, MAX_NGRAM_LEN};

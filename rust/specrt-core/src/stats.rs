@@ -17,6 +17,12 @@ pub struct Stats {
     pub n_recovered: u64,
     /// Emitted tokens sampled from the target's last row after all drafts were accepted (or K = 0).
     pub n_bonus: u64,
+    /// Of `n_drafted`, tokens proposed by prompt lookup (n-gram); the rest came from the draft model.
+    pub n_drafted_ngram: u64,
+    /// Of `n_accepted`, tokens proposed by prompt lookup (n-gram).
+    pub n_accepted_ngram: u64,
+    /// `rounds_by_k[k]`: rounds that verified `k` draft tokens (how often each K was chosen).
+    pub rounds_by_k: Vec<u64>,
     /// `accepted_at[i]`: rounds in which draft position `i` (0-based) was accepted and emitted.
     pub accepted_at: Vec<u64>,
     /// Wall time of the prompt prefill (both models), ms.

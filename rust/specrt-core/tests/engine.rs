@@ -148,7 +148,7 @@ fn draft_runs_exactly_k_passes_per_round() {
     );
     let mut n_out = 0;
     while e.finish_reason().is_none() {
-        let out = e.step().unwrap();
+        let out = e.step().unwrap().clone();
         let (calls, fed) = *counter.lock().unwrap();
         assert_eq!(
             calls - calls_before,
@@ -275,7 +275,7 @@ fn max_new_tokens_inside_a_block_truncates_and_counts_only_emitted() {
 fn stop_at_truncates_output_and_statistics() {
     let mut e = Engine::new(Box::new(target(4)), Some(Box::new(target(4)))).unwrap();
     e.start(&[1, 2, 3], greedy_cfg(4, 30)).unwrap();
-    let step = e.step().unwrap();
+    let step = e.step().unwrap().clone();
     assert_eq!(step.tokens.len(), 5);
     e.stop_at(2).unwrap();
     let out = e.output().unwrap();
@@ -370,6 +370,169 @@ fn first_two_tokens_at_temperature_one_follow_the_target_distribution() {
     }
     // Pearson chi-square over cells with expected count >= 5; df = cells - 1. Critical value at z = 4.3
     // (one-sided p ~ 1e-5), so a correct sampler fails this with negligible probability.
+    let mut stat = 0.0;
+    let mut cells = 0.0;
+    for (c, p) in counts.iter().zip(&expected) {
+        let ex = p * n as f64;
+        if ex >= 5.0 {
+            stat += (*c as f64 - ex).powi(2) / ex;
+            cells += 1.0;
+        }
+    }
+    let crit = chi2_quantile(cells - 1.0, 4.3);
+    assert!(
+        stat < crit,
+        "chi-square {stat:.1} >= critical {crit:.1} over {cells} cells"
+    );
+}
+
+fn auto_cfg(max_new: usize, per_token: f64, c_draft: f64) -> GenerationConfig {
+    GenerationConfig {
+        max_new_tokens: max_new,
+        sampling: SamplingParams::greedy(),
+        auto_k: Some(specrt_core::AutoK {
+            pinned: Some(specrt_core::PinnedCosts {
+                c_draft,
+                c_verify: (0..9)
+                    .map(|i| 10.0 * (1.0 + per_token * f64::from(i)))
+                    .collect(),
+            }),
+            ..specrt_core::AutoK::default()
+        }),
+        ..GenerationConfig::default()
+    }
+}
+
+#[test]
+fn auto_k_keeps_greedy_parity_and_adapts_to_the_draft() {
+    let prompt = [3u32, 9, 27];
+    let reference = run(target(8), None, &prompt, greedy_cfg(0, 60));
+    // A perfect draft with cheap verification: auto K climbs to the largest K.
+    let good = run(target(8), Some(target(8)), &prompt, auto_cfg(60, 0.0, 1.0));
+    assert_eq!(good.tokens, reference.tokens);
+    let k_max_rounds = good.stats.rounds_by_k.get(8).copied().unwrap_or(0);
+    assert!(
+        k_max_rounds * 2 > good.stats.n_rounds,
+        "rounds by K {:?}",
+        good.stats.rounds_by_k
+    );
+    // A useless draft with expensive verification: mostly K = 0 (plain target steps), with probes.
+    let bad = run(
+        target(8),
+        Some(draft(8, 20.0)),
+        &prompt,
+        auto_cfg(60, 0.6, 4.0),
+    );
+    assert_eq!(bad.tokens, reference.tokens);
+    let k0 = bad.stats.rounds_by_k[0];
+    assert!(
+        k0 * 10 > bad.stats.n_rounds * 7,
+        "rounds by K {:?}",
+        bad.stats.rounds_by_k
+    );
+    assert!(bad.stats.n_drafted > 0, "probes still draft now and then");
+    check_stats(&bad);
+}
+
+#[test]
+fn auto_k_with_pinned_costs_repeats_exactly_at_temperature_one() {
+    let mut cfg = auto_cfg(50, 0.1, 2.0);
+    cfg.sampling = SamplingParams {
+        temperature: 1.0,
+        ..SamplingParams::default()
+    };
+    cfg.seed = 77;
+    let a = run(target(6), Some(draft(6, 0.7)), &[1, 2], cfg.clone());
+    let b = run(target(6), Some(draft(6, 0.7)), &[1, 2], cfg);
+    assert_eq!(a.tokens, b.tokens);
+    assert_eq!(a.stats.rounds_by_k, b.stats.rounds_by_k);
+}
+
+fn ngram_cfg(k: usize, max_new: usize, use_draft_model: bool) -> GenerationConfig {
+    GenerationConfig {
+        ngram: Some(specrt_core::NgramConfig {
+            prompt_lookup_min: 1,
+            prompt_lookup_max: 4,
+        }),
+        use_draft_model,
+        ..greedy_cfg(k, max_new)
+    }
+}
+
+#[test]
+fn ngram_drafting_keeps_greedy_parity_alone_and_combined() {
+    // A repetitive prompt: proposals fire.
+    let prompt: Vec<u32> = (0..48).map(|i| [5u32, 6, 7][i % 3]).collect();
+    for seed in [1u64, 2, 3] {
+        let reference = run(target(seed), None, &prompt, greedy_cfg(0, 50));
+        let alone = run(target(seed), None, &prompt, ngram_cfg(6, 50, false));
+        assert_eq!(alone.tokens, reference.tokens, "seed {seed}");
+        assert!(alone.stats.n_drafted_ngram > 0);
+        assert_eq!(alone.stats.n_drafted, alone.stats.n_drafted_ngram);
+        check_stats(&alone);
+        let both = run(
+            target(seed),
+            Some(draft(seed, 0.5)),
+            &prompt,
+            ngram_cfg(6, 50, true),
+        );
+        assert_eq!(both.tokens, reference.tokens, "seed {seed}");
+        assert!(
+            both.stats.n_drafted > both.stats.n_drafted_ngram,
+            "the draft model drafts when nothing matches"
+        );
+        check_stats(&both);
+    }
+}
+
+#[test]
+fn ngram_drafts_at_temperature_one_keep_the_target_distribution() {
+    // Deterministic drafts (q = point mass): first two tokens' joint distribution equals the target's.
+    const V: usize = 5;
+    let t = MockModel::new(V, 64, 21, 1.2);
+    let prompt = [1u32, 2, 1, 2, 1, 2, 1];
+    let softmax = |seq: &[u32]| {
+        let mut row = [0f32; V];
+        t.row(seq, &mut row);
+        let m = row.iter().cloned().fold(f32::MIN, f32::max);
+        let e: Vec<f64> = row.iter().map(|&x| f64::from(x - m).exp()).collect();
+        let s: f64 = e.iter().sum();
+        e.into_iter().map(|x| x / s).collect::<Vec<f64>>()
+    };
+    let p1 = softmax(&prompt);
+    let mut expected = vec![0f64; V * V];
+    for a in 0..V {
+        let mut seq = prompt.to_vec();
+        seq.push(a as u32);
+        let p2 = softmax(&seq);
+        for b in 0..V {
+            expected[a * V + b] = p1[a] * p2[b];
+        }
+    }
+    let n = 30_000u64;
+    let mut counts = vec![0u64; V * V];
+    let mut e = Engine::new(Box::new(t.clone()), None).unwrap();
+    let mut n_ngram = 0;
+    for seed in 0..n {
+        let cfg = GenerationConfig {
+            max_new_tokens: 2,
+            num_speculative_tokens: 3,
+            seed,
+            sampling: SamplingParams {
+                temperature: 1.0,
+                ..SamplingParams::default()
+            },
+            ngram: Some(specrt_core::NgramConfig {
+                prompt_lookup_min: 1,
+                prompt_lookup_max: 3,
+            }),
+            ..GenerationConfig::default()
+        };
+        let out = e.generate(&prompt, cfg, |_| true).unwrap();
+        n_ngram += out.stats.n_drafted_ngram;
+        counts[out.tokens[0] as usize * V + out.tokens[1] as usize] += 1;
+    }
+    assert!(n_ngram >= n, "every generation drafts from the prompt");
     let mut stat = 0.0;
     let mut cells = 0.0;
     for (c, p) in counts.iter().zip(&expected) {

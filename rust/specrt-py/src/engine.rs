@@ -7,7 +7,8 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use specrt_core::{
-    Backend, Engine, GenerationConfig, SamplingParams, SpecError, Stats, StepOutput,
+    AutoK, Backend, Engine, GenerationConfig, NgramConfig, PinnedCosts, SamplingParams, SpecError,
+    Stats, StepOutput,
 };
 use specrt_ort::{OrtBackend, OrtOptions, Provider};
 
@@ -52,6 +53,9 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("n_bonus", s.n_bonus)?;
     d.set_item("n_emitted", s.n_emitted())?;
     d.set_item("accepted_at", s.accepted_at.clone())?;
+    d.set_item("n_drafted_ngram", s.n_drafted_ngram)?;
+    d.set_item("n_accepted_ngram", s.n_accepted_ngram)?;
+    d.set_item("rounds_by_k", s.rounds_by_k.clone())?;
     d.set_item("acceptance_rate", s.acceptance_rate())?;
     d.set_item("mean_tokens_per_round", s.mean_tokens_per_round())?;
     d.set_item("prefill_ms", s.prefill_ms)?;
@@ -128,13 +132,19 @@ impl PyEngine {
     ///     repetition_penalty, frequency_penalty, presence_penalty: penalties (1, 0, 0 = off).
     ///     seed: seed of the request's random stream.
     ///     eos_token_ids, stop_token_ids: ids that end generation (emitted); ignore_eos: go on past EOS ids.
+    ///     auto_k: choose K each round (up to ``num_speculative_tokens``) from measured costs and acceptance.
+    ///     pinned_c_draft, pinned_c_verify: with ``auto_k``, costs to use instead of timings (reproducible runs):
+    ///         one draft pass, and a target pass over n = 1..=K+1 tokens (list of K + 1 values).
+    ///     prompt_lookup_min, prompt_lookup_max: enable n-gram (prompt lookup) proposals with these match lengths.
+    ///     use_draft_model: draft with the draft model (when attached).
     ///
     /// Raises:
     ///     ConfigError, VocabError, SequenceLengthError (prompt + max_new_tokens > max_seq_len), BackendError.
     #[pyo3(signature = (
         prompt, *, max_new_tokens, num_speculative_tokens=4, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, seed=0, eos_token_ids=vec![],
-        stop_token_ids=vec![], ignore_eos=false
+        stop_token_ids=vec![], ignore_eos=false, auto_k=false, pinned_c_draft=None, pinned_c_verify=None,
+        prompt_lookup_min=None, prompt_lookup_max=None, use_draft_model=true
     ))]
     #[allow(clippy::too_many_arguments)]
     fn start(
@@ -154,6 +164,12 @@ impl PyEngine {
         eos_token_ids: Vec<u32>,
         stop_token_ids: Vec<u32>,
         ignore_eos: bool,
+        auto_k: bool,
+        pinned_c_draft: Option<f64>,
+        pinned_c_verify: Option<Vec<f64>>,
+        prompt_lookup_min: Option<usize>,
+        prompt_lookup_max: Option<usize>,
+        use_draft_model: bool,
     ) -> PyResult<()> {
         let top_k = u32::try_from(top_k).map_err(|_| {
             to_pyerr(SpecError::Config(format!(
@@ -187,7 +203,31 @@ impl PyEngine {
             eos_token_ids,
             stop_token_ids,
             ignore_eos,
+            auto_k: auto_k.then(|| AutoK {
+                k_max: num_speculative_tokens.max(1),
+                pinned: match (pinned_c_draft, pinned_c_verify) {
+                    (Some(c_draft), Some(c_verify)) => Some(PinnedCosts { c_draft, c_verify }),
+                    _ => None,
+                },
+                ..AutoK::default()
+            }),
+            ngram: match (prompt_lookup_min, prompt_lookup_max) {
+                (None, None) => None,
+                (lo, hi) => {
+                    let hi = hi.or(lo).unwrap_or(1);
+                    Some(NgramConfig {
+                        prompt_lookup_min: lo.unwrap_or(1).min(hi),
+                        prompt_lookup_max: hi,
+                    })
+                }
+            },
+            use_draft_model,
         };
+        if auto_k && (pinned_c_draft.is_some() != pinned_c_verify.is_some()) {
+            return Err(to_pyerr(SpecError::Config(
+                "pinned costs need both pinned_c_draft and pinned_c_verify".to_owned(),
+            )));
+        }
         run_kernel(py, || lock(&self.inner).start(&prompt, cfg))
     }
 
@@ -198,7 +238,8 @@ impl PyEngine {
     /// Raises:
     ///     ConfigError: no generation started. NonFiniteLogitsError, BackendError: the generation is dropped.
     fn step<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let out = run_kernel(py, || lock(&self.inner).step())?;
+        // Copied out of the engine's reused buffer to build the Python dict after the GIL is back.
+        let out = run_kernel(py, || lock(&self.inner).step().cloned())?;
         step_dict(py, &out)
     }
 

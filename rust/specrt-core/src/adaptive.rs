@@ -1,0 +1,310 @@
+//! Adaptive K: choose the number of draft tokens each round from running estimates of the cost model's terms.
+//!
+//! The seed's cost model (Leviathan et al. 2023, arXiv:2211.17192, section 3.4): with per-token acceptance `a`, a round
+//! of K drafts emits `E(K) = (1 - a^(K+1)) / (1 - a)` tokens on average and costs `K c_q + c_verify(K + 1)`, where
+//! `c_verify(n)` is the target's cost of scoring `n` tokens in one pass (`c_verify(1) = c_p`). The controller picks
+//! the K in `0..=k_max` that maximises expected tokens per unit time, `E(K) / (K c_q + c_verify(K + 1))`; K = 0 (a
+//! plain target step, `1 / c_p`) wins when no K is predicted to help, and then a round with drafts is still run every
+//! [`AutoK::probe_every`] rounds so the acceptance estimate stays current.
+//!
+//! K is chosen before the round draws any random number, so every round is lossless whatever K is. With measured
+//! costs the choice depends on timings (not reproducible run to run); with [`PinnedCosts`] it depends only on the
+//! seeded acceptance history, so the same seed gives the same tokens.
+
+use crate::cost::expected_tokens;
+use crate::error::{Result, SpecError};
+
+/// Costs to use instead of measured timings (for runs that must repeat exactly). Units are arbitrary but shared.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PinnedCosts {
+    /// Cost of one draft forward pass (c_q).
+    pub c_draft: f64,
+    /// `c_verify[n - 1]`: the target's cost of scoring `n` tokens in one pass, for `n = 1..=k_max + 1`.
+    pub c_verify: Vec<f64>,
+}
+
+/// Settings of adaptive K.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AutoK {
+    /// Largest K considered (1..=64).
+    pub k_max: usize,
+    /// Acceptance rate assumed before the first round (0..1).
+    pub prior_acceptance: f64,
+    /// Weight of the newest observation in the running averages (0..=1); larger = recent rounds count more.
+    pub ewma_weight: f64,
+    /// While K = 0 is chosen, run a round with drafts every this many rounds (>= 1).
+    pub probe_every: usize,
+    /// Use these costs instead of measuring.
+    pub pinned: Option<PinnedCosts>,
+}
+
+impl Default for AutoK {
+    fn default() -> Self {
+        Self {
+            k_max: 8,
+            prior_acceptance: 0.7,
+            ewma_weight: 0.15,
+            probe_every: 16,
+            pinned: None,
+        }
+    }
+}
+
+impl AutoK {
+    /// Check the settings.
+    ///
+    /// Errors: [`SpecError::Config`] naming the bad value and the allowed range.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=crate::verify::MAX_DRAFT_TOKENS).contains(&self.k_max) {
+            return Err(SpecError::Config(format!(
+                "auto K k_max {} is invalid (expected 1..=64)",
+                self.k_max
+            )));
+        }
+        if !(0.0..1.0).contains(&self.prior_acceptance) {
+            return Err(SpecError::Config(format!(
+                "auto K prior_acceptance {} is invalid (expected 0 <= a < 1)",
+                self.prior_acceptance
+            )));
+        }
+        if !(self.ewma_weight > 0.0 && self.ewma_weight <= 1.0) {
+            return Err(SpecError::Config(format!(
+                "auto K ewma_weight {} is invalid (expected 0 < w <= 1)",
+                self.ewma_weight
+            )));
+        }
+        if self.probe_every == 0 {
+            return Err(SpecError::Config(
+                "auto K probe_every 0 is invalid (expected >= 1)".to_owned(),
+            ));
+        }
+        if let Some(p) = &self.pinned {
+            if p.c_verify.len() < self.k_max + 1 {
+                return Err(SpecError::Config(format!(
+                    "pinned c_verify has {} entries, expected k_max + 1 = {}",
+                    p.c_verify.len(),
+                    self.k_max + 1
+                )));
+            }
+            if !(p.c_draft.is_finite() && p.c_draft >= 0.0)
+                || p.c_verify.iter().any(|c| !(c.is_finite() && *c > 0.0))
+            {
+                return Err(SpecError::Config(
+                    "pinned costs must be finite, c_draft >= 0 and every c_verify > 0".to_owned(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Running estimates and the per-round choice of K.
+#[derive(Clone, Debug)]
+pub struct KController {
+    cfg: AutoK,
+    // Per-token acceptance estimate (mean of min(1, p/q) over evaluated draft positions).
+    alpha: f64,
+    // ms per draft pass; None until measured.
+    c_draft: Option<f64>,
+    // [k_max + 1] ms for a target pass over n = index + 1 tokens; None until measured.
+    c_verify: Vec<Option<f64>>,
+    rounds_since_draft: usize,
+}
+
+impl KController {
+    /// A controller with the prior estimates of `cfg` (validated).
+    ///
+    /// Errors: as [`AutoK::validate`].
+    pub fn new(cfg: AutoK) -> Result<Self> {
+        cfg.validate()?;
+        let n = cfg.k_max + 1;
+        Ok(Self {
+            alpha: cfg.prior_acceptance,
+            c_draft: None,
+            c_verify: vec![None; n],
+            rounds_since_draft: 0,
+            cfg,
+        })
+    }
+
+    /// Current per-token acceptance estimate.
+    #[must_use]
+    pub fn alpha(&self) -> f64 {
+        self.alpha
+    }
+
+    fn cost_draft(&self) -> f64 {
+        match &self.cfg.pinned {
+            Some(p) => p.c_draft,
+            // Before the first measurement assume a draft pass costs a third of a target pass (typical 3x size
+            // ratio); the first drafting round replaces the guess.
+            None => self.c_draft.unwrap_or_else(|| self.cost_verify(1) / 3.0),
+        }
+    }
+
+    /// Cost of a target pass over `n` tokens: pinned, measured, or extrapolated linearly from the measured ones.
+    fn cost_verify(&self, n: usize) -> f64 {
+        if let Some(p) = &self.cfg.pinned {
+            return p.c_verify[n - 1];
+        }
+        if let Some(c) = self.c_verify[n - 1] {
+            return c;
+        }
+        // Least-squares line through the measured points; with one point, assume +5% per extra token (a
+        // bandwidth-bound pass) until measured.
+        let pts: Vec<(f64, f64)> = self
+            .c_verify
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.map(|c| ((i + 1) as f64, c)))
+            .collect();
+        match pts.len() {
+            0 => 1.0 + 0.05 * (n as f64 - 1.0),
+            1 => pts[0].1 * (1.0 + 0.05 * (n as f64 - pts[0].0)).max(0.5),
+            _ => {
+                let m = pts.len() as f64;
+                let (sx, sy) = pts.iter().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
+                let (mx, my) = (sx / m, sy / m);
+                let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+                let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+                let slope = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
+                (my + slope * (n as f64 - mx)).max(pts[0].1 * 0.5)
+            }
+        }
+    }
+
+    /// Predicted tokens per unit time for `k` drafts.
+    #[must_use]
+    pub fn rate(&self, k: usize) -> f64 {
+        let e = expected_tokens(self.alpha.clamp(0.0, 0.999_999), k).unwrap_or(1.0);
+        e / (k as f64 * self.cost_draft() + self.cost_verify(k + 1))
+    }
+
+    /// The K for the next round, at most `k_cap` (the request's remaining budget).
+    #[must_use]
+    pub fn choose(&mut self, k_cap: usize) -> usize {
+        let k_cap = k_cap.min(self.cfg.k_max);
+        let (mut best_k, mut best) = (0, self.rate(0));
+        for k in 1..=k_cap {
+            let r = self.rate(k);
+            if r > best {
+                (best_k, best) = (k, r);
+            }
+        }
+        if best_k == 0 && k_cap > 0 {
+            self.rounds_since_draft += 1;
+            if self.rounds_since_draft >= self.cfg.probe_every {
+                // Probe: a short drafting round refreshes the acceptance and draft-cost estimates.
+                return 1.max(
+                    (1..=k_cap)
+                        .max_by(|&a, &b| self.rate(a).total_cmp(&self.rate(b)))
+                        .unwrap_or(1),
+                );
+            }
+        }
+        best_k
+    }
+
+    /// Record a finished round: `k` drafts, their acceptance probabilities `min(1, p/q)` (one per evaluated
+    /// position), draft time over `n_draft_passes` passes (ms) and the target pass over `k + 1` tokens (ms).
+    pub fn observe(
+        &mut self,
+        k: usize,
+        accept_probs: &[f32],
+        draft_ms: f64,
+        n_draft_passes: usize,
+        target_ms: f64,
+    ) {
+        let w = self.cfg.ewma_weight;
+        for &a in accept_probs {
+            self.alpha += w * (f64::from(a) - self.alpha);
+        }
+        if k > 0 {
+            self.rounds_since_draft = 0;
+        }
+        if n_draft_passes > 0 {
+            let c = draft_ms / n_draft_passes as f64;
+            self.c_draft = Some(self.c_draft.map_or(c, |old| old + w * (c - old)));
+        }
+        if let Some(slot) = self.c_verify.get_mut(k) {
+            *slot = Some(slot.map_or(target_ms, |old| old + w * (target_ms - old)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pinned(c_draft: f64, per_token: f64) -> AutoK {
+        AutoK {
+            pinned: Some(PinnedCosts {
+                c_draft,
+                c_verify: (0..9)
+                    .map(|i| 10.0 * (1.0 + per_token * f64::from(i)))
+                    .collect(),
+            }),
+            ..AutoK::default()
+        }
+    }
+
+    #[test]
+    fn picks_the_seed_optimum_with_flat_verify_cost() {
+        // a = 0.7, c_q = 1, c_p = 10, c_verify flat: the seed's exercise, optimum K = 4 (1.981x).
+        let mut c = KController::new(AutoK {
+            prior_acceptance: 0.7,
+            ..pinned(1.0, 0.0)
+        })
+        .unwrap();
+        assert_eq!(c.choose(8), 4);
+    }
+
+    #[test]
+    fn chooses_no_speculation_when_verify_cost_grows_fast_and_probes_later() {
+        // int4-like: each verified token adds 50% of c_p; a poor draft (a = 0.3) never pays.
+        let cfg = AutoK {
+            prior_acceptance: 0.3,
+            probe_every: 4,
+            ..pinned(3.5, 0.5)
+        };
+        let mut c = KController::new(cfg).unwrap();
+        let ks: Vec<usize> = (0..8).map(|_| c.choose(8)).collect();
+        assert_eq!(
+            ks,
+            vec![0, 0, 0, 1, 0, 0, 0, 1],
+            "K = 0 with a probe every 4th round"
+        );
+    }
+
+    #[test]
+    fn acceptance_estimate_follows_observations() {
+        let mut c = KController::new(pinned(1.0, 0.0)).unwrap();
+        for _ in 0..50 {
+            c.observe(4, &[1.0, 1.0, 1.0, 1.0], 4.0, 4, 10.0);
+        }
+        assert!(c.alpha() > 0.99);
+        assert_eq!(c.choose(8), 8);
+        for _ in 0..50 {
+            c.observe(4, &[0.0], 4.0, 4, 10.0);
+        }
+        assert!(c.alpha() < 0.01);
+        assert_eq!(c.choose(8), 0);
+    }
+
+    #[test]
+    fn bad_settings_are_errors() {
+        assert!(KController::new(AutoK {
+            k_max: 0,
+            ..AutoK::default()
+        })
+        .is_err());
+        assert!(KController::new(AutoK {
+            prior_acceptance: 1.0,
+            ..AutoK::default()
+        })
+        .is_err());
+        let mut p = pinned(1.0, 0.0);
+        p.pinned.as_mut().unwrap().c_verify.pop();
+        assert!(KController::new(p).is_err());
+    }
+}
