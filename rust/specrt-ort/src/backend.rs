@@ -333,17 +333,19 @@ impl OrtBackend {
                         e.message()
                     ))
                 })?;
-            let pinned = MemoryInfo::new(
-                AllocationDevice::CUDA_PINNED,
-                0,
-                AllocatorType::Device,
-                MemoryType::CPUOutput,
-            )
-            .and_then(|info| Allocator::new(&session, info))
-            .map_err(|e| {
-                SpecError::Provider(format!("no CUDA pinned-memory allocator: {}", e.message()))
-            })?;
-            (Some(device), Some(pinned))
+            // Logits go to CUDA-pinned host memory (ORT copies the rows from the device after the run). If no
+            // pinned allocator can be made, plain CPU memory works too (`None` = the session's CPU allocator).
+            let pinned = [options.device_id, 0].into_iter().find_map(|id| {
+                MemoryInfo::new(
+                    AllocationDevice::CUDA_PINNED,
+                    id,
+                    AllocatorType::Device,
+                    MemoryType::CPUOutput,
+                )
+                .and_then(|info| Allocator::new(&session, info))
+                .ok()
+            });
+            (Some(device), pinned)
         } else {
             (None, None)
         };
@@ -355,6 +357,14 @@ impl OrtBackend {
         let kv = match io.layout {
             KvLayout::SharedBuffer => {
                 let alloc = kv_allocator.as_ref().unwrap_or_else(|| session.allocator());
+                // One zeroed host tensor of the KV shape, copied into each device buffer once (CUDA only).
+                let host_zeros = match kv_allocator {
+                    Some(_) => Some(
+                        DynTensor::new(session.allocator(), kv_type, kv_shape)
+                            .map_err(|e| ort_err("allocating host zeros", &e))?,
+                    ),
+                    None => None,
+                };
                 let mut buffers = Vec::with_capacity(2 * io.n_layers);
                 for layer in 0..io.n_layers {
                     for kind in ["key", "value"] {
@@ -364,6 +374,13 @@ impl OrtBackend {
                                 &e,
                             )
                         })?;
+                        if let Some(zeros) = &host_zeros {
+                            // Device memory is not zeroed by ort (host memory is): never let stale bytes (maybe
+                            // NaN patterns) sit in rows an attention kernel might touch.
+                            zeros
+                                .copy_into(&mut buffer)
+                                .map_err(|e| ort_err("zeroing a device KV buffer", &e))?;
+                        }
                         binding
                             .bind_input(past_name(layer, kind), &buffer)
                             .map_err(|e| ort_err("binding a past KV input", &e))?;
@@ -695,12 +712,18 @@ impl OrtBackend {
             self.bind_optimum_pasts(n_past)?;
         }
         self.bind_logits(rows)?;
+        if self.provider == Provider::Cuda {
+            // Host inputs are copied to the device when bound; make sure those copies are done.
+            self.binding
+                .synchronize_inputs()
+                .map_err(|e| ort_err("synchronizing inputs", &e))?;
+        }
 
-        let mut outputs = self
-            .session
-            .run_binding(&self.binding)
-            .map_err(|e| ort_err("running the model", &e))?;
         if let KvState::Optimum { pasts, .. } = &mut self.kv {
+            let mut outputs = self
+                .session
+                .run_binding(&self.binding)
+                .map_err(|e| ort_err("running the model", &e))?;
             for layer in 0..self.io.n_layers {
                 for (k, kind) in ["key", "value"].into_iter().enumerate() {
                     let name = present_name(layer, kind);
@@ -710,8 +733,22 @@ impl OrtBackend {
                     pasts[2 * layer + k] = Some(value);
                 }
             }
+        } else {
+            // Every output is preallocated and read from our own tensors: call RunWithBinding directly and skip
+            // `run_binding`'s GetBoundOutputValues (a new OrtValue wrapper + type query per output, per call).
+            // SAFETY: valid session and binding pointers (the binding was created from this session); a null
+            // run-options pointer is allowed. ort's `run_binding` makes the same call.
+            let status = unsafe {
+                (ort::api().RunWithBinding)(
+                    self.session.ptr().cast_mut(),
+                    std::ptr::null(),
+                    self.binding.ptr(),
+                )
+            };
+            // SAFETY: `status` was just returned by ONNX Runtime.
+            unsafe { ort::Error::result_from_status(status) }
+                .map_err(|e| ort_err("running the model", &e))?;
         }
-        drop(outputs);
         if self.provider == Provider::Cuda {
             self.binding
                 .synchronize_outputs()
