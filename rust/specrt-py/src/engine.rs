@@ -187,6 +187,11 @@ impl PyEngine {
                 })
             })
             .collect::<PyResult<_>>()?;
+        if auto_k && (pinned_c_draft.is_some() != pinned_c_verify.is_some()) {
+            return Err(to_pyerr(SpecError::Config(
+                "pinned costs need both pinned_c_draft and pinned_c_verify".to_owned(),
+            )));
+        }
         let cfg = GenerationConfig {
             max_new_tokens,
             num_speculative_tokens,
@@ -223,11 +228,6 @@ impl PyEngine {
             },
             use_draft_model,
         };
-        if auto_k && (pinned_c_draft.is_some() != pinned_c_verify.is_some()) {
-            return Err(to_pyerr(SpecError::Config(
-                "pinned costs need both pinned_c_draft and pinned_c_verify".to_owned(),
-            )));
-        }
         run_kernel(py, || lock(&self.inner).start(&prompt, cfg))
     }
 
