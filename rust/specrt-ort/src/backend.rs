@@ -719,6 +719,9 @@ impl OrtBackend {
                 .map_err(|e| ort_err("synchronizing inputs", &e))?;
         }
 
+        // From here on only the first n_past positions are known good (the pasts may have been sliced to n_past;
+        // a failed run may have written rows past it): keep the bookkeeping right if the run fails.
+        self.n_cached = n_past;
         if let KvState::Optimum { pasts, .. } = &mut self.kv {
             let mut outputs = self
                 .session

@@ -77,3 +77,31 @@ fn cuda_on_the_cpu_wheel_is_a_provider_error() {
     assert_eq!(backend.provider(), Provider::Cpu);
     assert!(backend.fallback_reason().unwrap().contains("CUDA"));
 }
+
+/// Per-call time of a 1-token decode step in Rust alone (no Python). Run with
+/// `cargo test --release -p specrt-ort --test with_library -- --ignored --nocapture` and the env vars above.
+#[test]
+#[ignore = "timing; run explicitly"]
+fn decode_step_time() {
+    let Some((lib, model)) = env_paths() else {
+        return;
+    };
+    let mut options = OrtOptions::new(&lib);
+    options.max_seq_len = Some(64);
+    options.intra_op_threads =
+        Some(std::env::var("SPECRT_THREADS").map_or(2, |v| v.parse().unwrap()));
+    let mut backend = OrtBackend::new(&model, &options).unwrap();
+    let vocab = backend.vocab_size() as u32;
+    let tokens: Vec<u32> = (0..33).map(|i| (i * 7 + 3) % vocab).collect();
+    backend.forward(&tokens[..32], 0, 1).unwrap();
+    for _ in 0..200 {
+        backend.forward(&tokens[32..], 32, 1).unwrap();
+    }
+    let calls = 3000;
+    let t0 = std::time::Instant::now();
+    for _ in 0..calls {
+        backend.forward(&tokens[32..], 32, 1).unwrap();
+    }
+    let per_call_us = t0.elapsed().as_secs_f64() / f64::from(calls) * 1e6;
+    println!("decode step (vocab {vocab}): {per_call_us:.1} us/call");
+}
