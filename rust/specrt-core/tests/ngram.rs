@@ -72,7 +72,7 @@ proptest! {
                 Op::Extend(t) => {
                     let t: Vec<u32> = t.iter().map(|x| x % alphabet).collect();
                     // Half the time one token at a time (as the engine commits), else in one call.
-                    if t.len() % 2 == 0 {
+                    if t.len().is_multiple_of(2) {
                         for &x in &t { p.extend(&[x]); }
                     } else {
                         p.extend(&t);
@@ -154,14 +154,21 @@ proptest! {
 /// the pattern (all drafts correct, plus one bonus token), the proposer is extended with it.
 fn assert_repetitive_prompt_drafts_k_every_round(pattern: &[u32], min_n: usize, max_n: usize) {
     let k = 8;
-    let prompt: Vec<u32> = pattern.iter().copied().cycle().take(48 * pattern.len()).collect();
+    let prompt: Vec<u32> = pattern
+        .iter()
+        .copied()
+        .cycle()
+        .take(48 * pattern.len())
+        .collect();
     let mut p = NgramProposer::new(min_n, max_n).unwrap();
     p.extend(&prompt);
     let mut out = Vec::with_capacity(k);
     for round in 0..40 {
         let len = p.len();
         let n = p.propose(k, &mut out);
-        let truth: Vec<u32> = (len..len + k + 1).map(|i| pattern[i % pattern.len()]).collect();
+        let truth: Vec<u32> = (len..len + k + 1)
+            .map(|i| pattern[i % pattern.len()])
+            .collect();
         assert_eq!(n, k, "round {round}: pattern {pattern:?} proposed {out:?}");
         assert_eq!(out[..], truth[..k], "round {round}: pattern {pattern:?}");
         p.extend(&truth);
@@ -243,7 +250,13 @@ const PROMPT_RUN: [u32; 4] = [0, 0, 0, 0];
 
 fn logits_of(p: &[f64; V]) -> [f32; V] {
     #[allow(clippy::cast_possible_truncation)]
-    p.map(|v| if v > 0.0 { v.ln() as f32 } else { f32::NEG_INFINITY })
+    p.map(|v| {
+        if v > 0.0 {
+            v.ln() as f32
+        } else {
+            f32::NEG_INFINITY
+        }
+    })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -282,7 +295,8 @@ fn verify_reject_from_full_p(
 ) -> Vec<u32> {
     let mut out = Vec::new();
     for (i, &di) in d.iter().enumerate() {
-        s.process(&logits[i * V..(i + 1) * V], i, params, None).unwrap();
+        s.process(&logits[i * V..(i + 1) * V], i, params, None)
+            .unwrap();
         if rng.next_f64() >= s.prob(di) {
             out.push(s.sample_processed(rng.next_f64()));
             return out;
@@ -365,7 +379,8 @@ fn run_mc(case: &McCase, draws: usize) -> Outcome {
 
 fn target_probs(params: &SamplingParams, prev: usize) -> Vec<f64> {
     let mut s = Sampler::new(V);
-    s.process(&logits_of(&TARGET[prev]), 0, params, None).unwrap();
+    s.process(&logits_of(&TARGET[prev]), 0, params, None)
+        .unwrap();
     (0..V as u32).map(|t| s.prob(t)).collect()
 }
 
@@ -384,15 +399,18 @@ fn chi_square(case: &McCase, out: &Outcome, draws: usize) -> (f64, f64) {
     #[allow(clippy::cast_precision_loss)]
     let n = draws as f64;
     let (mut stat, mut cells, mut pooled_o, mut pooled_e) = (0.0, 0usize, 0.0, 0.0);
-    for x1 in 0..V {
+    for (x1, &p_x1) in p1.iter().enumerate() {
         let p2 = target_probs(&case.params, x1);
-        for x2 in 0..V {
-            let p = p1[x1] * p2[x2];
+        for (x2, &p_x2) in p2.iter().enumerate() {
+            let p = p_x1 * p_x2;
             #[allow(clippy::cast_precision_loss)]
             let o = out.counts[x1 * V + x2] as f64;
             let e = p * n;
             if p == 0.0 {
-                assert!(o == 0.0, "({x1}, {x2}) has probability 0 but was emitted {o} times");
+                assert!(
+                    o == 0.0,
+                    "({x1}, {x2}) has probability 0 but was emitted {o} times"
+                );
             } else if e < 5.0 {
                 pooled_o += o;
                 pooled_e += e;
@@ -436,10 +454,19 @@ fn mc(prompt: &'static [u32], params: SamplingParams, k: usize, seed: u64) -> Mc
 
 #[test]
 fn ngram_drafts_with_a_zero_target_probability_token_preserve_distribution() {
-    let out = assert_mc_lossless(mc(&PROMPT_ZERO_MASS_DRAFT, SamplingParams::default(), 3, 21));
+    let out = assert_mc_lossless(mc(
+        &PROMPT_ZERO_MASS_DRAFT,
+        SamplingParams::default(),
+        3,
+        21,
+    ));
     // Every first round proposes d_2 = 2 after d_1 = 2; d_1 is accepted with p(2 | 0) = 0.2, and then d_2
     // (probability 0) is evaluated and always rejected: the "rejected later" path, about 20% of first rounds.
-    assert!(out.n_zero_mass_drafts >= DRAWS as u64, "{}", out.n_zero_mass_drafts);
+    assert!(
+        out.n_zero_mass_drafts >= DRAWS as u64,
+        "{}",
+        out.n_zero_mass_drafts
+    );
     assert!(out.paths[1] > 18_000, "paths {:?}", out.paths);
     assert_eq!(out.paths[2] + out.paths[3], 0, "d_2 can never be accepted");
 }
@@ -476,5 +503,8 @@ fn broken_rule_resampling_from_full_p_on_rejection_is_caught() {
     let out = run_mc(&case, DRAWS);
     let (stat, crit) = chi_square(&case, &out, DRAWS);
     eprintln!("broken rule: chi2 {stat:.1} (critical {crit:.1})");
-    assert!(stat > crit, "broken rule passed: chi-square {stat:.1} < {crit:.1}");
+    assert!(
+        stat > crit,
+        "broken rule passed: chi-square {stat:.1} < {crit:.1}"
+    );
 }
