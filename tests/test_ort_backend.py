@@ -428,6 +428,15 @@ def test_find_ort_library_returns_the_wheel_library_by_absolute_path(monkeypatch
     assert Path(path).name.startswith("libonnxruntime.so.1")
 
 
+def test_cuda_requests_preload_the_pip_cuda_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(ort, "preload_dlls", lambda: calls.append("preload"), raising=False)
+    find_ort_library("cpu")
+    assert calls == []
+    find_ort_library("cuda")
+    assert calls == ["preload"]
+
+
 def test_find_ort_library_honours_the_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = tmp_path / "libonnxruntime.so.1.40.0"
     fake.write_text("x")

@@ -13,7 +13,7 @@ import importlib.util
 import os
 import re
 
-__all__ = ["ORT_LIBRARY_ENV", "cuda_provider_library", "find_ort_library"]
+__all__ = ["ORT_LIBRARY_ENV", "cuda_provider_library", "find_ort_library", "preload_cuda_dlls"]
 
 #: Environment variable naming the library explicitly (an absolute path).
 ORT_LIBRARY_ENV = "SPECRT_ORT_LIBRARY"
@@ -74,7 +74,7 @@ def find_ort_library(provider: str = "cpu") -> str:
             )
         library = os.path.abspath(candidates[-1])
     if provider.strip().lower() in ("cuda", "gpu", "cudaexecutionprovider"):
-        _preload_cuda_dlls()
+        preload_cuda_dlls()
     return library
 
 
@@ -84,7 +84,7 @@ def cuda_provider_library(ort_library: str) -> str | None:
     return path if os.path.isfile(path) else None
 
 
-def _preload_cuda_dlls() -> None:
+def preload_cuda_dlls() -> None:
     """Call ``onnxruntime.preload_dlls()`` when it exists (ORT >= 1.21); a no-op otherwise.
 
     This imports onnxruntime (its own ORT copy is loaded too; harmless as long as the Rust side owns every CUDA

@@ -97,7 +97,14 @@ impl PyOrtModel {
     ) -> PyResult<Self> {
         let provider: Provider = provider.parse().map_err(spec_err)?;
         let ort_library = match ort_library {
-            Some(p) => p,
+            Some(p) => {
+                if provider == Provider::Cuda {
+                    // find_ort_library does this itself; with an explicit library do it here.
+                    py.import("specrt._ort")?
+                        .call_method0("preload_cuda_dlls")?;
+                }
+                p
+            }
             None => py
                 .import("specrt._ort")?
                 .call_method1("find_ort_library", (provider.as_str(),))?
