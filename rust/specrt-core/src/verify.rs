@@ -131,9 +131,11 @@ fn check_inputs(
 ///
 /// Output: [`Verification`] with `1 <= tokens.len() = n_accepted + 1 <= k + 1`.
 ///
-/// Errors: [`SpecError::Config`] (k > 64, or a draft token with `q = 0` / `q > 1`), [`SpecError::Shape`],
-/// [`SpecError::Vocab`], [`SpecError::NonFinite`] (NaN / inf target logits of an evaluated row, or a non-finite
-/// `q(d_i)`; `row` is the target row, `token` the id).
+/// Errors: [`SpecError::Config`] (k > 64, a draft token with `q = 0` / `q > 1`, or a value outside [0, 1] in the
+/// draft row of a rejection), [`SpecError::Shape`], [`SpecError::Vocab`], [`SpecError::NonFinite`] (NaN / inf
+/// target logits of an evaluated row, or a non-finite `q(d_i)` / value in the draft row of a rejection; `row` is
+/// the target row, `token` the id). Draft rows are checked where they are read: `q(d_i)` at every evaluated
+/// position, the whole row at a rejection.
 #[allow(clippy::too_many_arguments)]
 pub fn verify(
     sampler: &mut Sampler,
@@ -209,7 +211,7 @@ fn verify_rows(
                     let u = rng.next_f64();
                     let t = if mode == VerifyMode::Stochastic {
                         let q_row = &probs_dft[i * vocab..(i + 1) * vocab];
-                        sampler.sample_residual(q_row, u)
+                        sampler.sample_residual(q_row, i, u)?
                     } else {
                         sampler.sample_excluding(d, u)
                     };
