@@ -1,4 +1,4 @@
-"""The ``specrt`` command line: ``generate``, ``models pull|list|rm``, ``convert``, ``cost``.
+"""The ``specrt`` command line: ``generate``, ``models pull|list|rm``, ``convert``, ``cost``, ``bench``.
 
 Exit codes: 0 success, 2 a specrt error (message on stderr, no traceback), 130 interrupted.
 """
@@ -101,6 +101,11 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--c-draft", type=float, default=1.0, help="draft cost per token c_q (default 1)")
     k.add_argument("--c-target", type=float, default=10.0, help="target cost per pass c_p (default 10)")
     k.add_argument("--max-k", type=int, default=10)
+
+    from specrt import bench
+
+    b = sub.add_parser("bench", help=bench.HELP, description=bench.__doc__.split("\n\n")[0])
+    bench.add_arguments(b)
     return p
 
 
@@ -261,6 +266,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _models(args)
         if args.command == "convert":
             return _convert(args)
+        if args.command == "bench":
+            from specrt.bench import run_cli
+
+            return run_cli(args)
         return _cost(args)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
