@@ -1,0 +1,285 @@
+"""``specrt bench`` (``specrt.bench``) on tiny converted models: the JSON fields, the arithmetic of every derived
+figure (predicted speedup from the measured E and costs equals the cost functions), prompt sets, CLI parsing.
+
+Timings on tiny models mean nothing; these tests check the code path and the bookkeeping, not speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from specrt import _specrt, bench
+from specrt.convert import convert
+from specrt.convert.tiny import write_tiny_gguf
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _convert_tiny(root: Path, name: str, **kw) -> Path:
+    gguf = write_tiny_gguf(root / f"{name}.gguf", **kw)
+    return convert(gguf, root / name, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A 2-layer qwen2 target, a 1-layer draft of the same weights, and a small prompt file (raw + chat)."""
+    root = tmp_path_factory.mktemp("bench_tiny")
+    prompts = {
+        "sets": {"main": ["raw", "chat"], "sweep": ["raw"]},
+        "prompts": [
+            {"id": "raw", "kind": "code_completion", "prompt": "def add(a, b):", "peer": "a"},
+            {"id": "chat", "kind": "chat_answer", "messages": [{"role": "user", "content": "hello there"}]},
+        ],
+    }
+    (root / "prompts.json").write_text(json.dumps(prompts), encoding="utf-8")
+    return {
+        "target": _convert_tiny(root, "target", arch="qwen2", seed=1, n_layers=2),
+        "draft": _convert_tiny(root, "draft", arch="qwen2", seed=1, n_layers=1),
+        "prompts": root / "prompts.json",
+        "out": root / "out",
+    }
+
+
+@pytest.fixture(scope="module")
+def report(tiny_pair) -> dict:
+    cfg = bench.BenchConfig(
+        target=str(tiny_pair["target"]),
+        draft=str(tiny_pair["draft"]),
+        prompts_file=str(tiny_pair["prompts"]),
+        max_new_tokens=12,
+        sweep_max_new_tokens=8,
+        k=3,
+        k_sweep=(0, 1, 3),
+        temperatures=(0.0, 1.0),
+        repeats=3,
+        verify_repeats=2,
+        warmup_tokens=2,
+        threads=1,
+        max_seq_len=128,
+        ignore_eos=True,
+        out_dir=str(tiny_pair["out"]),
+        name="tiny",
+        progress=False,
+    )
+    rep = bench.run_bench(cfg)
+    rep["_paths"] = {k: str(v) for k, v in bench.save(rep, cfg).items()}
+    return rep
+
+
+def test_report_has_every_documented_field(report) -> None:
+    assert report["schema"] == bench.SCHEMA
+    assert set(report["verify_costs"]) == {"raw", "chat"}
+    main = report["main"]
+    assert main["k"] == 3 and [p["id"] for p in main["prompts"]] == ["raw", "chat"]
+    for p in main["prompts"]:
+        for key in (
+            "speedup",
+            "e2e_speedup",
+            "acceptance_rate",
+            "mean_tokens_per_round",
+            "alpha_fit",
+            "c_q_ms",
+            "c_p_ms",
+            "c_verify_ratio",
+            "c_verify_ratio_in_run",
+            "predicted_speedup",
+            "predicted_speedup_seed",
+            "measured_over_predicted",
+            "round_ms",
+            "greedy_parity",
+        ):
+            assert p[key] is not None, key
+        for mode in ("target_only", "speculative"):
+            for key in ("decode_tokens_per_s", "tokens_per_s", "prefill_ms", "n_emitted"):
+                s = p[mode][key]
+                assert s["n"] == 3 and s["min"] <= s["median"] <= s["max"], (mode, key)
+        assert len(p["runs"]["target_only"]) == len(p["runs"]["speculative"]) == 3
+        assert p["speedup"]["n"] == 3
+    assert set(main["totals"]) == {"all", "peer_prompts"}
+    assert main["totals"]["peer_prompts"]["prompts"] == ["raw"]
+    assert report["machine"]["load_avg_end"] is not None and report["wall_s"] > 0
+
+
+def test_greedy_speculative_output_matches_target_only(report) -> None:
+    for p in report["main"]["prompts"]:
+        assert p["greedy_parity"] is True and p["first_divergence"] is None
+        assert p["speculative"]["n_emitted"]["median"] == 12  # ignore_eos
+
+
+def test_derived_figures_follow_from_the_raw_runs(report) -> None:
+    for p in report["main"]["prompts"]:
+        base, spec = p["runs"]["target_only"], p["runs"]["speculative"]
+        for r in base + spec:
+            assert r["decode_ms"] == pytest.approx(r["wall_ms"] - r["prefill_ms"])
+            assert r["decode_tokens_per_s"] == pytest.approx(r["n_emitted"] / r["decode_ms"] * 1e3)
+            assert r["tokens_per_s"] == pytest.approx(r["n_emitted"] / r["wall_ms"] * 1e3)
+        pairs = [s["decode_tokens_per_s"] / b["decode_tokens_per_s"] for b, s in zip(base, spec, strict=True)]
+        assert p["speedup"]["median"] == pytest.approx(statistics.median(pairs))
+        assert p["acceptance_rate"]["median"] == pytest.approx(
+            statistics.median(r["n_accepted"] / r["n_drafted"] for r in spec)
+        )
+        assert p["mean_tokens_per_round"]["median"] == pytest.approx(
+            statistics.median(r["n_emitted"] / r["n_rounds"] for r in spec)
+        )
+        assert p["c_q_ms"]["median"] == pytest.approx(statistics.median(r["draft_ms"] / r["n_drafted"] for r in spec))
+        assert p["c_p_ms"]["median"] == pytest.approx(statistics.median(r["decode_ms"] / r["n_emitted"] for r in base))
+
+
+def test_predicted_speedup_is_the_cost_model_at_the_measured_terms(report) -> None:
+    costs = report["verify_costs"]
+    for p in report["main"]["prompts"]:
+        k, e = 3, p["mean_tokens_per_round"]["median"]
+        c_q, c_p, ratio = p["c_q_ms"]["median"], p["c_p_ms"]["median"], p["c_verify_ratio"]
+        assert ratio == costs[p["id"]]["c_verify_ratio"]["3"]
+        fwd = costs[p["id"]]["forward_ms"]
+        assert ratio == pytest.approx(fwd["4"]["median"] / fwd["1"]["median"])
+        a = p["alpha_fit"]
+        assert a == pytest.approx(_specrt.alpha_from_tokens_per_round(e, k))
+        assert _specrt.expected_tokens(a, k) == pytest.approx(e, rel=1e-6)
+        assert p["predicted_speedup"] == pytest.approx(_specrt.speedup(a, k, c_q, c_p, c_verify=ratio * c_p))
+        # The same figure written out: c_p E / (K c_q + c_verify(K)).
+        assert p["predicted_speedup"] == pytest.approx(c_p * e / (k * c_q + ratio * c_p), rel=1e-6)
+        assert p["predicted_speedup_seed"] == pytest.approx(_specrt.speedup(a, k, c_q, c_p))
+        assert p["measured_over_predicted"] == pytest.approx(p["speedup"]["median"] / p["predicted_speedup"])
+        r = p["round_ms"]
+        assert r["draft"] + r["target"] + r["other"] == pytest.approx(r["measured"])
+        assert r["model"] == pytest.approx(k * c_q + ratio * c_p)
+
+
+def test_verify_costs_cover_every_k_and_k0_is_one(report) -> None:
+    for c in report["verify_costs"].values():
+        assert set(c["c_verify_ratio"]) == {"0", "1", "3"}
+        assert c["c_verify_ratio"]["0"] == 1.0
+        assert set(c["forward_ms"]) == {"1", "2", "4"}
+        assert all(s["n"] == 2 for s in c["forward_ms"].values())
+
+
+def test_sweeps_have_every_point_and_a_model_curve(report) -> None:
+    sw = report["sweeps"]
+    (entry,) = sw["k_sweep"]["prompts"]
+    assert entry["id"] == "raw"
+    assert [pt["k"] for pt in entry["points"]] == [0, 1, 3]
+    k0 = entry["points"][0]
+    assert k0["alpha_fit"] is None and k0["predicted_speedup"] == 1.0 and k0["acceptance_rate"] is None
+    assert [c["k"] for c in entry["model_curve"]] == [0, 1, 3]
+    assert entry["alpha_ref"] == entry["points"][2]["alpha_fit"]
+    # The model curve at the reference K reproduces that point's prediction (same a, c_q, c_p, c_verify).
+    assert entry["model_curve"][2]["speedup"] == pytest.approx(entry["points"][2]["predicted_speedup"])
+    (tentry,) = sw["temperature_sweep"]["prompts"]
+    assert [pt["temperature"] for pt in tentry["points"]] == [0.0, 1.0]
+    assert all(pt["k"] == 3 and pt["speedup"]["n"] == 3 for pt in tentry["points"])
+
+
+def test_files_are_written_and_the_table_names_every_prompt(report, tmp_path) -> None:
+    paths = report["_paths"]
+    data = json.loads(Path(paths["json"]).read_text(encoding="utf-8"))
+    assert data["main"]["prompts"][0]["id"] == "raw"
+    pytest.importorskip("matplotlib")
+    for kind in ("k-sweep", "temperature-sweep"):
+        assert Path(paths[kind]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = tmp_path / "table.txt"
+    with out.open("w") as f:
+        text = bench.render_table(data, use_rich=False, file=f)
+    assert text == out.read_text().rstrip("\n")
+    for needle in ("raw (a)", "chat", "total all", "mean peer_prompts", "meas/pred"):
+        assert needle in text
+
+
+def test_k0_baseline_shares_one_decoder(tiny_pair) -> None:
+    cfg = bench.BenchConfig(
+        target=str(tiny_pair["target"]),
+        draft=str(tiny_pair["draft"]),
+        prompts_file=str(tiny_pair["prompts"]),
+        prompt_ids=("raw",),
+        max_new_tokens=6,
+        repeats=1,
+        verify_repeats=1,
+        warmup_tokens=0,
+        threads=1,
+        ignore_eos=True,
+        baseline="k0",
+        sweeps=False,
+        progress=False,
+    )
+    rep = bench.run_bench(cfg)
+    (p,) = rep["main"]["prompts"]
+    assert p["greedy_parity"] is True and "sweeps" not in rep
+    with pytest.raises(ValueError, match="baseline 'x'"):
+        bench.run_bench(bench.BenchConfig(baseline="x"))
+
+
+def test_predict_matches_the_cost_functions() -> None:
+    # a = 0.7, K = 4 -> E = 2.773 (the seed's example); c_q = 1, c_p = 10, c_verify(4) = 1.2 c_p.
+    e = _specrt.expected_tokens(0.7, 4)
+    out = bench.predict(e, 4, 1.0, 10.0, 1.2)
+    assert out["alpha_fit"] == pytest.approx(0.7, abs=1e-9)
+    assert out["predicted_speedup"] == pytest.approx(10 * e / (4 * 1 + 12))
+    assert out["predicted_speedup_seed"] == pytest.approx(1.981, abs=1e-3)  # the seed's 1.98x
+    assert bench.predict(1.0, 0, 0.0, 10.0, 1.0)["predicted_speedup"] == 1.0
+    # E outside [1, K + 1] (a truncated last round) is clamped, not an error.
+    assert bench.predict(5.5, 4, 1.0, 10.0, 1.0)["alpha_fit"] == pytest.approx(1.0)
+
+
+def test_spread_ignores_missing_values() -> None:
+    assert bench.spread([3.0, None, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert bench.spread([None]) is None
+
+
+def test_prompt_sets_and_errors(tmp_path, tiny_pair) -> None:
+    assert [p.id for p in bench.load_prompts(tiny_pair["prompts"], set_name="sweep")] == ["raw"]
+    assert [p.id for p in bench.load_prompts(tiny_pair["prompts"], ids=["chat", "raw"])] == ["chat", "raw"]
+    with pytest.raises(ValueError, match=r"prompt set 'nope' is unknown \(expected one of: all, main, sweep\)"):
+        bench.load_prompts(tiny_pair["prompts"], set_name="nope")
+    with pytest.raises(ValueError, match=r"\['zz'\]"):
+        bench.load_prompts(tiny_pair["prompts"], ids=["zz"])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"prompts": [{"id": "x", "kind": "prose", "prompt": "a", "messages": []}]}))
+    with pytest.raises(ValueError, match="exactly one of 'prompt' and 'messages'"):
+        bench.load_prompts(bad)
+
+
+def test_repository_prompt_set_has_the_peer_prompts_and_every_kind() -> None:
+    prompts = bench.load_prompts(REPO / "benches" / "prompts.json", set_name="all")
+    peers = {p.peer: p for p in prompts if p.peer}
+    assert sorted(peers) == ["a", "b", "c", "d"]
+    assert {p.kind for p in prompts} == {"code_completion", "chat_answer", "code_editing", "prose"}
+    assert peers["a"].prompt == 'def quicksort(arr):\n    """Sort a list using quicksort."""\n'
+    assert all(peers[x].messages for x in "bcd")
+    code = peers["c"].messages[0]["content"].split("```python\n", 1)[1].split("\n```", 1)[0]
+    assert len(code.splitlines()) == 40
+    for name in ("main", "peers", "sweep", "quick"):
+        assert bench.load_prompts(REPO / "benches" / "prompts.json", set_name=name)
+
+
+def test_peer_prompt_token_counts_match_peers_md() -> None:
+    from specrt.generate import _ModelFolder, _render_chat
+    from specrt.models import cache_dir
+
+    folder = cache_dir() / "models" / "qwen2.5-coder-1.5b-instruct" / "fp32"
+    if not (folder / "tokenizer.json").is_file():
+        pytest.skip("Qwen2.5-Coder-1.5B not converted in the cache")
+    f = _ModelFolder(folder)
+    want = {"a": 14, "b": 53, "c": 387, "d": 39}
+    for p in bench.load_prompts(REPO / "benches" / "prompts.json", set_name="peers"):
+        if p.messages:
+            ids = f.tokenizer.encode(_render_chat(f.chat_template, list(p.messages), True), add_special_tokens=False)
+        else:
+            ids = f.tokenizer.encode(p.prompt)
+        assert len(ids.ids) == want[p.peer], p.id
+
+
+def test_cli_options_become_a_config() -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    cfg = bench.config_from_args(parser.parse_args(["--quick", "-k", "auto", "--prompts", "x,y", "--k-sweep", "1,2"]))
+    assert cfg.k == "auto" and cfg.prompt_ids == ("x", "y") and cfg.k_sweep == (1, 2)
+    assert cfg.max_new_tokens == 32 and cfg.prompt_set == "quick"  # --quick defaults kept
+    cfg = bench.config_from_args(parser.parse_args(["--max-new-tokens", "16", "--no-sweeps", "--temperatures", "0,1"]))
+    assert cfg.max_new_tokens == 16 and not cfg.sweeps and cfg.temperatures == (0.0, 1.0) and cfg.repeats == 3
+    with pytest.raises(SystemExit):
+        parser.parse_args(["-k", "many"])
