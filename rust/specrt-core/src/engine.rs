@@ -284,12 +284,13 @@ impl Engine {
             )));
         }
         let max_seq = self.max_seq_len();
-        if prompt.len() + cfg.max_new_tokens > max_seq {
+        // Saturating: a huge max_new_tokens must not wrap around and pass the check.
+        let total = prompt.len().saturating_add(cfg.max_new_tokens);
+        if total > max_seq {
             return Err(SpecError::Length(format!(
-                "prompt of {} tokens + max_new_tokens {} = {} exceeds the maximum sequence length {max_seq}",
+                "prompt of {} tokens + max_new_tokens {} = {total} exceeds the maximum sequence length {max_seq}",
                 prompt.len(),
                 cfg.max_new_tokens,
-                prompt.len() + cfg.max_new_tokens
             )));
         }
         let controller = cfg.auto_k.clone().map(KController::new).transpose()?;
