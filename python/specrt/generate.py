@@ -223,7 +223,8 @@ class Decoder:
         max_seq_len: longest prompt + new tokens; bounds the KV memory each model preallocates
             (bytes = 2 * layers * kv_heads * head_dim * max_seq_len * 4 for fp32). Default: the model's
             ``max_position_embeddings``, capped at 4096 unless given.
-        intra_op_threads: ONNX Runtime threads per model (default: physical cores).
+        intra_op_threads: size of the ONNX Runtime thread pool that all models of the process share (default:
+            physical cores; the first model loaded in a process decides it).
         allow_fallback: with ``provider="cuda"``, run on CPU instead of raising when CUDA cannot be used.
         ort_library: absolute path of ``libonnxruntime.so.1.x`` (default: from the installed onnxruntime wheel, or
             ``$SPECRT_ORT_LIBRARY``).

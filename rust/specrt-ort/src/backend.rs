@@ -20,7 +20,10 @@ use crate::model::{
     SpecrtConfig, TensorDesc,
 };
 use crate::options::{KvLayout, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN};
-use crate::runtime::{cuda_provider_library_path, init_runtime, ort_err, CUDA_PROVIDER_LIBRARY};
+use crate::runtime::{
+    cuda_provider_library_path, init_runtime, init_runtime_with_threads, ort_err,
+    CUDA_PROVIDER_LIBRARY,
+};
 
 /// Logits tensors kept for reuse, keyed by row count (a decode loop uses a few: 1, K + 1, the prefill's rows).
 const LOGITS_CACHE_ENTRIES: usize = 4;
@@ -248,7 +251,7 @@ impl OrtBackend {
     /// [`SpecError::Backend`] for other ONNX Runtime failures (library load, session creation, allocation).
     pub fn new(model: impl AsRef<Path>, options: &OrtOptions) -> Result<Self> {
         options.validate()?;
-        init_runtime(&options.ort_library)?;
+        init_runtime_with_threads(&options.ort_library, options.effective_intra_op_threads())?;
         let model_file = resolve_model_file(model.as_ref())?;
         let config = SpecrtConfig::read_beside(&model_file)?;
 

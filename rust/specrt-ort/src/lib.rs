@@ -33,4 +33,4 @@ pub mod runtime;
 
 pub use backend::{check_cuda_provider, OrtBackend};
 pub use options::{physical_cores, KvLayout, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN};
-pub use runtime::{init_runtime, loaded_library, CUDA_PROVIDER_LIBRARY};
+pub use runtime::{init_runtime, init_runtime_with_threads, loaded_library, CUDA_PROVIDER_LIBRARY};

@@ -30,6 +30,17 @@ pub fn loaded_library() -> Option<&'static Path> {
 /// `LoadLibrary` when it cannot be loaded or is not ONNX Runtime, and code `LibraryVersion` when it is older than the
 /// API this build needs (ONNX Runtime 1.20).
 pub fn init_runtime(path: &Path) -> Result<()> {
+    init_runtime_with_threads(path, crate::options::physical_cores())
+}
+
+/// [`init_runtime`] with the size of the process-wide intra-op thread pool (used by the first call only).
+///
+/// All sessions share one ONNX Runtime thread pool of `intra_threads` threads: the draft and the target run one
+/// after the other, so two per-session pools would only leave one pool's threads spinning on the cores the other
+/// needs (on a 2-core machine that costs the active model up to half its compute).
+///
+/// Errors: as [`init_runtime`].
+pub fn init_runtime_with_threads(path: &Path, intra_threads: usize) -> Result<()> {
     if !path.is_absolute() {
         return Err(SpecError::Config(format!(
             "ONNX Runtime library path {} is not absolute (expected e.g. <site-packages>/onnxruntime/capi/\
@@ -61,7 +72,15 @@ pub fn init_runtime(path: &Path) -> Result<()> {
     match ort::init_from(&canonical) {
         Ok(builder) => {
             // The environment is global too; a second commit would be ignored.
-            let _ = builder.with_name("specrt").with_telemetry(false).commit();
+            let pool = ort::environment::GlobalThreadPoolOptions::default()
+                .with_intra_threads(intra_threads.max(1))
+                .and_then(|p| p.with_inter_threads(1))
+                .map_err(|e| ort_err("configuring the global thread pool", &e))?;
+            let _ = builder
+                .with_name("specrt")
+                .with_telemetry(false)
+                .with_global_thread_pool(pool)
+                .commit();
             let _ = LOADED.set(canonical);
             Ok(())
         }
