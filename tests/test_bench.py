@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import specrt
 from specrt import _specrt, bench
 from specrt.convert import convert
 from specrt.convert.tiny import write_tiny_gguf
@@ -283,3 +284,33 @@ def test_cli_options_become_a_config() -> None:
     assert cfg.max_new_tokens == 16 and not cfg.sweeps and cfg.temperatures == (0.0, 1.0) and cfg.repeats == 3
     with pytest.raises(SystemExit):
         parser.parse_args(["-k", "many"])
+
+
+def test_peers_that_cannot_run_are_recorded_not_raised(tiny_pair, tmp_path) -> None:
+    cfg = bench.BenchConfig(
+        peers=("hf", "genai", "vllm"), genai_python=str(tmp_path / "no-python"), out_dir=str(tmp_path)
+    )
+    out = bench.run_peers(cfg, tiny_pair["target"], tiny_pair["draft"], [], {})
+    assert out["hf"]["status"] == "skipped" and "CUDA build" in out["hf"]["reason"]
+    assert out["genai"]["status"] == "skipped" and "no-python" in out["genai"]["reason"]
+    assert out["vllm"]["status"] == "error"
+
+
+GENAI_PYTHON = REPO / "benches" / "out" / "venv-genai" / "bin" / "python"
+
+
+@pytest.mark.skipif(not GENAI_PYTHON.exists(), reason="no onnxruntime-genai venv (benches/README.md sets one up)")
+def test_genai_peer_runs_our_onnx_files_and_matches_specrt_tokens(tiny_pair, tmp_path) -> None:
+    prompts = bench.load_prompts(tiny_pair["prompts"], ids=["raw"])
+    ids = [5, 6, 7, 8, 9]
+    cfg = bench.BenchConfig(
+        k=3, max_new_tokens=10, repeats=1, warmup_tokens=1, threads=1, peers=("genai",), out_dir=str(tmp_path)
+    )
+    out = bench.run_peers(cfg, tiny_pair["target"], tiny_pair["draft"], prompts, {"raw": ids})
+    g = out["genai"]
+    assert g["status"] == "ok", g.get("stderr_tail")
+    assert g["onnxruntime_genai"].startswith("0.18")
+    p = g["prompts"]["raw"]
+    assert p["greedy_parity"] is True and p["speculative_stats"][0]["draft_forward_passes"] > 0
+    ref = specrt.Decoder(tiny_pair["target"], max_seq_len=64).generate(ids, max_new_tokens=10, temperature=0)
+    assert p["token_ids"]["target_only"] == ref.token_ids

@@ -242,6 +242,7 @@ class BenchConfig:
     plots: bool = True
     peers: tuple[str, ...] = ()
     genai_python: str | None = None
+    peer_interleave: bool = True
     out_dir: str | None = None
     name: str | None = None
     progress: bool = True
@@ -486,6 +487,7 @@ def _summarize_pair(
     else:
         out["greedy_parity"] = None
     out["runs"] = {"target_only": [r.summary() for r in base], "speculative": [r.summary() for r in spec]}
+    out["token_ids"] = {"target_only": base[0].token_ids, "speculative": spec[0].token_ids}
     return out
 
 
@@ -726,6 +728,7 @@ def run_sweeps(
     def point(p: Prompt, k: int | str, t: float) -> dict[str, Any]:
         s = _summarize_pair(base[p.id], runs[(p.id, k, t, "")], k, costs[p.id]["c_verify_ratio"], t)
         s.pop("runs")
+        s.pop("token_ids")
         return {"k": k, "temperature": t, **s}
 
     k_sweep, t_sweep = [], []
@@ -864,6 +867,12 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     gc.collect()
     if cfg.peers:
         report["peers"] = run_peers(cfg, target_path, draft_path, prompts, prompt_tokens)
+        genai = report["peers"].get("genai", {})
+        for row in report["main"]["prompts"] if genai.get("status") == "ok" else []:
+            theirs = genai["prompts"].get(row["id"], {}).get("token_ids", {}).get("target_only")
+            if theirs is not None and cfg.temperature == 0:
+                # Same ONNX files, same greedy target: a check that genai ran our graphs as specrt does.
+                genai["prompts"][row["id"]]["same_tokens_as_specrt"] = theirs == row["token_ids"]["target_only"]
     machine["load_avg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     report["wall_s"] = time.perf_counter() - t_start
     return report
@@ -926,6 +935,7 @@ def run_peers(
             "warmup_tokens": cfg.warmup_tokens,
             "threads": cfg.threads or 0,
             "ignore_eos": cfg.ignore_eos,
+            "interleave": cfg.peer_interleave,
         }
         req_path = work / "request.json"
         res_path = work / "result.json"
@@ -1078,7 +1088,16 @@ def _sweep_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 def _peer_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]], list[str]]:
-    cols = ["prompt", "genai target tok/s", "genai spec tok/s", "genai speedup", "genai acc", "specrt spec / genai"]
+    cols = [
+        "prompt",
+        "genai target tok/s",
+        "genai spec tok/s",
+        "genai speedup",
+        "genai e2e",
+        "genai acc",
+        "same tokens",
+        "specrt spec / genai spec",
+    ]
     rows: list[list[str]] = []
     notes: list[str] = []
     for name, peer in (report.get("peers") or {}).items():
@@ -1097,7 +1116,9 @@ def _peer_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]], list
                     _sp(g["target_only"]["decode_tokens_per_s"]),
                     _sp(g["speculative"]["decode_tokens_per_s"]),
                     _sp(g["speedup"]),
+                    _f(_med(g["e2e_speedup"])),
                     _f(_med(g.get("acceptance_rate"))),
+                    {True: "yes", False: "NO"}.get(g.get("same_tokens_as_specrt"), "-"),
                     _f(mine / theirs if mine and theirs else None),
                 ]
             )
@@ -1361,6 +1382,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="no PNGs")
     p.add_argument("--peers", type=_str_list, default=(), help="comma-separated peers to run after specrt: genai, hf")
     p.add_argument("--genai-python", default=None, help="python of the onnxruntime-genai venv")
+    p.add_argument(
+        "--peers-sequential",
+        action="store_true",
+        help="peers load one model set at a time (less memory, no interleaving of their target-only and speculative)",
+    )
     p.add_argument("--out-dir", default=None, help="where JSON and PNGs go (default benches/out)")
     p.add_argument("--name", default=None, help="file name prefix (default bench-<date>-<time>)")
     p.add_argument("--quick", action="store_true", help="a few minutes: 2 prompts, 32 tokens, K sweep 0,2,4")
@@ -1396,6 +1422,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         "plots": not a.no_plots,
         "peers": a.peers,
         "genai_python": a.genai_python,
+        "peer_interleave": False if a.peers_sequential else None,
         "out_dir": a.out_dir,
         "name": a.name,
         "progress": not a.no_progress,
