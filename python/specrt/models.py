@@ -9,6 +9,7 @@ Cache layout (``$SPECRT_CACHE_DIR``, default ``~/.cache/specrt``)::
 
     gguf/<file>.gguf                  the verified, reassembled GGUF (kept so re-conversion needs no download)
     models/<name>/<dtype>/            the converted model folder (model.onnx, tokenizer.json, ...)
+    models/<name>/<dtype>-L<N>/       the model cut to its first N layers (:func:`truncated`, a self-draft)
 
 Every step writes into a temporary name and renames at the end: an interrupted pull leaves nothing that looks
 complete. Provenance and licenses: ``models/README.md`` in the repository.
@@ -46,6 +47,7 @@ __all__ = [
     "pull",
     "remove",
     "resolve_model",
+    "truncated",
 ]
 
 
@@ -442,10 +444,39 @@ def pull(name: str, dtype: str = "fp32", *, force: bool = False, progress: bool 
         DownloadError: pip failed otherwise (network).
         specrt.convert.ConversionError: the conversion failed.
     """
+    return _pull_into(name, dtype, model_dir(name, dtype), None, force=force, progress=progress)
+
+
+def truncated(name: str, num_layers: int, dtype: str = "fp32", *, force: bool = False, progress: bool = True) -> Path:
+    """A known model cut to its first ``num_layers`` decoder blocks (a self-draft), converted and cached.
+
+    The draft shares the target's tokenizer, embedding, final norm and head, so its vocabulary always matches.
+    Cached in ``models/<name>/<dtype>-L<num_layers>/`` next to the full model; the GGUF is pulled (and verified) if
+    it is not cached yet.
+
+    Args:
+        name: a key of :data:`MODELS`.
+        num_layers: blocks to keep, ``1 <= num_layers <= `` the model's block count.
+        dtype: weight format, as for :func:`pull`.
+        force: reconvert even if cached.
+        progress: tqdm bars.
+
+    Returns:
+        The model folder; its ``specrt_config.json`` has ``num_layers`` and ``truncated_from``.
+
+    Raises:
+        UnknownModelError: ``name`` is not in the registry.
+        specrt.convert.UnsupportedModelError: ``num_layers`` out of range.
+        (plus whatever :func:`pull` raises)
+    """
+    out = cache_dir() / "models" / name / f"{dtype}-L{int(num_layers)}"
+    return _pull_into(name, dtype, out, int(num_layers), force=force, progress=progress)
+
+
+def _pull_into(name: str, dtype: str, out: Path, num_layers: int | None, *, force: bool, progress: bool) -> Path:
     from specrt.convert import convert
 
     src = _source(name)
-    out = model_dir(name, dtype)
     if _is_model_folder(out) and not force:
         return out
     need = src.fp32_bytes + (0 if (cache_dir() / "gguf" / src.gguf_name).is_file() else src.download_bytes * 2)
@@ -459,6 +490,7 @@ def pull(name: str, dtype: str = "fp32", *, force: bool = False, progress: bool 
         source_sha256=src.gguf_sha256,
         provenance=_provenance(src),
         progress=progress,
+        num_layers=num_layers,
     )
 
 

@@ -15,6 +15,7 @@ Entry point: :func:`convert`. The output folder follows ARCHITECTURE.md ("ONNX d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -59,10 +60,17 @@ class DiskSpaceError(ConversionError, OSError):
 
 
 def estimate_output_bytes(model: GGUFModel, spec: ModelSpec, max_positions: int | None = None) -> int:
-    """Bytes of ``model.onnx.data`` for fp32 output: every tensor as float32 plus the two cos/sin caches."""
-    n = sum(int(t.n_elements) for t in model.tensors.values())
+    """Bytes of ``model.onnx.data`` for fp32 output: every tensor kept (blocks ``< spec.num_layers``) as float32 plus
+    the two cos/sin caches."""
+    n = sum(int(t.n_elements) for name, t in model.tensors.items() if _kept(name, spec.num_layers))
     n += (max_positions or spec.max_position_embeddings) * spec.head_dim
     return 4 * n + (1 << 20) * (spec.num_layers + 4)
+
+
+def _kept(tensor_name: str, num_layers: int) -> bool:
+    """Whether GGUF tensor ``tensor_name`` belongs to the first ``num_layers`` blocks (or is not a block tensor)."""
+    parts = tensor_name.split(".")
+    return parts[0] != "blk" or int(parts[1]) < num_layers
 
 
 def _progress(total: int, desc: str, unit: str, enabled: bool, unit_scale: bool = False) -> Any:
@@ -119,6 +127,7 @@ def convert(
     provenance: str | None = None,
     progress: bool = True,
     check: bool = True,
+    num_layers: int | None = None,
 ) -> Path:
     """Convert a GGUF decoder (``llama`` or ``qwen2``) into a specrt ONNX model folder.
 
@@ -136,6 +145,8 @@ def convert(
         provenance: extra text for ``NOTICE`` (package names, hashes, upstream license).
         progress: show tqdm progress bars (hashing, dequantize + write).
         check: run ``onnx.checker`` on the result.
+        num_layers: keep only the first ``num_layers`` decoder blocks (final norm and head as usual): a cheap
+            self-draft sharing the tokenizer and the embedding. ``None`` keeps all of them.
 
     Returns:
         ``Path(out)``.
@@ -145,10 +156,12 @@ def convert(
     ``hidden_size``, ``intermediate_size``, ``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``,
     ``tied_embeddings``, ``dtype``, ``kv_layout`` (``"shared_buffer"``), ``bos_token_id``, ``eos_token_ids``,
     ``pad_token_id``, ``add_bos_token``, ``special_tokens`` (content -> id), ``source``, ``source_sha256``,
-    ``source_name``, ``min_onnxruntime``, ``onnx_opset``, ``converter``.
+    ``source_name``, ``min_onnxruntime``, ``onnx_opset``, ``converter``; with ``num_layers`` also
+    ``truncated_from`` (the source's block count).
 
     Raises:
-        UnsupportedModelError: ``dtype`` other than fp32, RoPE scaling, partial rotary, unknown quantization.
+        UnsupportedModelError: ``dtype`` other than fp32, RoPE scaling, partial rotary, unknown quantization,
+            ``num_layers`` outside ``1 .. block count``.
         UnsupportedArchitectureError: an architecture other than ``llama`` / ``qwen2`` (the message lists them).
         GGUFFormatError: ``src`` is missing, not a GGUF, truncated or lacks required tensors / keys.
         TokenizerMetadataError: the tokenizer metadata is missing or of an unsupported kind.
@@ -168,6 +181,14 @@ def convert(
     t0 = time.perf_counter()
     model = GGUFModel(src)
     spec = model.spec()
+    full_layers = spec.num_layers
+    if num_layers is not None:
+        if not 1 <= num_layers <= full_layers:
+            raise UnsupportedModelError(
+                f"num_layers {num_layers} is invalid (expected 1 <= num_layers <= {full_layers}, the model's block "
+                "count)"
+            )
+        spec = dataclasses.replace(spec, num_layers=num_layers)
     tokenizer, tok_info = build_tokenizer(model)
     if tok_info.vocab_size > spec.vocab_size:
         raise GGUFFormatError(
@@ -185,11 +206,14 @@ def convert(
             f"{free / 2**30:.2f} GiB free"
         )
     sha = source_sha256 or _hash_with_progress(src, progress)
+    if num_layers is not None:
+        note = f"Layer-truncated: only the first {num_layers} of {full_layers} decoder blocks were kept."
+        provenance = f"{note}\n\n{provenance}" if provenance else note
 
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        tensor_names = set(model.tensors)
+        tensor_names = {n for n in model.tensors if _kept(n, spec.num_layers)}
         with (
             ExternalDataWriter(tmp / "model.onnx.data") as writer,
             _progress(len(tensor_names), f"dequantize+write {src.name}", "tensor", progress) as bar,
@@ -244,6 +268,7 @@ def convert(
             "min_onnxruntime": MIN_ONNXRUNTIME,
             "onnx_opset": OPSET,
             "converter": "specrt.convert",
+            **({"truncated_from": full_layers} if num_layers is not None else {}),
             "conversion_seconds": round(time.perf_counter() - t0, 1),
         }
         (tmp / "specrt_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

