@@ -3,7 +3,7 @@
 //! `propose` alone, and indexing the whole 16k context from empty (prefill of a long prompt).
 //!
 //! Contexts (seeded, vocab 32000):
-//! - `code_edit`: a code-like file of ~8k tokens (lines drawn with repeats from a pool of 300 lines of 3..16
+//! - `code_edit`: a code-like file of ~8.4k tokens (lines drawn with repeats from a pool of 300 lines of 3..16
 //!   Zipf-ish ids, shared indentation / punctuation ids), a short instruction, then the file being rewritten with
 //!   edits (one identifier renamed everywhere, a few lines inserted), cut at 16384 tokens. The round extends with the
 //!   next 3 tokens of the rewrite: the proposal matches, as in the code-editing workload.
@@ -44,7 +44,7 @@ fn code_edit_context() -> (Vec<u32>, Vec<u32>) {
         })
         .collect();
     let mut file = Vec::new();
-    while file.len() < 8_000 {
+    while file.len() < 8_400 {
         #[allow(clippy::cast_possible_truncation)]
         let i = below(&mut rng, pool.len() as u64) as usize;
         file.extend_from_slice(&pool[i]);
