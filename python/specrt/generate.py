@@ -21,7 +21,7 @@ from typing import Any
 
 from specrt import _specrt
 from specrt._ort import find_ort_library
-from specrt.errors import ConfigError, ModelFileError, VocabError
+from specrt.errors import ConfigError, ModelFileError, SequenceLengthError, VocabError
 
 __all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk"]
 
@@ -197,6 +197,29 @@ def _render_chat(template: str, messages: Sequence[dict[str, Any]], add_generati
         )
     except jinja2.exceptions.TemplateError as e:
         raise ConfigError(f"chat template failed: {e}") from e
+
+
+def _check_ids(name: str, ids: Sequence[Any], vocab: int) -> list[int]:
+    """Token ids as ints, each in ``0 <= id < vocab`` (VocabError naming the first bad one; TypeError for non-ints)."""
+    import operator
+
+    out = [operator.index(t) for t in ids]
+    for i, t in enumerate(out):
+        if not 0 <= t < vocab:
+            raise VocabError(
+                f"{name} token {t} at position {i} is out of range (expected 0 <= id < vocab size {vocab})"
+            )
+    return out
+
+
+def _check_int(name: str, value: Any, lo: int, hi: float, expected: str) -> int:
+    """``value`` as an int in ``[lo, hi]`` (ConfigError otherwise): guards the integer types of the Rust engine,
+    which would otherwise raise OverflowError for values it cannot represent."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} {value!r} is invalid (expected {expected})")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name} {value} is invalid (expected {expected})")
+    return value
 
 
 def _longest_partial_stop(text: str, stops: Sequence[str]) -> int:
@@ -392,13 +415,26 @@ class Decoder:
         Raises:
             ConfigError: a setting out of range (named, with the allowed range).
             SequenceLengthError: prompt + max_new_tokens exceeds ``max_seq_len``.
+            VocabError: a prompt or stop token id outside ``0 <= id < vocab_size``.
             NonFiniteLogitsError: a model produced NaN/inf logits (position named).
             KeyboardInterrupt: stops promptly (between rounds); the decoder stays usable.
+            TypeError: a token id that is not an integer.
         """
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stops):
             raise ConfigError("stop strings must be non-empty")
-        ids = self.encode(prompt, messages)
+        ids = _check_ids("prompt", self.encode(prompt, messages), self.vocab_size)
+        # Integers the Rust engine cannot represent are errors here, not OverflowError there.
+        _check_int("max_new_tokens", max_new_tokens, 1, float("inf"), "an integer >= 1")
+        if max_new_tokens >= 1 << 63:
+            raise SequenceLengthError(
+                f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} = {len(ids) + max_new_tokens} exceeds "
+                f"the maximum sequence length {self.max_seq_len}"
+            )
+        _check_int("seed", seed, 0, (1 << 64) - 1, "an integer 0 <= seed < 2**64")
+        if top_k is not None:
+            _check_int("top_k", top_k, 0, (1 << 32) - 1, "an integer 0 <= top_k < 2**32; 0 = off")
+        stop_ids = _check_ids("stop_token_ids", [] if stop_token_ids is None else stop_token_ids, self.vocab_size)
         d = self.defaults
         spec = self._speculation(num_speculative_tokens, proposer, prompt_lookup_min, prompt_lookup_max, pinned_costs)
         settings = {
@@ -415,7 +451,7 @@ class Decoder:
             "presence_penalty": float(presence_penalty),
             "seed": int(seed),
             "eos_token_ids": list(self.eos_token_ids),
-            "stop_token_ids": [int(t) for t in (stop_token_ids or [])],
+            "stop_token_ids": stop_ids,
             "ignore_eos": bool(ignore_eos),
         }
         with self._lock:
