@@ -305,6 +305,8 @@ fn exp_nonpos(x: f32) -> f32 {
 /// Max of a row, checking for NaN / +inf / all -inf. `row` is used in the error only.
 ///
 /// Errors: [`SpecError::NonFinite`] with the row and the first bad token.
+// `!(x < inf)` is deliberate: one comparison that is true for NaN and +inf alike, and it vectorises.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub fn checked_max(logits: &[f32], row: usize) -> Result<f32> {
     const L: usize = 16;
     let mut acc = [f32::NEG_INFINITY; L];

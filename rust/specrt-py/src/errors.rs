@@ -143,7 +143,7 @@ fn create(py: Python<'_>) -> PyResult<Exceptions> {
         cancelled: make_class(
             py,
             "GenerationCancelled",
-            &[base.clone()],
+            std::slice::from_ref(&base),
             "Generation was cancelled.",
         )?,
         model_file,
