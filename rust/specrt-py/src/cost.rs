@@ -38,7 +38,9 @@ impl PyDraftComparison {
     fn __repr__(&self) -> String {
         format!(
             "DraftComparison(speedup_a={:.4}, speedup_b={:.4}, b_wins={})",
-            self.speedup_a, self.speedup_b, if self.b_wins { "True" } else { "False" }
+            self.speedup_a,
+            self.speedup_b,
+            if self.b_wins { "True" } else { "False" }
         )
     }
 }
