@@ -960,6 +960,13 @@ def _f(x: float | None, fmt: str = ".2f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _ms(x: float | None) -> str:
+    """Milliseconds with about 3 significant digits, never in exponent form (``1234``, ``83.1``, ``0.42``)."""
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
 def _sp(s: dict[str, Any] | None, fmt: str = ".2f") -> str:
     """``median [min-max]``."""
     if s is None:
@@ -969,56 +976,35 @@ def _sp(s: dict[str, Any] | None, fmt: str = ".2f") -> str:
     return f"{s['median']:{fmt}} [{s['min']:{fmt}}-{s['max']:{fmt}}]"
 
 
-_MAIN_COLUMNS = [
-    ("prompt", "left"),
-    ("kind", "left"),
-    ("L", "right"),
-    ("n", "right"),
-    ("target tok/s", "right"),
-    ("spec tok/s", "right"),
-    ("speedup", "right"),
-    ("e2e", "right"),
-    ("acc", "right"),
-    ("E", "right"),
-    ("a", "right"),
-    ("c_q ms", "right"),
-    ("c_p ms", "right"),
-    ("cv/cp", "right"),
-    ("pred", "right"),
-    ("meas/pred", "right"),
-]
+def _label(p: dict[str, Any]) -> str:
+    label = p["id"] + (f" ({p['peer']})" if p["peer"] else "")
+    return label + (" !parity" if p.get("greedy_parity") is False else "")
 
 
-def _main_rows(report: dict[str, Any]) -> list[list[str]]:
-    rows = []
-    for p in report["main"]["prompts"]:
-        label = p["id"] + (f" ({p['peer']})" if p["peer"] else "")
-        if p.get("greedy_parity") is False:
-            label += " !parity"
-        rows.append(
-            [
-                label,
-                p["kind"],
-                str(p["n_prompt_tokens"]),
-                _f(_med(p["speculative"]["n_emitted"]), ".0f"),
-                _sp(p["target_only"]["decode_tokens_per_s"]),
-                _sp(p["speculative"]["decode_tokens_per_s"]),
-                _sp(p["speedup"]),
-                _f(_med(p["e2e_speedup"])),
-                _f(_med(p["acceptance_rate"])),
-                _f(_med(p["mean_tokens_per_round"])),
-                _f(p["alpha_fit"]),
-                _f(_med(p["c_q_ms"]), ".3g"),
-                _f(_med(p["c_p_ms"]), ".3g"),
-                _f(p["c_verify_ratio"]),
-                _f(p["predicted_speedup"]),
-                _f(p["measured_over_predicted"]),
-            ]
-        )
-    for name, t in report["main"]["totals"].items():
+def _main_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], int]]:
+    """The main results as two tables (speed; cost model): (title, columns, rows, number of per-prompt rows)."""
+    prompts = report["main"]["prompts"]
+    all_ids = report["main"]["totals"]["all"]["prompts"]
+    totals = {n: t for n, t in report["main"]["totals"].items() if n == "all" or t["prompts"] != all_ids}
+    speed_cols = ["prompt", "kind", "L", "n", "target tok/s", "spec tok/s", "speedup", "e2e", "prefill ms t/s"]
+    speed = [
+        [
+            _label(p),
+            p["kind"],
+            str(p["n_prompt_tokens"]),
+            _f(_med(p["speculative"]["n_emitted"]), ".0f"),
+            _sp(p["target_only"]["decode_tokens_per_s"]),
+            _sp(p["speculative"]["decode_tokens_per_s"]),
+            _sp(p["speedup"]),
+            _f(_med(p["e2e_speedup"])),
+            f"{_ms(_med(p['target_only']['prefill_ms']))} / {_ms(_med(p['speculative']['prefill_ms']))}",
+        ]
+        for p in prompts
+    ]
+    for name, t in totals.items():
         for how in ("total", "mean"):
             tps = t[f"{how}_decode_tokens_per_s"]
-            rows.append(
+            speed.append(
                 [
                     f"{how} {name}",
                     f"{len(t['prompts'])} prompts",
@@ -1028,17 +1014,45 @@ def _main_rows(report: dict[str, Any]) -> list[list[str]]:
                     _sp(tps["speculative"]),
                     _sp(t[f"{how}_speedup"]),
                     "",
-                    _f(t["mean_acceptance_rate"]) if how == "mean" else "",
-                    _f(t["mean_tokens_per_round"]) if how == "mean" else "",
                     "",
-                    "",
-                    "",
-                    "",
-                    _f(t["mean_predicted_speedup"]) if how == "mean" else "",
-                    _f(t["mean_measured_over_predicted"]) if how == "mean" else "",
                 ]
             )
-    return rows
+    cost_cols = ["prompt", "acc", "E", "a", "c_q ms", "c_p ms", "cv/cp", "in run", "pred", "meas/pred", "round ms"]
+    cost = []
+    for p in prompts:
+        r = p.get("round_ms") or {}
+        cost.append(
+            [
+                _label(p),
+                _f(_med(p["acceptance_rate"])),
+                _f(_med(p["mean_tokens_per_round"])),
+                _f(p["alpha_fit"]),
+                _ms(_med(p["c_q_ms"])),
+                _ms(_med(p["c_p_ms"])),
+                _f(p["c_verify_ratio"]),
+                _f(p["c_verify_ratio_in_run"]),
+                _f(p["predicted_speedup"]),
+                _f(p["measured_over_predicted"]),
+                f"{_ms(r.get('measured'))} / {_ms(r.get('model'))}" if r else "-",
+            ]
+        )
+    for name, t in totals.items():
+        cost.append(
+            [
+                f"mean {name}",
+                _f(t["mean_acceptance_rate"]),
+                _f(t["mean_tokens_per_round"]),
+                "",
+                "",
+                "",
+                "",
+                "",
+                _f(t["mean_predicted_speedup"]),
+                _f(t["mean_measured_over_predicted"]),
+                "",
+            ]
+        )
+    return [("speed", speed_cols, speed, len(prompts)), ("cost model", cost_cols, cost, len(prompts))]
 
 
 def _sweep_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -1157,65 +1171,63 @@ def _header(report: dict[str, Any]) -> str:
 
 
 _LEGEND = (
-    "tok/s: decode tokens/s (prefill excluded), median [min-max]; speedup: spec/target paired per repetition; e2e: "
-    "with prefill; acc: accepted/drafted; E: tokens/round; a: per-token a fitted to E; c_q: draft ms/pass; c_p: "
-    "target-only ms/token; cv/cp: c_verify(K)/c_p measured on the prompt's cache; pred: c_p E/(K c_q + c_verify(K))"
+    "tok/s: decode tokens/s (prefill excluded), median [min-max] over repetitions; speedup: spec/target paired per "
+    "repetition; e2e: with prefill; acc: accepted/drafted; E: tokens/round; a: per-token a fitted to E; c_q: draft "
+    "ms/pass; c_p: target-only ms/token; cv/cp: c_verify(K)/c_p measured on the prompt's cache (in run: target ms "
+    "per round / per target-only step); pred: c_p E/(K c_q + c_verify(K)); round ms: measured / K c_q + c_verify(K)"
 )
 
 
 def render_table(report: dict[str, Any], *, use_rich: bool | None = None, file: Any = None) -> str:
-    """Print the main table (and sweep / peer tables) with rich when installed, else plain text; return plain text."""
+    """Print the results (speed, cost model, sweeps, peers) as tables and return them as plain text.
+
+    Args:
+        report: what :func:`run_bench` returned (or its JSON).
+        use_rich: draw with rich (when installed); default: when ``file`` is a terminal.
+        file: where to print (default stdout).
+    """
     file = file or sys.stdout
-    main_cols = [c for c, _ in _MAIN_COLUMNS]
-    main_rows = _main_rows(report)
+    tables = _main_tables(report)
     scols, srows = _sweep_rows(report)
+    if srows:
+        tables.append(("sweeps", scols, srows, 0))
     pcols, prows, pnotes = _peer_rows(report)
-    plain = "\n\n".join(
-        x
-        for x in [
-            _header(report),
-            _plain_table(main_cols, main_rows),
-            _LEGEND,
-            _plain_table(scols, srows) if srows else "",
-            _plain_table(pcols, prows) if prows else "",
-            "\n".join(pnotes),
-        ]
-        if x
-    )
+    if prows:
+        tables.append(("peers", pcols, prows, 0))
+    parts = [_header(report)]
+    for title, cols, rows, _ in tables:
+        parts.append(f"{title}\n{_plain_table(cols, rows)}")
+        if title == "cost model":
+            parts.append(_LEGEND)
+    parts += pnotes
+    plain = "\n\n".join(parts)
     if use_rich is None:
         use_rich = getattr(file, "isatty", lambda: False)()
-    rich_ok = False
-    if use_rich:
-        try:
-            from rich.console import Console
-            from rich.table import Table
-
-            rich_ok = True
-        except ImportError:
-            rich_ok = False
-    if not rich_ok:
+    try:
+        if not use_rich:
+            raise ImportError
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+    except ImportError:
         print(plain, file=file)
         return plain
+    # Never narrower than the plain table: rich would elide cells; a narrow terminal wraps lines instead.
+    widest = max(len(line) for line in plain.splitlines() if not line.startswith(("tok/s:", "specrt bench:")))
     console = Console(file=file)
-    console.print(_header(report))
-
-    def table(title: str, cols: list[str], rows: list[list[str]], justify: list[str] | None = None) -> None:
-        t = Table(title=title, show_lines=False, header_style="bold")
+    console = Console(file=file, width=max(console.width, widest + 3 * 12))
+    console.print(Text(_header(report)))
+    for title, cols, rows, n_prompt_rows in tables:
+        t = Table(title=title, header_style="bold", title_justify="left")
         for i, c in enumerate(cols):
-            t.add_column(c, justify=(justify[i] if justify else ("left" if i < 2 else "right")))  # type: ignore[arg-type]
-        n_prompts = len(report["main"]["prompts"])
+            t.add_column(c, justify="left" if i == 0 or c == "kind" else "right", no_wrap=True)
         for i, r in enumerate(rows):
-            t.add_row(*r, end_section=(title == "main" and i == n_prompts - 1))
+            t.add_row(*(Text(v) for v in r), end_section=i == n_prompt_rows - 1)
         console.print(t)
-
-    table("main", main_cols, main_rows, [j for _, j in _MAIN_COLUMNS])
-    console.print(_LEGEND, style="dim")
-    if srows:
-        table("sweeps", scols, srows)
-    if prows:
-        table("peers", pcols, prows)
+        if title == "cost model":
+            console.print(Text(_LEGEND, style="dim"))
     for n in pnotes:
-        console.print(n, style="yellow")
+        console.print(Text(n, style="yellow"))
     return plain
 
 
