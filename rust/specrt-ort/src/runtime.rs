@@ -69,8 +69,11 @@ pub fn init_runtime_with_threads(path: &Path, intra_threads: usize) -> Result<()
             path.display()
         )));
     }
-    match ort::init_from(&canonical) {
-        Ok(builder) => {
+    // `ort` panics (an `expect` in its API setup) when a library exports `OrtGetApiBase` and claims a supported
+    // version but returns no API table for the version this build asks for: report that as a load error naming
+    // the library instead of a panic.
+    let init = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ort::init_from(&canonical).map(|builder| {
             // The environment is global too; a second commit would be ignored.
             let pool = ort::environment::GlobalThreadPoolOptions::default()
                 .with_intra_threads(intra_threads.max(1))
@@ -81,6 +84,24 @@ pub fn init_runtime_with_threads(path: &Path, intra_threads: usize) -> Result<()
                 .with_telemetry(false)
                 .with_global_thread_pool(pool)
                 .commit();
+            Ok(())
+        })
+    }));
+    let Ok(init) = init else {
+        return Err(SpecError::Backend {
+            code: "LoadLibrary".into(),
+            message: format!(
+                "{} exports OrtGetApiBase but does not provide the ONNX Runtime C API version {} this build needs \
+                 (not a working ONNX Runtime >= 1.{} library)",
+                path.display(),
+                ort::MINOR_VERSION,
+                ort::MINOR_VERSION
+            ),
+        });
+    };
+    match init {
+        Ok(committed) => {
+            committed?;
             let _ = LOADED.set(canonical);
             Ok(())
         }
