@@ -191,18 +191,19 @@ impl KController {
                 (best_k, best) = (k, r);
             }
         }
-        if best_k == 0 && k_cap > 0 {
-            self.rounds_since_draft += 1;
-            if self.rounds_since_draft >= self.cfg.probe_every {
-                // Probe: a short drafting round refreshes the acceptance and draft-cost estimates.
-                return 1.max(
-                    (1..=k_cap)
-                        .max_by(|&a, &b| self.rate(a).total_cmp(&self.rate(b)))
-                        .unwrap_or(1),
-                );
-            }
+        if best_k > 0 || k_cap == 0 {
+            self.rounds_since_draft = 0;
+            return best_k;
         }
-        best_k
+        self.rounds_since_draft += 1;
+        if self.rounds_since_draft >= self.cfg.probe_every {
+            // Probe: a drafting round (the best K > 0) refreshes the acceptance and draft-cost estimates.
+            self.rounds_since_draft = 0;
+            return (1..=k_cap)
+                .max_by(|&a, &b| self.rate(a).total_cmp(&self.rate(b)))
+                .unwrap_or(1);
+        }
+        0
     }
 
     /// Record a finished round: `k` drafts, their acceptance probabilities `min(1, p/q)` (one per evaluated
@@ -218,9 +219,6 @@ impl KController {
         let w = self.cfg.ewma_weight;
         for &a in accept_probs {
             self.alpha += w * (f64::from(a) - self.alpha);
-        }
-        if k > 0 {
-            self.rounds_since_draft = 0;
         }
         if n_draft_passes > 0 {
             let c = draft_ms / n_draft_passes as f64;

@@ -510,7 +510,7 @@ fn ngram_drafts_at_temperature_one_keep_the_target_distribution() {
         }
     }
     let n = 30_000u64;
-    let mut counts = vec![0u64; V * V];
+    let mut counts = [0u64; V * V];
     let mut e = Engine::new(Box::new(t.clone()), None).unwrap();
     let mut n_ngram = 0;
     for seed in 0..n {
