@@ -314,3 +314,27 @@ def test_genai_peer_runs_our_onnx_files_and_matches_specrt_tokens(tiny_pair, tmp
     assert p["greedy_parity"] is True and p["speculative_stats"][0]["draft_forward_passes"] > 0
     ref = specrt.Decoder(tiny_pair["target"], max_seq_len=64).generate(ids, max_new_tokens=10, temperature=0)
     assert p["token_ids"]["target_only"] == ref.token_ids
+
+
+def test_auto_k_predicts_at_the_rounded_mean_k(tiny_pair) -> None:
+    cfg = bench.BenchConfig(
+        target=str(tiny_pair["target"]),
+        draft=str(tiny_pair["draft"]),
+        prompts_file=str(tiny_pair["prompts"]),
+        prompt_ids=("raw",),
+        k="auto",
+        max_new_tokens=12,
+        repeats=1,
+        verify_repeats=1,
+        warmup_tokens=0,
+        threads=1,
+        ignore_eos=True,
+        sweeps=False,
+        progress=False,
+    )
+    rep = bench.run_bench(cfg)
+    assert set(rep["verify_costs"]["raw"]["c_verify_ratio"]) == {str(k) for k in range(9)}
+    (p,) = rep["main"]["prompts"]
+    assert p["k_model"] == max(1, round(p["k_mean"]))
+    assert p["c_verify_ratio"] == rep["verify_costs"]["raw"]["c_verify_ratio"][str(p["k_model"])]
+    assert p["greedy_parity"] is True

@@ -1017,13 +1017,15 @@ def _main_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list
                     "",
                 ]
             )
-    cost_cols = ["prompt", "acc", "E", "a", "c_q ms", "c_p ms", "cv/cp", "in run", "pred", "meas/pred", "round ms"]
+    cost_cols = ["prompt", "K", "acc", "E", "a", "c_q ms", "c_p ms", "cv/cp", "in run", "pred", "meas/pred", "round ms"]
     cost = []
     for p in prompts:
         r = p.get("round_ms") or {}
+        k = str(p["k_model"]) if isinstance(report["main"]["k"], int) else f"{p['k_mean']:.1f}~{p['k_model']}"
         cost.append(
             [
                 _label(p),
+                k,
                 _f(_med(p["acceptance_rate"])),
                 _f(_med(p["mean_tokens_per_round"])),
                 _f(p["alpha_fit"]),
@@ -1040,6 +1042,7 @@ def _main_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list
         cost.append(
             [
                 f"mean {name}",
+                "",
                 _f(t["mean_acceptance_rate"]),
                 _f(t["mean_tokens_per_round"]),
                 "",
@@ -1080,10 +1083,11 @@ def _sweep_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 for pt in entry["points"]
             ]
         )
+    in_k_sweep = sw["temperature_sweep"]["k"] in sw["k_sweep"]["ks"]
     for entry in sw["temperature_sweep"]["prompts"]:
         for pt in entry["points"]:
-            if pt["temperature"] == 0:
-                continue
+            if pt["temperature"] == 0 and in_k_sweep:
+                continue  # already a row of the K sweep
             rows.append(
                 [
                     entry["id"],
@@ -1174,7 +1178,8 @@ _LEGEND = (
     "tok/s: decode tokens/s (prefill excluded), median [min-max] over repetitions; speedup: spec/target paired per "
     "repetition; e2e: with prefill; acc: accepted/drafted; E: tokens/round; a: per-token a fitted to E; c_q: draft "
     "ms/pass; c_p: target-only ms/token; cv/cp: c_verify(K)/c_p measured on the prompt's cache (in run: target ms "
-    "per round / per target-only step); pred: c_p E/(K c_q + c_verify(K)); round ms: measured / K c_q + c_verify(K)"
+    "per round / per target-only step); pred: c_p E/(K c_q + c_verify(K)); round ms: measured / K c_q + c_verify(K); "
+    "K with -k auto: mean drafts per round ~ the K used for the prediction"
 )
 
 
