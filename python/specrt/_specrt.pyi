@@ -1,7 +1,8 @@
 """Type stubs for the Rust extension ``specrt._specrt`` (hand-written; sections per binding file)."""
 
+import os
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -167,3 +168,101 @@ def compare_drafts(
     a_a: float, c_q_a: float, a_b: float, c_q_b: float, *, k: int, c_p: float, c_verify: float | None = None
 ) -> DraftComparison: ...
 def alpha_from_tokens_per_round(tokens_per_round: float, k: int) -> float: ...
+
+# ----- models (rust/specrt-py/src/backend.rs) ---------------------------------------------------------------------
+
+class OrtModel:
+    """One ONNX decoder in one ONNX Runtime session with its KV cache (shared-buffer or Optimum layout)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        ort_library: str | os.PathLike[str] | None = None,
+        provider: str = "cpu",
+        device_id: int = 0,
+        max_seq_len: int | None = None,
+        intra_op_threads: int | None = None,
+        allow_fallback: bool = False,
+        layout: str | None = None,
+    ) -> None: ...
+    def forward(
+        self, tokens: npt.NDArray[np.integer] | Sequence[int], n_past: int, n_logits: int = 1
+    ) -> npt.NDArray[np.float32]:
+        """Logits ``[n_logits, vocab_size] float32`` of the last positions after running ``tokens`` on ``n_past``."""
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def max_seq_len(self) -> int: ...
+    @property
+    def layout(self) -> str: ...
+    @property
+    def providers(self) -> list[str]: ...
+    @property
+    def fallback_reason(self) -> str | None: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def kv_dtype(self) -> str: ...
+    @property
+    def n_cached(self) -> int: ...
+    @property
+    def model_path(self) -> str: ...
+    def kv_buffer_addresses(self) -> list[int]: ...
+    def logits_address(self) -> int: ...
+    @staticmethod
+    def check_cuda(ort_library: str | os.PathLike[str], device_id: int = 0) -> None: ...
+
+# ----- the decode loop (rust/specrt-py/src/engine.rs) -------------------------------------------------------------
+
+class Engine:
+    """The draft/verify loop over a target and an optional draft model; driven round by round by specrt.Decoder."""
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str],
+        draft: str | os.PathLike[str] | None = None,
+        *,
+        ort_library: str | os.PathLike[str],
+        provider: str = "cpu",
+        device_id: int = 0,
+        max_seq_len: int | None = None,
+        intra_op_threads: int | None = None,
+        allow_fallback: bool = False,
+    ) -> None: ...
+    def start(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_new_tokens: int,
+        num_speculative_tokens: int = 4,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        seed: int = 0,
+        eos_token_ids: Sequence[int] = ...,
+        stop_token_ids: Sequence[int] = ...,
+        ignore_eos: bool = False,
+        auto_k: bool = False,
+        pinned_c_draft: float | None = None,
+        pinned_c_verify: Sequence[float] | None = None,
+        prompt_lookup_min: int | None = None,
+        prompt_lookup_max: int | None = None,
+        use_draft_model: bool = True,
+    ) -> None: ...
+    def step(self) -> dict[str, Any]:
+        """One round: ``{"tokens", "sources", "logprobs", "n_drafted", "finish_reason"}``."""
+    def stop_at(self, n_keep: int) -> None: ...
+    def stats(self) -> dict[str, Any] | None: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def has_draft(self) -> bool: ...
+    @property
+    def max_seq_len(self) -> int: ...
+    @property
+    def providers(self) -> list[str]: ...
