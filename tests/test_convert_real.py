@@ -77,6 +77,7 @@ def _pull(name: str) -> Path:
 
 @pytest.mark.model
 @pytest.mark.slow
+@pytest.mark.qwen
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"])
 def test_qwen_greedy_completion_is_code_and_chunked_verify_agrees(name: str) -> None:
     folder = _pull(name)
