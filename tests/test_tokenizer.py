@@ -104,6 +104,7 @@ def test_smollm2_tokenizer_equals_reference() -> None:
 
 @pytest.mark.model
 @pytest.mark.slow
+@pytest.mark.qwen
 @needs_ref
 def test_qwen25_coder_tokenizer_equals_reference() -> None:
     """Needs the 456 MB Qwen 0.5B download (only the GGUF, not the conversion)."""
