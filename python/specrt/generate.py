@@ -236,6 +236,13 @@ def _longest_partial_stop(text: str, stops: Sequence[str]) -> int:
 class Decoder:
     """A target model and an optional draft model, ready to generate.
 
+    Thread safety: a Decoder may be shared between threads. Its generations are serialised: ``generate`` holds the
+    decoder's lock for the whole call and ``stream`` from its first chunk until it finishes or is closed (another
+    thread waits meanwhile; the same thread gets ``ConfigError`` instead of a deadlock). Each generation's output
+    depends only on its own arguments and seed, so concurrent calls return what serial calls would. Separate
+    Decoders run in parallel: the models run with the GIL released, so other Python threads keep running too.
+    Ctrl-C (KeyboardInterrupt) stops a generation between rounds and leaves the decoder usable.
+
     Args:
         target: a model name from ``specrt models list`` (pulled and converted on first use) or a model folder
             written by ``specrt convert``.
@@ -298,6 +305,7 @@ class Decoder:
             allow_fallback=allow_fallback,
         )
         self._lock = threading.Lock()
+        self._owner: int | None = None  # thread id holding _lock
         gen = self._target.generation
         self.eos_token_ids: list[int] = _as_id_list(gen.get("eos_token_id", self._target.config.get("eos_token_ids")))
         self.defaults: dict[str, Any] = {
@@ -454,8 +462,19 @@ class Decoder:
             "stop_token_ids": stop_ids,
             "ignore_eos": bool(ignore_eos),
         }
+        me = threading.get_ident()
+        if self._owner == me:
+            # Waiting for our own lock would hang this thread for good.
+            raise ConfigError(
+                "this Decoder is already generating in this thread (a stream that is still open); finish or close() "
+                "that stream first, or use another Decoder"
+            )
         with self._lock:
-            yield from self._run(ids, settings, stops)
+            self._owner = me
+            try:
+                yield from self._run(ids, settings, stops)
+            finally:
+                self._owner = None
 
     def _speculation(
         self,

@@ -36,9 +36,16 @@ use crate::errors::{run_kernel, to_pyerr};
 #[pyclass(module = "specrt._specrt", name = "Engine")]
 pub struct PyEngine {
     inner: Mutex<Engine>,
+    // Fixed at construction and kept outside the mutex: reading them never waits for a round another thread is
+    // running (that wait would hold the GIL and stall every Python thread).
     providers: Vec<&'static str>,
+    vocab_size: usize,
+    has_draft: bool,
+    max_seq_len: usize,
 }
 
+/// Lock the engine. Call it with the GIL released (inside `run_kernel`): waiting for a round with the GIL held
+/// would stall every Python thread.
 fn lock(m: &Mutex<Engine>) -> std::sync::MutexGuard<'_, Engine> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -117,6 +124,9 @@ impl PyEngine {
             Ok((Engine::new(Box::new(t), d)?, providers))
         })?;
         Ok(Self {
+            vocab_size: engine.vocab_size(),
+            has_draft: engine.has_draft(),
+            max_seq_len: engine.max_seq_len(),
             inner: Mutex::new(engine),
             providers,
         })
@@ -244,33 +254,33 @@ impl PyEngine {
     }
 
     /// Keep only the first ``n_keep`` generated tokens and finish with reason ``"stop"`` (a stop string matched).
-    fn stop_at(&self, n_keep: usize) -> PyResult<()> {
-        lock(&self.inner).stop_at(n_keep).map_err(to_pyerr)
+    fn stop_at(&self, py: Python<'_>, n_keep: usize) -> PyResult<()> {
+        run_kernel(py, || lock(&self.inner).stop_at(n_keep))
     }
 
     /// Statistics of the current or last generation (a dict; ``None`` if there is none). Times in ms, rates in
     /// tokens/s, ``acceptance_rate`` = accepted / drafted.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let engine = lock(&self.inner);
-        engine.stats().map(|s| stats_dict(py, s)).transpose()
+        let stats = run_kernel(py, || Ok(lock(&self.inner).stats().cloned()))?;
+        stats.map(|s| stats_dict(py, &s)).transpose()
     }
 
     /// Vocabulary size shared by target and draft.
     #[getter]
     fn vocab_size(&self) -> usize {
-        lock(&self.inner).vocab_size()
+        self.vocab_size
     }
 
     /// Whether a draft model is attached.
     #[getter]
     fn has_draft(&self) -> bool {
-        lock(&self.inner).has_draft()
+        self.has_draft
     }
 
     /// Longest prompt + new tokens both caches hold.
     #[getter]
     fn max_seq_len(&self) -> usize {
-        lock(&self.inner).max_seq_len()
+        self.max_seq_len
     }
 
     /// ONNX Runtime execution providers of the target session, preferred first.
