@@ -227,7 +227,7 @@ class BenchConfig:
     max_new_tokens: int = 128
     sweep_max_new_tokens: int = 64
     k: int | str = 4
-    k_sweep: tuple[int, ...] = (0, 1, 2, 4, 6, 8)
+    k_sweep: tuple[int, ...] = (0, 1, 2, 4, 8)
     temperatures: tuple[float, ...] = (0.0, 0.5, 1.0)
     temperature: float = 0.0
     repeats: int = 3
@@ -1381,7 +1381,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help=f"main table (default {d.max_new_tokens})")
     p.add_argument("--sweep-max-new-tokens", type=int, default=None, help=f"sweeps (default {d.sweep_max_new_tokens})")
     p.add_argument("-k", "--num-speculative-tokens", dest="k", type=_k_value, default=d.k, help="main K (or 'auto')")
-    p.add_argument("--k-sweep", type=_int_list, default=None, help="Ks of the K sweep (default 0,1,2,4,6,8)")
+    p.add_argument("--k-sweep", type=_int_list, default=None, help="Ks of the K sweep (default 0,1,2,4,8)")
     p.add_argument("--temperatures", type=_float_list, default=None, help="temperature sweep (default 0,0.5,1)")
     p.add_argument("--temperature", type=float, default=d.temperature, help="main table temperature (default 0)")
     p.add_argument("--repeats", type=int, default=d.repeats, help="interleaved repetitions per figure (default 3)")
