@@ -302,71 +302,173 @@ fn exp_nonpos(x: f32) -> f32 {
     }
 }
 
-/// Max of a row, checking for NaN / +inf / all -inf. `row` is used in the error only.
-///
-/// Errors: [`SpecError::NonFinite`] with the row and the first bad token.
+/// Rows are scanned in blocks of this many values; the max pass records each block's max (argmax without a
+/// second pass over the row; candidate tokens for top-p / min-p / top-k found by scanning only the blocks that can
+/// hold one).
+const MAX_BLOCK: usize = 512;
+
+/// Largest candidate set the sparse path keeps (beyond it the row is processed densely).
+const MAX_CAND: usize = 16_384;
+
+/// Candidate levels for top-p, as `-ln` of the smallest candidate weight (the top weight is 1): weights
+/// >= 2^-10, >= 2^-16, then every non-zero weight.
+const NUCLEUS_LOG_LEVELS: [f32; 3] = [6.931_472, 11.090_355, f32::INFINITY];
+
+/// Run a kernel (a plain-Rust function written to auto-vectorise over 16 lanes) compiled for the best x86 vector
+/// extension found at run time (AVX-512F, AVX2, else the default SSE2 build). The kernels use no FMA and the same
+/// per-lane operation order at every width, so results are bit-identical on every machine.
+macro_rules! dispatch {
+    ($(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $generic:ident;) => {
+        $(#[$meta])*
+        fn $name($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2")]
+                unsafe fn v512($($arg: $ty),*) -> $ret {
+                    $generic($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                unsafe fn v256($($arg: $ty),*) -> $ret {
+                    $generic($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw")
+                    && std::is_x86_feature_detected!("avx512dq") && std::is_x86_feature_detected!("avx512vl")
+                {
+                    // SAFETY: the CPU supports the features `v512` is compiled for (checked just above).
+                    return unsafe { v512($($arg),*) };
+                }
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2 (checked just above).
+                    return unsafe { v256($($arg),*) };
+                }
+            }
+            $generic($($arg),*)
+        }
+    };
+}
+
+/// `(max, bad)` of `x`, writing the max of each `MAX_BLOCK` block into `bmax` (`len >= ceil(len / MAX_BLOCK)`).
+/// `bad` is true iff some value is NaN or +inf.
 // `!(x < inf)` is deliberate: one comparison that is true for NaN and +inf alike, and it vectorises.
 #[allow(clippy::neg_cmp_op_on_partial_ord)]
-pub fn checked_max(logits: &[f32], row: usize) -> Result<f32> {
+#[inline(always)]
+fn max_blocks_generic(x: &[f32], bmax: &mut [f32]) -> (f32, bool) {
     const L: usize = 16;
-    let mut acc = [f32::NEG_INFINITY; L];
-    // Non-zero iff some value is NaN or +inf (`!(x < inf)` is true exactly for those).
-    let mut bad = [0u8; L];
-    let chunks = logits.chunks_exact(L);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for j in 0..L {
-            let x = c[j];
-            acc[j] = if x > acc[j] { x } else { acc[j] };
-            bad[j] |= u8::from(!(x < f32::INFINITY));
-        }
-    }
     let mut m = f32::NEG_INFINITY;
-    let mut any_bad = bad.iter().any(|&b| b != 0);
-    for &x in rest {
-        m = if x > m { x } else { m };
-        any_bad |= !(x < f32::INFINITY);
+    let mut bad = [0u32; L];
+    let mut bad_rest = false;
+    for (blk, bm) in x.chunks(MAX_BLOCK).zip(bmax.iter_mut()) {
+        let mut acc = [f32::NEG_INFINITY; L];
+        let c = blk.chunks_exact(L);
+        let rest = c.remainder();
+        for v in c {
+            for j in 0..L {
+                acc[j] = if v[j] > acc[j] { v[j] } else { acc[j] };
+                bad[j] |= u32::from(!(v[j] < f32::INFINITY));
+            }
+        }
+        let mut b = f32::NEG_INFINITY;
+        for &v in rest {
+            b = if v > b { v } else { b };
+            bad_rest |= !(v < f32::INFINITY);
+        }
+        for &a in &acc {
+            b = if a > b { a } else { b };
+        }
+        *bm = b;
+        m = if b > m { b } else { m };
     }
-    for &a in &acc {
-        m = if a > m { a } else { m };
-    }
-    if any_bad {
+    (m, bad_rest || bad.iter().any(|&b| b != 0))
+}
+
+dispatch! {
+    fn max_blocks(x: &[f32], bmax: &mut [f32]) -> (f32, bool) = max_blocks_generic;
+}
+
+/// Number of `MAX_BLOCK` blocks of a row of `n` values.
+fn n_blocks(n: usize) -> usize {
+    n.div_ceil(MAX_BLOCK)
+}
+
+/// The error for a row whose max pass found a NaN / +inf (`bad`) or whose max is -inf (all -inf).
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
+fn nonfinite_error(logits: &[f32], row: usize, bad: bool) -> SpecError {
+    if bad {
         if let Some((token, &x)) = logits
             .iter()
             .enumerate()
             .find(|(_, x)| !(**x < f32::INFINITY))
         {
-            return Err(SpecError::NonFinite {
+            return SpecError::NonFinite {
                 row,
                 token,
                 value: format!("{x}"),
                 what: if x.is_nan() { "NaN" } else { "+inf" }.to_owned(),
-            });
+            };
         }
     }
-    if m == f32::NEG_INFINITY {
-        return Err(SpecError::NonFinite {
-            row,
-            token: 0,
-            value: "-inf".to_owned(),
-            what: "all -inf".to_owned(),
-        });
+    SpecError::NonFinite {
+        row,
+        token: 0,
+        value: "-inf".to_owned(),
+        what: "all -inf".to_owned(),
+    }
+}
+
+/// Checked max with the block maxima in `bmax` (resized as needed).
+fn checked_max_blocks(logits: &[f32], row: usize, bmax: &mut Vec<f32>) -> Result<f32> {
+    let nb = n_blocks(logits.len());
+    if bmax.len() < nb {
+        bmax.resize(nb, f32::NEG_INFINITY);
+    }
+    let (m, bad) = max_blocks(logits, bmax);
+    if bad || m == f32::NEG_INFINITY {
+        return Err(nonfinite_error(logits, row, bad));
     }
     Ok(m)
 }
 
-/// Argmax of a row (lowest id on ties), checking for non-finite values as [`checked_max`].
+/// First index of the max `m` given the block maxima from the max pass: only the first block holding `m` is read.
+fn argmax_from_blocks(x: &[f32], bmax: &[f32], m: f32) -> u32 {
+    let b = bmax.iter().position(|&v| v == m).unwrap_or(0);
+    let start = b * MAX_BLOCK;
+    let end = (start + MAX_BLOCK).min(x.len());
+    let i = x[start..end].iter().position(|&v| v == m).unwrap_or(0);
+    #[allow(clippy::cast_possible_truncation)]
+    let i = (start + i) as u32;
+    i
+}
+
+/// Max of a row, checking for NaN / +inf / all -inf. `row` is used in the error only.
+///
+/// Errors: [`SpecError::NonFinite`] with the row and the first bad token.
+pub fn checked_max(logits: &[f32], row: usize) -> Result<f32> {
+    let mut bmax = [f32::NEG_INFINITY; 64];
+    if n_blocks(logits.len()) <= bmax.len() {
+        let (m, bad) = max_blocks(logits, &mut bmax);
+        if bad || m == f32::NEG_INFINITY {
+            return Err(nonfinite_error(logits, row, bad));
+        }
+        return Ok(m);
+    }
+    checked_max_blocks(logits, row, &mut Vec::new())
+}
+
+/// Argmax of a row (lowest id on ties), checking for non-finite values as [`checked_max`]. One pass over the row.
 ///
 /// Errors: [`SpecError::NonFinite`].
 pub fn checked_argmax(logits: &[f32], row: usize) -> Result<u32> {
-    let m = checked_max(logits, row)?;
-    let i = logits.iter().position(|&x| x == m).unwrap_or(0);
-    #[allow(clippy::cast_possible_truncation)]
-    Ok(i as u32)
+    let mut bmax = Vec::new();
+    let m = checked_max_blocks(logits, row, &mut bmax)?;
+    Ok(argmax_from_blocks(logits, &bmax, m))
 }
 
 /// Natural log of the softmax of a raw row at `token` (no penalties, temperature 1): the target's log-probability
 /// of an emitted token. Output in (-inf, 0].
+///
+/// Costs two vectorised passes over the row; when the row was just processed by [`Sampler::process`] (or
+/// [`crate::verify`]) at temperature 1 without penalties or top-k, [`log_softmax_with`] and the row's
+/// [`RowNorm`] give the same value without touching the row.
 ///
 /// Errors: [`SpecError::NonFinite`] (bad row), [`SpecError::Vocab`] (token >= row length).
 pub fn log_softmax_at(logits: &[f32], token: u32, row: usize) -> Result<f32> {
@@ -378,46 +480,86 @@ pub fn log_softmax_at(logits: &[f32], token: u32, row: usize) -> Result<f32> {
         )));
     }
     let m = checked_max(logits, row)?;
-    let sum = exp_sum(logits, m, 1.0);
+    let sum = exp_sum_f64(logits, m);
     #[allow(clippy::cast_possible_truncation)]
     Ok((f64::from(logits[t] - m) - sum.ln()) as f32)
 }
 
-/// `sum exp((x - m) * inv_t)` in f64 (several accumulators).
-fn exp_sum(x: &[f32], m: f32, inv_t: f32) -> f64 {
+/// The log-softmax normaliser of a raw row: its max and `ln sum exp(x - max)`. Recorded by [`Sampler::process`]
+/// for rows processed at temperature 1 without penalties or top-k (see [`Sampler::row_norm`],
+/// [`crate::verify::Verification::row_norms`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowNorm {
+    /// Max of the row.
+    pub max: f32,
+    /// `ln sum_i exp(x_i - max)` (f64; the sum of f32 weights, each 0 below `e^-87`).
+    pub log_sum: f64,
+}
+
+/// [`log_softmax_at`] from a row's [`RowNorm`]: `(x[token] - max) - log_sum`, no pass over the row. Returns `None`
+/// for a token out of range.
+#[must_use]
+pub fn log_softmax_with(logits: &[f32], token: u32, norm: RowNorm) -> Option<f32> {
+    let x = *logits.get(token as usize)?;
+    #[allow(clippy::cast_possible_truncation)]
+    Some((f64::from(x - norm.max) - norm.log_sum) as f32)
+}
+
+/// `sum exp(x - m)` in f64 (f32 exponentials, 8 f64 lanes).
+#[inline(always)]
+fn exp_sum_f64_generic(x: &[f32], m: f32) -> f64 {
     const L: usize = 8;
     let mut acc = [0f64; L];
     let chunks = x.chunks_exact(L);
     let rest = chunks.remainder();
     for c in chunks {
         for j in 0..L {
-            acc[j] += f64::from(exp_nonpos((c[j] - m) * inv_t));
+            acc[j] += f64::from(exp_nonpos(c[j] - m));
         }
     }
     let mut s: f64 = acc.iter().sum();
     for &v in rest {
-        s += f64::from(exp_nonpos((v - m) * inv_t));
+        s += f64::from(exp_nonpos(v - m));
     }
     s
 }
 
+dispatch! {
+    fn exp_sum_f64(x: &[f32], m: f32) -> f64 = exp_sum_f64_generic;
+}
+
 /// Reusable scratch for processing and sampling rows of one vocabulary size. Holds the last processed row.
+///
+/// A processed row is stored densely (`w`, all `vocab` weights) or, when top-p / min-p / top-k leave few tokens,
+/// sparsely: only the kept tokens (ascending ids) and their weights, found without writing `vocab` weights.
+/// Both give the same distribution and the same draws.
 #[derive(Clone, Debug)]
 pub struct Sampler {
     vocab: usize,
-    // [vocab] weights of the last processed row (or the residual after a rejection).
+    // [vocab] weights of the last processed row when dense.
     w: Vec<f32>,
     // [vocab] penalised copy of the logits.
     logits: Vec<f32>,
-    // [vocab] residual max(0, p - q).
+    // [vocab] residual max(0, p - q) (dense rows).
     resid: Vec<f32>,
     // Min-heap of the top-k logits.
     heap: Vec<f32>,
-    // Candidate weights for top-p.
+    // Candidate weights for top-p (selection scratch).
     cand: Vec<f32>,
+    // [ceil(vocab / MAX_BLOCK)] block maxima of the last max pass.
+    bmax: Vec<f32>,
+    // Sparse row: true when the last processed row is `(kidx, kw)` rather than `w`.
+    sparse: bool,
+    // Kept token ids (ascending) and their weights, for a sparse row.
+    kidx: Vec<u32>,
+    kw: Vec<f32>,
+    // Residual weights over `kidx` (sparse rows).
+    rw: Vec<f32>,
     // Keep-threshold on `w` and f64 total of kept weights, for the last processed row.
     threshold: f32,
     total: f64,
+    // Log-softmax normaliser of the last processed row, when it was raw logits at temperature 1 without top-k.
+    norm: Option<RowNorm>,
 }
 
 impl Sampler {
@@ -431,8 +573,14 @@ impl Sampler {
             resid: vec![0.0; vocab],
             heap: Vec::new(),
             cand: Vec::new(),
+            bmax: vec![f32::NEG_INFINITY; n_blocks(vocab)],
+            sparse: false,
+            kidx: Vec::new(),
+            kw: Vec::new(),
+            rw: Vec::new(),
             threshold: 0.0,
             total: 0.0,
+            norm: None,
         }
     }
 
@@ -440,6 +588,14 @@ impl Sampler {
     #[must_use]
     pub fn vocab(&self) -> usize {
         self.vocab
+    }
+
+    /// The log-softmax normaliser of the last row given to [`Sampler::process`], when that row was used as is
+    /// (no penalty changed it), at temperature 1 and without top-k; `None` otherwise (also after a greedy row).
+    /// With it, [`log_softmax_with`] gives [`log_softmax_at`] of that row without another pass over it.
+    #[must_use]
+    pub fn row_norm(&self) -> Option<RowNorm> {
+        self.norm
     }
 
     fn check_row(&self, logits: &[f32]) -> Result<()> {
@@ -470,7 +626,7 @@ impl Sampler {
         }
     }
 
-    /// Greedy choice for a row: argmax of the penalised logits (lowest id on ties).
+    /// Greedy choice for a row: argmax of the penalised logits (lowest id on ties). One pass over the row.
     ///
     /// Errors: [`SpecError::Shape`], [`SpecError::NonFinite`] (checked on the penalised logits).
     pub fn argmax(
@@ -482,7 +638,8 @@ impl Sampler {
     ) -> Result<u32> {
         self.check_row(logits)?;
         let x = Self::penalised(&mut self.logits, logits, params, penalties);
-        checked_argmax(x, row)
+        let m = checked_max_blocks(x, row, &mut self.bmax)?;
+        Ok(argmax_from_blocks(x, &self.bmax, m))
     }
 
     /// Process one row of logits (`[vocab] float32`) into the stored distribution (see the module docs), readable
@@ -500,23 +657,76 @@ impl Sampler {
         penalties: Option<&PenaltyContext>,
     ) -> Result<()> {
         self.check_row(logits)?;
+        self.norm = None;
+        let penalised =
+            matches!(penalties, Some(ctx) if params.has_penalties() && !ctx.seen.is_empty());
         let x = Self::penalised(&mut self.logits, logits, params, penalties);
+        let m = checked_max_blocks(x, row, &mut self.bmax)?;
         if params.is_greedy() {
-            let a = checked_argmax(x, row)? as usize;
-            self.w.fill(0.0);
-            self.w[a] = 1.0;
-            self.threshold = 0.0;
-            self.total = 1.0;
+            let a = argmax_from_blocks(x, &self.bmax, m);
+            self.set_sparse_point(a);
             return Ok(());
         }
-        let m = checked_max(x, row)?;
         let kth = if params.top_k > 0 && (params.top_k as usize) < x.len() {
             kth_largest(x, params.top_k as usize, &mut self.heap)
         } else {
             f32::NEG_INFINITY
         };
         let inv_t = 1.0 / params.temperature;
+        // Candidate levels (as -ln of the smallest candidate weight) for the sparse path, if it may pay.
+        let min_p_level = (params.min_p > 0.0).then(|| -params.min_p.ln() + 1e-3);
+        let levels: &[f32] = if params.top_p < 1.0 {
+            &NUCLEUS_LOG_LEVELS
+        } else if min_p_level.is_some() || kth > f32::NEG_INFINITY {
+            &[f32::INFINITY]
+        } else {
+            &[]
+        };
+        let sparse_done = if levels.is_empty() {
+            false
+        } else {
+            let total = exp_total(x, m, inv_t, kth);
+            if params.temperature == 1.0 && !penalised && kth == f32::NEG_INFINITY {
+                self.norm = Some(RowNorm {
+                    max: m,
+                    log_sum: total.ln(),
+                });
+            }
+            let mut levels = levels;
+            let single;
+            if params.top_p >= 1.0 {
+                if let Some(c) = min_p_level {
+                    single = [c];
+                    levels = &single;
+                }
+            }
+            let sp = SparseScratch {
+                bmax: &self.bmax,
+                kidx: &mut self.kidx,
+                kw: &mut self.kw,
+                cand: &mut self.cand,
+            };
+            match sp.run(x, m, inv_t, kth, total, params, levels) {
+                Some((thr, kept_total)) => {
+                    self.sparse = true;
+                    self.threshold = thr;
+                    self.total = kept_total;
+                    true
+                }
+                None => false,
+            }
+        };
+        if sparse_done {
+            return Ok(());
+        }
+        self.sparse = false;
         let mut total = exp_pass(x, m, inv_t, kth, &mut self.w);
+        if params.temperature == 1.0 && !penalised && kth == f32::NEG_INFINITY {
+            self.norm = Some(RowNorm {
+                max: m,
+                log_sum: total.ln(),
+            });
+        }
         let mut thr = 0.0f32;
         if params.top_p < 1.0 {
             (thr, total) = nucleus(&self.w, total, f64::from(params.top_p), &mut self.cand);
@@ -530,9 +740,30 @@ impl Sampler {
         Ok(())
     }
 
+    /// Store the point mass on `a`.
+    fn set_sparse_point(&mut self, a: u32) {
+        self.sparse = true;
+        self.kidx.clear();
+        self.kw.clear();
+        self.kidx.push(a);
+        self.kw.push(1.0);
+        self.threshold = 0.0;
+        self.total = 1.0;
+    }
+
+    /// Position of `token` in the sparse kept list.
+    fn sparse_pos(&self, token: u32) -> Option<usize> {
+        self.kidx.binary_search(&token).ok()
+    }
+
     /// Probability of `token` in the last processed row, in [0, 1] (f64 of f32 weights).
     #[must_use]
     pub fn prob(&self, token: u32) -> f64 {
+        if self.sparse {
+            return self
+                .sparse_pos(token)
+                .map_or(0.0, |i| f64::from(self.kw[i]) / self.total);
+        }
         let w = self.w.get(token as usize).copied().unwrap_or(0.0);
         if w >= self.threshold {
             f64::from(w) / self.total
@@ -554,12 +785,25 @@ impl Sampler {
         }
         #[allow(clippy::cast_possible_truncation)]
         let inv = (1.0 / self.total) as f32;
+        if self.sparse {
+            out.fill(0.0);
+            let mut sum = 0.0f64;
+            for (&i, &wv) in self.kidx.iter().zip(&self.kw) {
+                let v = wv * inv;
+                out[i as usize] = v;
+                sum += f64::from(v);
+            }
+            return Ok(sum);
+        }
         Ok(normalise_into(&self.w, self.threshold, inv, out))
     }
 
     /// Sample from the last processed row with a uniform `u` in [0, 1) (inverse CDF over kept weights).
     #[must_use]
     pub fn sample_processed(&self, u: f64) -> u32 {
+        if self.sparse {
+            return inverse_cdf_sparse(&self.kidx, &self.kw, self.total, u, u32::MAX);
+        }
         inverse_cdf(&self.w, self.threshold, self.total, u)
     }
 
@@ -596,10 +840,30 @@ impl Sampler {
         self.process(logits, 0, params, penalties)?;
         let sum = self.write_probs(probs_out)?;
         if params.is_greedy() {
-            #[allow(clippy::cast_possible_truncation)]
-            return Ok(self.w.iter().position(|&w| w == 1.0).unwrap_or(0) as u32);
+            return Ok(self.kidx[0]);
         }
-        Ok(inverse_cdf(probs_out, 0.0, sum, rng.next_f64()))
+        let u = rng.next_f64();
+        if self.sparse {
+            // The non-zero entries of `probs_out`, in id order: the same walk as over the whole row.
+            #[allow(clippy::cast_possible_truncation)]
+            let inv = (1.0 / self.total) as f32;
+            let target = u * sum;
+            let mut acc = 0.0f64;
+            let mut last = self.kidx[0];
+            for (&i, &wv) in self.kidx.iter().zip(&self.kw) {
+                let v = wv * inv;
+                if v <= 0.0 {
+                    continue;
+                }
+                acc += f64::from(v);
+                last = i;
+                if acc > target {
+                    return Ok(i);
+                }
+            }
+            return Ok(last);
+        }
+        Ok(inverse_cdf(probs_out, 0.0, sum, u))
     }
 
     /// After [`Sampler::process`] of a target row: sample from the residual `norm(max(0, p - q))` with uniform `u`
@@ -611,35 +875,39 @@ impl Sampler {
     /// that led here has probability 0), sample from `p` instead; this changes the output distribution by at most
     /// that (round-off sized) rejection probability.
     ///
-    /// `q` is checked in the same pass: a value outside [0, 1] (or NaN) is not a probability, and a negative one
-    /// would put residual mass on tokens the target cannot produce (`p = 0`), so it is an error, not a sample.
+    /// `q` is checked first: a value outside [0, 1] (or NaN) is not a probability, and a negative one would put
+    /// residual mass on tokens the target cannot produce (`p = 0`), so it is an error, not a sample. With `q`
+    /// valid the residual is 0 wherever `p` is, so a sparse row computes it over its kept tokens only.
     ///
     /// Errors: [`SpecError::NonFinite`] (`what = "draft probability"`) for a NaN / inf value of `q`,
     /// [`SpecError::Config`] for a finite value outside [0, 1]; `row` (the draft row index) goes into both.
     pub(crate) fn sample_residual(&mut self, q: &[f32], row: usize, u: f64) -> Result<u32> {
+        if !q_all_in_range(q) {
+            return Err(bad_q_error(q, row));
+        }
         #[allow(clippy::cast_possible_truncation)]
         let inv = (1.0 / self.total) as f32;
-        let (r_total, q_ok) = residual_into(&self.w, self.threshold, inv, q, &mut self.resid);
-        if !q_ok {
-            let (token, &v) = q
-                .iter()
-                .enumerate()
-                .find(|(_, v)| !q_in_range(**v))
-                .unwrap_or((0, &f32::NAN));
-            return Err(if v.is_finite() {
-                SpecError::Config(format!(
-                    "draft_probs[{row}, {token}] = {v} is invalid (expected 0 <= q <= 1: each draft row is the \
-                     distribution its token was drawn from)"
-                ))
-            } else {
-                SpecError::NonFinite {
-                    row,
-                    token,
-                    value: format!("{v}"),
-                    what: "draft probability".to_owned(),
-                }
-            });
+        if self.sparse {
+            self.rw.clear();
+            let mut r_total = 0.0f64;
+            for (&i, &wv) in self.kidx.iter().zip(&self.kw) {
+                let d = wv * inv - q[i as usize];
+                let r = if d > 0.0 { d } else { 0.0 };
+                self.rw.push(r);
+                r_total += f64::from(r);
+            }
+            if r_total < f64::from(f32::MIN_POSITIVE) {
+                return Ok(self.sample_processed(u));
+            }
+            return Ok(inverse_cdf_sparse(
+                &self.kidx,
+                &self.rw,
+                r_total,
+                u,
+                u32::MAX,
+            ));
         }
+        let r_total = residual_into(&self.w, self.threshold, inv, q, &mut self.resid);
         if r_total < f64::from(f32::MIN_POSITIVE) {
             return Ok(self.sample_processed(u));
         }
@@ -650,21 +918,125 @@ impl Sampler {
     /// a point-mass draft, `norm(max(0, p - onehot(token)))`). Falls back to `p` when the remaining mass is
     /// round-off sized, as [`Sampler::sample_residual`].
     pub(crate) fn sample_excluding(&mut self, token: u32, u: f64) -> u32 {
-        let t = token as usize;
-        let wt = if self.w[t] >= self.threshold {
-            f64::from(self.w[t])
+        let wt = if self.sparse {
+            self.sparse_pos(token)
+                .map_or(0.0, |i| f64::from(self.kw[i]))
         } else {
-            0.0
+            let t = token as usize;
+            if self.w[t] >= self.threshold {
+                f64::from(self.w[t])
+            } else {
+                0.0
+            }
         };
         let rest = self.total - wt;
         if rest < self.total * f64::from(f32::EPSILON) * 1e-3 || rest <= 0.0 {
             return self.sample_processed(u);
         }
+        if self.sparse {
+            return inverse_cdf_sparse(&self.kidx, &self.kw, rest, u, token);
+        }
+        let t = token as usize;
         let saved = self.w[t];
         self.w[t] = 0.0;
         let tok = inverse_cdf(&self.w, self.threshold, rest, u);
         self.w[t] = saved;
         tok
+    }
+}
+
+/// Borrowed scratch of the sparse path of [`Sampler::process`] (the logits may live in the sampler too).
+struct SparseScratch<'a> {
+    bmax: &'a [f32],
+    kidx: &'a mut Vec<u32>,
+    kw: &'a mut Vec<f32>,
+    cand: &'a mut Vec<f32>,
+}
+
+impl SparseScratch<'_> {
+    /// The sparse path of [`Sampler::process`]: collect the candidate tokens (weight >= `e^-level`, from the blocks
+    /// whose max can reach it), apply top-p / min-p on them, keep the survivors. Returns `None` when
+    /// no level gives a usable candidate set (too many candidates, or top-p mass not reached): process densely.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        self,
+        x: &[f32],
+        m: f32,
+        inv_t: f32,
+        kth: f32,
+        total: f64,
+        params: &SamplingParams,
+        levels: &[f32],
+    ) -> Option<(f32, f64)> {
+        let target = f64::from(params.top_p) * total;
+        for &level in levels {
+            let lo = -level;
+            self.kidx.clear();
+            self.kw.clear();
+            let mut mass = 0.0f64;
+            let mut too_many = false;
+            for (b, &bm) in self.bmax[..n_blocks(x.len())].iter().enumerate() {
+                if !((bm - m) * inv_t >= lo && bm >= kth) {
+                    continue;
+                }
+                let start = b * MAX_BLOCK;
+                let end = (start + MAX_BLOCK).min(x.len());
+                for (j, &xv) in x[start..end].iter().enumerate() {
+                    if (xv - m) * inv_t >= lo && xv >= kth {
+                        let wv = weight(xv, m, inv_t, kth);
+                        if wv > 0.0 {
+                            #[allow(clippy::cast_possible_truncation)]
+                            self.kidx.push((start + j) as u32);
+                            self.kw.push(wv);
+                            mass += f64::from(wv);
+                        }
+                    }
+                }
+                if self.kidx.len() > MAX_CAND {
+                    too_many = true;
+                    break;
+                }
+            }
+            if too_many {
+                return None;
+            }
+            let mut thr = 0.0f32;
+            let mut kept_total = mass;
+            if params.top_p < 1.0 {
+                // Every token at least as likely as the weakest candidate is a candidate, so once the candidates
+                // hold `target` mass the nucleus lies inside them.
+                if self.kidx.is_empty() || mass < target {
+                    continue;
+                }
+                self.cand.clear();
+                self.cand.extend_from_slice(self.kw);
+                thr = weighted_select(self.cand, target);
+            }
+            if params.min_p > 0.0 && params.min_p > thr {
+                thr = params.min_p;
+            }
+            if thr > 0.0 {
+                // Keep the candidates >= thr (in place, ids stay ascending).
+                let mut n = 0;
+                kept_total = 0.0;
+                for i in 0..self.kidx.len() {
+                    let wv = self.kw[i];
+                    if wv >= thr {
+                        self.kidx[n] = self.kidx[i];
+                        self.kw[n] = wv;
+                        kept_total += f64::from(wv);
+                        n += 1;
+                    }
+                }
+                self.kidx.truncate(n);
+                self.kw.truncate(n);
+            }
+            if self.kidx.is_empty() {
+                return None;
+            }
+            return Some((thr, kept_total));
+        }
+        None
     }
 }
 
@@ -709,73 +1081,93 @@ fn sift_down(h: &mut [f32], mut i: usize) {
 const SUM_LANES: usize = 16;
 const SUM_BLOCK: usize = 16 * SUM_LANES;
 
-/// Map `f(i, a[i], b[i]) -> v` into `out` blockwise and return the (f32 lanes, f64 blocks) sum of `v`.
+/// Map `f(a[i], b[i]) -> v` (into `out` when `WRITE`) blockwise and return the (f32 lanes, f64 blocks) sum of `v`.
+/// The sum does not depend on `WRITE`.
 #[inline(always)]
-fn map_sum(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32) -> f64 {
+fn map_sum<const WRITE: bool>(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    f: impl Fn(f32, f32) -> f32,
+) -> f64 {
     let mut total = 0f64;
-    for ((ab, bb), ob) in a
-        .chunks(SUM_BLOCK)
-        .zip(b.chunks(SUM_BLOCK))
-        .zip(out.chunks_mut(SUM_BLOCK))
-    {
+    for (bi, (ab, bb)) in a.chunks(SUM_BLOCK).zip(b.chunks(SUM_BLOCK)).enumerate() {
         let mut acc = [0f32; SUM_LANES];
         let ac = ab.chunks_exact(SUM_LANES);
         let ar = ac.remainder();
         let bc = bb.chunks_exact(SUM_LANES);
         let br = bc.remainder();
-        let mut oc = ob.chunks_exact_mut(SUM_LANES);
-        for ((av, bv), ov) in ac.zip(bc).zip(&mut oc) {
-            for j in 0..SUM_LANES {
-                let v = f(av[j], bv[j]);
-                ov[j] = v;
-                acc[j] += v;
+        let ob: &mut [f32] = if WRITE {
+            &mut out[bi * SUM_BLOCK..bi * SUM_BLOCK + ab.len()]
+        } else {
+            &mut []
+        };
+        if WRITE {
+            let mut oc = ob.chunks_exact_mut(SUM_LANES);
+            for ((av, bv), ov) in ac.zip(bc).zip(&mut oc) {
+                for j in 0..SUM_LANES {
+                    let v = f(av[j], bv[j]);
+                    ov[j] = v;
+                    acc[j] += v;
+                }
             }
+            let mut rest = 0f32;
+            for ((&av, &bv), ov) in ar.iter().zip(br).zip(oc.into_remainder()) {
+                let v = f(av, bv);
+                *ov = v;
+                rest += v;
+            }
+            total += acc.iter().map(|&v| f64::from(v)).sum::<f64>() + f64::from(rest);
+        } else {
+            for (av, bv) in ac.zip(bc) {
+                for j in 0..SUM_LANES {
+                    acc[j] += f(av[j], bv[j]);
+                }
+            }
+            let mut rest = 0f32;
+            for (&av, &bv) in ar.iter().zip(br) {
+                rest += f(av, bv);
+            }
+            total += acc.iter().map(|&v| f64::from(v)).sum::<f64>() + f64::from(rest);
         }
-        let mut rest = 0f32;
-        for ((&av, &bv), ov) in ar.iter().zip(br).zip(oc.into_remainder()) {
-            let v = f(av, bv);
-            *ov = v;
-            rest += v;
-        }
-        total += acc.iter().map(|&v| f64::from(v)).sum::<f64>() + f64::from(rest);
     }
     total
 }
 
-/// `w_i = x_i >= kth ? exp((x_i - m) * inv_t) : 0`; returns the sum.
-fn exp_pass(x: &[f32], m: f32, inv_t: f32, kth: f32, w: &mut [f32]) -> f64 {
+/// The weight of a logit: `x >= kth ? exp((x - m) * inv_t) : 0`.
+#[inline(always)]
+fn weight(x: f32, m: f32, inv_t: f32, kth: f32) -> f32 {
+    let e = exp_nonpos((x - m) * inv_t);
+    if x >= kth {
+        e
+    } else {
+        0.0
+    }
+}
+
+/// `w_i = weight(x_i)`; returns the sum.
+#[inline(always)]
+fn exp_pass_generic(x: &[f32], m: f32, inv_t: f32, kth: f32, w: &mut [f32]) -> f64 {
     // `b` is unused here; pass `x` twice.
-    map_sum(x, x, w, |xv, _| {
-        let e = exp_nonpos((xv - m) * inv_t);
-        if xv >= kth {
-            e
-        } else {
-            0.0
-        }
-    })
+    map_sum::<true>(x, x, w, |xv, _| weight(xv, m, inv_t, kth))
+}
+
+/// The sum of `weight(x_i)` (bit-identical to the sum [`exp_pass`] returns), nothing written.
+#[inline(always)]
+fn exp_total_generic(x: &[f32], m: f32, inv_t: f32, kth: f32) -> f64 {
+    map_sum::<false>(x, x, &mut [], |xv, _| weight(xv, m, inv_t, kth))
 }
 
 /// f64 sum of the weights >= `thr` (blockwise as [`map_sum`], no output).
-fn masked_sum(w: &[f32], thr: f32) -> f64 {
-    let mut total = 0f64;
-    for wb in w.chunks(SUM_BLOCK) {
-        let mut acc = [0f32; SUM_LANES];
-        let c = wb.chunks_exact(SUM_LANES);
-        let rest = c.remainder();
-        for ws in c {
-            for j in 0..SUM_LANES {
-                acc[j] += if ws[j] >= thr { ws[j] } else { 0.0 };
-            }
-        }
-        let r: f32 = rest.iter().map(|&v| if v >= thr { v } else { 0.0 }).sum();
-        total += acc.iter().map(|&v| f64::from(v)).sum::<f64>() + f64::from(r);
-    }
-    total
+#[inline(always)]
+fn masked_sum_generic(w: &[f32], thr: f32) -> f64 {
+    map_sum::<false>(w, w, &mut [], |wv, _| if wv >= thr { wv } else { 0.0 })
 }
 
 /// `out_i = (w_i >= thr ? w_i : 0) * inv`; returns the sum of `out`.
-fn normalise_into(w: &[f32], thr: f32, inv: f32, out: &mut [f32]) -> f64 {
-    map_sum(w, w, out, |wv, _| if wv >= thr { wv * inv } else { 0.0 })
+#[inline(always)]
+fn normalise_into_generic(w: &[f32], thr: f32, inv: f32, out: &mut [f32]) -> f64 {
+    map_sum::<true>(w, w, out, |wv, _| if wv >= thr { wv * inv } else { 0.0 })
 }
 
 /// True for a valid probability value (false for NaN).
@@ -783,10 +1175,24 @@ fn q_in_range(v: f32) -> bool {
     (0.0..=1.0).contains(&v)
 }
 
-/// `r_i = max(0, p_i - q_i)` with `p_i = (w_i >= thr ? w_i : 0) * inv` (f32). Returns the sum of `r` and whether
-/// every `q_i` is a probability in [0, 1] (checked with a chunked flag reduction, no early exit, so it vectorises).
-fn residual_into(w: &[f32], thr: f32, inv: f32, q: &[f32], r: &mut [f32]) -> (f64, bool) {
-    let total = map_sum(w, q, r, |wv, qv| {
+/// True iff every value of `q` is a probability in [0, 1] (chunked flag reduction, no early exit, so it vectorises).
+#[inline(always)]
+fn q_all_in_range_generic(q: &[f32]) -> bool {
+    let mut bad = [0u32; SUM_LANES];
+    let c = q.chunks_exact(SUM_LANES);
+    let rest = c.remainder();
+    for qs in c {
+        for j in 0..SUM_LANES {
+            bad[j] |= u32::from(!q_in_range(qs[j]));
+        }
+    }
+    bad.iter().all(|&b| b == 0) && rest.iter().all(|&v| q_in_range(v))
+}
+
+/// `r_i = max(0, p_i - q_i)` with `p_i = (w_i >= thr ? w_i : 0) * inv` (f32). Returns the sum of `r`.
+#[inline(always)]
+fn residual_into_generic(w: &[f32], thr: f32, inv: f32, q: &[f32], r: &mut [f32]) -> f64 {
+    map_sum::<true>(w, q, r, |wv, qv| {
         let p = if wv >= thr { wv * inv } else { 0.0 };
         let d = p - qv;
         if d > 0.0 {
@@ -794,17 +1200,68 @@ fn residual_into(w: &[f32], thr: f32, inv: f32, q: &[f32], r: &mut [f32]) -> (f6
         } else {
             0.0
         }
-    });
-    let mut bad = [0u8; SUM_LANES];
-    let c = q.chunks_exact(SUM_LANES);
-    let rest = c.remainder();
-    for qs in c {
-        for j in 0..SUM_LANES {
-            bad[j] |= u8::from(!q_in_range(qs[j]));
+    })
+}
+
+dispatch! {
+    fn exp_pass(x: &[f32], m: f32, inv_t: f32, kth: f32, w: &mut [f32]) -> f64 = exp_pass_generic;
+}
+dispatch! {
+    fn exp_total(x: &[f32], m: f32, inv_t: f32, kth: f32) -> f64 = exp_total_generic;
+}
+dispatch! {
+    fn masked_sum(w: &[f32], thr: f32) -> f64 = masked_sum_generic;
+}
+dispatch! {
+    fn normalise_into(w: &[f32], thr: f32, inv: f32, out: &mut [f32]) -> f64 = normalise_into_generic;
+}
+dispatch! {
+    fn q_all_in_range(q: &[f32]) -> bool = q_all_in_range_generic;
+}
+dispatch! {
+    fn residual_into(w: &[f32], thr: f32, inv: f32, q: &[f32], r: &mut [f32]) -> f64 = residual_into_generic;
+}
+
+/// The first out-of-range value of a draft row as an error (`row` = the draft row index).
+fn bad_q_error(q: &[f32], row: usize) -> SpecError {
+    let (token, &v) = q
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !q_in_range(**v))
+        .unwrap_or((0, &f32::NAN));
+    if v.is_finite() {
+        SpecError::Config(format!(
+            "draft_probs[{row}, {token}] = {v} is invalid (expected 0 <= q <= 1: each draft row is the \
+             distribution its token was drawn from)"
+        ))
+    } else {
+        SpecError::NonFinite {
+            row,
+            token,
+            value: format!("{v}"),
+            what: "draft probability".to_owned(),
         }
     }
-    let ok = bad.iter().all(|&b| b == 0) && rest.iter().all(|&v| q_in_range(v));
-    (total, ok)
+}
+
+/// Inverse CDF over a sparse row (`idx` ascending, `w` its weights, all other weights 0): the first token whose
+/// sequential f64 running sum exceeds `u * total`, skipping `skip` (a token id, or `u32::MAX` for none). Never a
+/// zero weight; if round-off leaves the target unreached, the last non-zero one.
+fn inverse_cdf_sparse(idx: &[u32], w: &[f32], total: f64, u: f64, skip: u32) -> u32 {
+    let target = u * total;
+    let mut acc = 0.0f64;
+    let mut last = idx.first().copied().unwrap_or(0);
+    for (&i, &v) in idx.iter().zip(w) {
+        if i == skip || v <= 0.0 {
+            continue;
+        }
+        acc += f64::from(v);
+        last = i;
+        if acc > target {
+            return i;
+        }
+    }
+    last
 }
 
 /// Top-p threshold: returns `(threshold, kept_total)` for weights `w` with f64 total `total`.
@@ -864,7 +1321,8 @@ fn weighted_select(s: &mut [f32], mut target: f64) -> f32 {
 /// First index whose running f64 sum of kept weights (`w_i >= thr`) exceeds `u * total`. Chunked: a chunk is
 /// scanned element by element only when its sum crosses the target. Never returns a zero-weight token; if round-off
 /// leaves the target unreached, returns the last kept token.
-fn inverse_cdf(w: &[f32], thr: f32, total: f64, u: f64) -> u32 {
+#[inline(always)]
+fn inverse_cdf_generic(w: &[f32], thr: f32, total: f64, u: f64) -> u32 {
     const L: usize = 64;
     let target = u * total;
     let mut acc = 0.0f64;
@@ -898,6 +1356,10 @@ fn inverse_cdf(w: &[f32], thr: f32, total: f64, u: f64) -> u32 {
     #[allow(clippy::cast_possible_truncation)]
     let last = last as u32;
     last
+}
+
+dispatch! {
+    fn inverse_cdf(w: &[f32], thr: f32, total: f64, u: f64) -> u32 = inverse_cdf_generic;
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 
 use crate::error::{Result, SpecError};
 use crate::rng::Rng;
-use crate::sampling::{PenaltyContext, Sampler, SamplingParams};
+use crate::sampling::{PenaltyContext, RowNorm, Sampler, SamplingParams};
 
 /// Largest number of draft tokens per round.
 pub const MAX_DRAFT_TOKENS: usize = 64;
@@ -71,6 +71,11 @@ pub struct Verification {
     /// position evaluated (`n_accepted`, plus the rejected one if any). Their mean estimates the per-token
     /// acceptance rate with less variance than the accept counts.
     pub accept_probs: Vec<f32>,
+    /// `[n_accepted + 1]`: for each emitted token, the log-softmax normaliser of the raw target row it came from,
+    /// when verification computed it (rows processed at temperature 1 with no penalty and no top-k); `None`
+    /// otherwise (always in greedy mode). `sampling::log_softmax_with(row, token, norm)` then equals
+    /// `sampling::log_softmax_at(row, token, _)` (to f32 rounding of the sum) without another pass over the row.
+    pub row_norms: Vec<Option<RowNorm>>,
 }
 
 fn check_inputs(
@@ -181,6 +186,7 @@ fn verify_rows(
     let use_penalties = params.has_penalties();
     let mut tokens = Vec::with_capacity(k + 1);
     let mut accept_probs = Vec::with_capacity(k);
+    let mut norms = Vec::with_capacity(k + 1);
     for (i, &d) in tokens_dft.iter().enumerate() {
         // [vocab] target row i: scores d_{i+1} given the committed tokens and d_1 .. d_i.
         let row = &logits_tgt[i * vocab..(i + 1) * vocab];
@@ -188,15 +194,17 @@ fn verify_rows(
         match mode {
             VerifyMode::Greedy => {
                 let a = sampler.argmax(row, i, params, ctx)?;
+                norms.push(None);
                 if a != d {
                     accept_probs.push(0.0);
                     tokens.push(a);
-                    return Ok(done(k, tokens, LastToken::Recovered, accept_probs));
+                    return Ok(done(k, tokens, LastToken::Recovered, accept_probs, norms));
                 }
                 accept_probs.push(1.0);
             }
             VerifyMode::Stochastic | VerifyMode::Deterministic => {
                 sampler.process(row, i, params, ctx)?;
+                norms.push(sampler.row_norm());
                 let p = sampler.prob(d);
                 let q = if mode == VerifyMode::Stochastic {
                     draft_prob(probs_dft, i, vocab, d)?
@@ -215,8 +223,9 @@ fn verify_rows(
                     } else {
                         sampler.sample_excluding(d, u)
                     };
+                    // `norms[i]` (row i) is the recovered token's row too.
                     tokens.push(t);
-                    return Ok(done(k, tokens, LastToken::Recovered, accept_probs));
+                    return Ok(done(k, tokens, LastToken::Recovered, accept_probs, norms));
                 }
             }
         }
@@ -229,22 +238,32 @@ fn verify_rows(
     let row = &logits_tgt[k * vocab..(k + 1) * vocab];
     let ctx = use_penalties.then_some(&*penalties);
     let t = if mode == VerifyMode::Greedy {
+        norms.push(None);
         sampler.argmax(row, k, params, ctx)?
     } else {
         sampler.process(row, k, params, ctx)?;
+        norms.push(sampler.row_norm());
         sampler.sample_processed(rng.next_f64())
     };
     tokens.push(t);
-    Ok(done(k, tokens, LastToken::Bonus, accept_probs))
+    Ok(done(k, tokens, LastToken::Bonus, accept_probs, norms))
 }
 
-fn done(k: usize, tokens: Vec<u32>, last: LastToken, accept_probs: Vec<f32>) -> Verification {
+fn done(
+    k: usize,
+    tokens: Vec<u32>,
+    last: LastToken,
+    accept_probs: Vec<f32>,
+    row_norms: Vec<Option<RowNorm>>,
+) -> Verification {
+    debug_assert_eq!(row_norms.len(), tokens.len());
     Verification {
         n_draft: k,
         n_accepted: tokens.len() - 1,
         tokens,
         last,
         accept_probs,
+        row_norms,
     }
 }
 
