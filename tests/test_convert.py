@@ -264,10 +264,10 @@ def test_existing_output_needs_force(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "out"]  # no temp or old folders left
 
 
-def test_fp16_is_not_supported_yet(tmp_path: Path) -> None:
+def test_unknown_dtype_names_the_supported_ones(tmp_path: Path) -> None:
     g = write_tiny_gguf(tmp_path / "m.gguf")
-    with pytest.raises(UnsupportedModelError, match="fp16"):
-        convert(g, tmp_path / "out", dtype="fp16", progress=False)
+    with pytest.raises(UnsupportedModelError, match=r"'bf8'.*fp32, fp16, int4, int8"):
+        convert(g, tmp_path / "out", dtype="bf8", progress=False)
 
 
 def test_failure_midway_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,6 +33,7 @@ from specrt.convert.errors import (
     UnsupportedModelError,
 )
 from specrt.convert.gguf_reader import ARCH_INFO, GGUFModel, ModelSpec
+from specrt.convert.graph import WeightPlan
 
 __all__ = [
     "MIN_ONNXRUNTIME",
@@ -52,19 +53,27 @@ __all__ = [
 #: Oldest onnxruntime that runs the graphs (GroupQueryAttention with a past and several new tokens).
 MIN_ONNXRUNTIME = "1.20"
 SUPPORTED_ARCHITECTURES = tuple(sorted(ARCH_INFO))
-SUPPORTED_DTYPES = ("fp32",)
+#: ``fp32``: exact float32 (CPU reference). ``fp16``: float16 weights / activations / KV, float32 logits (CUDA).
+#: ``int4``: block-quantized MatMulNBits weights with float32 activations (the fast CPU format; see
+#: :data:`INT4_PLAN` and benches/RESULTS.md "int4 / fp16 conversion"). ``int8``: the same at 8 bits (slower,
+#: close to fp32).
+SUPPORTED_DTYPES = ("fp32", "fp16", "int4", "int8")
 
 
 class DiskSpaceError(ConversionError, OSError):
     """Not enough free disk space for the output (checked before anything is written)."""
 
 
-def estimate_output_bytes(model: GGUFModel, spec: ModelSpec, max_positions: int | None = None) -> int:
-    """Bytes of ``model.onnx.data`` for fp32 output: every tensor kept (blocks ``< spec.num_layers``) as float32 plus
-    the two cos/sin caches."""
+def estimate_output_bytes(
+    model: GGUFModel, spec: ModelSpec, max_positions: int | None = None, dtype: str = "fp32"
+) -> int:
+    """Upper bound of the bytes of ``model.onnx.data``: every tensor kept (blocks ``< spec.num_layers``) at 4 bytes
+    (fp32), 2 bytes (fp16) or at most 1.25 bytes (int4: 8-bit codes + scales + zero points) per element, plus the
+    two cos/sin caches."""
+    per = {"fp32": 4.0, "fp16": 2.0}.get(dtype, 1.25)
     n = sum(int(t.n_elements) for name, t in model.tensors.items() if _kept(name, spec.num_layers))
-    n += (max_positions or spec.max_position_embeddings) * spec.head_dim
-    return 4 * n + (1 << 20) * (spec.num_layers + 4)
+    n_rope = (max_positions or spec.max_position_embeddings) * spec.head_dim
+    return int(per * n + 4 * n_rope) + (1 << 20) * (spec.num_layers + 4)
 
 
 def _kept(tensor_name: str, num_layers: int) -> bool:
@@ -93,7 +102,7 @@ def _hash_with_progress(path: Path, enabled: bool) -> str:
     return h.hexdigest()
 
 
-def _notice(model: GGUFModel, src: Path, sha: str, provenance: str | None) -> str:
+def _notice(model: GGUFModel, src: Path, sha: str, provenance: str | None, dtype: str = "fp32") -> str:
     lines = [
         "specrt model folder",
         "====================",
@@ -107,13 +116,48 @@ def _notice(model: GGUFModel, src: Path, sha: str, provenance: str | None) -> st
     lines.extend(f"{key}: {model.get(key)}" for key in keys if model.has(key))
     lines += [
         "",
-        "The weights were dequantized from the GGUF's quantized tensors to float32 and written unchanged otherwise",
+        *_DTYPE_NOTES[dtype],
         "(Q/K projection rows of llama-family models are un-permuted back to the Hugging Face layout).",
         "The weights remain under their upstream license; specrt's own code is Apache-2.0.",
     ]
     if provenance:
         lines += ["", provenance.rstrip()]
     return "\n".join(lines) + "\n"
+
+
+_DTYPE_NOTES = {
+    "fp32": [
+        "The weights were dequantized from the GGUF's quantized tensors to float32 and written unchanged otherwise"
+    ],
+    "fp16": ["The weights were dequantized from the GGUF's quantized tensors and rounded to float16"],
+    "int4": [
+        "Matrices are block-quantized for MatMulNBits: the GGUF's own codes where they map exactly, otherwise",
+        "requantized to int4/int8 (round to nearest, block 32) from the dequantized weights",
+    ],
+}
+_DTYPE_NOTES["int8"] = _DTYPE_NOTES["int4"]
+
+#: Storage per weight kind for ``dtype="int4"`` (chosen from measured speed and logit error: benches/RESULTS.md).
+INT4_PLAN = WeightPlan(dtype="fp32", attn="int4", mlp="int4", head="int4", embed="int8", accuracy_level=4)
+#: ``dtype="int8"``: every matrix at 8 bits (exact for Q8_0 / Q5_0 / Q6_K / Q4_0 sources, ~0.5% RMS otherwise).
+INT8_PLAN = WeightPlan(dtype="fp32", attn="int8", mlp="int8", head="int8", embed="int8", accuracy_level=4)
+
+
+def plan_for(dtype: str) -> WeightPlan:
+    """The :class:`WeightPlan` of a ``dtype`` name (``fp32``, ``fp16``, ``int4``).
+
+    Raises:
+        UnsupportedModelError: an unknown name (the message lists the supported ones).
+    """
+    if dtype == "fp32":
+        return WeightPlan()
+    if dtype == "fp16":
+        return WeightPlan(dtype="fp16")
+    if dtype == "int4":
+        return INT4_PLAN
+    if dtype == "int8":
+        return INT8_PLAN
+    raise UnsupportedModelError(f"dtype {dtype!r} is not supported; supported: {', '.join(SUPPORTED_DTYPES)}")
 
 
 def convert(
@@ -128,6 +172,7 @@ def convert(
     progress: bool = True,
     check: bool = True,
     num_layers: int | None = None,
+    plan: WeightPlan | None = None,
 ) -> Path:
     """Convert a GGUF decoder (``llama`` or ``qwen2``) into a specrt ONNX model folder.
 
@@ -137,7 +182,9 @@ def convert(
     Args:
         src: the ``.gguf`` file.
         out: the folder to create.
-        dtype: weight / activation precision; only ``"fp32"`` so far.
+        dtype: ``"fp32"`` (exact), ``"fp16"`` (float16 weights, activations and KV cache, float32 logits: for CUDA)
+            or ``"int4"`` (MatMulNBits block-quantized matrices, float32 activations and KV: for CPU; the storage per
+            weight kind is :data:`INT4_PLAN`).
         force: replace ``out`` if it exists.
         max_positions: rows of the rotary cos/sin caches = the longest sequence the model accepts
             (default: the GGUF's ``context_length``).
@@ -147,6 +194,7 @@ def convert(
         check: run ``onnx.checker`` on the result.
         num_layers: keep only the first ``num_layers`` decoder blocks (final norm and head as usual): a cheap
             self-draft sharing the tokenizer and the embedding. ``None`` keeps all of them.
+        plan: override the storage per weight kind (experiments; ``dtype`` is then only recorded).
 
     Returns:
         ``Path(out)``.
@@ -154,7 +202,9 @@ def convert(
     ``specrt_config.json`` holds: ``architecture``, ``hf_architecture``, ``vocab_size`` (logits width),
     ``tokenizer_vocab_size``, ``num_layers``, ``num_attention_heads``, ``num_kv_heads``, ``head_dim``,
     ``hidden_size``, ``intermediate_size``, ``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``,
-    ``tied_embeddings``, ``dtype``, ``kv_layout`` (``"shared_buffer"``), ``bos_token_id``, ``eos_token_ids``,
+    ``tied_embeddings``, ``dtype``, ``kv_dtype`` (``float32`` / ``float16``), ``weights`` (the
+    :class:`WeightPlan`: storage per weight kind), ``kv_layout`` (``"shared_buffer"``), ``bos_token_id``,
+    ``eos_token_ids``,
     ``pad_token_id``, ``add_bos_token``, ``special_tokens`` (content -> id), ``source``, ``source_sha256``,
     ``source_name``, ``min_onnxruntime``, ``onnx_opset``, ``converter``; with ``num_layers`` also
     ``truncated_from`` (the source's block count).
@@ -174,8 +224,7 @@ def convert(
     from specrt.convert.tokenizer import build_tokenizer
 
     src, out = Path(src), Path(out)
-    if dtype not in SUPPORTED_DTYPES:
-        raise UnsupportedModelError(f"dtype {dtype!r} is not supported yet; supported: {', '.join(SUPPORTED_DTYPES)}")
+    plan = plan or plan_for(dtype)
     if out.exists() and not force:
         raise OutputExistsError(f"{out} already exists (pass force=True / --force to replace it)")
     t0 = time.perf_counter()
@@ -198,7 +247,7 @@ def convert(
         raise UnsupportedModelError(f"max_positions must be positive, got {max_positions}")
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    need = estimate_output_bytes(model, spec, max_positions)
+    need = estimate_output_bytes(model, spec, max_positions, dtype)
     free = shutil.disk_usage(out.parent).free
     if free < need:
         raise DiskSpaceError(
@@ -225,6 +274,8 @@ def convert(
                 max_positions=max_positions,
                 on_tensor=lambda _name: bar.update(1),
                 graph_name=str(model.get("general.name", "specrt_decoder")),
+                plan=plan,
+                get_quant=lambda name, bits: model.block_quant(name, bits, spec, plan.block_size),
             )
         onnx.save_model(proto, str(tmp / "model.onnx"))
         del proto
@@ -256,6 +307,8 @@ def convert(
             "rms_norm_eps": spec.rms_norm_eps,
             "tied_embeddings": spec.tied_embeddings,
             "dtype": dtype,
+            "kv_dtype": "float16" if plan.dtype == "fp16" else "float32",
+            "weights": dataclasses.asdict(plan),
             "kv_layout": "shared_buffer",
             "bos_token_id": tok_info.bos_token_id,
             "eos_token_ids": tok_info.eos_token_ids,
@@ -272,7 +325,9 @@ def convert(
             "conversion_seconds": round(time.perf_counter() - t0, 1),
         }
         (tmp / "specrt_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        (tmp / "NOTICE").write_text(_notice(model, src, sha, provenance), encoding="utf-8")
+        (tmp / "NOTICE").write_text(
+            _notice(model, src, sha, provenance, dtype if dtype in _DTYPE_NOTES else "fp32"), encoding="utf-8"
+        )
 
         if out.exists():  # force=True: move the old folder aside first so the swap is quick
             old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from specrt.convert.errors import GGUFFormatError, UnsupportedArchitectureError, UnsupportedModelError
+from specrt.convert.quant import BlockQuant
 
 __all__ = ["ARCH_INFO", "ArchInfo", "GGUFModel", "ModelSpec", "file_sha256"]
 
@@ -291,6 +292,49 @@ class GGUFModel:
                 n = spec.num_attention_heads if ".attn_q." in name else spec.num_kv_heads
                 w = unpermute_rows(w, n)
         return w
+
+    def block_quant(self, name: str, bits: int, spec: ModelSpec | None = None, block_size: int = 32) -> BlockQuant:
+        """Tensor ``name`` as a block-quantized matrix for MatMulNBits / GatherBlockQuantized, Q/K rows un-permuted.
+
+        Exact (the GGUF's own codes, scales and zero points) when the GGUF type maps to ``bits`` or fewer with
+        integer zero points (Q4_0 at 4 bits; Q4_0, Q5_0, Q6_K, Q8_0 at 8 bits: see :mod:`specrt.convert.quant`).
+        Otherwise the dequantized float32 weights are requantized (round-to-nearest, asymmetric, ``block_size``):
+        the CPU MatMulNBits kernels have no fast path for float zero points (Q4_1, Q4_K, Q5_1, Q5_K) - measured
+        100-400x slower, see benches/RESULTS.md - and no 8-bit kernel with them at all.
+
+        Args:
+            name: GGUF tensor name of a matrix ``[out, in]``.
+            bits: 4 or 8.
+            spec: the model's :class:`ModelSpec` (read from the file when omitted).
+            block_size: block length for requantized tensors.
+
+        Returns:
+            ``BlockQuant`` of shape ``[out, in]``.
+        """
+        from specrt.convert.quant import EXACT_GGUF_TYPES, from_gguf_blocks, promote, quantize_rtn
+
+        spec = spec or self.spec()
+        t = self.tensors.get(name)
+        if t is None:
+            raise GGUFFormatError(f"{self.path}: tensor {name!r} is missing")
+        qtype = t.tensor_type.name
+        exact = None
+        if qtype in EXACT_GGUF_TYPES and EXACT_GGUF_TYPES[qtype][0] <= bits:
+            n_out, n_in = int(t.shape[1]), int(t.shape[0])
+            exact = from_gguf_blocks(np.asarray(t.data).reshape(n_out, -1), qtype, n_in)
+        if exact is None or exact.float_zero_points:
+            return quantize_rtn(self.tensor(name, spec), bits, block_size)
+        bq = promote(exact, bits, exact.block_size, False)
+        if (".attn_q." in name or ".attn_k." in name) and spec.arch.qk_permuted:
+            n = spec.num_attention_heads if ".attn_q." in name else spec.num_kv_heads
+            bq = BlockQuant(
+                unpermute_rows(bq.q, n),
+                unpermute_rows(bq.scales, n),
+                unpermute_rows(bq.zero_points, n),
+                bq.bits,
+                bq.block_size,
+            )
+        return bq
 
 
 def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -4,11 +4,18 @@ The weights never all sit in memory: :class:`ExternalDataWriter` appends each in
 soon as it is produced and hands back a small ``TensorProto`` that only points into that file. The graph proto itself
 (a few hundred kB) is saved last.
 
-Graph, per token position (fp32):
+Graph, per token position:
 
-    Gather(token_embd) -> N x [RMSNorm -> packed QKV MatMul (+bias) -> GroupQueryAttention(do_rotary, shared KV)
-    -> o MatMul -> +residual -> RMSNorm -> packed gate|up MatMul -> SiLU(gate) * up -> down MatMul -> +residual]
-    -> RMSNorm -> Slice(last num_logits_to_keep positions) -> Gemm(transB=1, lm_head [vocab, hidden]) -> logits
+    Gather(token_embd) -> RMSNorm -> N x [packed QKV MatMul (+bias) -> GroupQueryAttention(do_rotary, shared KV)
+    -> o MatMul -> SkipSimplifiedLayerNormalization (+residual, RMSNorm) -> packed gate|up MatMul
+    -> SiLU(gate) * up -> down MatMul -> SkipSimplifiedLayerNormalization (+residual, next RMSNorm)]
+    -> Slice(last num_logits_to_keep positions) -> lm_head -> logits (float32)
+
+A :class:`WeightPlan` picks the precision: ``fp32`` (everything float32), ``fp16`` (float16 weights, activations and
+KV cache, the residual sum and RMSNorm statistics of ``SkipSimplifiedLayerNormalization`` in float32, logits cast to
+float32 in the graph: the CUDA form), or block-quantized matrices per kind (``com.microsoft::MatMulNBits`` for
+attention, MLP and head, ``com.microsoft::GatherBlockQuantized`` for the embedding) with float32 activations (the
+fast CPU form).
 
 GroupQueryAttention gets ``seqlens_k = ReduceSum(attention_mask) - 1`` (int32 ``[1]``) and
 ``total_sequence_length = attention_mask.shape[1]`` (int32 scalar); rotary positions come from them, so a chunk of
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +34,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from specrt.convert.gguf_reader import ModelSpec
+from specrt.convert.quant import BlockQuant, concat_rows, pack_matmul_nbits, quantize_rtn
 
-__all__ = ["IR_VERSION", "OPSET", "ExternalDataWriter", "build_decoder", "rope_cache"]
+__all__ = ["IR_VERSION", "OPSET", "ExternalDataWriter", "WeightPlan", "build_decoder", "rope_cache"]
 
 #: ONNX opset of the default domain (ReduceMean with an ``axes`` input needs 18; ORT 1.20 runs up to 21).
 OPSET = 18
@@ -54,7 +63,7 @@ class ExternalDataWriter:
         self.offset = 0
 
     def add(self, name: str, array: np.ndarray) -> TensorProto:
-        """Write ``array`` (float32 or int64) and return an initializer named ``name`` pointing at it."""
+        """Write ``array`` (any numeric dtype ONNX knows) and return an initializer named ``name`` pointing at it."""
         arr = np.ascontiguousarray(array)
         align = _ALIGN_BIG if arr.nbytes >= (1 << 16) else _ALIGN_SMALL
         pad = (-self.offset) % align
@@ -99,14 +108,66 @@ def rope_cache(theta: float, head_dim: int, max_positions: int) -> tuple[np.ndar
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
+_CONTRIB_OPS = {"GroupQueryAttention", "MatMulNBits", "GatherBlockQuantized", "SkipSimplifiedLayerNormalization"}
+#: Matrix storage kinds of a :class:`WeightPlan` and their bit widths (``None``: a float matrix).
+MATRIX_KINDS = {"float": None, "int4": 4, "int8": 8}
+FLOAT_DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """How each kind of weight is stored.
+
+    Attributes:
+        dtype: ``"fp32"`` or ``"fp16"``: activations, KV cache, norm weights and float matrices.
+        attn: q|k|v and o projections: ``"float"``, ``"int4"`` or ``"int8"`` (MatMulNBits, block 32 or the GGUF's
+            exact block).
+        mlp: gate|up and down projections, same choices.
+        head: the lm_head, same choices.
+        embed: the token embedding: ``"float"`` (Gather) or ``"int4"`` / ``"int8"`` (GatherBlockQuantized).
+        accuracy_level: MatMulNBits ``accuracy_level``: 4 = int8 activations (the fast CPU path), 1 = fp32.
+        block_size: block length of requantized matrices.
+    """
+
+    dtype: str = "fp32"
+    attn: str = "float"
+    mlp: str = "float"
+    head: str = "float"
+    embed: str = "float"
+    accuracy_level: int = 4
+    block_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is invalid (expected one of: {', '.join(FLOAT_DTYPES)})")
+        for kind in ("attn", "mlp", "head", "embed"):
+            value = getattr(self, kind)
+            if value not in MATRIX_KINDS:
+                raise ValueError(f"{kind} storage {value!r} is invalid (expected one of: {', '.join(MATRIX_KINDS)})")
+            if value != "float" and self.dtype != "fp32":
+                raise ValueError(f"quantized {kind} ({value}) needs dtype fp32 (float32 activations), got {self.dtype}")
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any matrix is block-quantized."""
+        return any(getattr(self, k) != "float" for k in ("attn", "mlp", "head", "embed"))
+
+
 class _Builder:
-    def __init__(self, writer: ExternalDataWriter) -> None:
+    def __init__(self, writer: ExternalDataWriter, float_dtype: type = np.float32) -> None:
         self.writer = writer
+        self.ft = float_dtype
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[TensorProto] = []
         self._n = 0
 
     def weight(self, name: str, array: np.ndarray) -> str:
+        """Write a float initializer in the graph's float dtype."""
+        self.inits.append(self.writer.add(name, np.asarray(array).astype(self.ft, copy=False)))
+        return name
+
+    def raw(self, name: str, array: np.ndarray) -> str:
+        """Write an initializer as it is (quantized codes, zero points)."""
         self.inits.append(self.writer.add(name, array))
         return name
 
@@ -120,7 +181,7 @@ class _Builder:
         self._n += 1
         base = name or f"{op_type.lower()}_{self._n}"
         outs = [f"{base}/out{i}" for i in range(n_out)]
-        domain = "com.microsoft" if op_type == "GroupQueryAttention" else ""
+        domain = "com.microsoft" if op_type in _CONTRIB_OPS else ""
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, domain=domain, **attrs))
         return outs
 
@@ -133,6 +194,32 @@ class _Builder:
         rs = self.op1("Sqrt", [self.op1("Add", [ms, eps], name=f"{name}/add_eps")], name=f"{name}/sqrt")
         return self.op1("Mul", [self.op1("Div", [x, rs], name=f"{name}/div"), weight], name=f"{name}/scale")
 
+    def skip_rms_norm(self, x: str, residual: str, weight: str, eps: float, name: str) -> tuple[str, str]:
+        """``(RMSNorm(x + residual) * weight, x + residual)``; statistics in float32 whatever the dtype."""
+        outs = self.op(
+            "SkipSimplifiedLayerNormalization", [x, residual, weight], n_out=4, name=name, epsilon=float(eps)
+        )
+        self.nodes[-1].output[1] = ""  # mean / inv_std_var: not needed
+        self.nodes[-1].output[2] = ""
+        return outs[0], outs[3]
+
+    def matmul_nbits(self, x: str, bq: BlockQuant, name: str, accuracy_level: int) -> str:
+        """``x @ W.T`` for a block-quantized ``W`` ``[N, K]``; ``x`` float32 ``[..., K]`` -> ``[..., N]``."""
+        b, scales, zp = pack_matmul_nbits(bq)
+        n, k = bq.shape
+        ins = [x, self.raw(f"{name}.qweight", b), self.raw(f"{name}.scales", scales)]
+        ins.append(self.raw(f"{name}.zero_points", zp))
+        return self.op1(
+            "MatMulNBits",
+            ins,
+            name=name,
+            K=k,
+            N=n,
+            bits=bq.bits,
+            block_size=bq.block_size,
+            accuracy_level=accuracy_level,
+        )
+
 
 def build_decoder(
     spec: ModelSpec,
@@ -142,29 +229,57 @@ def build_decoder(
     max_positions: int | None = None,
     on_tensor: Callable[[str], None] | None = None,
     graph_name: str = "specrt_decoder",
+    plan: WeightPlan | None = None,
+    get_quant: Callable[[str, int], BlockQuant] | None = None,
 ) -> onnx.ModelProto:
     """Build the decoder ``ModelProto``; every weight is streamed to ``writer``.
 
     Args:
         spec: hyperparameters (:meth:`GGUFModel.spec`).
         get_weight: GGUF tensor name -> float32 array in ``[out, in]`` order with half-split Q/K rows
-            (:meth:`GGUFModel.tensor`). Called once per tensor, in graph order.
+            (:meth:`GGUFModel.tensor`). Called once per float tensor, in graph order.
         writer: where initializer bytes go.
         max_positions: rows of the cos/sin caches (defaults to ``spec.max_position_embeddings``); the runtime must
             never exceed it.
         on_tensor: called with each GGUF tensor name after it has been written (progress reporting).
         graph_name: the graph's name.
+        plan: precision per weight kind (default: all float32).
+        get_quant: GGUF tensor name, bits -> :class:`BlockQuant` ``[out, in]`` (half-split Q/K rows) for the
+            quantized kinds of ``plan``; default: round-to-nearest of ``get_weight(name)`` at ``plan.block_size``.
 
     Returns:
         The ``ModelProto`` (initializers reference ``writer``'s file; save it next to that file).
     """
-    b = _Builder(writer)
+    plan = plan or WeightPlan()
+    ft, ft_proto = FLOAT_DTYPES[plan.dtype]
+    b = _Builder(writer, ft)
     H, nh, kvh, hd = spec.hidden_size, spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
     max_pos = int(max_positions or spec.max_position_embeddings)
     done = on_tensor or (lambda _name: None)
 
     def w(name: str) -> np.ndarray:
         return get_weight(name)
+
+    def quant(name: str, bits: int) -> BlockQuant:
+        if get_quant is not None:
+            return get_quant(name, bits)
+        return quantize_rtn(get_weight(name), bits, plan.block_size)
+
+    def linear(x: str, parts: list[str], kind: str, name: str) -> str:
+        """``x @ concat(parts).T``: a float MatMul or a MatMulNBits, per the plan's storage for ``kind``."""
+        bits = MATRIX_KINDS[getattr(plan, kind)]
+        if bits is None:
+            mat = np.concatenate([w(p) for p in parts], axis=0).T  # [in, out]
+            b.weight(f"{name}.weight", mat)
+            del mat
+            out = b.op1("MatMul", [x, f"{name}.weight"], name=name)
+        else:
+            bq = concat_rows([quant(p, bits) for p in parts])
+            out = b.matmul_nbits(x, bq, name, plan.accuracy_level)
+            del bq
+        for p in parts:
+            done(p)
+        return out
 
     # ----- inputs / outputs ------------------------------------------------------------------------------------
     kv_dims = [1, kvh, "max_sequence_length", hd]
@@ -176,8 +291,8 @@ def build_decoder(
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "num_logits", spec.vocab_size])]
     for i in range(spec.num_layers):
         for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, kv_dims))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, kv_dims))
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", ft_proto, kv_dims))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", ft_proto, kv_dims))
     b.const("num_logits_to_keep", np.array(0, dtype=np.int64))  # initializer default: keep all positions
 
     # ----- constants and attention bookkeeping ---------------------------------------------------------------
@@ -186,7 +301,7 @@ def build_decoder(
     b.const("const_axes_0", np.array([0], dtype=np.int64))
     b.const("const_one_i64", np.array(1, dtype=np.int64))
     b.const("const_int64_max", np.array([np.iinfo(np.int64).max], dtype=np.int64))
-    b.const("const_eps", np.array(spec.rms_norm_eps, dtype=np.float32))
+    b.const("const_eps", np.array(spec.rms_norm_eps, dtype=ft))
     b.const("const_shape_2d", np.array([-1, H], dtype=np.int64))
     b.const("const_shape_logits", np.array([1, -1, spec.vocab_size], dtype=np.int64))
     total = b.op1("ReduceSum", ["attention_mask", "const_axes_1"], name="mask/sum", keepdims=0)  # [1] int64
@@ -200,24 +315,48 @@ def build_decoder(
     del cos, sin
 
     # ----- embedding ---------------------------------------------------------------------------------------------
-    embed = w("token_embd.weight")  # [vocab, H]
-    b.weight("token_embd.weight", embed)
-    del embed
+    embed_bits = MATRIX_KINDS[plan.embed]
+    head_shares_embed = spec.tied_embeddings and plan.head == "float" and plan.embed == "float"
+    if embed_bits is None:
+        b.weight("token_embd.weight", w("token_embd.weight"))  # [vocab, H]
+        h = b.op1("Gather", ["token_embd.weight", "input_ids"], name="embed", axis=0)  # [1, S, H]
+    else:
+        bq = quant("token_embd.weight", embed_bits)
+        packed, scales, zp = pack_matmul_nbits(bq)  # the same bytes as MatMulNBits' B, viewed [vocab, H * bits / 8]
+        n_blocks = bq.scales.shape[1]
+        h = b.op1(
+            "GatherBlockQuantized",
+            [
+                b.raw("token_embd.qweight", packed.reshape(spec.vocab_size, -1)),
+                "input_ids",
+                b.raw("token_embd.scales", scales.reshape(spec.vocab_size, n_blocks)),
+                b.raw("token_embd.zero_points", zp.reshape(spec.vocab_size, -1)),
+            ],
+            name="embed",
+            bits=bq.bits,
+            block_size=bq.block_size,
+            gather_axis=0,
+            quantize_axis=1,
+        )
+        del bq, packed, scales, zp
     done("token_embd.weight")
-    h = b.op1("Gather", ["token_embd.weight", "input_ids"], name="embed", axis=0)  # [1, S, H]
 
     # ----- blocks ------------------------------------------------------------------------------------------------
+    # The residual stream: layer 0 normalizes the embedding; afterwards every RMSNorm is fused with the residual
+    # add before it (SkipSimplifiedLayerNormalization returns both the normalized sum and the sum).
+    residual = h
+    branch: str | None = None  # output of the previous attention / MLP branch, not yet added to `residual`
     for i in range(spec.num_layers):
         p = f"blk.{i}"
         b.weight(f"{p}.attn_norm.weight", w(f"{p}.attn_norm.weight"))
         done(f"{p}.attn_norm.weight")
-        x = b.rms_norm(h, f"{p}.attn_norm.weight", "const_eps", f"{p}/attn_norm")
-        qkv_w = np.concatenate([w(f"{p}.attn_{n}.weight") for n in "qkv"], axis=0).T  # [H, (nh + 2 kvh) hd]
-        b.weight(f"{p}.attn_qkv.weight", qkv_w)
-        del qkv_w
-        for n in "qkv":
-            done(f"{p}.attn_{n}.weight")
-        qkv = b.op1("MatMul", [x, f"{p}.attn_qkv.weight"], name=f"{p}/qkv")
+        if branch is None:
+            x = b.rms_norm(residual, f"{p}.attn_norm.weight", "const_eps", f"{p}/attn_norm")
+        else:
+            x, residual = b.skip_rms_norm(
+                branch, residual, f"{p}.attn_norm.weight", spec.rms_norm_eps, f"{p}/attn_norm"
+            )
+        qkv = linear(x, [f"{p}.attn_{n}.weight" for n in "qkv"], "attn", f"{p}.attn_qkv")
         if spec.qkv_bias:
             bias = np.concatenate([w(f"{p}.attn_{n}.bias") for n in "qkv"])
             b.weight(f"{p}.attn_qkv.bias", bias)
@@ -248,42 +387,52 @@ def build_decoder(
         # Rename the cache outputs to the contract's graph-output names.
         b.nodes[-1].output[1] = f"present.{i}.key"
         b.nodes[-1].output[2] = f"present.{i}.value"
-        b.weight(f"{p}.attn_output.weight", w(f"{p}.attn_output.weight").T)
-        done(f"{p}.attn_output.weight")
-        h = b.op1("Add", [h, b.op1("MatMul", [attn[0], f"{p}.attn_output.weight"], name=f"{p}/o")], name=f"{p}/res1")
+        branch = linear(attn[0], [f"{p}.attn_output.weight"], "attn", f"{p}.attn_output")
 
         b.weight(f"{p}.ffn_norm.weight", w(f"{p}.ffn_norm.weight"))
         done(f"{p}.ffn_norm.weight")
-        x = b.rms_norm(h, f"{p}.ffn_norm.weight", "const_eps", f"{p}/ffn_norm")
-        gu_w = np.concatenate([w(f"{p}.ffn_gate.weight"), w(f"{p}.ffn_up.weight")], axis=0).T  # [H, 2F]
-        b.weight(f"{p}.ffn_gate_up.weight", gu_w)
-        del gu_w
-        done(f"{p}.ffn_gate.weight")
-        done(f"{p}.ffn_up.weight")
-        gu = b.op1("MatMul", [x, f"{p}.ffn_gate_up.weight"], name=f"{p}/gate_up")
+        x, residual = b.skip_rms_norm(branch, residual, f"{p}.ffn_norm.weight", spec.rms_norm_eps, f"{p}/ffn_norm")
+        gu = linear(x, [f"{p}.ffn_gate.weight", f"{p}.ffn_up.weight"], "mlp", f"{p}.ffn_gate_up")
         gate, up = b.op("Split", [gu], n_out=2, name=f"{p}/split", axis=-1, num_outputs=2)
         act = b.op1("Mul", [gate, b.op1("Sigmoid", [gate], name=f"{p}/sigmoid")], name=f"{p}/silu")
         act = b.op1("Mul", [act, up], name=f"{p}/swiglu")
-        b.weight(f"{p}.ffn_down.weight", w(f"{p}.ffn_down.weight").T)
-        done(f"{p}.ffn_down.weight")
-        h = b.op1("Add", [h, b.op1("MatMul", [act, f"{p}.ffn_down.weight"], name=f"{p}/down")], name=f"{p}/res2")
+        branch = linear(act, [f"{p}.ffn_down.weight"], "mlp", f"{p}.ffn_down")
 
     # ----- head --------------------------------------------------------------------------------------------------
     b.weight("output_norm.weight", w("output_norm.weight"))
     done("output_norm.weight")
-    h = b.rms_norm(h, "output_norm.weight", "const_eps", "output_norm")
+    assert branch is not None
+    h, _ = b.skip_rms_norm(branch, residual, "output_norm.weight", spec.rms_norm_eps, "output_norm")
     # Keep the last num_logits_to_keep positions before the lm_head (0 -> starts = 0 -> all of them).
     starts = b.op1("Unsqueeze", [b.op1("Neg", ["num_logits_to_keep"], name="keep/neg"), "const_axes_0"], name="keep/s")
     h = b.op1("Slice", [h, starts, "const_int64_max", "const_axes_1"], name="keep/slice")
-    h2 = b.op1("Reshape", [h, "const_shape_2d"], name="lm_head/flatten")
-    if spec.tied_embeddings:
-        head = "token_embd.weight"
+    head_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
+    head_bits = MATRIX_KINDS[plan.head]
+    if head_bits is not None:  # MatMulNBits keeps the [1, n, H] -> [1, n, vocab] shape
+        bq = quant(head_name, head_bits)
+        logits = b.matmul_nbits(h, bq, "lm_head", plan.accuracy_level)
+        del bq
+        b.nodes[-1].output[0] = "logits"
     else:
-        b.weight("output.weight", w("output.weight"))  # [vocab, H], used with transB=1: no transposed copy
+        # [vocab, H], used with transB=1: no transposed copy. Tied: the embedding itself unless it was quantized.
+        head = (
+            "token_embd.weight"
+            if head_shares_embed
+            else ("output.weight" if not spec.tied_embeddings else "lm_head.weight")
+        )
+        if not head_shares_embed:
+            b.weight(head, w(head_name))
+        h2 = b.op1("Reshape", [h, "const_shape_2d"], name="lm_head/flatten")
+        logits2 = b.op1("Gemm", [h2, head], name="lm_head", transB=1)
+        if plan.dtype == "fp32":
+            b.nodes.append(
+                helper.make_node("Reshape", [logits2, "const_shape_logits"], ["logits"], name="logits/reshape")
+            )
+        else:
+            logits = b.op1("Reshape", [logits2, "const_shape_logits"], name="logits/reshape")
+            b.nodes.append(helper.make_node("Cast", [logits], ["logits"], name="logits/cast", to=TensorProto.FLOAT))
+    if not spec.tied_embeddings:
         done("output.weight")
-        head = "output.weight"
-    logits2 = b.op1("Gemm", [h2, head], name="lm_head", transB=1)
-    b.nodes.append(helper.make_node("Reshape", [logits2, "const_shape_logits"], ["logits"], name="logits/reshape"))
 
     graph = helper.make_graph(b.nodes, graph_name, inputs, outputs, initializer=b.inits)
     model = helper.make_model(
