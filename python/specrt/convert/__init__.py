@@ -34,6 +34,7 @@ from specrt.convert.errors import (
 )
 from specrt.convert.gguf_reader import ARCH_INFO, GGUFModel, ModelSpec
 from specrt.convert.graph import WeightPlan
+from specrt.convert.hf_reader import HFFormatError, HFModel, hf_tokenizer, is_hf_folder
 
 __all__ = [
     "MIN_ONNXRUNTIME",
@@ -42,6 +43,7 @@ __all__ = [
     "ConversionError",
     "DiskSpaceError",
     "GGUFFormatError",
+    "HFFormatError",
     "OutputExistsError",
     "TokenizerMetadataError",
     "UnsupportedArchitectureError",
@@ -100,6 +102,26 @@ def _hash_with_progress(path: Path, enabled: bool) -> str:
             h.update(block)
             bar.update(len(block))
     return h.hexdigest()
+
+
+def _hf_notice(model: HFModel, sha: str, provenance: str | None, dtype: str) -> str:
+    lines = [
+        "specrt model folder",
+        "====================",
+        "",
+        f"Converted by specrt.convert from the Hugging Face folder {model.path.name} (SHA-256 of its config and "
+        f"weight files: {sha}).",
+        f"Model: {model.get('general.name')}",
+        f"Architecture: {model.architecture}",
+        "License: see the source folder (Hugging Face folders carry it in their README / LICENSE, not in the files "
+        "read here).",
+        "",
+        *(_DTYPE_NOTES[dtype] if dtype != "fp32" else ["The weights were widened to float32 and written unchanged."]),
+        "The weights remain under their upstream license; specrt's own code is Apache-2.0.",
+    ]
+    if provenance:
+        lines += ["", provenance.rstrip()]
+    return "\n".join(lines) + "\n"
 
 
 def _notice(model: GGUFModel, src: Path, sha: str, provenance: str | None, dtype: str = "fp32") -> str:
@@ -174,13 +196,15 @@ def convert(
     num_layers: int | None = None,
     plan: WeightPlan | None = None,
 ) -> Path:
-    """Convert a GGUF decoder (``llama`` or ``qwen2``) into a specrt ONNX model folder.
+    """Convert a GGUF file or a Hugging Face folder (``llama`` or ``qwen2``) into a specrt ONNX model folder.
 
     The folder is written into a temporary sibling of ``out`` and renamed at the end, so an error (or Ctrl-C) leaves
     no half-written ``out``. Peak memory is about twice the largest fp32 tensor (the embedding), not the model.
 
     Args:
-        src: the ``.gguf`` file.
+        src: a ``.gguf`` file, or a Hugging Face folder: ``config.json``, ``model.safetensors`` (or shards with
+            ``model.safetensors.index.json``), ``tokenizer.json``, optionally ``tokenizer_config.json`` (chat
+            template) and ``generation_config.json`` (EOS ids, sampling defaults).
         out: the folder to create.
         dtype: ``"fp32"`` (exact), ``"fp16"`` (float16 weights, activations and KV cache, float32 logits: for CUDA)
             or ``"int4"`` (MatMulNBits block-quantized matrices, float32 activations and KV: for CPU; the storage per
@@ -188,7 +212,8 @@ def convert(
         force: replace ``out`` if it exists.
         max_positions: rows of the rotary cos/sin caches = the longest sequence the model accepts
             (default: the GGUF's ``context_length``).
-        source_sha256: SHA-256 of ``src`` if already known (skips hashing the file again).
+        source_sha256: SHA-256 of ``src`` if already known (skips hashing the file again); for a folder, by
+            default the SHA-256 of its files' hashes (:meth:`HFModel.files_sha256`).
         provenance: extra text for ``NOTICE`` (package names, hashes, upstream license).
         progress: show tqdm progress bars (hashing, dequantize + write).
         check: run ``onnx.checker`` on the result.
@@ -214,6 +239,8 @@ def convert(
             ``num_layers`` outside ``1 .. block count``.
         UnsupportedArchitectureError: an architecture other than ``llama`` / ``qwen2`` (the message lists them).
         GGUFFormatError: ``src`` is missing, not a GGUF, truncated or lacks required tensors / keys.
+        HFFormatError: a Hugging Face folder lacks a file or tensor, has a tensor of the wrong shape (named, with
+            both shapes) or an unreadable file.
         TokenizerMetadataError: the tokenizer metadata is missing or of an unsupported kind.
         OutputExistsError: ``out`` exists and ``force`` is false.
         DiskSpaceError: the file system holding ``out`` has too little free space.
@@ -228,7 +255,8 @@ def convert(
     if out.exists() and not force:
         raise OutputExistsError(f"{out} already exists (pass force=True / --force to replace it)")
     t0 = time.perf_counter()
-    model = GGUFModel(src)
+    hf = is_hf_folder(src)
+    model: Any = HFModel(src) if hf else GGUFModel(src)
     spec = model.spec()
     full_layers = spec.num_layers
     if num_layers is not None:
@@ -238,7 +266,11 @@ def convert(
                 "count)"
             )
         spec = dataclasses.replace(spec, num_layers=num_layers)
-    tokenizer, tok_info = build_tokenizer(model)
+    gen_defaults: dict[str, Any] = {}
+    if hf:
+        tokenizer, tok_info, gen_defaults = hf_tokenizer(model)
+    else:
+        tokenizer, tok_info = build_tokenizer(model)
     if tok_info.vocab_size > spec.vocab_size:
         raise GGUFFormatError(
             f"{src}: the tokenizer has {tok_info.vocab_size} tokens but the embedding only {spec.vocab_size} rows"
@@ -254,7 +286,7 @@ def convert(
             f"not enough disk space in {out.parent}: the model needs about {need / 2**30:.2f} GiB, "
             f"{free / 2**30:.2f} GiB free"
         )
-    sha = source_sha256 or _hash_with_progress(src, progress)
+    sha = source_sha256 or (model.files_sha256() if hf else _hash_with_progress(src, progress))
     if num_layers is not None:
         note = f"Layer-truncated: only the first {num_layers} of {full_layers} decoder blocks were kept."
         provenance = f"{note}\n\n{provenance}" if provenance else note
@@ -289,6 +321,7 @@ def convert(
             "bos_token_id": tok_info.bos_token_id,
             "eos_token_id": tok_info.eos_token_ids,
             "pad_token_id": tok_info.pad_token_id,
+            **gen_defaults,
         }
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
         config: dict[str, Any] = {
@@ -326,7 +359,8 @@ def convert(
         }
         (tmp / "specrt_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         (tmp / "NOTICE").write_text(
-            _notice(model, src, sha, provenance, dtype if dtype in _DTYPE_NOTES else "fp32"), encoding="utf-8"
+            (_hf_notice(model, sha, provenance, dtype) if hf else _notice(model, src, sha, provenance, dtype)),
+            encoding="utf-8",
         )
 
         if out.exists():  # force=True: move the old folder aside first so the swap is quick

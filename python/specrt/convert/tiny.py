@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CHATML_TEMPLATE", "tiny_vocab", "write_tiny_gguf"]
+__all__ = ["CHATML_TEMPLATE", "tiny_vocab", "write_hf_folder", "write_tiny_gguf"]
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
@@ -182,3 +182,108 @@ def write_tiny_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_hf_folder(
+    gguf_path: str | os.PathLike[str],
+    folder: str | os.PathLike[str],
+    *,
+    shards: int = 1,
+    dtype: str = "F32",
+    drop: tuple[str, ...] = (),
+    generation_config: dict | None = None,
+) -> Path:
+    """Write the weights of a (tiny) GGUF as a Hugging Face model folder, for tests of the safetensors input.
+
+    Tensors are written dequantized, with llama Q/K rows un-permuted (the Hugging Face layout), so converting the
+    folder must give the same model as converting the GGUF.
+
+    Args:
+        gguf_path: the GGUF (e.g. from :func:`write_tiny_gguf`).
+        folder: the folder to create (``config.json``, ``model.safetensors`` or shards +
+            ``model.safetensors.index.json``, ``tokenizer.json``, ``tokenizer_config.json``,
+            ``generation_config.json``).
+        shards: number of safetensors files (> 1 writes an index).
+        dtype: ``"F32"``, ``"F16"`` or ``"BF16"`` (bfloat16 written by hand: numpy has no such dtype).
+        drop: Hugging Face tensor names to leave out (error tests).
+        generation_config: contents of ``generation_config.json`` (default: EOS ids, ``do_sample`` with
+            temperature 0.7 / top_p 0.8).
+
+    Returns:
+        ``Path(folder)``.
+    """
+    import json
+    import struct
+
+    from specrt.convert.gguf_reader import GGUFModel
+    from specrt.convert.hf_reader import _GLOBAL_NAMES, _LAYER_NAMES
+    from specrt.convert.tokenizer import build_tokenizer
+
+    model = GGUFModel(gguf_path)
+    spec = model.spec()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, np.ndarray] = {}
+    for name in model.tensors:
+        if name in _GLOBAL_NAMES:
+            hf = _GLOBAL_NAMES[name]
+        else:
+            _, i, rest = name.split(".", 2)
+            hf = f"model.layers.{i}.{_LAYER_NAMES[rest]}"
+        if hf not in drop:
+            tensors[hf] = model.tensor(name, spec)
+    names = sorted(tensors)
+    per = -(-len(names) // shards)
+    weight_map = {}
+    for s in range(shards):
+        part = names[s * per : (s + 1) * per]
+        fname = "model.safetensors" if shards == 1 else f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        header: dict = {"__metadata__": {"format": "pt"}}
+        blobs, off = [], 0
+        for n in part:
+            x = tensors[n]
+            if dtype == "BF16":
+                raw = (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+            else:
+                raw = x.astype(np.float16 if dtype == "F16" else np.float32).tobytes()
+            header[n] = {"dtype": dtype, "shape": list(x.shape), "data_offsets": [off, off + len(raw)]}
+            blobs.append(raw)
+            off += len(raw)
+            weight_map[n] = fname
+        h = json.dumps(header).encode()
+        h += b" " * (-len(h) % 8)
+        (folder / fname).write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    if shards > 1:
+        index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    arch = spec.architecture
+    config = {
+        "architectures": [spec.arch.hf_architecture],
+        "model_type": arch,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "num_hidden_layers": spec.num_layers,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_theta": spec.rope_theta,
+        "vocab_size": spec.vocab_size,
+        "tie_word_embeddings": spec.tied_embeddings,
+        "torch_dtype": {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype],
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    tok, info = build_tokenizer(model)
+    tok.save(str(folder / "tokenizer.json"))
+    tok_cfg = {
+        "add_bos_token": False,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "chat_template": info.chat_template,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    gen = generation_config
+    if gen is None:
+        gen = {"eos_token_id": info.eos_token_ids, "do_sample": True, "temperature": 0.7, "top_p": 0.8}
+    (folder / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    return folder
