@@ -429,7 +429,8 @@ def pull(name: str, dtype: str = "fp32", *, force: bool = False, progress: bool 
 
     Args:
         name: a key of :data:`MODELS` (``specrt models list``).
-        dtype: ``"fp32"`` (the only one so far).
+        dtype: ``"fp32"``, ``"fp16"`` (CUDA), ``"int4"`` (fast CPU) or ``"int8"`` (see
+            :func:`specrt.convert.convert`); each is cached in its own folder ``models/<name>/<dtype>``.
         force: reconvert even if cached (the verified GGUF is reused).
         progress: tqdm bars for download, assembly, dequantization and writing.
 
