@@ -5,9 +5,13 @@
 //! - `realistic`: drafts sampled from q; rejections happen where they happen (seeded, same inputs each iteration).
 //! - `all_accepted`: q = p (same rows) so all k drafts are accepted and the bonus row is sampled (k + 1 rows).
 //! - `greedy`: temperature 0, drafts = target argmax (all accepted, k + 1 argmax rows).
+//!
+//! Group `logprob`: the engine's per-round log-probabilities of k + 1 = 5 emitted tokens at vocab 151936, by
+//! `log_softmax_at` (two passes per row) and by `log_softmax_with` from `Verification::row_norms` (no pass).
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use specrt_core::sampling::{log_softmax_at, log_softmax_with};
 use specrt_core::{verify, PenaltyContext, Rng, Sampler, SamplingParams, VerifyMode};
 
 fn logits(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {
@@ -120,5 +124,50 @@ fn bench_verify(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_verify);
+fn bench_logprob(c: &mut Criterion) {
+    let (k, vocab) = (4usize, 151_936usize);
+    let params = SamplingParams {
+        top_p: 0.9,
+        ..SamplingParams::default()
+    };
+    let inp = inputs(k, vocab, &params, true);
+    let mut s = Sampler::new(vocab);
+    let mut ctx = PenaltyContext::new(vocab);
+    let mut rng = Rng::seed_from_u64(7);
+    let v = verify(
+        &mut s,
+        &inp.target,
+        &inp.q,
+        &inp.d,
+        &params,
+        VerifyMode::Stochastic,
+        &mut ctx,
+        &mut rng,
+    )
+    .unwrap();
+    assert_eq!(v.tokens.len(), k + 1);
+    let mut group = c.benchmark_group("logprob");
+    group.bench_function("log_softmax_at k+1=5 rows vocab=151936", |b| {
+        b.iter(|| {
+            let mut acc = 0f32;
+            for (i, &t) in v.tokens.iter().enumerate() {
+                acc += log_softmax_at(&inp.target[i * vocab..(i + 1) * vocab], t, i).unwrap();
+            }
+            black_box(acc)
+        });
+    });
+    group.bench_function("log_softmax_with k+1=5 rows vocab=151936", |b| {
+        b.iter(|| {
+            let mut acc = 0f32;
+            for (i, &t) in v.tokens.iter().enumerate() {
+                let row = &inp.target[i * vocab..(i + 1) * vocab];
+                acc += log_softmax_with(row, t, v.row_norms[i].unwrap()).unwrap();
+            }
+            black_box(acc)
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_verify, bench_logprob);
 criterion_main!(benches);

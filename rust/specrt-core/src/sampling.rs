@@ -443,7 +443,7 @@ fn argmax_from_blocks(x: &[f32], bmax: &[f32], m: f32) -> u32 {
 ///
 /// Errors: [`SpecError::NonFinite`] with the row and the first bad token.
 pub fn checked_max(logits: &[f32], row: usize) -> Result<f32> {
-    let mut bmax = [f32::NEG_INFINITY; 64];
+    let mut bmax = [f32::NEG_INFINITY; 512];
     if n_blocks(logits.len()) <= bmax.len() {
         let (m, bad) = max_blocks(logits, &mut bmax);
         if bad || m == f32::NEG_INFINITY {
@@ -480,7 +480,8 @@ pub fn log_softmax_at(logits: &[f32], token: u32, row: usize) -> Result<f32> {
         )));
     }
     let m = checked_max(logits, row)?;
-    let sum = exp_sum_f64(logits, m);
+    // The same sum as `Sampler::process` at temperature 1 (so `log_softmax_with` agrees exactly).
+    let sum = exp_total(logits, m, 1.0, f32::NEG_INFINITY);
     #[allow(clippy::cast_possible_truncation)]
     Ok((f64::from(logits[t] - m) - sum.ln()) as f32)
 }
@@ -492,7 +493,8 @@ pub fn log_softmax_at(logits: &[f32], token: u32, row: usize) -> Result<f32> {
 pub struct RowNorm {
     /// Max of the row.
     pub max: f32,
-    /// `ln sum_i exp(x_i - max)` (f64; the sum of f32 weights, each 0 below `e^-87`).
+    /// `ln sum_i exp(x_i - max)` (f64; the sum of f32 weights, each 0 below `e^-87`), exactly as
+    /// [`log_softmax_at`] computes it.
     pub log_sum: f64,
 }
 
@@ -503,29 +505,6 @@ pub fn log_softmax_with(logits: &[f32], token: u32, norm: RowNorm) -> Option<f32
     let x = *logits.get(token as usize)?;
     #[allow(clippy::cast_possible_truncation)]
     Some((f64::from(x - norm.max) - norm.log_sum) as f32)
-}
-
-/// `sum exp(x - m)` in f64 (f32 exponentials, 8 f64 lanes).
-#[inline(always)]
-fn exp_sum_f64_generic(x: &[f32], m: f32) -> f64 {
-    const L: usize = 8;
-    let mut acc = [0f64; L];
-    let chunks = x.chunks_exact(L);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for j in 0..L {
-            acc[j] += f64::from(exp_nonpos(c[j] - m));
-        }
-    }
-    let mut s: f64 = acc.iter().sum();
-    for &v in rest {
-        s += f64::from(exp_nonpos(v - m));
-    }
-    s
-}
-
-dispatch! {
-    fn exp_sum_f64(x: &[f32], m: f32) -> f64 = exp_sum_f64_generic;
 }
 
 /// Reusable scratch for processing and sampling rows of one vocabulary size. Holds the last processed row.
@@ -981,14 +960,24 @@ impl SparseScratch<'_> {
                 }
                 let start = b * MAX_BLOCK;
                 let end = (start + MAX_BLOCK).min(x.len());
-                for (j, &xv) in x[start..end].iter().enumerate() {
-                    if (xv - m) * inv_t >= lo && xv >= kth {
-                        let wv = weight(xv, m, inv_t, kth);
-                        if wv > 0.0 {
-                            #[allow(clippy::cast_possible_truncation)]
-                            self.kidx.push((start + j) as u32);
-                            self.kw.push(wv);
-                            mass += f64::from(wv);
+                // 16 values at a time: scan one by one only a chunk whose max can be a candidate (the test is
+                // monotone in x, so it holds for some value iff it holds for the chunk max).
+                for (ci, c) in x[start..end].chunks(16).enumerate() {
+                    let cm = c
+                        .iter()
+                        .fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a });
+                    if !((cm - m) * inv_t >= lo && cm >= kth) {
+                        continue;
+                    }
+                    for (j, &xv) in c.iter().enumerate() {
+                        if (xv - m) * inv_t >= lo && xv >= kth {
+                            let wv = weight(xv, m, inv_t, kth);
+                            if wv > 0.0 {
+                                #[allow(clippy::cast_possible_truncation)]
+                                self.kidx.push((start + ci * 16 + j) as u32);
+                                self.kw.push(wv);
+                                mass += f64::from(wv);
+                            }
                         }
                     }
                 }
@@ -1076,9 +1065,10 @@ fn sift_down(h: &mut [f32], mut i: usize) {
 }
 
 /// Lanes and block size of the summing loops: f32 lane accumulators over a block of `SUM_BLOCK` values (16 per
-/// lane, relative rounding <= 16 * 2^-24, the precision of the f32 weights themselves), blocks summed in f64.
-/// Mixing f64 into the inner loop stops it from vectorising (measured 3.5x slower).
-const SUM_LANES: usize = 16;
+/// lane, relative rounding <= 16 * 2^-24, the precision of the f32 weights themselves), then added into f64 lane
+/// accumulators, summed at the end. Mixing f64 into the inner loop stops it from vectorising (measured 3.5x
+/// slower). 64 lanes keep four AVX-512 (eight AVX2) exponential chains in flight.
+const SUM_LANES: usize = 64;
 const SUM_BLOCK: usize = 16 * SUM_LANES;
 
 /// Map `f(a[i], b[i]) -> v` (into `out` when `WRITE`) blockwise and return the (f32 lanes, f64 blocks) sum of `v`.
@@ -1090,7 +1080,8 @@ fn map_sum<const WRITE: bool>(
     out: &mut [f32],
     f: impl Fn(f32, f32) -> f32,
 ) -> f64 {
-    let mut total = 0f64;
+    let mut acc64 = [0f64; SUM_LANES];
+    let mut rest64 = 0f64;
     for (bi, (ab, bb)) in a.chunks(SUM_BLOCK).zip(b.chunks(SUM_BLOCK)).enumerate() {
         let mut acc = [0f32; SUM_LANES];
         let ac = ab.chunks_exact(SUM_LANES);
@@ -1117,7 +1108,10 @@ fn map_sum<const WRITE: bool>(
                 *ov = v;
                 rest += v;
             }
-            total += acc.iter().map(|&v| f64::from(v)).sum::<f64>() + f64::from(rest);
+            for j in 0..SUM_LANES {
+                acc64[j] += f64::from(acc[j]);
+            }
+            rest64 += f64::from(rest);
         } else {
             for (av, bv) in ac.zip(bc) {
                 for j in 0..SUM_LANES {
@@ -1128,10 +1122,13 @@ fn map_sum<const WRITE: bool>(
             for (&av, &bv) in ar.iter().zip(br) {
                 rest += f(av, bv);
             }
-            total += acc.iter().map(|&v| f64::from(v)).sum::<f64>() + f64::from(rest);
+            for j in 0..SUM_LANES {
+                acc64[j] += f64::from(acc[j]);
+            }
+            rest64 += f64::from(rest);
         }
     }
-    total
+    acc64.iter().sum::<f64>() + rest64
 }
 
 /// The weight of a logit: `x >= kth ? exp((x - m) * inv_t) : 0`.

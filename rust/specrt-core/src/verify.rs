@@ -419,4 +419,44 @@ mod tests {
         assert_eq!(ctx.len(), 0);
         assert_eq!(ctx.count(0), 0);
     }
+
+    #[test]
+    fn row_norms_give_log_softmax_at_exactly() {
+        use crate::sampling::{log_softmax_at, log_softmax_with};
+        let vocab = 3000;
+        let mut g = Rng::seed_from_u64(5);
+        #[allow(clippy::cast_possible_truncation)]
+        let logits: Vec<f32> = (0..3 * vocab)
+            .map(|_| (g.next_f64() * 8.0) as f32)
+            .collect();
+        let params = SamplingParams {
+            top_p: 0.9,
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(vocab);
+        let mut ctx = PenaltyContext::new(vocab);
+        for seed in 0..20 {
+            let mut rng = Rng::seed_from_u64(seed);
+            let v = verify(
+                &mut s,
+                &logits,
+                &[],
+                &[1, 2],
+                &params,
+                VerifyMode::Deterministic,
+                &mut ctx,
+                &mut rng,
+            )
+            .unwrap();
+            assert_eq!(v.row_norms.len(), v.tokens.len());
+            for (i, &t) in v.tokens.iter().enumerate() {
+                let row = &logits[i * vocab..(i + 1) * vocab];
+                let want = log_softmax_at(row, t, i).unwrap();
+                assert_eq!(
+                    log_softmax_with(row, t, v.row_norms[i].unwrap()),
+                    Some(want)
+                );
+            }
+        }
+    }
 }
