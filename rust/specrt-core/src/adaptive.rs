@@ -150,27 +150,27 @@ impl KController {
         if let Some(c) = self.c_verify[n - 1] {
             return c;
         }
-        // Least-squares line through the measured points; with one point, assume +5% per extra token (a
-        // bandwidth-bound pass) until measured.
-        let pts: Vec<(f64, f64)> = self
-            .c_verify
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| c.map(|c| ((i + 1) as f64, c)))
-            .collect();
-        match pts.len() {
-            0 => 1.0 + 0.05 * (n as f64 - 1.0),
-            1 => pts[0].1 * (1.0 + 0.05 * (n as f64 - pts[0].0)).max(0.5),
-            _ => {
-                let m = pts.len() as f64;
-                let (sx, sy) = pts.iter().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
-                let (mx, my) = (sx / m, sy / m);
-                let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
-                let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-                let slope = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
-                (my + slope * (n as f64 - mx)).max(pts[0].1 * 0.5)
-            }
+        // Least-squares line through the measured points (no allocation: this runs every round); with one point,
+        // assume +5% per extra token (a bandwidth-bound pass) until more are measured.
+        let pts = || {
+            self.c_verify
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| c.map(|c| ((i + 1) as f64, c)))
+        };
+        let m = pts().count() as f64;
+        let Some(first) = pts().next() else {
+            return 1.0 + 0.05 * (n as f64 - 1.0);
+        };
+        if m < 2.0 {
+            return first.1 * (1.0 + 0.05 * (n as f64 - first.0)).max(0.5);
         }
+        let (sx, sy) = pts().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
+        let (mx, my) = (sx / m, sy / m);
+        let sxx: f64 = pts().map(|p| (p.0 - mx).powi(2)).sum();
+        let sxy: f64 = pts().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+        let slope = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
+        (my + slope * (n as f64 - mx)).max(first.1 * 0.5)
     }
 
     /// Predicted tokens per unit time for `k` drafts.

@@ -14,9 +14,9 @@ use crate::backend::Backend;
 use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
 use crate::rng::Rng;
-use crate::sampling::{log_softmax_at, PenaltyContext, Sampler, SamplingParams};
+use crate::sampling::{log_softmax_at, log_softmax_with, PenaltyContext, Sampler, SamplingParams};
 use crate::stats::Stats;
-use crate::verify::{verify, LastToken, VerifyMode, MAX_DRAFT_TOKENS};
+use crate::verify::{verify_into, LastToken, Verification, VerifyMode, MAX_DRAFT_TOKENS};
 
 /// Settings of one generation request.
 #[derive(Clone, Debug, PartialEq)]
@@ -207,6 +207,8 @@ pub struct Engine {
     input_tgt: Vec<u32>,
     // Prompt-lookup index over the committed tokens (allocations reused across requests).
     ngram: Option<NgramProposer>,
+    // Reused result of the round's verification.
+    ver: Verification,
     request: Option<Request>,
     // Reused output of `step`.
     out: StepOutput,
@@ -236,6 +238,7 @@ impl Engine {
             tokens_dft: Vec::with_capacity(MAX_DRAFT_TOKENS),
             input_tgt: Vec::with_capacity(MAX_DRAFT_TOKENS + 1),
             ngram: None,
+            ver: Verification::default(),
             request: None,
             out: StepOutput::default(),
         })
@@ -318,6 +321,7 @@ impl Engine {
         let mut penalties = PenaltyContext::new(self.vocab);
         if cfg.sampling.has_penalties() {
             penalties.add_prompt(prompt)?;
+            penalties.reserve(cfg.max_new_tokens + MAX_DRAFT_TOKENS);
         }
         let t0 = Instant::now();
         let n_past = prompt.len() - 1;
@@ -327,9 +331,26 @@ impl Engine {
                 d.forward(&prompt[..n_past], 0, 1)?;
             }
         }
+        // Size every per-round buffer for the largest K of this request now, so rounds never allocate.
+        let k_max = cfg
+            .auto_k
+            .as_ref()
+            .map_or(cfg.num_speculative_tokens, |a| a.k_max);
+        for v in [&mut self.out.tokens, &mut self.ver.tokens] {
+            v.reserve(k_max + 1);
+        }
+        self.out.sources.reserve(k_max + 1);
+        self.out.logprobs.reserve(k_max + 1);
+        self.ver.accept_probs.reserve(k_max + 1);
+        self.ver.row_norms.reserve(k_max + 1);
+        if self.draft.is_some() && self.probs_dft.len() < k_max * self.vocab {
+            self.probs_dft.resize(k_max * self.vocab, 0.0);
+        }
         let stats = Stats {
             n_prompt_tokens: prompt.len() as u64,
             prefill_ms: ms_since(t0),
+            accepted_at: vec![0; k_max],
+            rounds_by_k: vec![0; k_max + 1],
             ..Stats::default()
         };
         let mut tokens = Vec::with_capacity(prompt.len() + cfg.max_new_tokens);
@@ -463,7 +484,8 @@ impl Engine {
         } else {
             &[]
         };
-        let ver = verify(
+        let ver = &mut self.ver;
+        verify_into(
             &mut self.sampler_tgt,
             logits_tgt,
             probs_dft,
@@ -472,6 +494,7 @@ impl Engine {
             mode,
             &mut req.penalties,
             &mut req.rng,
+            ver,
         )?;
         let n_acc = ver.n_accepted;
         req.n_past_tgt = len + n_acc;
@@ -513,7 +536,12 @@ impl Engine {
                 TokenSource::Recovered
             };
             let row = &logits_tgt[i * vocab..(i + 1) * vocab];
-            let logprob = log_softmax_at(row, tok, i)?;
+            // The verifier's row normaliser when it computed the plain softmax (T = 1, no penalties/top-k).
+            let logprob = match ver.row_norms.get(i).copied().flatten() {
+                Some(norm) => log_softmax_with(row, tok, norm)
+                    .map_or_else(|| log_softmax_at(row, tok, i), Ok)?,
+                None => log_softmax_at(row, tok, i)?,
+            };
             match source {
                 TokenSource::Accepted => {
                     stats.n_accepted += 1;

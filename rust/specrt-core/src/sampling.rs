@@ -218,6 +218,12 @@ impl PenaltyContext {
         Ok(())
     }
 
+    /// Reserve room for `additional` more tokens, so pushing them (and undoing drafts) never allocates.
+    pub fn reserve(&mut self, additional: usize) {
+        self.history.reserve(additional);
+        self.seen.reserve(additional.min(self.vocab));
+    }
+
     /// Number of output tokens counted.
     #[must_use]
     pub fn len(&self) -> usize {
@@ -551,12 +557,13 @@ impl Sampler {
             logits: vec![0.0; vocab],
             resid: vec![0.0; vocab],
             heap: Vec::new(),
-            cand: Vec::new(),
+            // Sparse-row scratch sized once for the largest candidate set, so rounds never reallocate.
+            cand: Vec::with_capacity(vocab.min(MAX_CAND) + 1),
             bmax: vec![f32::NEG_INFINITY; n_blocks(vocab)],
             sparse: false,
-            kidx: Vec::new(),
-            kw: Vec::new(),
-            rw: Vec::new(),
+            kidx: Vec::with_capacity(vocab.min(MAX_CAND) + 1),
+            kw: Vec::with_capacity(vocab.min(MAX_CAND) + 1),
+            rw: Vec::with_capacity(vocab.min(MAX_CAND) + 1),
             threshold: 0.0,
             total: 0.0,
             norm: None,

@@ -53,7 +53,7 @@ impl MockModel {
             noise: 0.0,
             scale,
             boost: None,
-            cache: Vec::new(),
+            cache: Vec::with_capacity(max_seq),
             out: Vec::new(),
             n_calls: 0,
             n_tokens_fed: 0,

@@ -48,16 +48,17 @@ impl VerifyMode {
 }
 
 /// What the last emitted token of a round is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LastToken {
     /// Sampled from the residual at the first rejected position (or the target argmax in greedy mode).
+    #[default]
     Recovered,
     /// All K draft tokens were accepted; sampled from target row K.
     Bonus,
 }
 
 /// The result of one round. Output tokens = accepted + one recovered or bonus token.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Verification {
     /// Number of draft tokens proposed (K).
     pub n_draft: usize,
@@ -152,6 +153,27 @@ pub fn verify(
     penalties: &mut PenaltyContext,
     rng: &mut Rng,
 ) -> Result<Verification> {
+    let mut out = Verification::default();
+    verify_into(
+        sampler, logits_tgt, probs_dft, tokens_dft, params, mode, penalties, rng, &mut out,
+    )?;
+    Ok(out)
+}
+
+/// [`verify`] writing into `out` (its vectors are cleared and reused: no allocation once they have grown to
+/// `k + 1` entries). Same inputs, outputs and errors; on error `out` is unspecified.
+#[allow(clippy::too_many_arguments)]
+pub fn verify_into(
+    sampler: &mut Sampler,
+    logits_tgt: &[f32],
+    probs_dft: &[f32],
+    tokens_dft: &[u32],
+    params: &SamplingParams,
+    mode: VerifyMode,
+    penalties: &mut PenaltyContext,
+    rng: &mut Rng,
+    out: &mut Verification,
+) -> Result<()> {
     let vocab = sampler.vocab();
     if mode == VerifyMode::Greedy && !params.is_greedy() {
         return Err(SpecError::Config(format!(
@@ -162,12 +184,12 @@ pub fn verify(
     let mode = mode.effective(params);
     check_inputs(vocab, logits_tgt, probs_dft, tokens_dft, mode)?;
     let committed = penalties.len();
-    let out = verify_rows(
-        sampler, logits_tgt, probs_dft, tokens_dft, params, mode, penalties, rng,
+    let res = verify_rows(
+        sampler, logits_tgt, probs_dft, tokens_dft, params, mode, penalties, rng, out,
     );
     // A rejected draft leaves no trace: drop the draft tokens pushed for later rows, even on error.
     penalties.truncate(committed);
-    out
+    res
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -180,13 +202,15 @@ fn verify_rows(
     mode: VerifyMode,
     penalties: &mut PenaltyContext,
     rng: &mut Rng,
-) -> Result<Verification> {
+    out: &mut Verification,
+) -> Result<()> {
     let vocab = sampler.vocab();
     let k = tokens_dft.len();
     let use_penalties = params.has_penalties();
-    let mut tokens = Vec::with_capacity(k + 1);
-    let mut accept_probs = Vec::with_capacity(k);
-    let mut norms = Vec::with_capacity(k + 1);
+    out.n_draft = k;
+    out.tokens.clear();
+    out.accept_probs.clear();
+    out.row_norms.clear();
     for (i, &d) in tokens_dft.iter().enumerate() {
         // [vocab] target row i: scores d_{i+1} given the committed tokens and d_1 .. d_i.
         let row = &logits_tgt[i * vocab..(i + 1) * vocab];
@@ -194,17 +218,17 @@ fn verify_rows(
         match mode {
             VerifyMode::Greedy => {
                 let a = sampler.argmax(row, i, params, ctx)?;
-                norms.push(None);
+                out.row_norms.push(None);
                 if a != d {
-                    accept_probs.push(0.0);
-                    tokens.push(a);
-                    return Ok(done(k, tokens, LastToken::Recovered, accept_probs, norms));
+                    out.accept_probs.push(0.0);
+                    out.tokens.push(a);
+                    return done(out, LastToken::Recovered);
                 }
-                accept_probs.push(1.0);
+                out.accept_probs.push(1.0);
             }
             VerifyMode::Stochastic | VerifyMode::Deterministic => {
                 sampler.process(row, i, params, ctx)?;
-                norms.push(sampler.row_norm());
+                out.row_norms.push(sampler.row_norm());
                 let p = sampler.prob(d);
                 let q = if mode == VerifyMode::Stochastic {
                     draft_prob(probs_dft, i, vocab, d)?
@@ -213,7 +237,7 @@ fn verify_rows(
                 };
                 let u = rng.next_f64();
                 #[allow(clippy::cast_possible_truncation)]
-                accept_probs.push((p / q).min(1.0) as f32);
+                out.accept_probs.push((p / q).min(1.0) as f32);
                 // Accept with probability min(1, p/q); `u < 1`, so p >= q always accepts. No division: q > 0.
                 if u * q >= p {
                     let u = rng.next_f64();
@@ -224,12 +248,12 @@ fn verify_rows(
                         sampler.sample_excluding(d, u)
                     };
                     // `norms[i]` (row i) is the recovered token's row too.
-                    tokens.push(t);
-                    return Ok(done(k, tokens, LastToken::Recovered, accept_probs, norms));
+                    out.tokens.push(t);
+                    return done(out, LastToken::Recovered);
                 }
             }
         }
-        tokens.push(d);
+        out.tokens.push(d);
         if use_penalties {
             penalties.push(d)?;
         }
@@ -238,33 +262,23 @@ fn verify_rows(
     let row = &logits_tgt[k * vocab..(k + 1) * vocab];
     let ctx = use_penalties.then_some(&*penalties);
     let t = if mode == VerifyMode::Greedy {
-        norms.push(None);
+        out.row_norms.push(None);
         sampler.argmax(row, k, params, ctx)?
     } else {
         sampler.process(row, k, params, ctx)?;
-        norms.push(sampler.row_norm());
+        out.row_norms.push(sampler.row_norm());
         sampler.sample_processed(rng.next_f64())
     };
-    tokens.push(t);
-    Ok(done(k, tokens, LastToken::Bonus, accept_probs, norms))
+    out.tokens.push(t);
+    done(out, LastToken::Bonus)
 }
 
-fn done(
-    k: usize,
-    tokens: Vec<u32>,
-    last: LastToken,
-    accept_probs: Vec<f32>,
-    row_norms: Vec<Option<RowNorm>>,
-) -> Verification {
-    debug_assert_eq!(row_norms.len(), tokens.len());
-    Verification {
-        n_draft: k,
-        n_accepted: tokens.len() - 1,
-        tokens,
-        last,
-        accept_probs,
-        row_norms,
-    }
+#[allow(clippy::unnecessary_wraps)]
+fn done(out: &mut Verification, last: LastToken) -> Result<()> {
+    debug_assert_eq!(out.row_norms.len(), out.tokens.len());
+    out.n_accepted = out.tokens.len() - 1;
+    out.last = last;
+    Ok(())
 }
 
 /// `q(d)` from draft row `i`, checked: a proposed token must have had positive probability.
