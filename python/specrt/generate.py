@@ -508,11 +508,22 @@ class Decoder:
             "use_draft_model": "draft" in proposer,
         }
         if "ngram" in proposer:
-            out["prompt_lookup_min"] = int(lookup_min)
-            out["prompt_lookup_max"] = int(lookup_max)
+            ints = all(isinstance(n, int) and not isinstance(n, bool) for n in (lookup_min, lookup_max))
+            if not (ints and 1 <= lookup_min <= lookup_max <= 32):
+                raise ConfigError(
+                    f"n-gram lengths prompt_lookup_min = {lookup_min!r}, prompt_lookup_max = {lookup_max!r} are "
+                    "invalid (expected integers 1 <= prompt_lookup_min <= prompt_lookup_max <= 32)"
+                )
+            out["prompt_lookup_min"] = lookup_min
+            out["prompt_lookup_max"] = lookup_max
         if pinned is not None:
-            out["pinned_c_draft"] = float(pinned["c_draft"])
-            out["pinned_c_verify"] = [float(c) for c in pinned["c_verify"]]
+            try:
+                out["pinned_c_draft"] = float(pinned["c_draft"])
+                out["pinned_c_verify"] = [float(c) for c in pinned["c_verify"]]
+            except (KeyError, TypeError, ValueError) as e:
+                raise ConfigError(
+                    f"pinned_costs {pinned!r} is invalid (expected {{'c_draft': float, 'c_verify': [floats]}}): {e!r}"
+                ) from e
         return out
 
     def _run(self, ids: list[int], settings: dict[str, Any], stops: list[str]) -> Iterator[StreamChunk]:

@@ -20,6 +20,14 @@ use crate::error::{Result, SpecError};
 /// Largest K the optimisers consider by default.
 pub const DEFAULT_K_MAX: usize = 64;
 
+/// Largest `k_max` [`optimal_k`] searches (the search is exact, one [`speedup`] per K; the engine drafts at most
+/// 64 tokens per round anyway).
+pub const MAX_K_MAX: usize = 1024;
+
+/// Up to this K, `1 + a + ... + a^K` is summed term by term; beyond it, the closed form is used (a loop over an
+/// arbitrary `usize` K would not finish).
+const GEOMETRIC_LOOP_MAX: usize = 4096;
+
 /// Acceptance probability of a proposed token: `min(1, p / q)`.
 ///
 /// Inputs: `p` target probability in [0, 1], `q` draft probability in (0, 1] (a proposed token has `q > 0`).
@@ -66,8 +74,17 @@ pub fn expected_tokens(a: f64, k: usize) -> Result<f64> {
     Ok(geometric_sum(a, k))
 }
 
-/// `1 + a + ... + a^k`, summed directly (exact at a = 1, no cancellation near 1).
+/// `1 + a + ... + a^k`, summed directly (exact at a = 1, no cancellation near 1) up to [`GEOMETRIC_LOOP_MAX`]
+/// terms; beyond that `(1 - a^(k+1)) / (1 - a)` (or `k + 1` at `a = 1`). `a` in [0, 1].
 fn geometric_sum(a: f64, k: usize) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let kf = k as f64;
+    if a >= 1.0 {
+        return kf + 1.0;
+    }
+    if k > GEOMETRIC_LOOP_MAX {
+        return (1.0 - a.powf(kf + 1.0)) / (1.0 - a);
+    }
     let mut s = 0.0;
     let mut term = 1.0;
     for _ in 0..=k {
@@ -122,7 +139,7 @@ pub struct OptimalK {
 /// K = 0 is included, so a draft that cannot pay for itself gives `k = 0`.
 /// Example: `a = 0.7, c_q = 1, c_p = 10 -> K = 4, 1.981x` (the seed's "around 5-6" is off).
 ///
-/// Errors: as [`speedup`], for any K.
+/// Errors: as [`speedup`], for any K; [`SpecError::Config`] for `k_max > MAX_K_MAX`.
 pub fn optimal_k(
     a: f64,
     c_q: f64,
@@ -130,6 +147,7 @@ pub fn optimal_k(
     k_max: usize,
     c_verify: Option<&dyn Fn(usize) -> f64>,
 ) -> Result<OptimalK> {
+    check_k_max(k_max)?;
     let mut best = OptimalK {
         k: 0,
         speedup: f64::NEG_INFINITY,
@@ -141,6 +159,18 @@ pub fn optimal_k(
         }
     }
     Ok(best)
+}
+
+/// Check the search range of [`optimal_k`].
+///
+/// Errors: [`SpecError::Config`] for `k_max > MAX_K_MAX`.
+pub fn check_k_max(k_max: usize) -> Result<()> {
+    if k_max > MAX_K_MAX {
+        return Err(SpecError::Config(format!(
+            "k_max {k_max} is invalid (expected 0 <= k_max <= {MAX_K_MAX})"
+        )));
+    }
+    Ok(())
 }
 
 /// One draft model in a comparison.
@@ -197,8 +227,9 @@ pub fn alpha_from_tokens_per_round(e: f64, k: usize) -> Result<f64> {
                 .to_owned(),
         ));
     }
+    // Not `(k + 1) as f64`: k + 1 overflows for k = usize::MAX.
     #[allow(clippy::cast_precision_loss)]
-    let top = (k + 1) as f64;
+    let top = k as f64 + 1.0;
     if !(1.0..=top).contains(&e) {
         return Err(SpecError::Config(format!(
             "tokens per round {e} is invalid (expected 1 <= e <= k + 1 = {top})"

@@ -121,6 +121,8 @@ pub fn optimal_k(
     k_max: usize,
     c_verify: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyOptimalK> {
+    // Before calling `c_verify` k_max + 1 times.
+    cost::check_k_max(k_max).map_err(to_pyerr)?;
     let table: Option<Vec<f64>> = match c_verify {
         None => None,
         Some(f) if f.is_callable() => Some(
