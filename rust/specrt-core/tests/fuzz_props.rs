@@ -76,6 +76,39 @@ fn param(valid: impl Strategy<Value = f32> + 'static) -> BoxedStrategy<f32> {
     prop_oneof![4 => valid, 1 => wild_f32()].boxed()
 }
 
+/// Parameters inside the documented ranges (including their edges and denormal corners).
+fn valid_params() -> impl Strategy<Value = SamplingParams> {
+    (
+        prop_oneof![
+            Just(0.0f32),
+            Just(1e-5),
+            0.01f32..3.0,
+            Just(1e30),
+            Just(f32::MAX)
+        ],
+        prop_oneof![3 => Just(0u32), 3 => 1u32..8, 1 => any::<u32>()],
+        prop_oneof![
+            Just(1.0f32),
+            1e-6f32..=1.0,
+            Just(f32::MIN_POSITIVE),
+            Just(1e-45)
+        ],
+        prop_oneof![Just(0.0f32), 0.0f32..=1.0, Just(1.0), Just(1e-45)],
+        prop_oneof![Just(1.0f32), 0.1f32..3.0, Just(1e-30), Just(1e30)],
+        prop_oneof![Just(0.0f32), -2.0f32..2.0, Just(-1e30), Just(1e30)],
+        prop_oneof![Just(0.0f32), -2.0f32..2.0],
+    )
+        .prop_map(|(t, k, p, m, r, f, pr)| SamplingParams {
+            temperature: t,
+            top_k: k,
+            top_p: p,
+            min_p: m,
+            repetition_penalty: r,
+            frequency_penalty: f,
+            presence_penalty: pr,
+        })
+}
+
 fn params() -> impl Strategy<Value = SamplingParams> {
     (
         param(prop_oneof![
@@ -187,7 +220,7 @@ proptest! {
     #[test]
     fn process_reports_bad_rows_and_otherwise_yields_a_distribution(
         (vocab, x) in vocab_size(0).prop_flat_map(|v| (Just(v), row(v))),
-        p in params().prop_filter("valid", params_valid),
+        p in valid_params(),
         penal in prop::option::of((prop::collection::vec(any::<u32>(), 0..4), prop::collection::vec(any::<u32>(), 0..6))),
         row_id in 0usize..70,
         us in prop::collection::vec(prop_oneof![Just(0.0f64), Just(1.0 - f64::EPSILON / 2.0), 0.0f64..1.0], 3),
