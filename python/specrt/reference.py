@@ -121,9 +121,7 @@ def _check_finite(x: np.ndarray, row: int) -> None:
         raise ValueError(f"non-finite logits at row {row}, token 0: all -inf")
 
 
-def process(
-    logits: np.ndarray, p: Params, prompt: list[int] = (), output: list[int] = (), row: int = 0
-) -> Processed:
+def process(logits: np.ndarray, p: Params, prompt: list[int] = (), output: list[int] = (), row: int = 0) -> Processed:
     """Penalties, temperature, top-k, top-p, min-p of one ``[vocab] float32`` row (greedy: one-hot argmax)."""
     x = _penalise(np.asarray(logits, dtype=np.float32), p, list(prompt), list(output))
     _check_finite(x, row)
