@@ -26,6 +26,24 @@ def _k_arg(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{value!r} is not an integer 0..64 or 'auto'") from None
 
 
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return n
+
+
+def _unescape(value: str) -> str:
+    """Decode backslash escapes (``\\n``, ``\\t``, ``\\u2028``) typed on a command line."""
+    try:
+        return value.encode("utf-8").decode("unicode_escape").encode("latin-1").decode("utf-8")
+    except (UnicodeDecodeError, UnicodeEncodeError):
+        return value
+
+
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to emit (default 128)")
@@ -51,8 +69,14 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repetition-penalty", type=float, default=None, help="1 = off")
     g.add_argument("--frequency-penalty", type=float, default=0.0)
     g.add_argument("--presence-penalty", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--seed", type=int, default=0, help="random seed (default 0: the same settings repeat exactly)")
+    g.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        type=_unescape,
+        help=r"stop string (repeatable); backslash escapes are decoded, so '\n\n' is two newlines",
+    )
     g.add_argument("--stop-token-id", type=int, action="append", default=None, help="stop token id (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
 
@@ -70,10 +94,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     g.add_argument("--system", default=None, help="system message (with --chat)")
     _add_sampling(g)
-    g.add_argument("--provider", default="cpu", choices=["cpu", "cuda"])
+    g.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider (default cpu)")
     g.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
     g.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model (default 4096)")
-    g.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads per model")
+    g.add_argument(
+        "--threads", type=_positive_int, default=None, help="ONNX Runtime threads (one pool shared by both models)"
+    )
     g.add_argument("--color", action="store_true", help="colour tokens: accepted green, recovered yellow, bonus cyan")
     g.add_argument("--stats", action="store_true", help="print statistics at the end (stderr)")
     g.add_argument("--json", action="store_true", help="print the whole result as JSON instead of streaming text")
@@ -148,11 +174,15 @@ def _print_stats(res: Any) -> None:
 
 
 def _generate(a: argparse.Namespace) -> int:
+    from specrt.errors import ConfigError
     from specrt.generate import Decoder
 
     if a.prompt_file:
-        with open(a.prompt_file, encoding="utf-8") as f:
-            prompt = f.read()
+        try:
+            with open(a.prompt_file, encoding="utf-8") as f:
+                prompt = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"cannot read --prompt-file {a.prompt_file}: {e}") from e
     else:
         prompt = a.prompt
     dec = Decoder(
@@ -243,13 +273,13 @@ def _convert(a: argparse.Namespace) -> int:
 def _cost(a: argparse.Namespace) -> int:
     from specrt import _specrt
 
+    best = _specrt.optimal_k(a.alpha, a.c_draft, a.c_target)  # validates the arguments before printing
     print(f"a={a.alpha} c_q={a.c_draft} c_p={a.c_target}  (Leviathan et al. 2023: E = (1 - a^(K+1)) / (1 - a))")
     print(f"{'K':>3} {'E tokens/round':>15} {'cycle cost':>11} {'speedup':>8}")
     for k in range(a.max_k + 1):
         e = _specrt.expected_tokens(a.alpha, k)
         cost = _specrt.cycle_cost(k, a.c_draft, a.c_target)
         print(f"{k:>3} {e:>15.3f} {cost:>11.2f} {_specrt.speedup(a.alpha, k, a.c_draft, a.c_target):>7.3f}x")
-    best = _specrt.optimal_k(a.alpha, a.c_draft, a.c_target)
     print(f"optimal K = {best.k} ({best.speedup:.3f}x)")
     return 0
 

@@ -282,6 +282,11 @@ class Decoder:
     ) -> None:
         from specrt.models import resolve_model
 
+        if intra_op_threads is not None and (isinstance(intra_op_threads, bool) or intra_op_threads < 1):
+            raise ConfigError(f"intra_op_threads {intra_op_threads} is invalid (expected >= 1, or None for the cores)")
+        if max_seq_len is not None and max_seq_len < 1:
+            raise ConfigError(f"max_seq_len {max_seq_len} is invalid (expected >= 1)")
+
         self.target_path = resolve_model(target, dtype)
         self.draft_path = resolve_model(draft, dtype) if draft is not None else None
         self._target = _ModelFolder(self.target_path)

@@ -189,6 +189,9 @@ struct Request {
     logprobs: Vec<f32>,
     finish_reason: Option<FinishReason>,
     controller: Option<KController>,
+    // The last round: generated count before it, draft positions counted in `n_drafted`, and whether they were
+    // n-gram proposals (so a stop string can uncount what it cuts off).
+    last_round: (usize, u64, bool),
 }
 
 /// A target model, an optional draft model, and the request being decoded. Not thread-safe by itself: a caller
@@ -368,6 +371,7 @@ impl Engine {
             logprobs: Vec::with_capacity(cfg.max_new_tokens),
             finish_reason: None,
             controller,
+            last_round: (0, 0, false),
             cfg,
         });
         Ok(())
@@ -512,12 +516,9 @@ impl Engine {
         }
 
         out.n_drafted = k;
+        let gen_before = len - req.n_prompt;
         let stats = &mut req.stats;
         stats.n_rounds += 1;
-        stats.n_drafted += k as u64;
-        if mode == VerifyMode::Deterministic {
-            stats.n_drafted_ngram += k as u64;
-        }
         stats.draft_ms += draft_ms;
         stats.target_ms += target_ms;
         if stats.accepted_at.len() < k {
@@ -578,6 +579,20 @@ impl Engine {
                 break;
             }
         }
+        // Draft positions count as drafted up to the last emitted token: a block cut by EOS, a stop token or
+        // max_new_tokens counts only the positions before the cut.
+        let n_emitted = out.tokens.len();
+        let counted = if n_emitted < ver.tokens.len() {
+            k.min(n_emitted)
+        } else {
+            k
+        } as u64;
+        let ngram_round = mode == VerifyMode::Deterministic;
+        stats.n_drafted += counted;
+        if ngram_round {
+            stats.n_drafted_ngram += counted;
+        }
+        req.last_round = (gen_before, counted, ngram_round);
         if req.cfg.ngram.is_some() {
             if let Some(ng) = self.ngram.as_mut() {
                 ng.extend(&out.tokens);
@@ -601,13 +616,31 @@ impl Engine {
                 "stop_at({n_keep}) is invalid (expected <= {n_gen} generated tokens)"
             )));
         }
-        for src in req.sources.drain(n_keep..) {
+        let (gen_before, counted, ngram_round) = req.last_round;
+        let stats = &mut req.stats;
+        for (j, src) in req.sources.drain(n_keep..).enumerate() {
+            let pos = (n_keep + j).saturating_sub(gen_before);
             match src {
-                TokenSource::Accepted => req.stats.n_accepted -= 1,
-                TokenSource::Recovered => req.stats.n_recovered -= 1,
-                TokenSource::Bonus => req.stats.n_bonus -= 1,
+                TokenSource::Accepted => {
+                    stats.n_accepted -= 1;
+                    if let Some(c) = stats.accepted_at.get_mut(pos) {
+                        *c = c.saturating_sub(1);
+                    }
+                    if ngram_round {
+                        stats.n_accepted_ngram -= 1;
+                    }
+                }
+                TokenSource::Recovered => stats.n_recovered -= 1,
+                TokenSource::Bonus => stats.n_bonus -= 1,
             }
         }
+        // The cut falls in the last round (earlier text held no stop): uncount its draft positions past the cut.
+        let kept = counted.min(n_keep.saturating_sub(gen_before) as u64);
+        stats.n_drafted -= counted - kept;
+        if ngram_round {
+            stats.n_drafted_ngram -= counted - kept;
+        }
+        req.last_round.1 = kept;
         req.logprobs.truncate(n_keep);
         req.tokens.truncate(req.n_prompt + n_keep);
         if let Some(ng) = self.ngram.as_mut() {

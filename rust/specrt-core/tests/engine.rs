@@ -227,6 +227,10 @@ fn eos_inside_an_accepted_block_ends_generation_there() {
     assert_eq!(out.finish_reason, FinishReason::Eos);
     assert_eq!(out.tokens, reference[..=pos].to_vec(), "nothing after EOS");
     check_stats(&out);
+    assert_eq!(
+        out.stats.n_accepted, out.stats.n_drafted,
+        "draft positions after EOS are not counted"
+    );
     // ignore_eos goes on to max_new_tokens.
     cfg.ignore_eos = true;
     let out = run(
@@ -282,6 +286,13 @@ fn stop_at_truncates_output_and_statistics() {
     assert_eq!(out.finish_reason, FinishReason::Stop);
     assert_eq!(out.tokens, step.tokens[..2].to_vec());
     check_stats(&out);
+    assert_eq!(
+        (out.stats.n_drafted, out.stats.n_accepted),
+        (2, 2),
+        "only positions before the cut count"
+    );
+    assert_eq!(out.stats.accepted_at[..2], [1, 1]);
+    assert_eq!(out.stats.accepted_at[2..], [0, 0]);
     assert!(matches!(e.stop_at(3), Err(SpecError::Config(_))));
 }
 
