@@ -8,8 +8,10 @@ One process, one Decoder (target + draft, the same model as its own draft unless
 Generations cycle through a mix of request kinds, so every path is exercised: sampled and greedy, plain and
 streamed, a stream closed after its first chunk, a stop string, a request rejected with ``ConfigError``, and a
 ``NonFiniteLogitsError``-free penalty run. Every ``--every`` generations: ``gc.collect()`` then ``VmRSS`` from
-``/proc/self/status``. The growth is the least-squares slope over the samples after the first (the first window
-holds one-time allocations: ONNX Runtime arenas, tokenizer caches).
+``/proc/self/status``, split into ``RssAnon`` (heap: where a leak shows) and ``RssFile`` (mapped files such as the
+model weights, which the kernel may drop and re-read under memory pressure, so total RSS can also fall). The growth
+is the least-squares slope of ``RssAnon`` over the samples after the first (the first window holds one-time
+allocations: ONNX Runtime arenas, tokenizer caches).
 
 Prints the series and a Markdown row for ``benches/RESULTS.md``; ``--json`` writes everything.
 """
@@ -40,13 +42,20 @@ PROMPTS = [
 ]
 
 
-def rss_kib() -> int:
-    """Resident set size of this process in KiB (Linux /proc)."""
+def status_kib(*fields: str) -> tuple[int, ...]:
+    """Fields of /proc/self/status in KiB (e.g. VmRSS, RssAnon, RssFile)."""
+    values = {}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("VmRSS not found in /proc/self/status")
+            name, _, rest = line.partition(":")
+            if name in fields:
+                values[name] = int(rest.split()[0])
+    return tuple(values[n] for n in fields)
+
+
+def rss_kib() -> int:
+    """Resident set size of this process in KiB (Linux /proc)."""
+    return status_kib("VmRSS")[0]
 
 
 def slope(xs: list[float], ys: list[float]) -> float:
@@ -127,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     dec = specrt.Decoder(target, draft, max_seq_len=a.max_seq_len)
     rss_loaded = rss_kib()
     series: list[tuple[int, int]] = [(0, rss_loaded)]
+    anon: list[tuple[int, int, int]] = [(0, *status_kib("RssAnon", "RssFile"))]
     kinds: dict[str, int] = {}
     print(f"RSS before load {rss0} KiB, after load {rss_loaded} KiB", flush=True)
     for i in range(a.n):
@@ -135,11 +145,16 @@ def main(argv: list[str] | None = None) -> int:
         if (i + 1) % a.every == 0:
             gc.collect()
             series.append((i + 1, rss_kib()))
+            anon.append((i + 1, *status_kib("RssAnon", "RssFile")))
             elapsed = time.perf_counter() - t0
-            print(f"{i + 1:6d} generations  RSS {series[-1][1]:8d} KiB  ({elapsed:7.1f} s)", flush=True)
-    steady = series[2:] if len(series) > 3 else series[1:]
-    per_100 = 100 * slope([x for x, _ in steady], [y for _, y in steady])
-    growth = series[-1][1] - series[1][1]
+            print(
+                f"{i + 1:6d} generations  RSS {series[-1][1]:8d} KiB  anon {anon[-1][1]:8d} KiB  file {anon[-1][2]:8d} "
+                f"KiB  ({elapsed:7.1f} s)",
+                flush=True,
+            )
+    steady = anon[2:] if len(anon) > 3 else anon[1:]
+    per_100 = 100 * slope([x for x, _, _ in steady], [y for _, y, _ in steady])
+    growth = anon[-1][1] - anon[1][1]
     out = {
         "model": str(a.model),
         "draft": str(draft) if draft else None,
@@ -148,21 +163,22 @@ def main(argv: list[str] | None = None) -> int:
         "max_new_tokens": a.max_new_tokens,
         "kinds": kinds,
         "rss_kib": series,
+        "rss_anon_file_kib": anon,
         "rss_before_load_kib": rss0,
         "slope_kib_per_100": per_100,
-        "growth_after_first_window_kib": growth,
+        "anon_growth_after_first_window_kib": growth,
         "seconds": time.perf_counter() - t0,
         "python": platform.python_version(),
         "specrt": specrt.__version__ if hasattr(specrt, "__version__") else None,
         "pid": os.getpid(),
     }
     print(
-        f"\nslope after warm-up: {per_100:+.1f} KiB per 100 generations; "
-        f"RSS {series[1][1]} -> {series[-1][1]} KiB from generation {series[1][0]} to {series[-1][0]}"
+        f"\nRssAnon slope after warm-up: {per_100:+.1f} KiB per 100 generations; RssAnon {anon[1][1]} -> "
+        f"{anon[-1][1]} KiB ({growth:+d}) from generation {anon[1][0]} to {anon[-1][0]}"
     )
     print(
-        f"| {a.model} | {a.n} | {series[1][1] / 1024:.1f} | {series[-1][1] / 1024:.1f} | {per_100:+.1f} | "
-        f"{', '.join(str(y // 1024) for _, y in series)} |"
+        f"| {a.model} | {a.n} | {anon[1][1] / 1024:.1f} | {anon[-1][1] / 1024:.1f} | {per_100:+.1f} | "
+        f"{', '.join(f'{y / 1024:.1f}' for _, y, _ in anon)} |"
     )
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
