@@ -749,11 +749,13 @@ def test_ctrl_c_stops_a_long_generation_promptly_and_leaves_the_decoder_usable(t
 
 
 def _rss_kib() -> int:
+    """Anonymous resident memory (heap) in KiB: mapped model files can be dropped and re-read by the kernel under
+    memory pressure, so total VmRSS moves for reasons other than leaks."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith("RssAnon:"):
                 return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError("no RssAnon")
 
 
 def _one_request(dec: specrt.Decoder, i: int) -> None:
