@@ -72,3 +72,27 @@ def test_greedy_speculative_with_truncated_draft_equals_target_only(decoders) ->
                 f"{name:10s} k={k}: acceptance {s.acceptance_rate:.3f} ({s.n_accepted}/{s.n_drafted} drafted), "
                 f"{s.mean_tokens_per_round:.2f} tokens/round, {s.n_bonus} bonus"
             )
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("proposer", ["ngram", "ngram+draft"])
+def test_greedy_ngram_drafting_equals_target_only(decoders, proposer: str) -> None:
+    """Prompt-lookup drafts (alone, and before the truncated draft) keep greedy output token for token; on the
+    repetitive prompt the n-gram proposer fires and is accepted."""
+    target_only, speculative = decoders
+    for name, prompt in _prompts(target_only).items():
+        ref = target_only.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True)
+        for k in (3, 8):
+            out = speculative.generate(
+                prompt,
+                max_new_tokens=MAX_NEW_TOKENS,
+                temperature=0,
+                num_speculative_tokens=k,
+                proposer=proposer,
+                ignore_eos=True,
+            )
+            assert out.token_ids == ref.token_ids, (name, proposer, k)
+            s = out.stats
+            print(f"{proposer} {name} k={k}: ngram drafted {s.n_drafted_ngram}, accepted {s.n_accepted_ngram}")
+            if name == "repetitive":
+                assert s.n_accepted_ngram > MAX_NEW_TOKENS // 2, "copying the repetition should be accepted"

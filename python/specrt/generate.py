@@ -45,6 +45,8 @@ class Stats:
         draft_ms_per_round, target_ms_per_round: per-round means in ms.
         decode_tokens_per_s: emitted tokens per second after prefill; tokens_per_s: including prefill.
         accepted_at: rounds in which draft position i was accepted.
+        n_drafted_ngram, n_accepted_ngram: of n_drafted / n_accepted, the prompt-lookup (n-gram) proposals.
+        rounds_by_k: rounds_by_k[k] = rounds that verified k draft tokens (how often each K was chosen).
     """
 
     n_prompt_tokens: int
@@ -64,6 +66,9 @@ class Stats:
     decode_tokens_per_s: float | None
     tokens_per_s: float | None
     accepted_at: tuple[int, ...] = ()
+    n_drafted_ngram: int = 0
+    n_accepted_ngram: int = 0
+    rounds_by_k: tuple[int, ...] = ()
 
     @property
     def n_emitted(self) -> int:
@@ -91,12 +96,16 @@ class Stats:
             decode_tokens_per_s=d["decode_tokens_per_s"],
             tokens_per_s=d["tokens_per_s"],
             accepted_at=tuple(d["accepted_at"]),
+            n_drafted_ngram=d["n_drafted_ngram"],
+            n_accepted_ngram=d["n_accepted_ngram"],
+            rounds_by_k=tuple(d["rounds_by_k"]),
         )
 
     def as_dict(self) -> dict[str, Any]:
         """All fields plus ``n_emitted``, JSON-ready."""
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["accepted_at"] = list(self.accepted_at)
+        out["rounds_by_k"] = list(self.rounds_by_k)
         out["n_emitted"] = self.n_emitted
         return out
 
