@@ -2,13 +2,18 @@
 
 For each prompt of a set in ``benches/prompts.json`` (default: the four peers.md prompts), decode ``--max-new-tokens``
 greedy tokens target-only with ``specrt.Decoder`` and, when ``onnxruntime_genai`` is importable, with onnxruntime-genai
-loading the very same ``model.onnx`` (a ``genai_config.json`` is written into a temporary folder of symlinks: our
-decoder contract uses genai's input/output names and its shared past/present buffer). Runs alternate between the two
-so both see the same machine load. tokens/s = new tokens / wall time including prefill (peers.md's definition).
+loading the very same ``model.onnx`` (a ``genai_config.json`` is written into a temporary folder of symlinks:
+our decoder contract uses genai's input/output names and its shared past/present buffer). Each runtime runs in its
+own worker process (both alive for the whole run, asked in turn, the order alternating per repetition) so both see
+the same machine load and each session is the only one in its process; both use a KV cache of ``--max-seq-len``
+positions. tokens/s = new tokens / wall time including prefill (peers.md's definition).
 
 Usage::
 
-    python benches/bench_int4.py MODEL_FOLDER [--set peers] [--repeats 3] [--threads 2] [--json out.json]
+    PYTHONPATH=python benches/out/venv-genai/bin/python benches/bench_int4.py MODEL_FOLDER [--set peers] \\
+        [--repeats 3] [--threads 2] [--json out.json]
+
+(the onnxruntime-genai venv of ``benches/peers/setup_genai_venv.sh``; with another python, specrt only).
 
 Prints one line per prompt and runtime (median and [min-max] over repeats, new-token count) and a summary.
 """
@@ -19,6 +24,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -94,6 +101,58 @@ def genai_folder(model: Path, threads: int, max_length: int) -> Path:
     return tmp
 
 
+def worker(runtime: str, model: Path, threads: int, max_new_tokens: int, max_seq_len: int) -> int:
+    """Serve one runtime in this process: read a JSON list of prompt ids per line, answer with the timing."""
+    import specrt
+    from specrt.generate import _ModelFolder, _render_chat
+
+    folder = _ModelFolder(model)
+
+    def encode(p: dict[str, Any]) -> list[int]:
+        # Decoder.encode without a session (the specrt worker checks the two agree): the genai worker must hold
+        # no specrt session, so that each process has exactly one.
+        if p.get("messages") is None:
+            return folder.tokenizer.encode(p["prompt"]).ids
+        text = _render_chat(
+            folder.chat_template or "",
+            p["messages"],
+            True,
+            bos_token=folder.config.get("bos_token", ""),
+            eos_token=folder.config.get("eos_token", ""),
+        )
+        return folder.tokenizer.encode(text, add_special_tokens=False).ids
+
+    if runtime == "specrt":
+        dec = specrt.Decoder(model, max_seq_len=max_seq_len, intra_op_threads=threads)
+    else:
+        import onnxruntime_genai as og
+
+        gmodel = og.Model(str(genai_folder(model, threads, max_length=max_seq_len)))
+    for line in sys.stdin:
+        p = json.loads(line)
+        ids = encode(p)
+        if runtime == "specrt" and ids != dec.encode(p.get("prompt"), p.get("messages")):
+            raise RuntimeError("bench tokenization differs from Decoder.encode")
+        t = time.perf_counter()
+        if runtime == "specrt":
+            out = list(
+                dec.generate(ids, max_new_tokens=max_new_tokens, temperature=0, num_speculative_tokens=0).token_ids
+            )
+        else:
+            params = og.GeneratorParams(gmodel)
+            # The same KV buffer length as specrt's (max_seq_len): both scan the same cache size.
+            params.set_search_options(max_length=max_seq_len, do_sample=False)
+            gen = og.Generator(gmodel, params)
+            gen.append_tokens(ids)
+            out = []
+            while not gen.is_done() and len(out) < max_new_tokens:
+                gen.generate_next_token()
+                out.append(int(gen.get_next_tokens()[0]))
+        dt = time.perf_counter() - t
+        print(json.dumps({"n_prompt": len(ids), "seconds": dt, "tokens": out}), flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path)
@@ -101,68 +160,85 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--max-seq-len", type=int, default=1024, help="KV cache length of both runtimes")
     ap.add_argument("--no-genai", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--worker", choices=["specrt", "genai"], help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.worker:
+        return worker(a.worker, a.model, a.threads, a.max_new_tokens, a.max_seq_len)
 
-    import specrt
-
-    dec = specrt.Decoder(a.model, max_seq_len=1024, intra_op_threads=a.threads)
-    prompts = load_prompts(a.set)
-    ids = {p["id"]: dec.encode(p.get("prompt"), p.get("messages")) for p in prompts}
-
-    og = None
+    runtimes = ["specrt"]
     if not a.no_genai:
         try:
-            import onnxruntime_genai as og
+            import onnxruntime_genai  # noqa: F401
+
+            runtimes.append("genai")
         except ImportError:
             print("onnxruntime_genai not importable: specrt only")
-    if og is not None:
-        gdir = genai_folder(a.model, a.threads, max_length=1024)
-        gmodel = og.Model(str(gdir))
+    # One process per runtime, both alive for the whole run and asked in turn: each session is the only one in its
+    # process (measured: within one process the session created second ran ~10% faster, whichever runtime it was).
+    procs = {
+        name: subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                str(a.model),
+                "--worker",
+                name,
+                "--threads",
+                str(a.threads),
+                "--max-new-tokens",
+                str(a.max_new_tokens),
+                "--max-seq-len",
+                str(a.max_seq_len),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in runtimes
+    }
 
-    def run_specrt(p: dict[str, Any]) -> tuple[float, int, list[int]]:
-        t = time.perf_counter()
-        r = dec.generate(ids[p["id"]], max_new_tokens=a.max_new_tokens, temperature=0, num_speculative_tokens=0)
-        return time.perf_counter() - t, len(r.token_ids), r.token_ids
+    def ask(name: str, p: dict[str, Any]) -> dict[str, Any]:
+        proc = procs[name]
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps({"prompt": p.get("prompt"), "messages": p.get("messages")}) + "\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{name} worker exited (code {proc.wait()})")
+        return json.loads(line)
 
-    def run_genai(p: dict[str, Any]) -> tuple[float, int, list[int]]:
-        params = og.GeneratorParams(gmodel)
-        prompt_ids = ids[p["id"]]
-        params.set_search_options(max_length=len(prompt_ids) + a.max_new_tokens, do_sample=False)
-        t = time.perf_counter()
-        gen = og.Generator(gmodel, params)
-        gen.append_tokens(prompt_ids)
-        out: list[int] = []
-        while not gen.is_done() and len(out) < a.max_new_tokens:
-            gen.generate_next_token()
-            out.append(int(gen.get_next_tokens()[0]))
-        return time.perf_counter() - t, len(out), out
-
-    runners = {"specrt": run_specrt} | ({"genai": run_genai} if og is not None else {})
-    for fn in runners.values():  # warm-up (first-run allocations, page cache)
-        fn(prompts[0])
+    prompts = load_prompts(a.set)
+    for name in runtimes:  # warm-up (first-run allocations, page cache)
+        ask(name, prompts[0])
     results: dict[str, dict[str, Any]] = {}
     for p in prompts:
-        for name in runners:
+        for name in runtimes:
             results.setdefault(p["id"], {})[name] = {"tok_s": [], "n": 0, "tokens": None}
-        for _ in range(a.repeats):
-            for name, fn in runners.items():
-                dt, n, toks = fn(p)
+        n_prompt = 0
+        for rep in range(a.repeats):
+            for name in runtimes if rep % 2 == 0 else runtimes[::-1]:
+                res = ask(name, p)
                 r = results[p["id"]][name]
-                r["tok_s"].append(n / dt)
-                r["n"], r["tokens"] = n, toks
-        line = [f"{p['id']:20s} prompt {len(ids[p['id']]):4d} tok"]
-        for name in runners:
+                r["tok_s"].append(len(res["tokens"]) / res["seconds"])
+                r["n"], r["tokens"], n_prompt = len(res["tokens"]), res["tokens"], res["n_prompt"]
+        line = [f"{p['id']:20s} prompt {n_prompt:4d} tok"]
+        for name in runtimes:
             r = results[p["id"]][name]
             line.append(
                 f"{name} {statistics.median(r['tok_s']):6.2f} tok/s [{min(r['tok_s']):.2f}-{max(r['tok_s']):.2f}] "
                 f"({r['n']} new)"
             )
-        if "genai" in runners:
+        if "genai" in runtimes:
             same = results[p["id"]]["specrt"]["tokens"] == results[p["id"]]["genai"]["tokens"]
             line.append("same tokens" if same else "tokens differ")
         print("  ".join(line), flush=True)
+    for proc in procs.values():
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
     if a.json:
         a.json.write_text(
             json.dumps(
@@ -170,6 +246,7 @@ def main() -> int:
                     "model": str(a.model),
                     "threads": a.threads,
                     "max_new_tokens": a.max_new_tokens,
+                    "max_seq_len": a.max_seq_len,
                     "load_average": os.getloadavg(),
                     "results": {
                         k: {n: {"tok_s": r["tok_s"], "n": r["n"]} for n, r in v.items()} for k, v in results.items()

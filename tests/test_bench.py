@@ -253,8 +253,22 @@ def test_repository_prompt_set_has_the_peer_prompts_and_every_kind() -> None:
     assert all(peers[x].messages for x in "bcd")
     code = peers["c"].messages[0]["content"].split("```python\n", 1)[1].split("\n```", 1)[0]
     assert len(code.splitlines()) == 40
-    for name in ("main", "peers", "sweep", "quick"):
+    for name in ("main", "peers", "sweep", "quick", "edit", "copyless"):
         assert bench.load_prompts(REPO / "benches" / "prompts.json", set_name=name)
+
+
+def test_code_editing_set_holds_whole_files_with_the_named_change_target() -> None:
+    # The prompt-lookup bench (#7): a file of 60+ lines in the prompt, a small change asked, the whole file back.
+    edits = bench.load_prompts(REPO / "benches" / "prompts.json", set_name="edit")
+    assert len(edits) >= 3 and all(p.kind == "code_editing" and p.messages for p in edits)
+    for p in edits:
+        text = p.messages[0]["content"]
+        ask, code = text.split("```python\n", 1)
+        code = code.rsplit("\n```", 1)[0]
+        assert len(code.splitlines()) >= 60, p.id
+        assert "whole updated file" in ask
+        named = [w.strip("`") for w in ask.split() if w.startswith("`")]
+        assert any(n.split("(")[0].split("=")[0].split(".")[0] in code for n in named), (p.id, named)
 
 
 def test_peer_prompt_token_counts_match_peers_md() -> None:
@@ -284,6 +298,10 @@ def test_cli_options_become_a_config() -> None:
     assert cfg.max_new_tokens == 16 and not cfg.sweeps and cfg.temperatures == (0.0, 1.0) and cfg.repeats == 3
     with pytest.raises(SystemExit):
         parser.parse_args(["-k", "many"])
+    assert bench.config_from_args(parser.parse_args([])).dtype == "fp32"
+    assert bench.config_from_args(parser.parse_args(["--dtype", "int4"])).dtype == "int4"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--dtype", "int3"])
 
 
 def test_peers_that_cannot_run_are_recorded_not_raised(tiny_pair, tmp_path) -> None:

@@ -219,6 +219,7 @@ class BenchConfig:
 
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str = "qwen2.5-coder-0.5b-instruct"
+    dtype: str = "fp32"
     prompts_file: str | None = None
     prompt_set: str = "main"
     prompt_ids: tuple[str, ...] = ()
@@ -395,9 +396,18 @@ class _Run:
 
 
 def _generate(
-    dec: Any, prompt: Prompt, *, k: int | str, temperature: float, max_new_tokens: int, seed: int, ignore_eos: bool
+    dec: Any,
+    prompt: Prompt,
+    *,
+    k: int | str,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    ignore_eos: bool,
+    **extra: Any,
 ) -> _Run:
-    kwargs = prompt.generate_kwargs()
+    """One timed ``dec.generate`` call; ``extra`` = further generate options (proposer, prompt_lookup_min, ...)."""
+    kwargs = prompt.generate_kwargs() | extra
     t0 = time.perf_counter()
     res = dec.generate(
         **kwargs,
@@ -794,8 +804,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from specrt.generate import _ModelFolder, _render_chat
     from specrt.models import resolve_model
 
-    target_path = resolve_model(cfg.target, "fp32")
-    draft_path = resolve_model(cfg.draft, "fp32")
+    target_path = resolve_model(cfg.target, cfg.dtype)
+    draft_path = resolve_model(cfg.draft, cfg.dtype)
     folder = _ModelFolder(target_path)
 
     def encode(p: Prompt) -> list[int]:
@@ -1373,6 +1383,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = BenchConfig()
     p.add_argument("--target", default=d.target, help=f"target model name or folder (default {d.target})")
     p.add_argument("--draft", default=d.draft, help=f"draft model name or folder (default {d.draft})")
+    p.add_argument(
+        "--dtype",
+        choices=["fp32", "fp16", "int4", "int8"],
+        default=d.dtype,
+        help="weights of registry-named models (default fp32; folders are used as they are)",
+    )
     p.add_argument("--prompts-file", default=None, help="prompt file (default benches/prompts.json)")
     p.add_argument("--prompt-set", default=None, help="named set for the main table (default 'main'; 'all')")
     p.add_argument("--prompts", type=_str_list, default=(), help="comma-separated prompt ids (overrides --prompt-set)")
@@ -1419,6 +1435,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     given = {
         "target": a.target,
         "draft": a.draft,
+        "dtype": a.dtype,
         "prompts_file": a.prompts_file,
         "prompt_set": a.prompt_set,
         "prompt_ids": a.prompts,

@@ -328,9 +328,14 @@ impl Engine {
         }
         let t0 = Instant::now();
         let n_past = prompt.len() - 1;
+        // A request that never runs the draft model (n-gram only, or K = 0) does not prefill it either.
+        let use_draft = self.draft.is_some()
+            && cfg.use_draft_model
+            && (cfg.auto_k.is_some() || cfg.num_speculative_tokens > 0);
         if n_past > 0 {
             self.target.forward(&prompt[..n_past], 0, 1)?;
-            if let Some(d) = self.draft.as_mut() {
+            if use_draft {
+                let d = self.draft.as_mut().expect("use_draft");
                 d.forward(&prompt[..n_past], 0, 1)?;
             }
         }
@@ -363,7 +368,7 @@ impl Engine {
             tokens,
             n_prompt: prompt.len(),
             n_past_tgt: n_past,
-            n_past_dft: n_past,
+            n_past_dft: if use_draft { n_past } else { 0 },
             penalties,
             rng,
             stats,
