@@ -7,6 +7,11 @@
 //! plain target step, `1 / c_p`) wins when no K is predicted to help, and then a round with drafts is still run every
 //! [`AutoK::probe_every`] rounds so the acceptance estimate stays current.
 //!
+//! Prompt-lookup (n-gram) proposals cost no draft pass (c_q = 0) and have their own acceptance estimate: when a
+//! match offers tokens, [`KController::choose_ngram`] verifies the prefix length that maximises `E(K) / c_verify(K +
+//! 1)` at the n-gram acceptance, or none of it when the draft model (or a plain target step) is predicted to do
+//! better; declined matches are still tried every [`AutoK::probe_every`] times.
+//!
 //! K is chosen before the round draws any random number, so every round is lossless whatever K is. With measured
 //! costs the choice depends on timings (not reproducible run to run); with [`PinnedCosts`] it depends only on the
 //! seeded acceptance history, so the same seed gives the same tokens.
@@ -30,6 +35,8 @@ pub struct AutoK {
     pub k_max: usize,
     /// Acceptance rate assumed before the first round (0..1).
     pub prior_acceptance: f64,
+    /// Acceptance rate of n-gram proposals assumed before the first n-gram round (0..1).
+    pub prior_acceptance_ngram: f64,
     /// Weight of the newest observation in the running averages (0..=1); larger = recent rounds count more.
     pub ewma_weight: f64,
     /// While K = 0 is chosen, run a round with drafts every this many rounds (>= 1).
@@ -43,6 +50,7 @@ impl Default for AutoK {
         Self {
             k_max: 8,
             prior_acceptance: 0.7,
+            prior_acceptance_ngram: 0.6,
             ewma_weight: 0.15,
             probe_every: 16,
             pinned: None,
@@ -65,6 +73,12 @@ impl AutoK {
             return Err(SpecError::Config(format!(
                 "auto K prior_acceptance {} is invalid (expected 0 <= a < 1)",
                 self.prior_acceptance
+            )));
+        }
+        if !(0.0..1.0).contains(&self.prior_acceptance_ngram) {
+            return Err(SpecError::Config(format!(
+                "auto K prior_acceptance_ngram {} is invalid (expected 0 <= a < 1)",
+                self.prior_acceptance_ngram
             )));
         }
         if !(self.ewma_weight > 0.0 && self.ewma_weight <= 1.0) {
@@ -104,11 +118,15 @@ pub struct KController {
     cfg: AutoK,
     // Per-token acceptance estimate (mean of min(1, p/q) over evaluated draft positions).
     alpha: f64,
+    // The same for n-gram proposals (p(x) per evaluated position: q is a point mass).
+    alpha_ngram: f64,
     // ms per draft pass; None until measured.
     c_draft: Option<f64>,
     // [k_max + 1] ms for a target pass over n = index + 1 tokens; None until measured.
     c_verify: Vec<Option<f64>>,
     rounds_since_draft: usize,
+    // n-gram matches declined since the last n-gram round.
+    ngram_declined: usize,
 }
 
 impl KController {
@@ -123,6 +141,8 @@ impl KController {
             c_draft: None,
             c_verify: vec![None; n],
             rounds_since_draft: 0,
+            ngram_declined: 0,
+            alpha_ngram: cfg.prior_acceptance_ngram,
             cfg,
         })
     }
@@ -131,6 +151,12 @@ impl KController {
     #[must_use]
     pub fn alpha(&self) -> f64 {
         self.alpha
+    }
+
+    /// Current per-token acceptance estimate of n-gram proposals.
+    #[must_use]
+    pub fn alpha_ngram(&self) -> f64 {
+        self.alpha_ngram
     }
 
     fn cost_draft(&self) -> f64 {
@@ -178,6 +204,48 @@ impl KController {
     pub fn rate(&self, k: usize) -> f64 {
         let e = expected_tokens(self.alpha.clamp(0.0, 0.999_999), k).unwrap_or(1.0);
         e / (k as f64 * self.cost_draft() + self.cost_verify(k + 1))
+    }
+
+    /// Predicted tokens per unit time for verifying `k` n-gram tokens (no draft pass).
+    #[must_use]
+    pub fn rate_ngram(&self, k: usize) -> f64 {
+        let e = expected_tokens(self.alpha_ngram.clamp(0.0, 0.999_999), k).unwrap_or(1.0);
+        e / self.cost_verify(k + 1)
+    }
+
+    /// How many of the `n_offered` tokens of an n-gram match to verify this round (0 = decline the match and use
+    /// the draft model or a plain target step). `draft_k_cap`: the largest K the draft model could draft this round
+    /// (0 when there is no usable draft model). The alternative is the best of a plain target step and the draft
+    /// model at its best K; a declined match is verified anyway (at its best length) every `probe_every`-th time,
+    /// so the n-gram acceptance estimate stays current.
+    #[must_use]
+    pub fn choose_ngram(&mut self, n_offered: usize, draft_k_cap: usize) -> usize {
+        let n = n_offered.min(self.cfg.k_max);
+        let alternative = (0..=draft_k_cap.min(self.cfg.k_max))
+            .map(|k| self.rate(k))
+            .fold(f64::NEG_INFINITY, f64::max);
+        let best = (1..=n).max_by(|&a, &b| self.rate_ngram(a).total_cmp(&self.rate_ngram(b)));
+        let Some(best) = best else { return 0 };
+        if self.rate_ngram(best) > alternative {
+            self.ngram_declined = 0;
+            return best;
+        }
+        self.ngram_declined += 1;
+        if self.ngram_declined >= self.cfg.probe_every {
+            self.ngram_declined = 0;
+            return best;
+        }
+        0
+    }
+
+    /// Record a finished n-gram round: `k` tokens verified, their acceptance probabilities `p(x)` (one per evaluated
+    /// position) and the target pass over `k + 1` tokens (ms).
+    pub fn observe_ngram(&mut self, k: usize, accept_probs: &[f32], target_ms: f64) {
+        let w = self.cfg.ewma_weight;
+        for &a in accept_probs {
+            self.alpha_ngram += w * (f64::from(a) - self.alpha_ngram);
+        }
+        self.observe(k, &[], 0.0, 0, target_ms);
     }
 
     /// The K for the next round, at most `k_cap` (the request's remaining budget).
@@ -287,6 +355,40 @@ mod tests {
         }
         assert!(c.alpha() < 0.01);
         assert_eq!(c.choose(8), 0);
+    }
+
+    #[test]
+    fn ngram_matches_are_verified_only_when_they_beat_the_alternative() {
+        // Flat verify cost (fp32-like): a good n-gram acceptance takes the whole offer.
+        let mut c = KController::new(AutoK {
+            prior_acceptance_ngram: 0.9,
+            ..pinned(1.0, 0.0)
+        })
+        .unwrap();
+        assert_eq!(c.choose_ngram(8, 8), 8);
+        // Poor n-gram acceptance, costly verification (int4-like), a good draft: decline, except every
+        // probe_every-th match.
+        let mut c = KController::new(AutoK {
+            prior_acceptance: 0.9,
+            prior_acceptance_ngram: 0.2,
+            probe_every: 3,
+            ..pinned(1.0, 0.3)
+        })
+        .unwrap();
+        let picks: Vec<usize> = (0..6).map(|_| c.choose_ngram(8, 8)).collect();
+        assert_eq!(picks[..2], [0, 0]);
+        assert!(picks[2] >= 1, "probe on the third declined match: {picks:?}");
+        assert_eq!(picks[3..5], [0, 0]);
+        // Without a draft model the alternative is a plain target step: a = 0.2 still wins one token at this cost?
+        // E(1) = 1.2 for 1.3 c_p: no.
+        assert_eq!(c.choose_ngram(8, 0), 0);
+        // Observed n-gram rounds move the estimate; the draft estimate is untouched.
+        for _ in 0..60 {
+            c.observe_ngram(8, &[1.0; 8], 10.0);
+        }
+        assert!(c.alpha_ngram() > 0.99 && (c.alpha() - 0.9).abs() < 1e-12);
+        assert_eq!(c.choose_ngram(8, 8), 8);
+        assert_eq!(c.choose_ngram(3, 8), 3, "never more than offered");
     }
 
     #[test]

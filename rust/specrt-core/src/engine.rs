@@ -434,7 +434,15 @@ impl Engine {
         // Proposals, first choice: the continuation of a matching n-gram (deterministic drafts).
         let mut mode = VerifyMode::Stochastic;
         if let (Some(ng), true) = (self.ngram.as_ref(), req.cfg.ngram.is_some() && k_fixed > 0) {
-            if ng.propose(k_fixed, &mut self.tokens_dft) > 0 {
+            let offered = ng.propose(k_fixed, &mut self.tokens_dft);
+            // With auto K, verify the length the cost model prefers, or decline the match for the draft model
+            // (or a plain target step) when that is predicted to be faster.
+            let take = match req.controller.as_mut() {
+                Some(c) if offered > 0 => c.choose_ngram(offered, if draft_usable { k_cap } else { 0 }),
+                _ => offered,
+            };
+            self.tokens_dft.truncate(take);
+            if take > 0 {
                 mode = VerifyMode::Deterministic;
             }
         }
@@ -512,12 +520,16 @@ impl Engine {
             req.n_past_dft = len + n_acc.min(k - 1);
         }
         if let Some(c) = req.controller.as_mut() {
-            let probs: &[f32] = if n_draft_passes > 0 {
-                &ver.accept_probs
+            if mode == VerifyMode::Deterministic {
+                c.observe_ngram(k, &ver.accept_probs, target_ms);
             } else {
-                &[]
-            };
-            c.observe(k, probs, draft_ms, n_draft_passes, target_ms);
+                let probs: &[f32] = if n_draft_passes > 0 {
+                    &ver.accept_probs
+                } else {
+                    &[]
+                };
+                c.observe(k, probs, draft_ms, n_draft_passes, target_ms);
+            }
         }
 
         out.n_drafted = k;

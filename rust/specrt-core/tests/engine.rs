@@ -523,6 +523,50 @@ fn the_draft_model_is_not_run_by_requests_that_do_not_use_it() {
 }
 
 #[test]
+fn auto_k_declines_poor_ngram_matches_when_the_draft_model_does_better() {
+    // A prompt whose n-grams recur (matches fire every round) while the target goes its own way (the n-gram
+    // acceptance is poor); the draft model equals the target (acceptance 1). Verification costs grow 30% per token.
+    let prompt: Vec<u32> = (0..48).map(|i| [5u32, 6, 7][i % 3]).collect();
+    let pinned = specrt_core::PinnedCosts {
+        c_draft: 1.0,
+        c_verify: (0..9).map(|i| 10.0 * (1.0 + 0.3 * f64::from(i))).collect(),
+    };
+    let auto = specrt_core::AutoK {
+        pinned: Some(pinned),
+        probe_every: 8,
+        ..specrt_core::AutoK::default()
+    };
+    for seed in [4u64, 5, 6] {
+        let reference = run(target(seed), None, &prompt, greedy_cfg(0, 80));
+        let fixed = run(target(seed), Some(draft(seed, 0.0)), &prompt, ngram_cfg(8, 80, true));
+        let cfg = GenerationConfig {
+            auto_k: Some(auto.clone()),
+            ..ngram_cfg(8, 80, true)
+        };
+        let adaptive = run(target(seed), Some(draft(seed, 0.0)), &prompt, cfg);
+        assert_eq!(fixed.tokens, reference.tokens, "seed {seed}");
+        assert_eq!(adaptive.tokens, reference.tokens, "seed {seed}");
+        check_stats(&adaptive);
+        let ng_rate = |o: &GenerationOutput| o.stats.n_accepted_ngram as f64 / o.stats.n_drafted_ngram.max(1) as f64;
+        eprintln!(
+            "seed {seed}: fixed ngram {}/{} rounds {}, auto ngram {}/{} drafted {} rounds {}",
+            fixed.stats.n_accepted_ngram,
+            fixed.stats.n_drafted_ngram,
+            fixed.stats.n_rounds,
+            adaptive.stats.n_accepted_ngram,
+            adaptive.stats.n_drafted_ngram,
+            adaptive.stats.n_drafted,
+            adaptive.stats.n_rounds
+        );
+        assert!(ng_rate(&fixed) < 0.5, "the setup needs poor n-gram acceptance");
+        // Fixed K takes every match; auto K declines most of them and drafts with the model instead.
+        assert!(adaptive.stats.n_drafted_ngram * 3 < fixed.stats.n_drafted_ngram, "seed {seed}");
+        assert!(adaptive.stats.n_drafted > adaptive.stats.n_drafted_ngram * 2, "seed {seed}");
+        assert!(adaptive.stats.n_rounds < fixed.stats.n_rounds, "seed {seed}");
+    }
+}
+
+#[test]
 fn ngram_drafting_keeps_greedy_parity_alone_and_combined() {
     // A repetitive prompt: proposals fire.
     let prompt: Vec<u32> = (0..48).map(|i| [5u32, 6, 7][i % 3]).collect();
