@@ -101,7 +101,9 @@ def genai_folder(model: Path, threads: int, max_length: int) -> Path:
     return tmp
 
 
-def worker(runtime: str, model: Path, threads: int, max_new_tokens: int, max_seq_len: int) -> int:
+def worker(
+    runtime: str, model: Path, threads: int, max_new_tokens: int, max_seq_len: int, draft: Path | None = None
+) -> int:
     """Serve one runtime in this process: read a JSON list of prompt ids per line, answer with the timing."""
     import specrt
     from specrt.generate import _ModelFolder, _render_chat
@@ -124,6 +126,9 @@ def worker(runtime: str, model: Path, threads: int, max_new_tokens: int, max_seq
 
     if runtime == "specrt":
         dec = specrt.Decoder(model, max_seq_len=max_seq_len, intra_op_threads=threads)
+    elif runtime == "specrt-k0":
+        # Speculation on (a draft model attached, the speculative loop) with K = 0.
+        dec = specrt.Decoder(model, draft, max_seq_len=max_seq_len, intra_op_threads=threads)
     else:
         import onnxruntime_genai as og
 
@@ -131,10 +136,10 @@ def worker(runtime: str, model: Path, threads: int, max_new_tokens: int, max_seq
     for line in sys.stdin:
         p = json.loads(line)
         ids = encode(p)
-        if runtime == "specrt" and ids != dec.encode(p.get("prompt"), p.get("messages")):
+        if runtime != "genai" and ids != dec.encode(p.get("prompt"), p.get("messages")):
             raise RuntimeError("bench tokenization differs from Decoder.encode")
         t = time.perf_counter()
-        if runtime == "specrt":
+        if runtime != "genai":
             out = list(
                 dec.generate(ids, max_new_tokens=max_new_tokens, temperature=0, num_speculative_tokens=0).token_ids
             )
@@ -162,20 +167,27 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-seq-len", type=int, default=1024, help="KV cache length of both runtimes")
     ap.add_argument("--no-genai", action="store_true")
+    ap.add_argument(
+        "--runtimes",
+        default="specrt,genai",
+        help="comma-separated: specrt (target-only Decoder), specrt-k0 (Decoder with --draft, K = 0), genai",
+    )
+    ap.add_argument("--draft", type=Path, default=None, help="draft model folder for specrt-k0")
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--worker", choices=["specrt", "genai"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["specrt", "specrt-k0", "genai"], help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        return worker(a.worker, a.model, a.threads, a.max_new_tokens, a.max_seq_len)
+        return worker(a.worker, a.model, a.threads, a.max_new_tokens, a.max_seq_len, a.draft)
 
-    runtimes = ["specrt"]
-    if not a.no_genai:
+    runtimes = [r for r in a.runtimes.split(",") if not (a.no_genai and r == "genai")]
+    if "specrt-k0" in runtimes and a.draft is None:
+        ap.error("--runtimes specrt-k0 needs --draft")
+    if "genai" in runtimes:
         try:
             import onnxruntime_genai  # noqa: F401
-
-            runtimes.append("genai")
         except ImportError:
             print("onnxruntime_genai not importable: specrt only")
+            runtimes.remove("genai")
     # One process per runtime, both alive for the whole run and asked in turn: each session is the only one in its
     # process (measured: within one process the session created second ran ~10% faster, whichever runtime it was).
     procs = {
@@ -192,6 +204,7 @@ def main() -> int:
                 str(a.max_new_tokens),
                 "--max-seq-len",
                 str(a.max_seq_len),
+                *(["--draft", str(a.draft)] if a.draft else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -231,10 +244,14 @@ def main() -> int:
                 f"{name} {statistics.median(r['tok_s']):6.2f} tok/s [{min(r['tok_s']):.2f}-{max(r['tok_s']):.2f}] "
                 f"({r['n']} new)"
             )
-        if "genai" in runtimes:
-            same = results[p["id"]]["specrt"]["tokens"] == results[p["id"]]["genai"]["tokens"]
-            line.append("same tokens" if same else "tokens differ")
+        toks = [results[p["id"]][name]["tokens"] for name in runtimes]
+        line.append("same tokens" if all(t == toks[0] for t in toks) else "tokens differ")
         print("  ".join(line), flush=True)
+    means = {name: statistics.fmean(statistics.median(v[name]["tok_s"]) for v in results.values()) for name in runtimes}
+    print(
+        "mean of medians: "
+        + ", ".join(f"{name} {m:.2f} tok/s ({m / means[runtimes[0]]:.3f}x {runtimes[0]})" for name, m in means.items())
+    )
     for proc in procs.values():
         assert proc.stdin is not None
         proc.stdin.close()

@@ -415,8 +415,10 @@ class Decoder:
             num_speculative_tokens: K, draft tokens per round (0..64; 0 or no draft = target-only), or ``"auto"``:
                 each round picks the K in 0..8 that maximises expected tokens per second from running estimates of
                 the acceptance rate and the measured costs (the seed's cost model; K = 0 when no K is predicted to
-                win, probing again later). Auto K depends on timings, so the same seed can give different text
-                unless ``pinned_costs`` is given; a fixed K always repeats exactly.
+                win, probing again later); with an n-gram proposer it also decides how many tokens of a match to
+                verify (up to 8), or to decline the match when the draft model or a plain target step is predicted
+                to be faster, from a separate n-gram acceptance estimate. Auto K depends on timings, so the same
+                seed can give different text unless ``pinned_costs`` is given; a fixed K always repeats exactly.
             proposer: ``"draft"`` (the draft model; default when one is attached), ``"ngram"`` (prompt lookup: copy
                 the continuation of the longest matching n-gram of the prompt and text so far), ``"ngram+draft"``
                 (n-gram first, the draft model when nothing matches), or ``"none"`` (target-only).

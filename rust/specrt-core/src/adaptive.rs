@@ -12,6 +12,12 @@
 //! 1)` at the n-gram acceptance, or none of it when the draft model (or a plain target step) is predicted to do
 //! better; declined matches are still tried every [`AutoK::probe_every`] times.
 //!
+//! The draft model must first read every committed token it has not seen (its *backlog*: tokens that n-gram rounds
+//! or plain target steps committed). On a bandwidth-bound CPU model that catch-up pass costs about one pass; on a
+//! compute-bound (int4) one it grows with the backlog. The controller measures the catch-up cost per token and adds
+//! `backlog * c_catchup / CATCHUP_HORIZON` to the cost of any drafting round: the catch-up is paid once and then
+//! serves the following rounds, so it is amortised over [`CATCHUP_HORIZON`] rounds.
+//!
 //! K is chosen before the round draws any random number, so every round is lossless whatever K is. With measured
 //! costs the choice depends on timings (not reproducible run to run); with [`PinnedCosts`] it depends only on the
 //! seeded acceptance history, so the same seed gives the same tokens.
@@ -19,10 +25,13 @@
 use crate::cost::expected_tokens;
 use crate::error::{Result, SpecError};
 
+/// Rounds over which a draft catch-up pass is amortised when choosing K (see the module docs).
+pub const CATCHUP_HORIZON: f64 = 8.0;
+
 /// Costs to use instead of measured timings (for runs that must repeat exactly). Units are arbitrary but shared.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PinnedCosts {
-    /// Cost of one draft forward pass (c_q).
+    /// Cost of one draft forward pass (c_q). Pinned costs count no catch-up cost.
     pub c_draft: f64,
     /// `c_verify[n - 1]`: the target's cost of scoring `n` tokens in one pass, for `n = 1..=k_max + 1`.
     pub c_verify: Vec<f64>,
@@ -125,6 +134,10 @@ pub struct KController {
     // [k_max + 1] ms for a target pass over n = index + 1 tokens; None until measured.
     c_verify: Vec<Option<f64>>,
     rounds_since_draft: usize,
+    // ms per extra token fed to a draft catch-up pass; None until measured.
+    c_catchup: Option<f64>,
+    // Committed tokens the draft model has not read, beyond the one every drafting round feeds.
+    backlog: usize,
     // n-gram matches declined since the last n-gram round.
     ngram_declined: usize,
 }
@@ -141,6 +154,8 @@ impl KController {
             c_draft: None,
             c_verify: vec![None; n],
             rounds_since_draft: 0,
+            c_catchup: None,
+            backlog: 0,
             ngram_declined: 0,
             alpha_ngram: cfg.prior_acceptance_ngram,
             cfg,
@@ -199,11 +214,42 @@ impl KController {
         (my + slope * (n as f64 - mx)).max(first.1 * 0.5)
     }
 
-    /// Predicted tokens per unit time for `k` drafts.
+    /// Amortised cost of the catch-up pass a drafting round would need now (0 with pinned costs).
+    fn cost_catchup(&self) -> f64 {
+        if self.cfg.pinned.is_some() || self.backlog == 0 {
+            return 0.0;
+        }
+        // Before a measurement assume a bandwidth-bound pass: each extra token adds 5% of a draft pass.
+        let per_token = self.c_catchup.unwrap_or_else(|| 0.05 * self.cost_draft());
+        self.backlog as f64 * per_token / CATCHUP_HORIZON
+    }
+
+    /// Set the draft model's backlog for the next choice: `unseen` = committed tokens its next pass must read (1 when
+    /// it is in step: the last committed token).
+    pub fn set_draft_backlog(&mut self, unseen: usize) {
+        self.backlog = unseen.saturating_sub(1);
+    }
+
+    /// Predicted tokens per unit time for `k` drafts (with the amortised catch-up cost when `k > 0`).
     #[must_use]
     pub fn rate(&self, k: usize) -> f64 {
         let e = expected_tokens(self.alpha.clamp(0.0, 0.999_999), k).unwrap_or(1.0);
-        e / (k as f64 * self.cost_draft() + self.cost_verify(k + 1))
+        let catchup = if k > 0 { self.cost_catchup() } else { 0.0 };
+        e / (k as f64 * self.cost_draft() + catchup + self.cost_verify(k + 1))
+    }
+
+    /// Record the first draft pass of a round when it fed `n_input > 1` tokens (a catch-up pass) in `ms`: updates
+    /// the per-token catch-up cost. Pass such a round's other passes to [`Self::observe`] without this one.
+    pub fn observe_catchup(&mut self, ms: f64, n_input: usize) {
+        if n_input < 2 {
+            return;
+        }
+        let per_token = ((ms - self.cost_draft()) / (n_input - 1) as f64).max(0.0);
+        let w = self.cfg.ewma_weight;
+        self.c_catchup = Some(
+            self.c_catchup
+                .map_or(per_token, |old| old + w * (per_token - old)),
+        );
     }
 
     /// Predicted tokens per unit time for verifying `k` n-gram tokens (no draft pass).
@@ -377,7 +423,10 @@ mod tests {
         .unwrap();
         let picks: Vec<usize> = (0..6).map(|_| c.choose_ngram(8, 8)).collect();
         assert_eq!(picks[..2], [0, 0]);
-        assert!(picks[2] >= 1, "probe on the third declined match: {picks:?}");
+        assert!(
+            picks[2] >= 1,
+            "probe on the third declined match: {picks:?}"
+        );
         assert_eq!(picks[3..5], [0, 0]);
         // Without a draft model the alternative is a plain target step: a = 0.2 still wins one token at this cost?
         // E(1) = 1.2 for 1.3 c_p: no.
@@ -389,6 +438,49 @@ mod tests {
         assert!(c.alpha_ngram() > 0.99 && (c.alpha() - 0.9).abs() < 1e-12);
         assert_eq!(c.choose_ngram(8, 8), 8);
         assert_eq!(c.choose_ngram(3, 8), 3, "never more than offered");
+    }
+
+    #[test]
+    fn a_costly_draft_backlog_makes_k_zero_win_until_it_is_small() {
+        // Measured costs: target 10 ms for any n, draft 1 ms per pass, catch-up 3 ms per token (int4-like).
+        let mut c = KController::new(AutoK {
+            prior_acceptance: 0.8,
+            ..AutoK::default()
+        })
+        .unwrap();
+        for k in 0..9 {
+            c.observe(k, &[], 0.0, 0, 10.0);
+        }
+        c.observe(2, &[0.8, 0.8], 2.0, 2, 10.0);
+        c.observe_catchup(1.0 + 3.0 * 99.0, 100);
+        c.set_draft_backlog(1);
+        assert!(c.choose(8) > 0, "in step: draft");
+        c.set_draft_backlog(200);
+        assert_eq!(
+            c.choose(8),
+            0,
+            "a 200-token catch-up costs more than drafting gains"
+        );
+        // The n-gram choice sees the same alternative: a mediocre match now beats catching the draft up.
+        let mut g = KController::new(AutoK {
+            prior_acceptance: 0.8,
+            prior_acceptance_ngram: 0.5,
+            ..AutoK::default()
+        })
+        .unwrap();
+        for k in 0..9 {
+            g.observe(k, &[], 0.0, 0, 10.0);
+        }
+        g.observe(2, &[0.8, 0.8], 2.0, 2, 10.0);
+        g.observe_catchup(298.0, 100);
+        g.set_draft_backlog(1);
+        assert_eq!(
+            g.choose_ngram(8, 8),
+            0,
+            "in step, the draft (a = 0.8) beats a = 0.5 matches"
+        );
+        g.set_draft_backlog(200);
+        assert!(g.choose_ngram(8, 8) > 0);
     }
 
     #[test]

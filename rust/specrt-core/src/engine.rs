@@ -438,7 +438,10 @@ impl Engine {
             // With auto K, verify the length the cost model prefers, or decline the match for the draft model
             // (or a plain target step) when that is predicted to be faster.
             let take = match req.controller.as_mut() {
-                Some(c) if offered > 0 => c.choose_ngram(offered, if draft_usable { k_cap } else { 0 }),
+                Some(c) if offered > 0 => {
+                    c.set_draft_backlog(len - req.n_past_dft);
+                    c.choose_ngram(offered, if draft_usable { k_cap } else { 0 })
+                }
                 _ => offered,
             };
             self.tokens_dft.truncate(take);
@@ -449,9 +452,14 @@ impl Engine {
         // Otherwise the draft model: K sequential passes, the first one feeding every committed token it has not
         // seen (no separate catch-up pass).
         let mut n_draft_passes = 0;
+        // (ms, input tokens) of this round's first draft pass.
+        let mut first_pass = (0.0, 0usize);
         if mode == VerifyMode::Stochastic && draft_usable {
             let k = match req.controller.as_mut() {
-                Some(c) => c.choose(k_cap),
+                Some(c) => {
+                    c.set_draft_backlog(len - req.n_past_dft);
+                    c.choose(k_cap)
+                }
                 None => k_fixed,
             };
             if k > 0 {
@@ -463,8 +471,12 @@ impl Engine {
                 let mut n_past = req.n_past_dft;
                 let mut prev = [0u32; 1];
                 for i in 0..k {
+                    let t_pass = Instant::now();
                     let input: &[u32] = if i == 0 { &req.tokens[n_past..] } else { &prev };
                     let n_input = input.len();
+                    if i == 0 {
+                        first_pass.1 = n_input;
+                    }
                     let logits = draft.forward(input, n_past, 1)?;
                     n_past += n_input;
                     let ctx = use_penalties.then_some(&req.penalties);
@@ -477,6 +489,9 @@ impl Engine {
                         req.penalties.push(d)?;
                     }
                     prev[0] = d;
+                    if i == 0 {
+                        first_pass.0 = ms_since(t_pass);
+                    }
                 }
                 // A rejected draft leaves no trace in the penalties.
                 req.penalties.truncate(n_committed);
@@ -528,7 +543,14 @@ impl Engine {
                 } else {
                     &[]
                 };
-                c.observe(k, probs, draft_ms, n_draft_passes, target_ms);
+                // A catch-up first pass is measured apart: it would inflate the per-pass draft cost.
+                let (ms, passes) = if first_pass.1 > 1 {
+                    c.observe_catchup(first_pass.0, first_pass.1);
+                    (draft_ms - first_pass.0, n_draft_passes - 1)
+                } else {
+                    (draft_ms, n_draft_passes)
+                };
+                c.observe(k, probs, ms, passes, target_ms);
             }
         }
 

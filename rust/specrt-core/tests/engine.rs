@@ -495,7 +495,12 @@ impl Backend for Counting {
     fn max_seq_len(&self) -> usize {
         self.0.max_seq_len()
     }
-    fn forward(&mut self, tokens: &[u32], n_past: usize, n_logits: usize) -> specrt_core::Result<&[f32]> {
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        n_past: usize,
+        n_logits: usize,
+    ) -> specrt_core::Result<&[f32]> {
         self.1
             .fetch_add(tokens.len(), std::sync::atomic::Ordering::Relaxed);
         self.0.forward(tokens, n_past, n_logits)
@@ -511,7 +516,9 @@ fn the_draft_model_is_not_run_by_requests_that_do_not_use_it() {
     let mut e = Engine::new(Box::new(target(3)), Some(d)).unwrap();
     let reference = run(target(3), None, &prompt, greedy_cfg(0, 30));
     // n-gram only, and K = 0: neither prefills nor runs the draft model.
-    let ngram = e.generate(&prompt, ngram_cfg(4, 30, false), |_| true).unwrap();
+    let ngram = e
+        .generate(&prompt, ngram_cfg(4, 30, false), |_| true)
+        .unwrap();
     let k0 = e.generate(&prompt, greedy_cfg(0, 30), |_| true).unwrap();
     assert_eq!(fed.load(Ordering::Relaxed), 0);
     assert_eq!(ngram.tokens, reference.tokens);
@@ -538,7 +545,12 @@ fn auto_k_declines_poor_ngram_matches_when_the_draft_model_does_better() {
     };
     for seed in [4u64, 5, 6] {
         let reference = run(target(seed), None, &prompt, greedy_cfg(0, 80));
-        let fixed = run(target(seed), Some(draft(seed, 0.0)), &prompt, ngram_cfg(8, 80, true));
+        let fixed = run(
+            target(seed),
+            Some(draft(seed, 0.0)),
+            &prompt,
+            ngram_cfg(8, 80, true),
+        );
         let cfg = GenerationConfig {
             auto_k: Some(auto.clone()),
             ..ngram_cfg(8, 80, true)
@@ -547,7 +559,9 @@ fn auto_k_declines_poor_ngram_matches_when_the_draft_model_does_better() {
         assert_eq!(fixed.tokens, reference.tokens, "seed {seed}");
         assert_eq!(adaptive.tokens, reference.tokens, "seed {seed}");
         check_stats(&adaptive);
-        let ng_rate = |o: &GenerationOutput| o.stats.n_accepted_ngram as f64 / o.stats.n_drafted_ngram.max(1) as f64;
+        let ng_rate = |o: &GenerationOutput| {
+            o.stats.n_accepted_ngram as f64 / o.stats.n_drafted_ngram.max(1) as f64
+        };
         eprintln!(
             "seed {seed}: fixed ngram {}/{} rounds {}, auto ngram {}/{} drafted {} rounds {}",
             fixed.stats.n_accepted_ngram,
@@ -558,11 +572,23 @@ fn auto_k_declines_poor_ngram_matches_when_the_draft_model_does_better() {
             adaptive.stats.n_drafted,
             adaptive.stats.n_rounds
         );
-        assert!(ng_rate(&fixed) < 0.5, "the setup needs poor n-gram acceptance");
+        assert!(
+            ng_rate(&fixed) < 0.5,
+            "the setup needs poor n-gram acceptance"
+        );
         // Fixed K takes every match; auto K declines most of them and drafts with the model instead.
-        assert!(adaptive.stats.n_drafted_ngram * 3 < fixed.stats.n_drafted_ngram, "seed {seed}");
-        assert!(adaptive.stats.n_drafted > adaptive.stats.n_drafted_ngram * 2, "seed {seed}");
-        assert!(adaptive.stats.n_rounds < fixed.stats.n_rounds, "seed {seed}");
+        assert!(
+            adaptive.stats.n_drafted_ngram * 3 < fixed.stats.n_drafted_ngram,
+            "seed {seed}"
+        );
+        assert!(
+            adaptive.stats.n_drafted > adaptive.stats.n_drafted_ngram * 2,
+            "seed {seed}"
+        );
+        assert!(
+            adaptive.stats.n_rounds < fixed.stats.n_rounds,
+            "seed {seed}"
+        );
     }
 }
 
