@@ -16,7 +16,10 @@
 //! or plain target steps committed). On a bandwidth-bound CPU model that catch-up pass costs about one pass; on a
 //! compute-bound (int4) one it grows with the backlog. The controller measures the catch-up cost per token and adds
 //! `backlog * c_catchup / CATCHUP_HORIZON` to the cost of any drafting round: the catch-up is paid once and then
-//! serves the following rounds, so it is amortised over [`CATCHUP_HORIZON`] rounds.
+//! serves the following rounds, so it is amortised over [`CATCHUP_HORIZON`] rounds — except with n-gram proposals on,
+//! where the draft model may not run again soon and the round that needs the catch-up is charged all of it. The
+//! draft's prompt prefill gives the first per-token estimate; probes are skipped while the catch-up would cost more
+//! than [`PROBE_MAX_CATCHUP`] target passes.
 //!
 //! K is chosen before the round draws any random number, so every round is lossless whatever K is. With measured
 //! costs the choice depends on timings (not reproducible run to run); with [`PinnedCosts`] it depends only on the
@@ -27,6 +30,9 @@ use crate::error::{Result, SpecError};
 
 /// Rounds over which a draft catch-up pass is amortised when choosing K (see the module docs).
 pub const CATCHUP_HORIZON: f64 = 8.0;
+
+/// A probe round is skipped while catching the draft model up would cost more than this many target passes.
+pub const PROBE_MAX_CATCHUP: f64 = 4.0;
 
 /// Costs to use instead of measured timings (for runs that must repeat exactly). Units are arbitrary but shared.
 #[derive(Clone, Debug, PartialEq)]
@@ -138,6 +144,8 @@ pub struct KController {
     c_catchup: Option<f64>,
     // Committed tokens the draft model has not read, beyond the one every drafting round feeds.
     backlog: usize,
+    // Rounds over which the current backlog's catch-up is amortised.
+    catchup_horizon: f64,
     // n-gram matches declined since the last n-gram round.
     ngram_declined: usize,
 }
@@ -156,6 +164,7 @@ impl KController {
             rounds_since_draft: 0,
             c_catchup: None,
             backlog: 0,
+            catchup_horizon: CATCHUP_HORIZON,
             ngram_declined: 0,
             alpha_ngram: cfg.prior_acceptance_ngram,
             cfg,
@@ -219,15 +228,22 @@ impl KController {
         if self.cfg.pinned.is_some() || self.backlog == 0 {
             return 0.0;
         }
+        self.catchup_total() / self.catchup_horizon
+    }
+
+    /// Unamortised cost of catching the draft model up now.
+    fn catchup_total(&self) -> f64 {
         // Before a measurement assume a bandwidth-bound pass: each extra token adds 5% of a draft pass.
         let per_token = self.c_catchup.unwrap_or_else(|| 0.05 * self.cost_draft());
-        self.backlog as f64 * per_token / CATCHUP_HORIZON
+        self.backlog as f64 * per_token
     }
 
     /// Set the draft model's backlog for the next choice: `unseen` = committed tokens its next pass must read (1 when
-    /// it is in step: the last committed token).
-    pub fn set_draft_backlog(&mut self, unseen: usize) {
+    /// it is in step: the last committed token). `ngram_active`: n-gram proposals are on, so the draft model may not
+    /// draft again soon and a catch-up is charged in full to the round that needs it (no amortisation).
+    pub fn set_draft_backlog(&mut self, unseen: usize, ngram_active: bool) {
         self.backlog = unseen.saturating_sub(1);
+        self.catchup_horizon = if ngram_active { 1.0 } else { CATCHUP_HORIZON };
     }
 
     /// Predicted tokens per unit time for `k` drafts (with the amortised catch-up cost when `k > 0`).
@@ -240,11 +256,17 @@ impl KController {
 
     /// Record the first draft pass of a round when it fed `n_input > 1` tokens (a catch-up pass) in `ms`: updates
     /// the per-token catch-up cost. Pass such a round's other passes to [`Self::observe`] without this one.
+    /// The draft model's prompt prefill is such a pass too (the first estimate of a request).
     pub fn observe_catchup(&mut self, ms: f64, n_input: usize) {
         if n_input < 2 {
             return;
         }
-        let per_token = ((ms - self.cost_draft()) / (n_input - 1) as f64).max(0.0);
+        let one_pass = if self.cfg.pinned.is_none() {
+            self.c_draft.unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        let per_token = ((ms - one_pass) / (n_input - 1) as f64).max(0.0);
         let w = self.cfg.ewma_weight;
         self.c_catchup = Some(
             self.c_catchup
@@ -310,8 +332,11 @@ impl KController {
             return best_k;
         }
         self.rounds_since_draft += 1;
-        if self.rounds_since_draft >= self.cfg.probe_every {
-            // Probe: a drafting round (the best K > 0) refreshes the acceptance and draft-cost estimates.
+        // Probe: a drafting round (the best K > 0) refreshes the acceptance and draft-cost estimates; not when the
+        // draft model is so far behind that catching it up costs more than a few target passes.
+        if self.rounds_since_draft >= self.cfg.probe_every
+            && self.catchup_total() <= PROBE_MAX_CATCHUP * self.cost_verify(1)
+        {
             self.rounds_since_draft = 0;
             return (1..=k_cap)
                 .max_by(|&a, &b| self.rate(a).total_cmp(&self.rate(b)))
@@ -453,9 +478,9 @@ mod tests {
         }
         c.observe(2, &[0.8, 0.8], 2.0, 2, 10.0);
         c.observe_catchup(1.0 + 3.0 * 99.0, 100);
-        c.set_draft_backlog(1);
+        c.set_draft_backlog(1, false);
         assert!(c.choose(8) > 0, "in step: draft");
-        c.set_draft_backlog(200);
+        c.set_draft_backlog(200, false);
         assert_eq!(
             c.choose(8),
             0,
@@ -473,14 +498,33 @@ mod tests {
         }
         g.observe(2, &[0.8, 0.8], 2.0, 2, 10.0);
         g.observe_catchup(298.0, 100);
-        g.set_draft_backlog(1);
+        g.set_draft_backlog(1, true);
         assert_eq!(
             g.choose_ngram(8, 8),
             0,
             "in step, the draft (a = 0.8) beats a = 0.5 matches"
         );
-        g.set_draft_backlog(200);
+        g.set_draft_backlog(200, true);
         assert!(g.choose_ngram(8, 8) > 0);
+    }
+
+    #[test]
+    fn probes_wait_while_the_draft_model_is_far_behind() {
+        let mut c = KController::new(AutoK {
+            prior_acceptance: 0.3,
+            probe_every: 2,
+            ..AutoK::default()
+        })
+        .unwrap();
+        for k in 0..9 {
+            c.observe(k, &[], 0.0, 0, 10.0 * (1.0 + 0.5 * k as f64));
+        }
+        c.observe(1, &[0.3], 3.5, 1, 15.0);
+        c.observe_catchup(3.5 + 99.0 * 2.0, 100); // 2 ms per catch-up token
+        c.set_draft_backlog(10, false); // 18 ms of catch-up <= 4 target passes: probe
+        assert_eq!((0..2).map(|_| c.choose(8)).filter(|&k| k > 0).count(), 1);
+        c.set_draft_backlog(100, false); // 198 ms > 40 ms: no probe
+        assert!((0..6).all(|_| c.choose(8) == 0));
     }
 
     #[test]

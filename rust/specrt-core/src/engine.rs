@@ -299,7 +299,7 @@ impl Engine {
                 cfg.max_new_tokens,
             )));
         }
-        let controller = cfg.auto_k.clone().map(KController::new).transpose()?;
+        let mut controller = cfg.auto_k.clone().map(KController::new).transpose()?;
         match cfg.ngram {
             Some(ng) => {
                 let fresh = self.ngram.as_ref().is_none_or(|p| {
@@ -336,7 +336,12 @@ impl Engine {
             self.target.forward(&prompt[..n_past], 0, 1)?;
             if use_draft {
                 let d = self.draft.as_mut().expect("use_draft");
+                let t_draft = Instant::now();
                 d.forward(&prompt[..n_past], 0, 1)?;
+                // The prefill is the request's first measure of what a draft catch-up pass costs per token.
+                if let Some(c) = controller.as_mut() {
+                    c.observe_catchup(ms_since(t_draft), n_past);
+                }
             }
         }
         // Size every per-round buffer for the largest K of this request now, so rounds never allocate.
@@ -439,7 +444,7 @@ impl Engine {
             // (or a plain target step) when that is predicted to be faster.
             let take = match req.controller.as_mut() {
                 Some(c) if offered > 0 => {
-                    c.set_draft_backlog(len - req.n_past_dft);
+                    c.set_draft_backlog(len - req.n_past_dft, req.cfg.ngram.is_some());
                     c.choose_ngram(offered, if draft_usable { k_cap } else { 0 })
                 }
                 _ => offered,
@@ -457,7 +462,7 @@ impl Engine {
         if mode == VerifyMode::Stochastic && draft_usable {
             let k = match req.controller.as_mut() {
                 Some(c) => {
-                    c.set_draft_backlog(len - req.n_past_dft);
+                    c.set_draft_backlog(len - req.n_past_dft, req.cfg.ngram.is_some());
                     c.choose(k_cap)
                 }
                 None => k_fixed,
