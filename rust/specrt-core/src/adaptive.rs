@@ -12,6 +12,11 @@
 //! 1)` at the n-gram acceptance, or none of it when the draft model (or a plain target step) is predicted to do
 //! better; declined matches are still tried every [`AutoK::probe_every`] times.
 //!
+//! Whether to take an n-gram match or let the draft model draft is decided from *observed* throughput (emitted
+//! tokens per ms of each kind of round, running averages) once both kinds have run: the geometric model's per-token
+//! acceptance overstates bursty proposers (an n-gram on prose either copies a long run or fails at its first token),
+//! and this choice is between two proposers, not two K. With pinned costs the model alone decides (no timings).
+//!
 //! The draft model must first read every committed token it has not seen (its *backlog*: tokens that n-gram rounds
 //! or plain target steps committed). On a bandwidth-bound CPU model that catch-up pass costs about one pass; on a
 //! compute-bound (int4) one it grows with the backlog. The controller measures the catch-up cost per token and adds
@@ -148,6 +153,20 @@ pub struct KController {
     catchup_horizon: f64,
     // n-gram matches declined since the last n-gram round.
     ngram_declined: usize,
+    // Observed tokens per ms of n-gram rounds and of draft-model rounds (running averages); None until seen.
+    tput_ngram: Option<f64>,
+    tput_draft: Option<f64>,
+}
+
+/// Which proposer a finished round used (for [`KController::observe_round`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoundKind {
+    /// K = 0: a plain target step.
+    Plain,
+    /// Drafts from the draft model.
+    Draft,
+    /// Drafts from an n-gram match.
+    Ngram,
 }
 
 impl KController {
@@ -166,6 +185,8 @@ impl KController {
             backlog: 0,
             catchup_horizon: CATCHUP_HORIZON,
             ngram_declined: 0,
+            tput_ngram: None,
+            tput_draft: None,
             alpha_ngram: cfg.prior_acceptance_ngram,
             cfg,
         })
@@ -294,7 +315,19 @@ impl KController {
             .fold(f64::NEG_INFINITY, f64::max);
         let best = (1..=n).max_by(|&a, &b| self.rate_ngram(a).total_cmp(&self.rate_ngram(b)));
         let Some(best) = best else { return 0 };
-        if self.rate_ngram(best) > alternative {
+        let take = match (self.cfg.pinned.is_none(), self.tput_ngram) {
+            (true, Some(observed)) => {
+                // Both proposers' real throughput when known; a plain step's from the measured c_verify(1).
+                let draft = if draft_k_cap > 0 {
+                    self.tput_draft
+                } else {
+                    None
+                };
+                observed > draft.map_or(alternative, |d| d.max(self.rate(0)))
+            }
+            _ => self.rate_ngram(best) > alternative,
+        };
+        if take {
             self.ngram_declined = 0;
             return best;
         }
@@ -304,6 +337,21 @@ impl KController {
             return best;
         }
         0
+    }
+
+    /// Record a finished round's throughput: `emitted` tokens for `ms` of draft and target time.
+    pub fn observe_round(&mut self, kind: RoundKind, emitted: usize, ms: f64) {
+        if ms <= 0.0 {
+            return;
+        }
+        let t = emitted as f64 / ms;
+        let w = self.cfg.ewma_weight;
+        let slot = match kind {
+            RoundKind::Plain => return,
+            RoundKind::Draft => &mut self.tput_draft,
+            RoundKind::Ngram => &mut self.tput_ngram,
+        };
+        *slot = Some(slot.map_or(t, |old| old + w * (t - old)));
     }
 
     /// Record a finished n-gram round: `k` tokens verified, their acceptance probabilities `p(x)` (one per evaluated
@@ -506,6 +554,38 @@ mod tests {
         );
         g.set_draft_backlog(200, true);
         assert!(g.choose_ngram(8, 8) > 0);
+    }
+
+    #[test]
+    fn observed_throughput_decides_between_ngram_and_draft() {
+        // The model alone would take these matches (a_ngram 0.6, flat verify cost, no draft cost to beat)...
+        let mut c = KController::new(AutoK {
+            prior_acceptance: 0.6,
+            prior_acceptance_ngram: 0.6,
+            ..AutoK::default()
+        })
+        .unwrap();
+        for k in 0..9 {
+            c.observe(k, &[], 0.0, 0, 10.0);
+        }
+        c.observe(4, &[0.6; 4], 12.0, 4, 10.0);
+        c.set_draft_backlog(1, true);
+        assert!(c.choose_ngram(8, 8) > 0);
+        // ...but n-gram rounds were seen to yield 1.2 tokens per 11 ms and draft rounds 3.9 per 22 ms: decline.
+        c.observe_round(RoundKind::Ngram, 6, 55.0);
+        c.observe_round(RoundKind::Draft, 39, 220.0);
+        assert_eq!(c.choose_ngram(8, 8), 0);
+        // Without a draft model the alternative is a plain step (0.1 tokens/ms): 0.11 wins.
+        assert!(c.choose_ngram(8, 0) > 0);
+        // Pinned costs ignore timings.
+        let mut p = KController::new(AutoK {
+            prior_acceptance_ngram: 0.9,
+            ..pinned(1.0, 0.0)
+        })
+        .unwrap();
+        p.observe_round(RoundKind::Ngram, 1, 1000.0);
+        p.observe_round(RoundKind::Draft, 100, 1.0);
+        assert_eq!(p.choose_ngram(8, 8), 8);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use crate::adaptive::{AutoK, KController};
+use crate::adaptive::{AutoK, KController, RoundKind};
 use crate::backend::Backend;
 use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
@@ -557,6 +557,17 @@ impl Engine {
                 };
                 c.observe(k, probs, ms, passes, target_ms);
             }
+        }
+
+        if let Some(c) = req.controller.as_mut() {
+            let kind = if mode == VerifyMode::Deterministic {
+                RoundKind::Ngram
+            } else if n_draft_passes > 0 {
+                RoundKind::Draft
+            } else {
+                RoundKind::Plain
+            };
+            c.observe_round(kind, ver.tokens.len(), draft_ms + target_ms);
         }
 
         out.n_drafted = k;

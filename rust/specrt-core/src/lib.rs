@@ -17,7 +17,7 @@ pub mod stats;
 pub mod testing;
 pub mod verify;
 
-pub use adaptive::{AutoK, KController, PinnedCosts};
+pub use adaptive::{AutoK, KController, PinnedCosts, RoundKind};
 pub use backend::Backend;
 pub use engine::{
     Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig, StepOutput, TokenSource,
