@@ -513,17 +513,25 @@ mod tests {
         assert_eq!(c.choose_ngram(3, 8), 3, "never more than offered");
     }
 
+    /// A controller with measured target costs: `c_verify(k)` ms for a pass over `k + 1` tokens, k = 0..=8.
+    fn measured(cfg: AutoK, c_verify: impl Fn(usize) -> f64) -> KController {
+        let mut c = KController::new(cfg).unwrap();
+        for k in 0..9 {
+            c.observe(k, &[], 0.0, 0, c_verify(k));
+        }
+        c
+    }
+
     #[test]
     fn a_costly_draft_backlog_makes_k_zero_win_until_it_is_small() {
         // Measured costs: target 10 ms for any n, draft 1 ms per pass, catch-up 3 ms per token (int4-like).
-        let mut c = KController::new(AutoK {
-            prior_acceptance: 0.8,
-            ..AutoK::default()
-        })
-        .unwrap();
-        for k in 0..9 {
-            c.observe(k, &[], 0.0, 0, 10.0);
-        }
+        let mut c = measured(
+            AutoK {
+                prior_acceptance: 0.8,
+                ..AutoK::default()
+            },
+            |_| 10.0,
+        );
         c.observe(2, &[0.8, 0.8], 2.0, 2, 10.0);
         c.observe_catchup(1.0 + 3.0 * 99.0, 100);
         c.set_draft_backlog(1, false);
@@ -535,15 +543,14 @@ mod tests {
             "a 200-token catch-up costs more than drafting gains"
         );
         // The n-gram choice sees the same alternative: a mediocre match now beats catching the draft up.
-        let mut g = KController::new(AutoK {
-            prior_acceptance: 0.8,
-            prior_acceptance_ngram: 0.5,
-            ..AutoK::default()
-        })
-        .unwrap();
-        for k in 0..9 {
-            g.observe(k, &[], 0.0, 0, 10.0);
-        }
+        let mut g = measured(
+            AutoK {
+                prior_acceptance: 0.8,
+                prior_acceptance_ngram: 0.5,
+                ..AutoK::default()
+            },
+            |_| 10.0,
+        );
         g.observe(2, &[0.8, 0.8], 2.0, 2, 10.0);
         g.observe_catchup(298.0, 100);
         g.set_draft_backlog(1, true);
@@ -559,15 +566,14 @@ mod tests {
     #[test]
     fn observed_throughput_decides_between_ngram_and_draft() {
         // The model alone would take these matches (a_ngram 0.6, flat verify cost, no draft cost to beat)...
-        let mut c = KController::new(AutoK {
-            prior_acceptance: 0.6,
-            prior_acceptance_ngram: 0.6,
-            ..AutoK::default()
-        })
-        .unwrap();
-        for k in 0..9 {
-            c.observe(k, &[], 0.0, 0, 10.0);
-        }
+        let mut c = measured(
+            AutoK {
+                prior_acceptance: 0.6,
+                prior_acceptance_ngram: 0.6,
+                ..AutoK::default()
+            },
+            |_| 10.0,
+        );
         c.observe(4, &[0.6; 4], 12.0, 4, 10.0);
         c.set_draft_backlog(1, true);
         assert!(c.choose_ngram(8, 8) > 0);
@@ -590,15 +596,14 @@ mod tests {
 
     #[test]
     fn probes_wait_while_the_draft_model_is_far_behind() {
-        let mut c = KController::new(AutoK {
-            prior_acceptance: 0.3,
-            probe_every: 2,
-            ..AutoK::default()
-        })
-        .unwrap();
-        for k in 0..9 {
-            c.observe(k, &[], 0.0, 0, 10.0 * (1.0 + 0.5 * k as f64));
-        }
+        let mut c = measured(
+            AutoK {
+                prior_acceptance: 0.3,
+                probe_every: 2,
+                ..AutoK::default()
+            },
+            |k| 10.0 * (1.0 + 0.5 * k as f64),
+        );
         c.observe(1, &[0.3], 3.5, 1, 15.0);
         c.observe_catchup(3.5 + 99.0 * 2.0, 100); // 2 ms per catch-up token
         c.set_draft_backlog(10, false); // 18 ms of catch-up <= 4 target passes: probe

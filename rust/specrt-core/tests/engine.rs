@@ -110,31 +110,32 @@ fn greedy_parity_holds_with_penalties() {
     }
 }
 
+/// A backend wrapper that counts forward calls and tokens fed, shared with the test after the engine takes the box.
+struct Counting(MockModel, std::sync::Arc<std::sync::Mutex<(usize, usize)>>);
+
+impl Backend for Counting {
+    fn vocab_size(&self) -> usize {
+        self.0.vocab_size()
+    }
+    fn max_seq_len(&self) -> usize {
+        self.0.max_seq_len()
+    }
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        n_past: usize,
+        n_logits: usize,
+    ) -> specrt_core::Result<&[f32]> {
+        let mut c = self.1.lock().unwrap();
+        c.0 += 1;
+        c.1 += tokens.len();
+        drop(c);
+        self.0.forward(tokens, n_past, n_logits)
+    }
+}
+
 #[test]
 fn draft_runs_exactly_k_passes_per_round() {
-    // Counting passes through a shared counter is awkward with boxed backends, so drive the round loop and read
-    // the mock's counters from a wrapper.
-    struct Counting(MockModel, std::sync::Arc<std::sync::Mutex<(usize, usize)>>);
-    impl Backend for Counting {
-        fn vocab_size(&self) -> usize {
-            self.0.vocab_size()
-        }
-        fn max_seq_len(&self) -> usize {
-            self.0.max_seq_len()
-        }
-        fn forward(
-            &mut self,
-            tokens: &[u32],
-            n_past: usize,
-            n_logits: usize,
-        ) -> specrt_core::Result<&[f32]> {
-            let mut c = self.1.lock().unwrap();
-            c.0 += 1;
-            c.1 += tokens.len();
-            drop(c);
-            self.0.forward(tokens, n_past, n_logits)
-        }
-    }
     let counter = std::sync::Arc::new(std::sync::Mutex::new((0usize, 0usize)));
     let d = Counting(draft(5, 0.4), counter.clone());
     let mut e = Engine::new(Box::new(target(5)), Some(Box::new(d))).unwrap();
@@ -485,33 +486,10 @@ fn ngram_cfg(k: usize, max_new: usize, use_draft_model: bool) -> GenerationConfi
     }
 }
 
-/// A backend that counts the tokens it is fed (shared with the test after the engine takes the box).
-struct Counting(MockModel, std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-impl Backend for Counting {
-    fn vocab_size(&self) -> usize {
-        self.0.vocab_size()
-    }
-    fn max_seq_len(&self) -> usize {
-        self.0.max_seq_len()
-    }
-    fn forward(
-        &mut self,
-        tokens: &[u32],
-        n_past: usize,
-        n_logits: usize,
-    ) -> specrt_core::Result<&[f32]> {
-        self.1
-            .fetch_add(tokens.len(), std::sync::atomic::Ordering::Relaxed);
-        self.0.forward(tokens, n_past, n_logits)
-    }
-}
-
 #[test]
 fn the_draft_model_is_not_run_by_requests_that_do_not_use_it() {
-    use std::sync::{atomic::AtomicUsize, atomic::Ordering, Arc};
     let prompt: Vec<u32> = (0..40).map(|i| [5u32, 6, 7, 1][i % 4]).collect();
-    let fed = Arc::new(AtomicUsize::new(0));
+    let fed = std::sync::Arc::new(std::sync::Mutex::new((0usize, 0usize)));
     let d = Box::new(Counting(draft(3, 0.5), fed.clone())) as Box<dyn Backend>;
     let mut e = Engine::new(Box::new(target(3)), Some(d)).unwrap();
     let reference = run(target(3), None, &prompt, greedy_cfg(0, 30));
@@ -520,13 +498,13 @@ fn the_draft_model_is_not_run_by_requests_that_do_not_use_it() {
         .generate(&prompt, ngram_cfg(4, 30, false), |_| true)
         .unwrap();
     let k0 = e.generate(&prompt, greedy_cfg(0, 30), |_| true).unwrap();
-    assert_eq!(fed.load(Ordering::Relaxed), 0);
+    assert_eq!(fed.lock().unwrap().1, 0);
     assert_eq!(ngram.tokens, reference.tokens);
     assert_eq!(k0.tokens, reference.tokens);
     // The draft model used from the first round: prefill (prompt - 1 tokens) then drafting.
     let spec = e.generate(&prompt, greedy_cfg(4, 30), |_| true).unwrap();
     assert_eq!(spec.tokens, reference.tokens);
-    assert!(fed.load(Ordering::Relaxed) >= prompt.len() - 1);
+    assert!(fed.lock().unwrap().1 >= prompt.len() - 1);
 }
 
 #[test]
