@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -305,13 +306,21 @@ def test_cli_options_become_a_config() -> None:
 
 
 def test_peers_that_cannot_run_are_recorded_not_raised(tiny_pair, tmp_path) -> None:
+    missing = str(tmp_path / "no-python")
     cfg = bench.BenchConfig(
-        peers=("hf", "genai", "vllm"), genai_python=str(tmp_path / "no-python"), out_dir=str(tmp_path)
+        peers=("hf", "genai", "vllm"), genai_python=missing, hf_python=missing, out_dir=str(tmp_path)
     )
     out = bench.run_peers(cfg, tiny_pair["target"], tiny_pair["draft"], [], {})
-    assert out["hf"]["status"] == "skipped" and "CUDA build" in out["hf"]["reason"]
+    assert out["hf"]["status"] == "skipped" and "no-python" in out["hf"]["reason"]
     assert out["genai"]["status"] == "skipped" and "no-python" in out["genai"]["reason"]
-    assert out["vllm"]["status"] == "error"
+    assert out["vllm"]["status"] == "error" and "'vllm'" in out["vllm"]["reason"]
+    # An interpreter that exists, but models without a cached GGUF source (the tiny pair is built by the tests).
+    cfg = bench.BenchConfig(peers=("hf",), hf_python=sys.executable, out_dir=str(tmp_path))
+    out = bench.run_peers(cfg, tiny_pair["target"], tiny_pair["draft"], [], {})
+    assert out["hf"]["status"] == "skipped" and "no cached GGUF source for the target and draft" in out["hf"]["reason"]
+    cfg = bench.BenchConfig(peers=("hf",), hf_python=sys.executable, dtype="int4", out_dir=str(tmp_path))
+    out = bench.run_peers(cfg, tiny_pair["target"], tiny_pair["draft"], [], {})
+    assert out["hf"]["status"] == "skipped" and "'int4'" in out["hf"]["reason"]
 
 
 GENAI_PYTHON = REPO / "benches" / "out" / "venv-genai" / "bin" / "python"
@@ -332,6 +341,33 @@ def test_genai_peer_runs_our_onnx_files_and_matches_specrt_tokens(tiny_pair, tmp
     assert p["greedy_parity"] is True and p["speculative_stats"][0]["draft_forward_passes"] > 0
     ref = specrt.Decoder(tiny_pair["target"], max_seq_len=64).generate(ids, max_new_tokens=10, temperature=0)
     assert p["token_ids"]["target_only"] == ref.token_ids
+
+
+HF_PYTHON = REPO / "benches" / "out" / "venv-hf" / "bin" / "python"
+
+
+@pytest.mark.skipif(not HF_PYTHON.exists(), reason="no torch + transformers venv (benches/peers/setup_hf_venv.sh)")
+def test_hf_peer_runs_the_gguf_source_and_matches_specrt_tokens(tmp_path) -> None:
+    from specrt.models import cache_dir
+
+    folder = cache_dir() / "models" / "smollm2-135m-instruct" / "fp32"
+    if bench.gguf_source(folder) is None:
+        pytest.skip("SmolLM2 fp32 and its GGUF are not in the cache (specrt pull smollm2-135m-instruct)")
+    ids = [1, 504, 3458, 282, 4235, 314]
+    prompts = [bench.Prompt(id="raw", kind="prose", prompt="x")]
+    cfg = bench.BenchConfig(
+        k=3, max_new_tokens=10, repeats=1, warmup_tokens=1, threads=1, peers=("hf",), out_dir=str(tmp_path)
+    )
+    # Target and draft are the same model: greedy drafts are the target's own tokens.
+    out = bench.run_peers(cfg, folder, folder, prompts, {"raw": ids})
+    h = out["hf"]
+    assert h["status"] == "ok", h.get("stderr_tail")
+    assert h["cuda_available"] is False and h["modes"] == ["target_only", "assisted"]
+    p = h["prompts"]["raw"]
+    assert p["assisted"]["greedy_parity"] is True
+    assert p["runs"]["assisted"][0]["draft_passes"] > 0 and p["assisted"]["mean_tokens_per_round"]["median"] > 1
+    ref = specrt.Decoder(folder, max_seq_len=64).generate(ids, max_new_tokens=10, temperature=0, ignore_eos=True)
+    assert p["token_ids"]["target_only"] == ref.token_ids[: len(p["token_ids"]["target_only"])]
 
 
 def test_auto_k_predicts_at_the_rounded_mean_k(tiny_pair) -> None:

@@ -210,6 +210,7 @@ def main(request_path: str, result_path: str) -> int:
         "onnxruntime_genai": og.__version__,
         "onnxruntime": _ort_version(),
         "interleaved": interleave,
+        "k": k,
         "load_s": t_load,
         "genai_config": {m: str(f / "genai_config.json") for m, f in folders.items()},
         "prompts": {},

@@ -9,8 +9,9 @@ For a target, a draft and a prompt set (``benches/prompts.json``) the bench runs
    speculative one, back to back (the order alternates between repetitions), so that machine load hits both alike.
 3. **Sweeps** (:func:`run_sweeps`, fewer prompts and tokens): speculative decoding at each K of a K sweep (greedy)
    and at each temperature of a temperature sweep (at the main K), interleaved with a target-only baseline.
-4. **Peers** (optional, :mod:`benches/peers`): onnxruntime-genai on the very same ONNX files, in its own process
-   and virtual environment (never needed by specrt itself).
+4. **Peers** (optional, :mod:`benches/peers`), each in its own process and virtual environment (never needed by
+   specrt itself): onnxruntime-genai on the very same ONNX files, and Hugging Face transformers assisted generation
+   (torch, CPU) on the GGUF files the fp32 models were converted from.
 
 Every timing figure is the median over at least three repetitions, with the min and max beside it. Definitions
 (per prompt; ms = milliseconds of wall time):
@@ -243,6 +244,8 @@ class BenchConfig:
     plots: bool = True
     peers: tuple[str, ...] = ()
     genai_python: str | None = None
+    hf_python: str | None = None
+    hf_modes: tuple[str, ...] = ("target_only", "assisted")
     peer_interleave: bool = True
     out_dir: str | None = None
     name: str | None = None
@@ -840,6 +843,15 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     n_sweep = cfg.repeats * len(sweep_prompts) * (1 + n_points)
     n_verify = len(prompt_tokens) * len(ks) * (cfg.verify_repeats + 1)
     progress = _Progress(n_verify + n_warm + n_main + n_sweep, cfg.progress)
+    phase_s: dict[str, Any] = {}
+    t_phase = time.perf_counter()
+
+    def phase_done(name: str) -> None:
+        nonlocal t_phase
+        now = time.perf_counter()
+        phase_s[name] = now - t_phase
+        t_phase = now
+
     try:
         progress.describe("verify costs (target alone)")
         costs = measure_verify_costs(
@@ -856,6 +868,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         progress.write(
             f"specrt bench: one-token target forward {fwd1:.0f} ms; generation phases need ~{est / 60:.0f} min"
         )
+        phase_done("verify_costs")
         progress.describe("loading models")
         spec_dec = specrt.Decoder(target_path, draft_path, max_seq_len=max_seq, intra_op_threads=cfg.threads)
         base_dec = (
@@ -878,23 +891,29 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             },
             "verify_costs": costs,
         }
+        phase_done("load")
         report["main"] = run_main(cfg, base_dec, spec_dec, prompts, costs, progress)
+        phase_done("main")
         if sweep_prompts:
             report["sweeps"] = run_sweeps(cfg, base_dec, spec_dec, sweep_prompts, costs, progress)
+            phase_done("sweeps")
     finally:
         progress.close()
     del base_dec, spec_dec
     gc.collect()
+    phase_s["specrt"] = time.perf_counter() - t_start
     if cfg.peers:
         report["peers"] = run_peers(cfg, target_path, draft_path, prompts, prompt_tokens)
-        genai = report["peers"].get("genai", {})
-        for row in report["main"]["prompts"] if genai.get("status") == "ok" else []:
-            theirs = genai["prompts"].get(row["id"], {}).get("token_ids", {}).get("target_only")
-            if theirs is not None and cfg.temperature == 0:
-                # Same ONNX files, same greedy target: a check that genai ran our graphs as specrt does.
-                genai["prompts"][row["id"]]["same_tokens_as_specrt"] = theirs == row["token_ids"]["target_only"]
+        for name, peer in report["peers"].items():
+            phase_s[f"peer_{name}"] = peer.pop("elapsed_s", None)
+            for row in report["main"]["prompts"] if peer.get("status") == "ok" else []:
+                theirs = peer["prompts"].get(row["id"], {}).get("token_ids", {}).get("target_only")
+                if theirs is not None and cfg.temperature == 0:
+                    # Same greedy target (genai: the same ONNX files; hf: the GGUF they came from, in torch).
+                    peer["prompts"][row["id"]]["same_tokens_as_specrt"] = theirs == row["token_ids"]["target_only"]
     machine["load_avg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     report["wall_s"] = time.perf_counter() - t_start
+    report["phase_s"] = phase_s
     return report
 
 
@@ -915,59 +934,119 @@ def _default_genai_python() -> Path:
     return _REPO_ROOT / "benches" / "out" / "venv-genai" / "bin" / "python"
 
 
+def _default_hf_python() -> Path:
+    return _REPO_ROOT / "benches" / "out" / "venv-hf" / "bin" / "python"
+
+
+def gguf_source(model_path: Path) -> Path | None:
+    """The GGUF file a converted model folder came from, when it is in specrt's cache (``<cache>/gguf``), else None."""
+    from specrt.models import cache_dir
+
+    try:
+        cfg = json.loads((Path(model_path) / "specrt_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    source = str(cfg.get("source") or "")
+    path = cache_dir() / "gguf" / source
+    return path if source.endswith(".gguf") and path.is_file() else None
+
+
+def _run_peer_script(python: Path, script: str, work: Path, request: dict[str, Any]) -> dict[str, Any]:
+    """Run ``benches/peers/<script>`` under ``python`` with a request file; its result, or the error as a record."""
+    work.mkdir(parents=True, exist_ok=True)
+    req_path, res_path = work / "request.json", work / "result.json"
+    req_path.write_text(json.dumps(request), encoding="utf-8")
+    res_path.unlink(missing_ok=True)
+    path = _REPO_ROOT / "benches" / "peers" / script
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [str(python), str(path), str(req_path), str(res_path)], capture_output=True, text=True, check=False
+    )
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0 or not res_path.exists():
+        return {
+            "status": "error",
+            "returncode": proc.returncode,
+            "stderr_tail": proc.stderr[-3000:],
+            "elapsed_s": elapsed,
+        }
+    return {"status": "ok", **json.loads(res_path.read_text(encoding="utf-8")), "elapsed_s": elapsed}
+
+
 def run_peers(
     cfg: BenchConfig, target_path: Path, draft_path: Path, prompts: list[Prompt], prompt_tokens: dict[str, list[int]]
 ) -> dict[str, Any]:
     """Run the peers named in ``cfg.peers`` in subprocesses; a failure is recorded, never raised.
 
+    Both get the same prompt token ids as specrt, greedy decoding, ``cfg.max_new_tokens`` and ``cfg.repeats``, and
+    K = ``cfg.k`` (4 when ``cfg.k`` is ``"auto"``); each peer's record carries ``status`` (``"ok"``, ``"skipped"``
+    with a ``reason``, ``"error"`` with the script's stderr) and ``elapsed_s`` (wall seconds, load included).
+
     ``"genai"``: ``benches/peers/genai_peer.py`` under ``cfg.genai_python`` (a virtual environment with
-    onnxruntime-genai 0.18; see benches/README.md), on the same ONNX files through a generated genai_config.json,
-    the same prompt token ids, target-only and speculative (K = ``cfg.k``), interleaved, greedy.
-    ``"hf"``: recorded as skipped (PyPI's torch wheel for Linux x86_64 is the CUDA build; see benches/README.md).
+    onnxruntime-genai 0.18; ``benches/peers/setup_genai_venv.sh``), on the same ONNX files through a generated
+    genai_config.json, target-only and speculative, interleaved.
+    ``"hf"``: ``benches/peers/hf_peer.py`` under ``cfg.hf_python`` (torch + transformers;
+    ``benches/peers/setup_hf_venv.sh``), on the GGUF files the models were converted from (dequantized to float32 by
+    transformers, so fp32 runs only), modes ``cfg.hf_modes`` (``target_only``, ``assisted`` = K drafts per round,
+    ``assisted_dynamic`` = transformers' default schedule), interleaved.
     """
     out: dict[str, Any] = {}
+    k = 4 if cfg.k == "auto" else int(cfg.k)
+    ids = {p.id: prompt_tokens[p.id] for p in prompts}
+    common = {
+        "prompts": ids,
+        "max_new_tokens": cfg.max_new_tokens,
+        "k": k,
+        "repeats": cfg.repeats,
+        "warmup_tokens": cfg.warmup_tokens,
+        "threads": cfg.threads or 0,
+        "ignore_eos": cfg.ignore_eos,
+    }
+    work_root = Path(cfg.out_dir or _default_out_dir())
     for peer in cfg.peers:
-        if peer == "hf":
-            out["hf"] = {
-                "status": "skipped",
-                "reason": "PyPI's torch for Linux x86_64 is the CUDA build (it pulls nvidia-* wheels, several GB); "
-                "the CPU build lives only on PyTorch's own index, which this machine cannot reach",
+        if peer == "genai":
+            python = Path(cfg.genai_python) if cfg.genai_python else _default_genai_python()
+            if not python.exists():
+                out[peer] = {"status": "skipped", "reason": f"no interpreter at {python} (see benches/README.md)"}
+                continue
+            request = {
+                **common,
+                "target": str(target_path),
+                "draft": str(draft_path),
+                "work_dir": str(work_root / "genai"),
+                "interleave": cfg.peer_interleave,
             }
-            continue
-        if peer != "genai":
-            out[peer] = {"status": "error", "reason": f"unknown peer {peer!r} (expected 'genai' or 'hf')"}
-            continue
-        python = Path(cfg.genai_python) if cfg.genai_python else _default_genai_python()
-        script = _REPO_ROOT / "benches" / "peers" / "genai_peer.py"
-        if not python.exists():
-            out["genai"] = {"status": "skipped", "reason": f"no interpreter at {python} (see benches/README.md)"}
-            continue
-        work = Path(cfg.out_dir or _default_out_dir()) / "genai"
-        work.mkdir(parents=True, exist_ok=True)
-        request = {
-            "target": str(target_path),
-            "draft": str(draft_path),
-            "work_dir": str(work),
-            "prompts": {p.id: prompt_tokens[p.id] for p in prompts},
-            "max_new_tokens": cfg.max_new_tokens,
-            "k": 4 if cfg.k == "auto" else int(cfg.k),
-            "repeats": cfg.repeats,
-            "warmup_tokens": cfg.warmup_tokens,
-            "threads": cfg.threads or 0,
-            "ignore_eos": cfg.ignore_eos,
-            "interleave": cfg.peer_interleave,
-        }
-        req_path = work / "request.json"
-        res_path = work / "result.json"
-        req_path.write_text(json.dumps(request), encoding="utf-8")
-        res_path.unlink(missing_ok=True)
-        proc = subprocess.run(
-            [str(python), str(script), str(req_path), str(res_path)], capture_output=True, text=True, check=False
-        )
-        if proc.returncode != 0 or not res_path.exists():
-            out["genai"] = {"status": "error", "returncode": proc.returncode, "stderr_tail": proc.stderr[-3000:]}
+            out[peer] = _run_peer_script(python, "genai_peer.py", work_root / "genai", request)
+        elif peer == "hf":
+            python = Path(cfg.hf_python) if cfg.hf_python else _default_hf_python()
+            sources = {role: gguf_source(path) for role, path in (("target", target_path), ("draft", draft_path))}
+            missing = [role for role, src in sources.items() if src is None]
+            if not python.exists():
+                out[peer] = {"status": "skipped", "reason": f"no interpreter at {python} (see benches/README.md)"}
+            elif cfg.dtype != "fp32":
+                out[peer] = {
+                    "status": "skipped",
+                    "reason": f"transformers runs the GGUF dequantized to float32; dtype {cfg.dtype!r} would not "
+                    "compare the same precision (use --dtype fp32)",
+                }
+            elif missing:
+                out[peer] = {
+                    "status": "skipped",
+                    "reason": f"no cached GGUF source for the {' and '.join(missing)} (transformers loads the GGUF "
+                    "the model was converted from; `specrt pull` keeps it under ~/.cache/specrt/gguf)",
+                }
+            else:
+                target_cfg = json.loads((Path(target_path) / "specrt_config.json").read_text(encoding="utf-8"))
+                request = {
+                    **common,
+                    "target_gguf": str(sources["target"]),
+                    "draft_gguf": str(sources["draft"]),
+                    "eos_token_ids": target_cfg["eos_token_ids"],
+                    "modes": list(cfg.hf_modes),
+                }
+                out[peer] = _run_peer_script(python, "hf_peer.py", work_root / "hf", request)
         else:
-            out["genai"] = {"status": "ok", **json.loads(res_path.read_text(encoding="utf-8"))}
+            out[peer] = {"status": "error", "reason": f"unknown peer {peer!r} (expected 'genai' or 'hf')"}
     return out
 
 
@@ -1125,32 +1204,70 @@ def _sweep_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return cols, rows
 
 
+def peer_modes(name: str, peer: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(prompt id, label, figures)`` per prompt and speculative mode of one peer's ``ok`` record.
+
+    ``figures`` holds ``target_only`` and ``speculative`` (each ``{"decode_tokens_per_s", "tokens_per_s", ...}``
+    spreads), ``speedup``, ``e2e_speedup``, ``acceptance_rate`` and ``same_tokens_as_specrt`` when known; the label
+    names the peer and mode (``genai K=4``, ``hf assisted K=4``, ``hf assisted dynamic``).
+    """
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    k = peer.get("k")
+    for pid, g in peer["prompts"].items():
+        if name == "genai":
+            modes = [("speculative", g, f"genai K={k}" if k else "genai")]
+        else:
+            modes = [
+                (m, g[m], f"{name} assisted K={k}" if m == "assisted" else f"{name} {m.replace('_', ' ')}")
+                for m in peer.get("modes", [])
+                if m != "target_only" and m in g
+            ]
+        for mode, figs, label in modes:
+            out.append(
+                (
+                    pid,
+                    label,
+                    {
+                        "target_only": g["target_only"],
+                        "speculative": g[mode],
+                        "speedup": figs.get("speedup"),
+                        "e2e_speedup": figs.get("e2e_speedup"),
+                        "acceptance_rate": figs.get("acceptance_rate"),
+                        "same_tokens_as_specrt": g.get("same_tokens_as_specrt"),
+                    },
+                )
+            )
+    return out
+
+
 def _peer_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]], list[str]]:
     cols = [
         "prompt",
-        "genai target tok/s",
-        "genai spec tok/s",
-        "genai speedup",
-        "genai e2e",
-        "genai acc",
+        "peer",
+        "peer target tok/s",
+        "peer spec tok/s",
+        "peer speedup",
+        "peer e2e",
+        "peer acc",
         "same tokens",
-        "specrt spec / genai spec",
+        "specrt spec / peer spec",
     ]
     rows: list[list[str]] = []
     notes: list[str] = []
+    ours = {p["id"]: p for p in (report.get("main") or {}).get("prompts", [])}
     for name, peer in (report.get("peers") or {}).items():
         if peer.get("status") != "ok":
             notes.append(
                 f"peer {name}: {peer.get('status')}: {peer.get('reason') or peer.get('stderr_tail', '')[-300:]}"
             )
             continue
-        ours = {p["id"]: p for p in report["main"]["prompts"]}
-        for pid, g in peer["prompts"].items():
+        for pid, label, g in peer_modes(name, peer):
             mine = _med(ours[pid]["speculative"]["decode_tokens_per_s"]) if pid in ours else None
             theirs = _med(g["speculative"]["decode_tokens_per_s"])
             rows.append(
                 [
                     pid,
+                    label,
                     _sp(g["target_only"]["decode_tokens_per_s"]),
                     _sp(g["speculative"]["decode_tokens_per_s"]),
                     _sp(g["speedup"]),
@@ -1203,6 +1320,25 @@ _LEGEND = (
 )
 
 
+def _timing_line(report: dict[str, Any]) -> str:
+    """``wall 21.3 min: specrt 19.0 (verify costs 0.4, load 0.3, main 12.1, sweeps 6.2), peer genai 2.3``."""
+    ph = report.get("phase_s") or {}
+
+    def m(x: float | None) -> str:
+        return "-" if x is None else f"{x / 60:.1f}"
+
+    inner = ", ".join(
+        f"{k.replace('_', ' ')} {m(ph[k])}" for k in ("verify_costs", "load", "main", "sweeps") if k in ph
+    )
+    text = f"wall {m(report.get('wall_s'))} min"
+    if "specrt" in ph:
+        text += f": specrt {m(ph['specrt'])} ({inner})"
+    for k, v in ph.items():
+        if k.startswith("peer_"):
+            text += f", peer {k.removeprefix('peer_')} {m(v)}"
+    return text
+
+
 def render_table(report: dict[str, Any], *, use_rich: bool | None = None, file: Any = None) -> str:
     """Print the results (speed, cost model, sweeps, peers) as tables and return them as plain text.
 
@@ -1225,6 +1361,7 @@ def render_table(report: dict[str, Any], *, use_rich: bool | None = None, file: 
         if title == "cost model":
             parts.append(_LEGEND)
     parts += pnotes
+    parts.append(_timing_line(report))
     plain = "\n\n".join(parts)
     if use_rich is None:
         use_rich = getattr(file, "isatty", lambda: False)()
@@ -1425,6 +1562,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="no PNGs")
     p.add_argument("--peers", type=_str_list, default=(), help="comma-separated peers to run after specrt: genai, hf")
     p.add_argument("--genai-python", default=None, help="python of the onnxruntime-genai venv")
+    p.add_argument("--hf-python", default=None, help="python of the torch + transformers venv")
+    p.add_argument(
+        "--hf-modes",
+        type=_str_list,
+        default=None,
+        help="hf peer modes: target_only, assisted (K drafts per round), assisted_dynamic (default: the first two)",
+    )
     p.add_argument(
         "--peers-sequential",
         action="store_true",
@@ -1466,6 +1610,8 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         "plots": not a.no_plots,
         "peers": a.peers,
         "genai_python": a.genai_python,
+        "hf_python": a.hf_python,
+        "hf_modes": a.hf_modes or None,
         "peer_interleave": False if a.peers_sequential else None,
         "out_dir": a.out_dir,
         "name": a.name,
