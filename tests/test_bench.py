@@ -10,6 +10,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -341,6 +342,26 @@ def test_genai_peer_runs_our_onnx_files_and_matches_specrt_tokens(tiny_pair, tmp
     assert p["greedy_parity"] is True and p["speculative_stats"][0]["draft_forward_passes"] > 0
     ref = specrt.Decoder(tiny_pair["target"], max_seq_len=64).generate(ids, max_new_tokens=10, temperature=0)
     assert p["token_ids"]["target_only"] == ref.token_ids
+
+
+def test_bad_peer_names_and_hf_modes_fail_before_anything_runs(capsys) -> None:
+    cases = [
+        (bench.BenchConfig(peers=("genai", "vllm")), r"peers \['vllm'\] are unknown \(expected some of: genai, hf\)"),
+        (bench.BenchConfig(hf_modes=("assisted", "bogus")), r"hf modes \['bogus'\] are invalid"),
+        (bench.BenchConfig(hf_modes=()), r"hf modes \[\] are invalid"),
+        (bench.BenchConfig(baseline="none"), r"baseline 'none' is invalid"),
+    ]
+    for cfg, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            bench.validate_config(cfg)
+        with pytest.raises(ValueError, match=pattern):  # before any model is resolved or loaded
+            bench.run_bench(replace(cfg, target="no-such-model"))
+    bench.validate_config(bench.BenchConfig(peers=("hf", "genai"), hf_modes=bench.HF_MODES))
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    assert bench.run_cli(parser.parse_args(["--peers", "genai,vllm", "--target", "no-such-model"])) == 2
+    err = capsys.readouterr().err
+    assert "specrt bench: error: peers ['vllm'] are unknown" in err and "Traceback" not in err
 
 
 HF_PYTHON = REPO / "benches" / "out" / "venv-hf" / "bin" / "python"

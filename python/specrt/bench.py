@@ -785,6 +785,29 @@ def run_sweeps(
     }
 
 
+#: Peers ``specrt bench --peers`` knows, and the modes of the ``hf`` peer.
+PEERS = ("genai", "hf")
+HF_MODES = ("target_only", "assisted", "assisted_dynamic")
+
+
+def validate_config(cfg: BenchConfig) -> None:
+    """Check the settings that would otherwise fail late (after the specrt phases) or silently.
+
+    Raises:
+        ValueError: a bad ``baseline``, ``repeats``, peer name or hf mode, naming the value and what is allowed.
+    """
+    if cfg.baseline not in ("separate", "k0"):
+        raise ValueError(f"baseline {cfg.baseline!r} is invalid (expected one of: 'separate', 'k0')")
+    if cfg.repeats < 1:
+        raise ValueError(f"repeats {cfg.repeats} is invalid (expected >= 1; 3 or more for a spread)")
+    unknown = [p for p in cfg.peers if p not in PEERS]
+    if unknown:
+        raise ValueError(f"peers {unknown} are unknown (expected some of: {', '.join(PEERS)})")
+    bad = [m for m in cfg.hf_modes if m not in HF_MODES]
+    if bad or not cfg.hf_modes:
+        raise ValueError(f"hf modes {bad or list(cfg.hf_modes)} are invalid (expected some of: {', '.join(HF_MODES)})")
+
+
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run the whole bench (verify costs, main table, sweeps, peers) and return the JSON-ready report.
 
@@ -802,10 +825,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     import specrt
 
     t_start = time.perf_counter()
-    if cfg.baseline not in ("separate", "k0"):
-        raise ValueError(f"baseline {cfg.baseline!r} is invalid (expected one of: 'separate', 'k0')")
-    if cfg.repeats < 1:
-        raise ValueError(f"repeats {cfg.repeats} is invalid (expected >= 1; 3 or more for a spread)")
+    validate_config(cfg)
     prompts = load_prompts(cfg.prompts_file, set_name=cfg.prompt_set, ids=cfg.prompt_ids or None)
     sweep_prompts = (
         load_prompts(cfg.prompts_file, set_name=cfg.sweep_set, ids=cfg.sweep_ids or None) if cfg.sweeps else []
@@ -1640,6 +1660,11 @@ def save(report: dict[str, Any], cfg: BenchConfig) -> dict[str, Path]:
 def run_cli(a: argparse.Namespace) -> int:
     """``specrt bench``: run, print the table, write JSON (+ PNGs). Returns the exit code."""
     cfg = config_from_args(a)
+    try:
+        validate_config(cfg)
+    except ValueError as e:
+        print(f"specrt bench: error: {e}", file=sys.stderr)
+        return 2
     report = run_bench(cfg)
     paths = save(report, cfg)
     render_table(report)
