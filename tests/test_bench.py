@@ -364,6 +364,42 @@ def test_bad_peer_names_and_hf_modes_fail_before_anything_runs(capsys) -> None:
     assert "specrt bench: error: peers ['vllm'] are unknown" in err and "Traceback" not in err
 
 
+def test_peer_warnings_and_notes_say_why_a_peer_gave_nothing(tmp_path) -> None:
+    missing = str(tmp_path / "no-python")
+    cfg = bench.BenchConfig(peers=("hf", "genai"), dtype="int4", hf_python=missing, genai_python=missing)
+    w = bench.peer_warnings(cfg)
+    assert any("peer hf will be skipped: no interpreter at" in x and "setup_hf_venv.sh" in x for x in w)
+    assert any("peer genai will be skipped: no interpreter" in x for x in w)
+    assert any("float32 only (dtype 'int4')" in x for x in w)
+    assert bench.peer_warnings(bench.BenchConfig(hf_modes=("target_only",))) == [
+        "--hf-modes has no effect without --peers hf"
+    ]
+    assert bench.peer_warnings(bench.BenchConfig(peers=("hf",), hf_python=sys.executable)) == []
+    spread = {"median": 2.5, "min": 2.5, "max": 2.5, "n": 1}
+    report = {
+        "main": {"prompts": []},
+        "peers": {
+            "genai": {
+                "status": "error",
+                "returncode": 1,
+                "stderr_tail": "Traceback ...\n  raise X\nValueError: bad\n\n",
+            },
+            "hf": {
+                "status": "ok",
+                "k": 4,
+                "modes": ["target_only"],
+                "prompts": {"p": {"target_only": {"decode_tokens_per_s": spread}}},
+            },
+        },
+    }
+    _, rows, notes = bench._peer_rows(report)
+    assert rows == []
+    assert notes == [
+        "peer genai: error: ValueError: bad (stderr in the JSON)",
+        "peer hf: target-only decode tok/s (no speculative mode was asked for): p 2.50",
+    ]
+
+
 HF_PYTHON = REPO / "benches" / "out" / "venv-hf" / "bin" / "python"
 
 

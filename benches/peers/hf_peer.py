@@ -196,7 +196,9 @@ def main(request_path: str, result_path: str) -> int:
         "load_s": t_load,
         "k": k,
         "modes": modes,
-        "assistant_defaults": {key: (v if isinstance(v, (int, float, str)) else str(v)) for key, v in defaults.items()},
+        "assistant_defaults": {
+            key: (v if v is None or isinstance(v, (int, float, str)) else str(v)) for key, v in defaults.items()
+        },
         "prompts": {},
     }
     for pid in prompts:

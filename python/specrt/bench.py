@@ -808,6 +808,23 @@ def validate_config(cfg: BenchConfig) -> None:
         raise ValueError(f"hf modes {bad or list(cfg.hf_modes)} are invalid (expected some of: {', '.join(HF_MODES)})")
 
 
+def peer_warnings(cfg: BenchConfig) -> list[str]:
+    """What will make a peer be skipped, said before the specrt phases run (the run goes on; the JSON records it)."""
+    out = []
+    for peer, given, default in (
+        ("genai", cfg.genai_python, _default_genai_python()),
+        ("hf", cfg.hf_python, _default_hf_python()),
+    ):
+        python = Path(given) if given else default
+        if peer in cfg.peers and not python.exists():
+            out.append(f"peer {peer} will be skipped: no interpreter at {python} (benches/peers/setup_{peer}_venv.sh)")
+    if "hf" in cfg.peers and cfg.dtype != "fp32":
+        out.append(f"peer hf will be skipped: it runs float32 only (dtype {cfg.dtype!r})")
+    if "hf" not in cfg.peers and tuple(cfg.hf_modes) != BenchConfig.hf_modes:
+        out.append("--hf-modes has no effect without --peers hf")
+    return out
+
+
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run the whole bench (verify costs, main table, sweeps, peers) and return the JSON-ready report.
 
@@ -826,6 +843,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     t_start = time.perf_counter()
     validate_config(cfg)
+    for line in peer_warnings(cfg):
+        print(f"specrt bench: warning: {line}", file=sys.stderr)
     prompts = load_prompts(cfg.prompts_file, set_name=cfg.prompt_set, ids=cfg.prompt_ids or None)
     sweep_prompts = (
         load_prompts(cfg.prompts_file, set_name=cfg.sweep_set, ids=cfg.sweep_ids or None) if cfg.sweeps else []
@@ -886,7 +905,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         fwd1 = statistics.median(c["forward_ms"]["1"]["median"] for c in costs.values())
         est = _estimate_s(cfg, fwd1, len(prompts), len(sweep_prompts))
         progress.write(
-            f"specrt bench: one-token target forward {fwd1:.0f} ms; generation phases need ~{est / 60:.0f} min"
+            f"specrt bench: one-token target forward {fwd1:.0f} ms; generation phases need "
+            + (f"~{est / 60:.0f} min" if est >= 60 else "< 1 min")
         )
         phase_done("verify_costs")
         progress.describe("loading models")
@@ -1053,7 +1073,7 @@ def run_peers(
                 out[peer] = {
                     "status": "skipped",
                     "reason": f"no cached GGUF source for the {' and '.join(missing)} (transformers loads the GGUF "
-                    "the model was converted from; `specrt pull` keeps it under ~/.cache/specrt/gguf)",
+                    "the model was converted from; `specrt models pull` keeps it under ~/.cache/specrt/gguf)",
                 }
             else:
                 target_cfg = json.loads((Path(target_path) / "specrt_config.json").read_text(encoding="utf-8"))
@@ -1105,7 +1125,7 @@ def _main_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list
     prompts = report["main"]["prompts"]
     all_ids = report["main"]["totals"]["all"]["prompts"]
     totals = {n: t for n, t in report["main"]["totals"].items() if n == "all" or t["prompts"] != all_ids}
-    speed_cols = ["prompt", "kind", "L", "n", "target tok/s", "spec tok/s", "speedup", "e2e", "prefill ms t/s"]
+    speed_cols = ["prompt", "kind", "L", "n", "target tok/s", "spec tok/s", "speedup", "e2e", "prefill ms t / s"]
     speed = [
         [
             _label(p),
@@ -1277,10 +1297,11 @@ def _peer_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]], list
     ours = {p["id"]: p for p in (report.get("main") or {}).get("prompts", [])}
     for name, peer in (report.get("peers") or {}).items():
         if peer.get("status") != "ok":
-            notes.append(
-                f"peer {name}: {peer.get('status')}: {peer.get('reason') or peer.get('stderr_tail', '')[-300:]}"
-            )
+            last = [line.strip() for line in (peer.get("stderr_tail") or "").splitlines() if line.strip()]
+            why = peer.get("reason") or (last[-1] if last else f"exit code {peer.get('returncode')}")
+            notes.append(f"peer {name}: {peer.get('status')}: {why}" + (" (stderr in the JSON)" if last else ""))
             continue
+        rows_before = len(rows)
         for pid, label, g in peer_modes(name, peer):
             mine = _med(ours[pid]["speculative"]["decode_tokens_per_s"]) if pid in ours else None
             theirs = _med(g["speculative"]["decode_tokens_per_s"])
@@ -1297,6 +1318,11 @@ def _peer_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]], list
                     _f(mine / theirs if mine and theirs else None),
                 ]
             )
+        if len(rows) == rows_before:
+            base = ", ".join(
+                f"{pid} {_sp(g['target_only']['decode_tokens_per_s'])}" for pid, g in peer["prompts"].items()
+            )
+            notes.append(f"peer {name}: target-only decode tok/s (no speculative mode was asked for): {base}")
     return cols, rows, notes
 
 
@@ -1333,8 +1359,9 @@ def _header(report: dict[str, Any]) -> str:
 
 _LEGEND = (
     "tok/s: decode tokens/s (prefill excluded), median [min-max] over repetitions; speedup: spec/target paired per "
-    "repetition; e2e: with prefill; acc: accepted/drafted; E: tokens/round; a: per-token a fitted to E; c_q: draft "
-    "ms/pass; c_p: target-only ms/token; cv/cp: c_verify(K)/c_p measured on the prompt's cache (in run: target ms "
+    "repetition; e2e: with prefill; prefill ms t / s: target-only / speculative; acc: accepted/drafted; "
+    "E: tokens/round; a: per-token a fitted to E; c_q: draft ms/pass; c_p: target-only ms/token; "
+    "cv/cp: c_verify(K)/c_p measured on the prompt's cache (in run: target ms "
     "per round / per target-only step); pred: c_p E/(K c_q + c_verify(K)); round ms: measured / K c_q + c_verify(K); "
     "K with -k auto: mean drafts per round ~ the K used for the prediction"
 )
@@ -1581,8 +1608,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sweeps", action="store_true", help="main table only")
     p.add_argument("--no-plots", action="store_true", help="no PNGs")
     p.add_argument("--peers", type=_str_list, default=(), help="comma-separated peers to run after specrt: genai, hf")
-    p.add_argument("--genai-python", default=None, help="python of the onnxruntime-genai venv")
-    p.add_argument("--hf-python", default=None, help="python of the torch + transformers venv")
+    p.add_argument(
+        "--genai-python",
+        default=None,
+        help="python of the onnxruntime-genai venv (default benches/out/venv-genai/bin/python)",
+    )
+    p.add_argument(
+        "--hf-python",
+        default=None,
+        help="python of the torch + transformers venv (default benches/out/venv-hf/bin/python)",
+    )
     p.add_argument(
         "--hf-modes",
         type=_str_list,
@@ -1670,4 +1705,8 @@ def run_cli(a: argparse.Namespace) -> int:
     render_table(report)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
+    failed = [name for name, peer in (report.get("peers") or {}).items() if peer.get("status") == "error"]
+    if failed:
+        print(f"specrt bench: peer {', '.join(failed)} failed (see the notes above and the JSON)", file=sys.stderr)
+        return 1
     return 0
