@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,13 +31,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime_genai as og
-
-
-def _spread(values: list[float]) -> dict[str, Any] | None:
-    v = [float(x) for x in values if x is not None]
-    if not v:
-        return None
-    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+from peer_stats import mode_summary, paired_ratios, spread
 
 
 def _link(src: Path, dst_dir: Path) -> None:
@@ -149,13 +142,6 @@ def _generate(model: og.Model, ids: list[int], max_new_tokens: int, k: int | Non
     }
 
 
-def _mode_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        key: _spread([r[key] for r in runs])
-        for key in ("decode_tokens_per_s", "tokens_per_s", "prefill_ms", "n_emitted")
-    }
-
-
 def main(request_path: str, result_path: str) -> int:
     req = json.loads(Path(request_path).read_text(encoding="utf-8"))
     work = Path(req["work_dir"])
@@ -227,14 +213,11 @@ def main(request_path: str, result_path: str) -> int:
             if rounds:
                 tpr.append(s["n_emitted"] / rounds)
         out["prompts"][pid] = {
-            "target_only": _mode_summary(base),
-            "speculative": _mode_summary(spec),
-            "speedup": _spread(
-                [s["decode_tokens_per_s"] / b["decode_tokens_per_s"] for b, s in zip(base, spec, strict=True)]
-            ),
-            "e2e_speedup": _spread([s["tokens_per_s"] / b["tokens_per_s"] for b, s in zip(base, spec, strict=True)]),
-            "acceptance_rate": _spread(acc),
-            "mean_tokens_per_round": _spread(tpr),
+            "target_only": mode_summary(base),
+            "speculative": mode_summary(spec),
+            **paired_ratios(base, spec),
+            "acceptance_rate": spread(acc),
+            "mean_tokens_per_round": spread(tpr),
             "greedy_parity": all(s["token_ids"] == b["token_ids"] for b, s in zip(base, spec, strict=True)),
             "token_ids": {"target_only": base[0]["token_ids"], "speculative": spec[0]["token_ids"]},
             "speculative_stats": [s["stats"] for s in spec],

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,14 +38,8 @@ from typing import Any
 
 import torch
 import transformers
+from peer_stats import mode_summary, paired_ratios, spread
 from transformers import AutoModelForCausalLM
-
-
-def _spread(values: list[float | None]) -> dict[str, Any] | None:
-    v = [float(x) for x in values if x is not None]
-    if not v:
-        return None
-    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
 
 
 def load_gguf(path: Path) -> torch.nn.Module:
@@ -206,20 +199,12 @@ def main(request_path: str, result_path: str) -> int:
         entry: dict[str, Any] = {"token_ids": {}}
         for mode in modes:
             rs = runs[mode][pid]
-            entry[mode] = {
-                key: _spread([r.get(key) for r in rs])
-                for key in ("decode_tokens_per_s", "tokens_per_s", "prefill_ms", "n_emitted")
-            }
+            entry[mode] = mode_summary(rs)
             entry["token_ids"][mode] = rs[0]["token_ids"]
             if mode != "target_only":
-                entry[mode]["speedup"] = _spread(
-                    [s["decode_tokens_per_s"] / b["decode_tokens_per_s"] for b, s in zip(base, rs, strict=True)]
-                )
-                entry[mode]["e2e_speedup"] = _spread(
-                    [s["tokens_per_s"] / b["tokens_per_s"] for b, s in zip(base, rs, strict=True)]
-                )
-                entry[mode]["acceptance_rate"] = _spread([r.get("acceptance_rate") for r in rs])
-                entry[mode]["mean_tokens_per_round"] = _spread([r.get("mean_tokens_per_round") for r in rs])
+                entry[mode].update(paired_ratios(base, rs))
+                entry[mode]["acceptance_rate"] = spread([r.get("acceptance_rate") for r in rs])
+                entry[mode]["mean_tokens_per_round"] = spread([r.get("mean_tokens_per_round") for r in rs])
                 entry[mode]["greedy_parity"] = all(
                     s["token_ids"] == b["token_ids"] for b, s in zip(base, rs, strict=True)
                 )

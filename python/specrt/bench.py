@@ -811,11 +811,8 @@ def validate_config(cfg: BenchConfig) -> None:
 def peer_warnings(cfg: BenchConfig) -> list[str]:
     """What will make a peer be skipped, said before the specrt phases run (the run goes on; the JSON records it)."""
     out = []
-    for peer, given, default in (
-        ("genai", cfg.genai_python, _default_genai_python()),
-        ("hf", cfg.hf_python, _default_hf_python()),
-    ):
-        python = Path(given) if given else default
+    for peer in ("genai", "hf"):
+        python = _peer_python(cfg, peer)
         if peer in cfg.peers and not python.exists():
             out.append(f"peer {peer} will be skipped: no interpreter at {python} (benches/peers/setup_{peer}_venv.sh)")
     if "hf" in cfg.peers and cfg.dtype != "fp32":
@@ -970,12 +967,10 @@ def _config_dict(cfg: BenchConfig) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _default_genai_python() -> Path:
-    return _REPO_ROOT / "benches" / "out" / "venv-genai" / "bin" / "python"
-
-
-def _default_hf_python() -> Path:
-    return _REPO_ROOT / "benches" / "out" / "venv-hf" / "bin" / "python"
+def _peer_python(cfg: BenchConfig, peer: str) -> Path:
+    """The interpreter of a peer's venv: ``--genai-python`` / ``--hf-python``, else ``benches/out/venv-<peer>``."""
+    given = cfg.genai_python if peer == "genai" else cfg.hf_python
+    return Path(given) if given else _REPO_ROOT / "benches" / "out" / f"venv-{peer}" / "bin" / "python"
 
 
 def gguf_source(model_path: Path) -> Path | None:
@@ -1045,7 +1040,7 @@ def run_peers(
     work_root = Path(cfg.out_dir or _default_out_dir())
     for peer in cfg.peers:
         if peer == "genai":
-            python = Path(cfg.genai_python) if cfg.genai_python else _default_genai_python()
+            python = _peer_python(cfg, peer)
             if not python.exists():
                 out[peer] = {"status": "skipped", "reason": f"no interpreter at {python} (see benches/README.md)"}
                 continue
@@ -1058,7 +1053,7 @@ def run_peers(
             }
             out[peer] = _run_peer_script(python, "genai_peer.py", work_root / "genai", request)
         elif peer == "hf":
-            python = Path(cfg.hf_python) if cfg.hf_python else _default_hf_python()
+            python = _peer_python(cfg, peer)
             sources = {role: gguf_source(path) for role, path in (("target", target_path), ("draft", draft_path))}
             missing = [role for role, src in sources.items() if src is None]
             if not python.exists():
