@@ -438,13 +438,16 @@ impl Engine {
         self.tokens_dft.clear();
         // Proposals, first choice: the continuation of a matching n-gram (deterministic drafts).
         let mut mode = VerifyMode::Stochastic;
+        if let Some(c) = req.controller.as_mut() {
+            // What the draft model must read first if it drafts this round (costed by both choices below).
+            c.set_draft_backlog(len - req.n_past_dft, req.cfg.ngram.is_some());
+        }
         if let (Some(ng), true) = (self.ngram.as_ref(), req.cfg.ngram.is_some() && k_fixed > 0) {
             let offered = ng.propose(k_fixed, &mut self.tokens_dft);
             // With auto K, verify the length the cost model prefers, or decline the match for the draft model
             // (or a plain target step) when that is predicted to be faster.
             let take = match req.controller.as_mut() {
                 Some(c) if offered > 0 => {
-                    c.set_draft_backlog(len - req.n_past_dft, req.cfg.ngram.is_some());
                     c.choose_ngram(offered, if draft_usable { k_cap } else { 0 })
                 }
                 _ => offered,
@@ -461,10 +464,7 @@ impl Engine {
         let mut first_pass = (0.0, 0usize);
         if mode == VerifyMode::Stochastic && draft_usable {
             let k = match req.controller.as_mut() {
-                Some(c) => {
-                    c.set_draft_backlog(len - req.n_past_dft, req.cfg.ngram.is_some());
-                    c.choose(k_cap)
-                }
+                Some(c) => c.choose(k_cap),
                 None => k_fixed,
             };
             if k > 0 {
@@ -475,13 +475,10 @@ impl Engine {
                 let n_committed = req.penalties.len();
                 let mut n_past = req.n_past_dft;
                 let mut prev = [0u32; 1];
+                let t_first = Instant::now();
                 for i in 0..k {
-                    let t_pass = Instant::now();
                     let input: &[u32] = if i == 0 { &req.tokens[n_past..] } else { &prev };
                     let n_input = input.len();
-                    if i == 0 {
-                        first_pass.1 = n_input;
-                    }
                     let logits = draft.forward(input, n_past, 1)?;
                     n_past += n_input;
                     let ctx = use_penalties.then_some(&req.penalties);
@@ -495,7 +492,7 @@ impl Engine {
                     }
                     prev[0] = d;
                     if i == 0 {
-                        first_pass.0 = ms_since(t_pass);
+                        first_pass = (ms_since(t_first), n_input);
                     }
                 }
                 // A rejected draft leaves no trace in the penalties.
@@ -557,9 +554,6 @@ impl Engine {
                 };
                 c.observe(k, probs, ms, passes, target_ms);
             }
-        }
-
-        if let Some(c) = req.controller.as_mut() {
             let kind = if mode == VerifyMode::Deterministic {
                 RoundKind::Ngram
             } else if n_draft_passes > 0 {
