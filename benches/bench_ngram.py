@@ -39,7 +39,9 @@ from typing import Any
 import numpy as np
 
 import specrt
-from specrt.bench import _first_divergence, _generate, _machine, _Run, load_prompts, spread
+from specrt.bench import load_prompts, spread
+from specrt.bench.runner import _generate, _machine
+from specrt.bench.stats import Run, _first_divergence
 from specrt.models import resolve_model
 
 MODES = ("target", "draft", "ngram", "ngram+draft")
@@ -49,7 +51,7 @@ def _k_arg(value: str) -> int | str:
     return value if value == "auto" else int(value)
 
 
-def summarize(runs: dict[str, list[_Run]]) -> dict[str, Any]:
+def summarize(runs: dict[str, list[Run]]) -> dict[str, Any]:
     """Per-mode figures of one prompt; ``runs[mode][r]`` is repetition r."""
     base = runs["target"]
     out: dict[str, Any] = {}
@@ -137,7 +139,7 @@ def main() -> int:
         p.id: len(spec.encode(p.prompt, [dict(m) for m in p.messages] if p.messages else None)) for _, p in prompts
     }
 
-    def one(mode: str, p: Any, max_new: int, seed: int) -> _Run:
+    def one(mode: str, p: Any, max_new: int, seed: int) -> Run:
         if mode == "target":
             return _generate(
                 decs["spec"],
@@ -165,7 +167,7 @@ def main() -> int:
     # Warm-up: every mode once on the first prompt, few tokens.
     for mode in modes:
         one(mode, prompts[0][1], 8, 0)
-    runs: dict[str, dict[str, list[_Run]]] = {p.id: {m: [] for m in modes} for _, p in prompts}
+    runs: dict[str, dict[str, list[Run]]] = {p.id: {m: [] for m in modes} for _, p in prompts}
     for r in range(a.repeats):
         for set_name, p in prompts:
             max_new = a.copyless_max_new_tokens if set_name == "copyless" else a.max_new_tokens

@@ -392,7 +392,7 @@ def test_peer_warnings_and_notes_say_why_a_peer_gave_nothing(tmp_path) -> None:
             },
         },
     }
-    _, rows, notes = bench._peer_rows(report)
+    _, rows, notes = bench.report._peer_rows(report)
     assert rows == []
     assert notes == [
         "peer genai: error: ValueError: bad (stderr in the JSON)",

@@ -1,0 +1,79 @@
+"""End-to-end benchmark behind ``specrt bench``: speculative vs target-only decoding, measured against the cost model.
+
+For a target, a draft and a prompt set (``benches/prompts.json``) the bench runs, in one process:
+
+1. **Verify costs** (:func:`measure_verify_costs`): the target alone (``specrt._specrt.OrtModel``) on a warm cache of
+   each prompt's length; the median time of one forward over ``n = K + 1`` tokens against one over a single token,
+   rolled back to the same ``n_past`` every time. Gives ``c_verify(K) / c_p`` for every K used later.
+2. **Main table** (:func:`run_main`): warm-up, then for each repetition and prompt a target-only generation and a
+   speculative one, back to back (the order alternates between repetitions), so that machine load hits both alike.
+3. **Sweeps** (:func:`run_sweeps`, fewer prompts and tokens): speculative decoding at each K of a K sweep (greedy)
+   and at each temperature of a temperature sweep (at the main K), interleaved with a target-only baseline.
+4. **Peers** (optional, :mod:`benches/peers`), each in its own process and virtual environment (never needed by
+   specrt itself): onnxruntime-genai on the very same ONNX files, and Hugging Face transformers assisted generation
+   (torch, CPU) on the GGUF files the fp32 models were converted from.
+
+Every timing figure is the median over at least three repetitions, with the min and max beside it. Definitions
+(per prompt; ms = milliseconds of wall time):
+
+- ``decode_tokens_per_s`` = emitted tokens / (wall time of ``generate`` - ``prefill_ms``); ``tokens_per_s`` =
+  emitted tokens / wall time (prefill included, as the peers report it).
+- ``speedup`` = speculative ``decode_tokens_per_s`` / target-only ``decode_tokens_per_s``, paired per repetition;
+  ``e2e_speedup`` the same with prefill included.
+- ``acceptance_rate`` = accepted / drafted (vLLM's definition); ``mean_tokens_per_round`` E = emitted / rounds;
+  ``alpha_fit`` = the per-token a whose geometric model (1 - a^(K+1)) / (1 - a) gives E (the seed's a; a different
+  quantity from accepted / drafted).
+- ``c_q_ms`` = draft ms per draft pass (``draft_ms / n_drafted`` of the speculative run); ``c_p_ms`` = target-only
+  decode ms per emitted token (everything a target-only step costs: forward, sampling, bookkeeping).
+- ``c_verify_ratio`` = c_verify(K) / c_p from step 1; ``predicted_speedup`` = ``speedup(alpha_fit, K, c_q, c_p,
+  c_verify=c_verify_ratio * c_p)`` = c_p E / (K c_q + c_verify(K)); ``measured_over_predicted`` = speedup /
+  predicted_speedup. Since alpha_fit reproduces E, measured / predicted is (K c_q + c_verify(K)) / (measured ms per
+  round): ``round_ms`` splits the measured round into draft, target and other (verification, Python) ms to show
+  which term departs.
+
+Timings depend on machine load: ``machine.load_avg_start`` / ``load_avg_end`` are recorded and the table warns when
+the machine was busy.
+
+Modules (this package re-exports their public names): ``config`` (:class:`BenchConfig`, validation, paths),
+``prompts`` (the prompt file), ``stats`` (statistics of timed runs, the cost model's prediction), ``runner``
+(measuring), ``peers`` (the optional peers), ``report`` (tables), ``plots`` (PNGs), ``cli`` (``specrt bench``).
+"""
+
+from __future__ import annotations
+
+from specrt.bench.cli import HELP, add_arguments, config_from_args, run_cli, save
+from specrt.bench.config import HF_MODES, PEERS, BenchConfig, validate_config
+from specrt.bench.peers import gguf_source, peer_modes, peer_warnings, run_peers
+from specrt.bench.plots import write_plots
+from specrt.bench.prompts import Prompt, default_prompts_path, load_prompts
+from specrt.bench.report import render_table
+from specrt.bench.runner import SCHEMA, measure_verify_costs, run_bench, run_main, run_sweeps
+from specrt.bench.stats import predict, spread
+
+__all__ = [
+    "HELP",
+    "HF_MODES",
+    "PEERS",
+    "SCHEMA",
+    "BenchConfig",
+    "Prompt",
+    "add_arguments",
+    "config_from_args",
+    "default_prompts_path",
+    "gguf_source",
+    "load_prompts",
+    "measure_verify_costs",
+    "peer_modes",
+    "peer_warnings",
+    "predict",
+    "render_table",
+    "run_bench",
+    "run_cli",
+    "run_main",
+    "run_peers",
+    "run_sweeps",
+    "save",
+    "spread",
+    "validate_config",
+    "write_plots",
+]

@@ -1,0 +1,183 @@
+"""``specrt bench`` on the command line: its options, the report files, the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from specrt.bench.config import BenchConfig, default_out_dir, validate_config
+from specrt.bench.plots import write_plots
+from specrt.bench.report import render_table
+from specrt.bench.runner import run_bench
+
+#: Help line of ``specrt bench``.
+HELP = "benchmark speculative vs target-only decoding against the cost model (tokens/s, E, a, c_q, c_p, c_verify)"
+
+
+def _k_value(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer 0..64 or 'auto'") from None
+
+
+def _int_list(value: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in value.split(",") if v.strip())
+
+
+def _float_list(value: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in value.split(",") if v.strip())
+
+
+def _str_list(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``specrt bench`` options to ``p``."""
+    d = BenchConfig()
+    p.add_argument("--target", default=d.target, help=f"target model name or folder (default {d.target})")
+    p.add_argument("--draft", default=d.draft, help=f"draft model name or folder (default {d.draft})")
+    p.add_argument(
+        "--dtype",
+        choices=["fp32", "fp16", "int4", "int8"],
+        default=d.dtype,
+        help="weights of registry-named models (default fp32; folders are used as they are)",
+    )
+    p.add_argument("--prompts-file", default=None, help="prompt file (default benches/prompts.json)")
+    p.add_argument("--prompt-set", default=None, help="named set for the main table (default 'main'; 'all')")
+    p.add_argument("--prompts", type=_str_list, default=(), help="comma-separated prompt ids (overrides --prompt-set)")
+    p.add_argument("--sweep-set", default=None, help="named set for the sweeps (default 'sweep')")
+    p.add_argument("--sweep-prompts", type=_str_list, default=(), help="comma-separated prompt ids for the sweeps")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=f"main table (default {d.max_new_tokens})")
+    p.add_argument("--sweep-max-new-tokens", type=int, default=None, help=f"sweeps (default {d.sweep_max_new_tokens})")
+    p.add_argument("-k", "--num-speculative-tokens", dest="k", type=_k_value, default=d.k, help="main K (or 'auto')")
+    p.add_argument("--k-sweep", type=_int_list, default=None, help="Ks of the K sweep (default 0,1,2,4,8)")
+    p.add_argument("--temperatures", type=_float_list, default=None, help="temperature sweep (default 0,0.5,1)")
+    p.add_argument("--temperature", type=float, default=d.temperature, help="main table temperature (default 0)")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="interleaved repetitions per figure (default 3)")
+    p.add_argument("--verify-repeats", type=int, default=None, help="forwards per n for c_verify (default 5)")
+    p.add_argument("--warmup-tokens", type=int, default=None, help="tokens per warm-up generation (0 = none)")
+    p.add_argument("--threads", type=int, default=d.threads, help="ONNX Runtime threads per model (default 2)")
+    p.add_argument("--max-seq-len", type=int, default=d.max_seq_len, help="KV cache length (default 1024)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed (repetition r uses seed + r)")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate max_new_tokens")
+    p.add_argument(
+        "--baseline",
+        choices=["separate", "k0"],
+        default=d.baseline,
+        help="target-only = the speculative Decoder at K=0 on the same target session (default: sessions created "
+        "later in a process decode faster, so a separate Decoder is biased) or a separate Decoder without draft",
+    )
+    p.add_argument("--no-sweeps", action="store_true", help="main table only")
+    p.add_argument("--no-plots", action="store_true", help="no PNGs")
+    p.add_argument("--peers", type=_str_list, default=(), help="comma-separated peers to run after specrt: genai, hf")
+    p.add_argument(
+        "--genai-python",
+        default=None,
+        help="python of the onnxruntime-genai venv (default benches/out/venv-genai/bin/python)",
+    )
+    p.add_argument(
+        "--hf-python",
+        default=None,
+        help="python of the torch + transformers venv (default benches/out/venv-hf/bin/python)",
+    )
+    p.add_argument(
+        "--hf-modes",
+        type=_str_list,
+        default=None,
+        help="hf peer modes: target_only, assisted (K drafts per round), assisted_dynamic (default: the first two)",
+    )
+    p.add_argument(
+        "--peers-sequential",
+        action="store_true",
+        help="peers load one model set at a time (less memory, no interleaving of their target-only and speculative)",
+    )
+    p.add_argument("--out-dir", default=None, help="where JSON and PNGs go (default benches/out)")
+    p.add_argument("--name", default=None, help="file name prefix (default bench-<date>-<time>)")
+    p.add_argument("--quick", action="store_true", help="a few minutes: 2 prompts, 32 tokens, K sweep 0,2,4")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(a: argparse.Namespace) -> BenchConfig:
+    """A :class:`BenchConfig` from parsed ``specrt bench`` arguments (``--quick`` changes the defaults only)."""
+    cfg = BenchConfig.quick() if a.quick else BenchConfig()
+    given = {
+        "target": a.target,
+        "draft": a.draft,
+        "dtype": a.dtype,
+        "prompts_file": a.prompts_file,
+        "prompt_set": a.prompt_set,
+        "prompt_ids": a.prompts,
+        "sweep_set": a.sweep_set,
+        "sweep_ids": a.sweep_prompts,
+        "max_new_tokens": a.max_new_tokens,
+        "sweep_max_new_tokens": a.sweep_max_new_tokens,
+        "k": a.k,
+        "k_sweep": a.k_sweep,
+        "temperatures": a.temperatures,
+        "temperature": a.temperature,
+        "repeats": a.repeats,
+        "verify_repeats": a.verify_repeats,
+        "warmup_tokens": a.warmup_tokens,
+        "threads": a.threads,
+        "max_seq_len": a.max_seq_len,
+        "seed": a.seed,
+        "ignore_eos": a.ignore_eos,
+        "baseline": a.baseline,
+        "sweeps": not a.no_sweeps,
+        "plots": not a.no_plots,
+        "peers": a.peers,
+        "genai_python": a.genai_python,
+        "hf_python": a.hf_python,
+        "hf_modes": a.hf_modes or None,
+        "peer_interleave": False if a.peers_sequential else None,
+        "out_dir": a.out_dir,
+        "name": a.name,
+        "progress": not a.no_progress,
+    }
+    return replace(cfg, **{k: v for k, v in given.items() if v is not None})
+
+
+def save(report: dict[str, Any], cfg: BenchConfig) -> dict[str, Path]:
+    """Write ``<out_dir>/<name>.json`` and the sweep PNGs; return their paths."""
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = cfg.name or time.strftime("bench-%Y%m%d-%H%M%S")
+    paths: dict[str, Path] = {}
+    if cfg.plots:
+        for p in write_plots(report, out_dir / name):
+            paths[p.stem.removeprefix(name + "-")] = p
+    report.setdefault("files", {}).update({k: str(v) for k, v in paths.items()})
+    json_path = out_dir / f"{name}.json"
+    report["files"]["json"] = str(json_path)
+    json_path.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    paths["json"] = json_path
+    return paths
+
+
+def run_cli(a: argparse.Namespace) -> int:
+    """``specrt bench``: run, print the table, write JSON (+ PNGs). Returns the exit code."""
+    cfg = config_from_args(a)
+    try:
+        validate_config(cfg)
+    except ValueError as e:
+        print(f"specrt bench: error: {e}", file=sys.stderr)
+        return 2
+    report = run_bench(cfg)
+    paths = save(report, cfg)
+    render_table(report)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    failed = [name for name, peer in (report.get("peers") or {}).items() if peer.get("status") == "error"]
+    if failed:
+        print(f"specrt bench: peer {', '.join(failed)} failed (see the notes above and the JSON)", file=sys.stderr)
+        return 1
+    return 0

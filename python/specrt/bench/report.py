@@ -1,0 +1,319 @@
+"""The report as text: speed, cost-model, sweep and peer tables (:func:`render_table`, plain or with rich)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from specrt.bench.peers import peer_modes
+from specrt.bench.stats import med
+
+
+def _f(x: float | None, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _ms(x: float | None) -> str:
+    """Milliseconds with about 3 significant digits, never in exponent form (``1234``, ``83.1``, ``0.42``)."""
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+def _sp(s: dict[str, Any] | None, fmt: str = ".2f") -> str:
+    """``median [min-max]``."""
+    if s is None:
+        return "-"
+    if s["n"] == 1 or s["min"] == s["max"]:
+        return format(s["median"], fmt)
+    return f"{s['median']:{fmt}} [{s['min']:{fmt}}-{s['max']:{fmt}}]"
+
+
+def _label(p: dict[str, Any]) -> str:
+    label = p["id"] + (f" ({p['peer']})" if p["peer"] else "")
+    return label + (" !parity" if p.get("greedy_parity") is False else "")
+
+
+def _main_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], int]]:
+    """The main results as two tables (speed; cost model): (title, columns, rows, number of per-prompt rows)."""
+    prompts = report["main"]["prompts"]
+    all_ids = report["main"]["totals"]["all"]["prompts"]
+    totals = {n: t for n, t in report["main"]["totals"].items() if n == "all" or t["prompts"] != all_ids}
+    speed_cols = ["prompt", "kind", "L", "n", "target tok/s", "spec tok/s", "speedup", "e2e", "prefill ms t / s"]
+    speed = [
+        [
+            _label(p),
+            p["kind"],
+            str(p["n_prompt_tokens"]),
+            _f(med(p["speculative"]["n_emitted"]), ".0f"),
+            _sp(p["target_only"]["decode_tokens_per_s"]),
+            _sp(p["speculative"]["decode_tokens_per_s"]),
+            _sp(p["speedup"]),
+            _f(med(p["e2e_speedup"])),
+            f"{_ms(med(p['target_only']['prefill_ms']))} / {_ms(med(p['speculative']['prefill_ms']))}",
+        ]
+        for p in prompts
+    ]
+    for name, t in totals.items():
+        for how in ("total", "mean"):
+            tps = t[f"{how}_decode_tokens_per_s"]
+            speed.append(
+                [
+                    f"{how} {name}",
+                    f"{len(t['prompts'])} prompts",
+                    "",
+                    "",
+                    _sp(tps["target_only"]),
+                    _sp(tps["speculative"]),
+                    _sp(t[f"{how}_speedup"]),
+                    "",
+                    "",
+                ]
+            )
+    cost_cols = ["prompt", "K", "acc", "E", "a", "c_q ms", "c_p ms", "cv/cp", "in run", "pred", "meas/pred", "round ms"]
+    cost = []
+    for p in prompts:
+        r = p.get("round_ms") or {}
+        k = str(p["k_model"]) if isinstance(report["main"]["k"], int) else f"{p['k_mean']:.1f}~{p['k_model']}"
+        cost.append(
+            [
+                _label(p),
+                k,
+                _f(med(p["acceptance_rate"])),
+                _f(med(p["mean_tokens_per_round"])),
+                _f(p["alpha_fit"]),
+                _ms(med(p["c_q_ms"])),
+                _ms(med(p["c_p_ms"])),
+                _f(p["c_verify_ratio"]),
+                _f(p["c_verify_ratio_in_run"]),
+                _f(p["predicted_speedup"]),
+                _f(p["measured_over_predicted"]),
+                f"{_ms(r.get('measured'))} / {_ms(r.get('model'))}" if r else "-",
+            ]
+        )
+    for name, t in totals.items():
+        cost.append(
+            [
+                f"mean {name}",
+                "",
+                _f(t["mean_acceptance_rate"]),
+                _f(t["mean_tokens_per_round"]),
+                "",
+                "",
+                "",
+                "",
+                "",
+                _f(t["mean_predicted_speedup"]),
+                _f(t["mean_measured_over_predicted"]),
+                "",
+            ]
+        )
+    return [("speed", speed_cols, speed, len(prompts)), ("cost model", cost_cols, cost, len(prompts))]
+
+
+def _sweep_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    cols = ["prompt", "K", "T", "speedup", "pred", "model(a_ref)", "acc", "E", "a", "cv/cp"]
+    rows = []
+    sw = report.get("sweeps")
+    if not sw:
+        return cols, rows
+    for entry in sw["k_sweep"]["prompts"]:
+        curve = {c["k"]: c["speedup"] for c in entry["model_curve"]}
+        rows.extend(
+            [
+                [
+                    entry["id"],
+                    str(pt["k"]),
+                    "0",
+                    _sp(pt["speedup"]),
+                    _f(pt["predicted_speedup"]),
+                    _f(curve.get(pt["k"])),
+                    _f(med(pt["acceptance_rate"])),
+                    _f(med(pt["mean_tokens_per_round"])),
+                    _f(pt["alpha_fit"]),
+                    _f(pt["c_verify_ratio"]),
+                ]
+                for pt in entry["points"]
+            ]
+        )
+    in_k_sweep = sw["temperature_sweep"]["k"] in sw["k_sweep"]["ks"]
+    for entry in sw["temperature_sweep"]["prompts"]:
+        for pt in entry["points"]:
+            if pt["temperature"] == 0 and in_k_sweep:
+                continue  # already a row of the K sweep
+            rows.append(
+                [
+                    entry["id"],
+                    str(pt["k"]),
+                    _f(pt["temperature"], "g"),
+                    _sp(pt["speedup"]),
+                    _f(pt["predicted_speedup"]),
+                    "",
+                    _f(med(pt["acceptance_rate"])),
+                    _f(med(pt["mean_tokens_per_round"])),
+                    _f(pt["alpha_fit"]),
+                    _f(pt["c_verify_ratio"]),
+                ]
+            )
+    return cols, rows
+
+
+def _peer_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]], list[str]]:
+    cols = [
+        "prompt",
+        "peer",
+        "peer target tok/s",
+        "peer spec tok/s",
+        "peer speedup",
+        "peer e2e",
+        "peer acc",
+        "same tokens",
+        "specrt spec / peer spec",
+    ]
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    ours = {p["id"]: p for p in (report.get("main") or {}).get("prompts", [])}
+    for name, peer in (report.get("peers") or {}).items():
+        if peer.get("status") != "ok":
+            last = [line.strip() for line in (peer.get("stderr_tail") or "").splitlines() if line.strip()]
+            why = peer.get("reason") or (last[-1] if last else f"exit code {peer.get('returncode')}")
+            notes.append(f"peer {name}: {peer.get('status')}: {why}" + (" (stderr in the JSON)" if last else ""))
+            continue
+        rows_before = len(rows)
+        for pid, label, g in peer_modes(name, peer):
+            mine = med(ours[pid]["speculative"]["decode_tokens_per_s"]) if pid in ours else None
+            theirs = med(g["speculative"]["decode_tokens_per_s"])
+            rows.append(
+                [
+                    pid,
+                    label,
+                    _sp(g["target_only"]["decode_tokens_per_s"]),
+                    _sp(g["speculative"]["decode_tokens_per_s"]),
+                    _sp(g["speedup"]),
+                    _f(med(g["e2e_speedup"])),
+                    _f(med(g.get("acceptance_rate"))),
+                    {True: "yes", False: "NO"}.get(g.get("same_tokens_as_specrt"), "-"),
+                    _f(mine / theirs if mine and theirs else None),
+                ]
+            )
+        if len(rows) == rows_before:
+            base = ", ".join(
+                f"{pid} {_sp(g['target_only']['decode_tokens_per_s'])}" for pid, g in peer["prompts"].items()
+            )
+            notes.append(f"peer {name}: target-only decode tok/s (no speculative mode was asked for): {base}")
+    return cols, rows, notes
+
+
+def _plain_table(cols: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)), "  ".join("-" * w for w in widths)]
+    lines += [
+        "  ".join(v.rjust(w) if i >= 2 else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths, strict=True)))
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def model_label(path: str) -> str:
+    """``.../qwen2.5-coder-1.5b-instruct/fp32`` -> ``qwen2.5-coder-1.5b-instruct/fp32``; other folders: their name."""
+    p = Path(path)
+    return f"{p.parent.name}/{p.name}" if p.name in ("fp32", "fp16", "int4", "int8") else p.name
+
+
+def _header(report: dict[str, Any]) -> str:
+    cfg, m = report["config"], report["machine"]
+    load = m.get("load_avg_start")
+    busy = load is not None and load[0] > 0.5
+    text = (
+        f"specrt bench: target {model_label(report['models']['target'])}, draft "
+        f"{model_label(report['models']['draft'])}, K={cfg['k']}, T={cfg['temperature']}, "
+        f"{cfg['max_new_tokens']} new tokens, {cfg['repeats']} interleaved repetitions, threads={cfg['threads']}; "
+        f"{m['cpu']} ({m['n_cpus']} CPUs)"
+    )
+    if busy:
+        text += f"\nwarning: load average {load[0]:.2f} when the bench started (CPU shared): timings are noisy"
+    return text
+
+
+_LEGEND = (
+    "tok/s: decode tokens/s (prefill excluded), median [min-max] over repetitions; speedup: spec/target paired per "
+    "repetition; e2e: with prefill; prefill ms t / s: target-only / speculative; acc: accepted/drafted; "
+    "E: tokens/round; a: per-token a fitted to E; c_q: draft ms/pass; c_p: target-only ms/token; "
+    "cv/cp: c_verify(K)/c_p measured on the prompt's cache (in run: target ms "
+    "per round / per target-only step); pred: c_p E/(K c_q + c_verify(K)); round ms: measured / K c_q + c_verify(K); "
+    "K with -k auto: mean drafts per round ~ the K used for the prediction"
+)
+
+
+def _timing_line(report: dict[str, Any]) -> str:
+    """``wall 21.3 min: specrt 19.0 (verify costs 0.4, load 0.3, main 12.1, sweeps 6.2), peer genai 2.3``."""
+    ph = report.get("phase_s") or {}
+
+    def m(x: float | None) -> str:
+        return "-" if x is None else f"{x / 60:.1f}"
+
+    inner = ", ".join(
+        f"{k.replace('_', ' ')} {m(ph[k])}" for k in ("verify_costs", "load", "main", "sweeps") if k in ph
+    )
+    text = f"wall {m(report.get('wall_s'))} min"
+    if "specrt" in ph:
+        text += f": specrt {m(ph['specrt'])} ({inner})"
+    for k, v in ph.items():
+        if k.startswith("peer_"):
+            text += f", peer {k.removeprefix('peer_')} {m(v)}"
+    return text
+
+
+def render_table(report: dict[str, Any], *, use_rich: bool | None = None, file: Any = None) -> str:
+    """Print the results (speed, cost model, sweeps, peers) as tables and return them as plain text.
+
+    Args:
+        report: what :func:`run_bench` returned (or its JSON).
+        use_rich: draw with rich (when installed); default: when ``file`` is a terminal.
+        file: where to print (default stdout).
+    """
+    file = file or sys.stdout
+    tables = _main_tables(report)
+    scols, srows = _sweep_rows(report)
+    if srows:
+        tables.append(("sweeps", scols, srows, 0))
+    pcols, prows, pnotes = _peer_rows(report)
+    if prows:
+        tables.append(("peers", pcols, prows, 0))
+    parts = [_header(report)]
+    for title, cols, rows, _ in tables:
+        parts.append(f"{title}\n{_plain_table(cols, rows)}")
+        if title == "cost model":
+            parts.append(_LEGEND)
+    parts += pnotes
+    parts.append(_timing_line(report))
+    plain = "\n\n".join(parts)
+    if use_rich is None:
+        use_rich = getattr(file, "isatty", lambda: False)()
+    try:
+        if not use_rich:
+            raise ImportError
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+    except ImportError:
+        print(plain, file=file)
+        return plain
+    # Never narrower than the plain table: rich would elide cells; a narrow terminal wraps lines instead.
+    widest = max(len(line) for line in plain.splitlines() if not line.startswith(("tok/s:", "specrt bench:")))
+    console = Console(file=file)
+    console = Console(file=file, width=max(console.width, widest + 3 * 12))
+    console.print(Text(_header(report)))
+    for title, cols, rows, n_prompt_rows in tables:
+        t = Table(title=title, header_style="bold", title_justify="left")
+        for i, c in enumerate(cols):
+            t.add_column(c, justify="left" if i == 0 or c == "kind" else "right", no_wrap=True)
+        for i, r in enumerate(rows):
+            t.add_row(*(Text(v) for v in r), end_section=i == n_prompt_rows - 1)
+        console.print(t)
+        if title == "cost model":
+            console.print(Text(_LEGEND, style="dim"))
+    for n in pnotes:
+        console.print(Text(n, style="yellow"))
+    return plain
