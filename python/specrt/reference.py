@@ -19,6 +19,8 @@ __all__ = [
     "Params",
     "Processed",
     "RefVerification",
+    "coupled_choice",
+    "coupled_uniforms",
     "numpy_generator",
     "pcg_state_from_seed",
     "process",
@@ -232,3 +234,36 @@ def verify(
         out.append(int(d))
     k = len(draft_tokens)
     return RefVerification(k, [*tokens, sample(target_logits[k], p, gen, prompt, out)], "bonus")
+
+
+# ----- coupled sampling (twin of rust/specrt-core/src/coupled.rs) ---------------------------------------------------
+_GAMMA = 0x9E37_79B9_7F4A_7C15
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's output function on a uint64 array (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58_476D_1CE4_E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D0_49BB_1331_11EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def coupled_uniforms(seed: int, position: int, vocab: int) -> np.ndarray:
+    """``[vocab] float64`` in (0, 1]: the coupled noise ``u_{position, i}`` of ``seed`` for every token id ``i``.
+
+    SplitMix64 at counter ``(position << 32) | i`` of the stream keyed by ``mix64(seed + gamma)``;
+    ``u = ((z >> 11) + 1) * 2^-53``.
+    """
+    key = _mix64(np.array([(seed + _GAMMA) & _MASK64], dtype=np.uint64))[0]
+    counter = (np.uint64(position) << np.uint64(32)) | np.arange(vocab, dtype=np.uint64)
+    z = _mix64(key + (counter + np.uint64(1)) * np.uint64(_GAMMA))
+    return ((z >> np.uint64(11)) + np.uint64(1)).astype(np.float64) * 2.0**-53
+
+
+def coupled_choice(weights: np.ndarray, seed: int, position: int) -> int:
+    """The coupled choice from ``[vocab]`` non-negative weights: ``argmin_i -ln(u_i) / w_i`` over ``w_i > 0``
+    (an exponential race, i.e. the Gumbel-max trick), lowest id on ties."""
+    w = np.asarray(weights, dtype=np.float64)
+    u = coupled_uniforms(seed, position, len(w))
+    with np.errstate(divide="ignore"):
+        ratio = np.where(w > 0, -np.log(u) / np.where(w > 0, w, 1.0), np.inf)
+    return int(np.argmin(ratio))

@@ -256,119 +256,120 @@ def convert(
         raise OutputExistsError(f"{out} already exists (pass force=True / --force to replace it)")
     t0 = time.perf_counter()
     hf = is_hf_folder(src)
-    model: Any = HFModel(src) if hf else GGUFModel(src)
-    spec = model.spec()
-    full_layers = spec.num_layers
-    if num_layers is not None:
-        if not 1 <= num_layers <= full_layers:
-            raise UnsupportedModelError(
-                f"num_layers {num_layers} is invalid (expected 1 <= num_layers <= {full_layers}, the model's block "
-                "count)"
+    model: Any
+    with HFModel(src) if hf else GGUFModel(src) as model:  # closes the GGUF's memory map on every path
+        spec = model.spec()
+        full_layers = spec.num_layers
+        if num_layers is not None:
+            if not 1 <= num_layers <= full_layers:
+                raise UnsupportedModelError(
+                    f"num_layers {num_layers} is invalid (expected 1 <= num_layers <= {full_layers}, the model's block "
+                    "count)"
+                )
+            spec = dataclasses.replace(spec, num_layers=num_layers)
+        gen_defaults: dict[str, Any] = {}
+        if hf:
+            tokenizer, tok_info, gen_defaults = hf_tokenizer(model)
+        else:
+            tokenizer, tok_info = build_tokenizer(model)
+        if tok_info.vocab_size > spec.vocab_size:
+            raise GGUFFormatError(
+                f"{src}: the tokenizer has {tok_info.vocab_size} tokens but the embedding only {spec.vocab_size} rows"
             )
-        spec = dataclasses.replace(spec, num_layers=num_layers)
-    gen_defaults: dict[str, Any] = {}
-    if hf:
-        tokenizer, tok_info, gen_defaults = hf_tokenizer(model)
-    else:
-        tokenizer, tok_info = build_tokenizer(model)
-    if tok_info.vocab_size > spec.vocab_size:
-        raise GGUFFormatError(
-            f"{src}: the tokenizer has {tok_info.vocab_size} tokens but the embedding only {spec.vocab_size} rows"
-        )
-    if max_positions is not None and max_positions < 1:
-        raise UnsupportedModelError(f"max_positions must be positive, got {max_positions}")
+        if max_positions is not None and max_positions < 1:
+            raise UnsupportedModelError(f"max_positions must be positive, got {max_positions}")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    need = estimate_output_bytes(model, spec, max_positions, dtype)
-    free = shutil.disk_usage(out.parent).free
-    if free < need:
-        raise DiskSpaceError(
-            f"not enough disk space in {out.parent}: the model needs about {need / 2**30:.2f} GiB, "
-            f"{free / 2**30:.2f} GiB free"
-        )
-    sha = source_sha256 or (model.files_sha256() if hf else _hash_with_progress(src, progress))
-    if num_layers is not None:
-        note = f"Layer-truncated: only the first {num_layers} of {full_layers} decoder blocks were kept."
-        provenance = f"{note}\n\n{provenance}" if provenance else note
-
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        tensor_names = {n for n in model.tensors if _kept(n, spec.num_layers)}
-        with (
-            ExternalDataWriter(tmp / "model.onnx.data") as writer,
-            _progress(len(tensor_names), f"dequantize+write {src.name}", "tensor", progress) as bar,
-        ):
-            proto = build_decoder(
-                spec,
-                lambda name: model.tensor(name, spec),
-                writer,
-                max_positions=max_positions,
-                on_tensor=lambda _name: bar.update(1),
-                graph_name=str(model.get("general.name", "specrt_decoder")),
-                plan=plan,
-                get_quant=lambda name, bits: model.block_quant(name, bits, spec, plan.block_size),
+        out.parent.mkdir(parents=True, exist_ok=True)
+        need = estimate_output_bytes(model, spec, max_positions, dtype)
+        free = shutil.disk_usage(out.parent).free
+        if free < need:
+            raise DiskSpaceError(
+                f"not enough disk space in {out.parent}: the model needs about {need / 2**30:.2f} GiB, "
+                f"{free / 2**30:.2f} GiB free"
             )
-        onnx.save_model(proto, str(tmp / "model.onnx"))
-        del proto
-        if check:
-            onnx.checker.check_model(str(tmp / "model.onnx"))
+        sha = source_sha256 or (model.files_sha256() if hf else _hash_with_progress(src, progress))
+        if num_layers is not None:
+            note = f"Layer-truncated: only the first {num_layers} of {full_layers} decoder blocks were kept."
+            provenance = f"{note}\n\n{provenance}" if provenance else note
 
-        tokenizer.save(str(tmp / "tokenizer.json"))
-        if tok_info.chat_template:
-            (tmp / "chat_template.jinja").write_text(tok_info.chat_template, encoding="utf-8")
-        gen = {
-            "bos_token_id": tok_info.bos_token_id,
-            "eos_token_id": tok_info.eos_token_ids,
-            "pad_token_id": tok_info.pad_token_id,
-            **gen_defaults,
-        }
-        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
-        config: dict[str, Any] = {
-            "architecture": spec.architecture,
-            "hf_architecture": spec.arch.hf_architecture,
-            "vocab_size": spec.vocab_size,
-            "tokenizer_vocab_size": tok_info.vocab_size,
-            "num_layers": spec.num_layers,
-            "num_attention_heads": spec.num_attention_heads,
-            "num_kv_heads": spec.num_kv_heads,
-            "head_dim": spec.head_dim,
-            "hidden_size": spec.hidden_size,
-            "intermediate_size": spec.intermediate_size,
-            "max_position_embeddings": int(max_positions or spec.max_position_embeddings),
-            "rope_theta": spec.rope_theta,
-            "rms_norm_eps": spec.rms_norm_eps,
-            "tied_embeddings": spec.tied_embeddings,
-            "dtype": dtype,
-            "kv_dtype": "float16" if plan.dtype == "fp16" else "float32",
-            "weights": dataclasses.asdict(plan),
-            "kv_layout": "shared_buffer",
-            "bos_token_id": tok_info.bos_token_id,
-            "eos_token_ids": tok_info.eos_token_ids,
-            "pad_token_id": tok_info.pad_token_id,
-            "add_bos_token": tok_info.add_bos_token,
-            "special_tokens": tok_info.special_tokens,
-            "source": src.name,
-            "source_sha256": sha,
-            "source_name": model.get("general.name"),
-            "min_onnxruntime": MIN_ONNXRUNTIME,
-            "onnx_opset": OPSET,
-            "converter": "specrt.convert",
-            **({"truncated_from": full_layers} if num_layers is not None else {}),
-            "conversion_seconds": round(time.perf_counter() - t0, 1),
-        }
-        (tmp / "specrt_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        (tmp / "NOTICE").write_text(
-            (_hf_notice(model, sha, provenance, dtype) if hf else _notice(model, src, sha, provenance, dtype)),
-            encoding="utf-8",
-        )
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            tensor_names = {n for n in model.tensors if _kept(n, spec.num_layers)}
+            with (
+                ExternalDataWriter(tmp / "model.onnx.data") as writer,
+                _progress(len(tensor_names), f"dequantize+write {src.name}", "tensor", progress) as bar,
+            ):
+                proto = build_decoder(
+                    spec,
+                    lambda name: model.tensor(name, spec),
+                    writer,
+                    max_positions=max_positions,
+                    on_tensor=lambda _name: bar.update(1),
+                    graph_name=str(model.get("general.name", "specrt_decoder")),
+                    plan=plan,
+                    get_quant=lambda name, bits: model.block_quant(name, bits, spec, plan.block_size),
+                )
+            onnx.save_model(proto, str(tmp / "model.onnx"))
+            del proto
+            if check:
+                onnx.checker.check_model(str(tmp / "model.onnx"))
 
-        if out.exists():  # force=True: move the old folder aside first so the swap is quick
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            out.rename(old)
-            shutil.rmtree(old, ignore_errors=True)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+            tokenizer.save(str(tmp / "tokenizer.json"))
+            if tok_info.chat_template:
+                (tmp / "chat_template.jinja").write_text(tok_info.chat_template, encoding="utf-8")
+            gen = {
+                "bos_token_id": tok_info.bos_token_id,
+                "eos_token_id": tok_info.eos_token_ids,
+                "pad_token_id": tok_info.pad_token_id,
+                **gen_defaults,
+            }
+            (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
+            config: dict[str, Any] = {
+                "architecture": spec.architecture,
+                "hf_architecture": spec.arch.hf_architecture,
+                "vocab_size": spec.vocab_size,
+                "tokenizer_vocab_size": tok_info.vocab_size,
+                "num_layers": spec.num_layers,
+                "num_attention_heads": spec.num_attention_heads,
+                "num_kv_heads": spec.num_kv_heads,
+                "head_dim": spec.head_dim,
+                "hidden_size": spec.hidden_size,
+                "intermediate_size": spec.intermediate_size,
+                "max_position_embeddings": int(max_positions or spec.max_position_embeddings),
+                "rope_theta": spec.rope_theta,
+                "rms_norm_eps": spec.rms_norm_eps,
+                "tied_embeddings": spec.tied_embeddings,
+                "dtype": dtype,
+                "kv_dtype": "float16" if plan.dtype == "fp16" else "float32",
+                "weights": dataclasses.asdict(plan),
+                "kv_layout": "shared_buffer",
+                "bos_token_id": tok_info.bos_token_id,
+                "eos_token_ids": tok_info.eos_token_ids,
+                "pad_token_id": tok_info.pad_token_id,
+                "add_bos_token": tok_info.add_bos_token,
+                "special_tokens": tok_info.special_tokens,
+                "source": src.name,
+                "source_sha256": sha,
+                "source_name": model.get("general.name"),
+                "min_onnxruntime": MIN_ONNXRUNTIME,
+                "onnx_opset": OPSET,
+                "converter": "specrt.convert",
+                **({"truncated_from": full_layers} if num_layers is not None else {}),
+                "conversion_seconds": round(time.perf_counter() - t0, 1),
+            }
+            (tmp / "specrt_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+            (tmp / "NOTICE").write_text(
+                (_hf_notice(model, sha, provenance, dtype) if hf else _notice(model, src, sha, provenance, dtype)),
+                encoding="utf-8",
+            )
+
+            if out.exists():  # force=True: move the old folder aside first so the swap is quick
+                old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+                out.rename(old)
+                shutil.rmtree(old, ignore_errors=True)
+            tmp.rename(out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out

@@ -4,6 +4,10 @@ GGUF stores a matrix with its dims listed fastest-first (``ne0`` = input feature
 package gives is ``[out, in]``, the same orientation as a PyTorch ``nn.Linear.weight``. :meth:`GGUFModel.tensor`
 returns exactly that, as float32, one tensor at a time, so the caller never holds more than the tensor it is writing.
 
+:class:`GGUFModel` memory-maps the file (the ``gguf`` package's ``np.memmap``) and owns that map: use it as a context
+manager (``with GGUFModel(path) as model:``) or call :meth:`GGUFModel.close`. Every array it returns is a copy that
+owns its memory, so it stays valid after the map is closed.
+
 llama.cpp's converter permutes the rows of the Q and K projections of ``llama`` models so its interleaved ("NORM")
 rotary embedding can be used; :meth:`GGUFModel.tensor` undoes that permutation (``unpermute_qk=True``) so that every
 architecture uses the half-split ("rotate_half", NEOX) rotary of ONNX Runtime's ``GroupQueryAttention`` with
@@ -23,7 +27,7 @@ import numpy as np
 from specrt.convert.errors import GGUFFormatError, UnsupportedArchitectureError, UnsupportedModelError
 from specrt.convert.quant import BlockQuant
 
-__all__ = ["ARCH_INFO", "ArchInfo", "GGUFModel", "ModelSpec", "file_sha256"]
+__all__ = ["ARCH_INFO", "ArchInfo", "GGUFModel", "GGUFTensorInfo", "ModelSpec", "file_sha256"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,27 @@ class ModelSpec:
         return ARCH_INFO[self.architecture]
 
 
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    """Where and how one GGUF tensor is stored (no data: read it through the open :class:`GGUFModel`).
+
+    Attributes:
+        name: GGUF tensor name, e.g. ``blk.0.attn_q.weight``.
+        tensor_type: its ``gguf.GGMLQuantizationType`` (``F32``, ``Q8_0`` ...).
+        shape: dims in GGUF order, fastest first (``shape[0]`` = ``ne0`` = input features of a matrix).
+        n_elements: number of (logical) elements.
+        n_bytes: bytes of its data in the file.
+        data_offset: byte offset of its data in the file.
+    """
+
+    name: str
+    tensor_type: Any
+    shape: tuple[int, ...]
+    n_elements: int
+    n_bytes: int
+    data_offset: int
+
+
 def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
     """SHA-256 of a file as lowercase hex, read in 4 MiB chunks (constant memory)."""
     h = hashlib.sha256()
@@ -118,17 +143,30 @@ def _field_value(field: Any) -> Any:
 class GGUFModel:
     """A GGUF file opened for conversion (memory-mapped: tensors are read lazily).
 
+    Owns the memory map until :meth:`close`; use it as a context manager::
+
+        with GGUFModel("model.gguf") as model:
+            w = model.tensor("blk.0.attn_q.weight")  # float32 [out, in], owns its memory
+
     Args:
         path: the ``.gguf`` file.
 
+    Attributes:
+        path: the file.
+        tensors: GGUF tensor name -> :class:`GGUFTensorInfo` (type, shape, sizes; no data).
+
     Raises:
-        GGUFFormatError: the file is missing, not a GGUF, truncated or otherwise unreadable.
+        GGUFFormatError: the file is missing, not a GGUF, truncated or otherwise unreadable (nothing stays open).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         import gguf
 
         self.path = Path(path)
+        self._reader: Any = None
+        self._stored: dict[str, Any] = {}  # name -> gguf ReaderTensor (its .data views the memory map)
+        self._fields: dict[str, Any] = {}
+        self.tensors: dict[str, GGUFTensorInfo] = {}
         if not self.path.is_file():
             raise GGUFFormatError(f"{self.path}: no such GGUF file")
         size = self.path.stat().st_size
@@ -136,31 +174,94 @@ class GGUFModel:
             magic = f.read(4)
         if magic != b"GGUF":
             raise GGUFFormatError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+        error = None
         try:
             self._reader = gguf.GGUFReader(self.path, "r")
         except Exception as e:  # the gguf package raises ValueError, IndexError, struct/numpy errors alike
-            raise GGUFFormatError(f"{self.path}: corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
-        self.tensors = {t.name: t for t in self._reader.tensors}
-        for t in self._reader.tensors:
-            end = int(t.data_offset) + int(t.n_bytes)
-            if end > size:
-                raise GGUFFormatError(
-                    f"{self.path}: truncated GGUF: tensor {t.name!r} ends at byte {end} but the file has {size} bytes"
-                )
-        self._fields: dict[str, Any] = {}
+            error = f"{self.path}: corrupt or truncated GGUF ({type(e).__name__}: {e})"
+        if error is not None:
+            # Raised outside the except block so that the exception no longer references the half-built reader's
+            # frames: its memory map is released now, not at some later garbage collection.
+            raise GGUFFormatError(error)
+        self._stored = {t.name: t for t in self._reader.tensors}
+        truncated = [(n, int(t.data_offset) + int(t.n_bytes)) for n, t in self._stored.items()]
+        truncated = [(n, end) for n, end in truncated if end > size]
+        if truncated:
+            self.close()
+            name, end = truncated[0]
+            raise GGUFFormatError(
+                f"{self.path}: truncated GGUF: tensor {name!r} ends at byte {end} but the file has {size} bytes"
+            )
+        self.tensors = {
+            n: GGUFTensorInfo(
+                name=n,
+                tensor_type=t.tensor_type,
+                shape=tuple(int(d) for d in t.shape),
+                n_elements=int(t.n_elements),
+                n_bytes=int(t.n_bytes),
+                data_offset=int(t.data_offset),
+            )
+            for n, t in self._stored.items()
+        }
+
+    # ----- lifetime -----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the memory map and its file descriptor (idempotent).
+
+        Afterwards :attr:`tensors` still lists the tensors, but reading metadata or tensor data raises
+        ``ValueError``; arrays returned earlier own their memory and stay valid.
+        """
+        reader, self._reader = self._reader, None
+        self._stored = {}
+        if reader is None:
+            return
+        # The gguf package opens the file with np.memmap, which closes the file object at once and keeps an
+        # mmap.mmap (holding its own duplicate of the descriptor) alive for as long as any array views it. Only the
+        # reader holds such views (every array handed out is a copy) and it has no reference cycles, so dropping it
+        # unmaps the file here and now. The map is deliberately not closed with ``data._mmap.close()``: numpy does
+        # not keep a buffer export on the map, so that call succeeds under live views (a traceback frame can hold
+        # one) and reading them afterwards is a segfault; if such a view exists, the map goes when it goes.
+        del reader
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
+        return self._reader is None
+
+    def __enter__(self) -> GGUFModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open_reader(self) -> Any:
+        """The ``gguf.GGUFReader``; raises ``ValueError`` once closed (as file objects do)."""
+        if self._reader is None:
+            raise ValueError(f"{self.path}: I/O operation on a closed GGUFModel")
+        return self._reader
+
+    def _stored_tensor(self, name: str) -> Any:
+        """The ``gguf`` ReaderTensor ``name`` (its ``.data`` views the memory map: never hand it out)."""
+        self._open_reader()
+        t = self._stored.get(name)
+        if t is None:
+            raise GGUFFormatError(f"{self.path}: tensor {name!r} is missing")
+        return t
 
     # ----- metadata -----------------------------------------------------------------------------------------
     def has(self, key: str) -> bool:
         """Whether metadata key ``key`` is present."""
-        return key in self._reader.fields
+        return key in self._open_reader().fields
 
     def get(self, key: str, default: Any = None) -> Any:
         """The decoded value of metadata key ``key`` (``default`` when absent)."""
-        if key not in self._reader.fields:
+        fields = self._open_reader().fields
+        if key not in fields:
             return default
         if key not in self._fields:
             try:
-                self._fields[key] = _field_value(self._reader.fields[key])
+                # _field_value copies (bytes / tolist): nothing cached here views the memory map
+                self._fields[key] = _field_value(fields[key])
             except Exception as e:
                 raise GGUFFormatError(f"{self.path}: cannot decode metadata key {key!r}: {e}") from None
         return self._fields[key]
@@ -171,7 +272,7 @@ class GGUFModel:
         Raises:
             GGUFFormatError: the key is absent.
         """
-        if key not in self._reader.fields:
+        if key not in self._open_reader().fields:
             raise GGUFFormatError(f"{self.path}: required metadata key {key!r} is missing")
         return self.get(key)
 
@@ -245,23 +346,23 @@ class GGUFModel:
         """Dequantize tensor ``name`` exactly as stored (no Q/K un-permutation).
 
         Returns:
-            float32 array in numpy order: ``[out, in]`` for matrices, ``[n]`` for vectors.
+            float32 array in numpy order: ``[out, in]`` for matrices, ``[n]`` for vectors; a copy that owns its
+            memory (valid after :meth:`close`).
 
         Raises:
             GGUFFormatError: no such tensor, or its data cannot be decoded.
             UnsupportedModelError: a quantization type the ``gguf`` package cannot dequantize.
+            ValueError: the model is closed.
         """
         import gguf
         from gguf.quants import dequantize
 
-        t = self.tensors.get(name)
-        if t is None:
-            raise GGUFFormatError(f"{self.path}: tensor {name!r} is missing")
+        t = self._stored_tensor(name)
         shape = tuple(int(d) for d in reversed(t.shape))
         qtype = t.tensor_type
         try:
             if qtype == gguf.GGMLQuantizationType.F32:
-                out = np.asarray(t.data, dtype=np.float32)
+                out = np.array(t.data, dtype=np.float32)  # a copy: np.asarray would view the memory map
             elif qtype == gguf.GGMLQuantizationType.F16:
                 out = np.asarray(t.data).view(np.float16).astype(np.float32)
             else:
@@ -272,6 +373,8 @@ class GGUFModel:
             ) from None
         except (ValueError, IndexError, OSError) as e:
             raise GGUFFormatError(f"{self.path}: cannot decode tensor {name!r} ({qtype.name}): {e}") from None
+        if np.may_share_memory(out, t.data):  # never hand out a view of the map: close() unmaps it
+            out = out.copy()
         return out.reshape(shape)
 
     def tensor(self, name: str, spec: ModelSpec | None = None, *, unpermute_qk: bool = True) -> np.ndarray:
@@ -314,14 +417,13 @@ class GGUFModel:
         from specrt.convert.quant import EXACT_GGUF_TYPES, from_gguf_blocks, promote, quantize_rtn
 
         spec = spec or self.spec()
-        t = self.tensors.get(name)
-        if t is None:
-            raise GGUFFormatError(f"{self.path}: tensor {name!r} is missing")
+        t = self._stored_tensor(name)
         qtype = t.tensor_type.name
         exact = None
         if qtype in EXACT_GGUF_TYPES and EXACT_GGUF_TYPES[qtype][0] <= bits:
             n_out, n_in = int(t.shape[1]), int(t.shape[0])
-            exact = from_gguf_blocks(np.asarray(t.data).reshape(n_out, -1), qtype, n_in)
+            # np.array copies the stored blocks, so the BlockQuant never views the memory map
+            exact = from_gguf_blocks(np.array(t.data).reshape(n_out, -1), qtype, n_in)
         if exact is None or exact.float_zero_points:
             return quantize_rtn(self.tensor(name, spec), bits, block_size)
         bq = promote(exact, bits, exact.block_size, False)

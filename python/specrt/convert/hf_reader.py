@@ -7,7 +7,8 @@ converter uses for GGUF files: tensors are addressed by their GGUF names (``blk.
 float32 ``[out, in]``. Hugging Face checkpoints already use the half-split rotary layout, so nothing is permuted.
 
 Tensors are read with ``safetensors`` (numpy framework) one at a time; bfloat16, which numpy cannot represent, is read
-from the file's own header offsets (memory-mapped) and widened to float32 exactly.
+from the file's own header offsets and widened to float32 exactly. No file stays open between calls: each read opens
+and closes its file (:meth:`HFModel.close` exists so both readers can be used with ``with``).
 """
 
 from __future__ import annotations
@@ -136,6 +137,16 @@ class HFModel:
                 hf_name = f"model.layers.{i}.{h}"
                 if hf_name in self._by_hf:
                     self.tensors[f"blk.{i}.{g}"] = self._by_hf[hf_name]
+
+    def close(self) -> None:
+        """Nothing to release (every read opens and closes its file); for interface parity with
+        :meth:`GGUFModel.close <specrt.convert.gguf_reader.GGUFModel.close>`."""
+
+    def __enter__(self) -> HFModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _weight_files(self) -> list[Path]:
         index = self.path / "model.safetensors.index.json"
@@ -280,7 +291,12 @@ class HFModel:
             raise HFFormatError(f"{self.path}: tensor {self._hf_name(name)!r} is missing")
         try:
             if t.dtype == "BF16":
-                raw = np.memmap(t.file, dtype=np.uint16, mode="r", offset=t.start, shape=(t.n_elements,))
+                # [n_elements] uint16 bfloat16 bits, read (not memory-mapped) so the file is closed on return
+                with open(t.file, "rb") as fh:
+                    fh.seek(t.start)
+                    raw = np.fromfile(fh, dtype=np.uint16, count=t.n_elements)
+                if raw.size != t.n_elements:
+                    raise ValueError(f"file ends after {raw.size} of {t.n_elements} elements")
                 out = (raw.astype(np.uint32) << 16).view(np.float32)
             else:
                 from safetensors import safe_open

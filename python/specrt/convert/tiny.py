@@ -177,10 +177,12 @@ def write_tiny_gguf(
     vec("output_norm.weight", hidden, 1.0, 0.1)
     if not tied:
         mat("output.weight", vocab, hidden, embed_type, 0.5)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    try:  # write_header_to_file opens the file: close it on every path
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+    finally:
+        w.close()
     return path
 
 
@@ -219,19 +221,20 @@ def write_hf_folder(
     from specrt.convert.hf_reader import _GLOBAL_NAMES, _LAYER_NAMES
     from specrt.convert.tokenizer import build_tokenizer
 
-    model = GGUFModel(gguf_path)
-    spec = model.spec()
+    with GGUFModel(gguf_path) as model:
+        spec = model.spec()
+        tensors: dict[str, np.ndarray] = {}
+        for name in model.tensors:
+            if name in _GLOBAL_NAMES:
+                hf = _GLOBAL_NAMES[name]
+            else:
+                _, i, rest = name.split(".", 2)
+                hf = f"model.layers.{i}.{_LAYER_NAMES[rest]}"
+            if hf not in drop:
+                tensors[hf] = model.tensor(name, spec)
+        tok, info = build_tokenizer(model)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, np.ndarray] = {}
-    for name in model.tensors:
-        if name in _GLOBAL_NAMES:
-            hf = _GLOBAL_NAMES[name]
-        else:
-            _, i, rest = name.split(".", 2)
-            hf = f"model.layers.{i}.{_LAYER_NAMES[rest]}"
-        if hf not in drop:
-            tensors[hf] = model.tensor(name, spec)
     names = sorted(tensors)
     per = -(-len(names) // shards)
     weight_map = {}
@@ -273,7 +276,6 @@ def write_hf_folder(
         "torch_dtype": {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype],
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    tok, info = build_tokenizer(model)
     tok.save(str(folder / "tokenizer.json"))
     tok_cfg = {
         "add_bos_token": False,

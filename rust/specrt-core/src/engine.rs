@@ -11,12 +11,17 @@ use std::time::Instant;
 
 use crate::adaptive::{AutoK, KController, RoundKind};
 use crate::backend::Backend;
+use crate::coupled::CoupledNoise;
 use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
 use crate::rng::Rng;
-use crate::sampling::{log_softmax_at, log_softmax_with, PenaltyContext, Sampler, SamplingParams};
+use crate::sampling::{
+    log_softmax_at, log_softmax_with, Fault, PenaltyContext, Sampler, SamplingParams,
+};
 use crate::stats::Stats;
-use crate::verify::{verify_into, LastToken, Verification, VerifyMode, MAX_DRAFT_TOKENS};
+use crate::verify::{
+    verify_coupled_into, verify_into, LastToken, Verification, VerifyMode, MAX_DRAFT_TOKENS,
+};
 
 /// Settings of one generation request.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,6 +49,14 @@ pub struct GenerationConfig {
     pub ngram: Option<NgramConfig>,
     /// Draft with the attached draft model (default true; false = n-gram only or target-only).
     pub use_draft_model: bool,
+    /// Coupled sampling ([`crate::coupled`]; default false): the random choice at each output position is fixed by
+    /// `(seed, position)` alone, so the output equals target-only coupled decoding with the same seed for every K,
+    /// draft model or n-gram proposer. Each position is still an exact sample of the target's processed
+    /// distribution; acceptance is lower than with `min(1, p/q)` acceptance.
+    pub coupled: bool,
+    /// A deliberate sampler fault (tests of the tests only; `None` in any real use).
+    #[doc(hidden)]
+    pub fault: Option<Fault>,
 }
 
 /// Settings of prompt-lookup drafting (vLLM's names).
@@ -68,6 +81,8 @@ impl Default for GenerationConfig {
             auto_k: None,
             ngram: None,
             use_draft_model: true,
+            coupled: false,
+            fault: None,
         }
     }
 }
@@ -183,6 +198,8 @@ struct Request {
     n_past_dft: usize,
     penalties: PenaltyContext,
     rng: Rng,
+    // The per-position noise when `cfg.coupled` (no draw from `rng` is then made).
+    noise: Option<CoupledNoise>,
     stats: Stats,
     // [n_generated] per emitted token.
     sources: Vec<TokenSource>,
@@ -369,6 +386,7 @@ impl Engine {
         let mut tokens = Vec::with_capacity(prompt.len() + cfg.max_new_tokens);
         tokens.extend_from_slice(prompt);
         let rng = Rng::seed_from_u64(cfg.seed);
+        self.sampler_tgt.inject_fault(cfg.fault);
         self.request = Some(Request {
             tokens,
             n_prompt: prompt.len(),
@@ -376,6 +394,7 @@ impl Engine {
             n_past_dft: if use_draft { n_past } else { 0 },
             penalties,
             rng,
+            noise: cfg.coupled.then(|| CoupledNoise::new(cfg.seed)),
             stats,
             sources: Vec::with_capacity(cfg.max_new_tokens),
             logprobs: Vec::with_capacity(cfg.max_new_tokens),
@@ -482,10 +501,15 @@ impl Engine {
                     let logits = draft.forward(input, n_past, 1)?;
                     n_past += n_input;
                     let ctx = use_penalties.then_some(&req.penalties);
-                    let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
-                    let d =
+                    let d = if let Some(noise) = &req.noise {
+                        // Coupled: the draft's choice at position len + i uses the noise the target will use there.
+                        self.sampler_dft.process(logits, 0, &params, ctx)?;
+                        self.sampler_dft.coupled_choice(noise, (len + i) as u64)
+                    } else {
+                        let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
                         self.sampler_dft
-                            .sample_draft(logits, &params, ctx, &mut req.rng, q_row)?;
+                            .sample_draft(logits, &params, ctx, &mut req.rng, q_row)?
+                    };
                     self.tokens_dft.push(d);
                     if use_penalties {
                         req.penalties.push(d)?;
@@ -519,17 +543,30 @@ impl Engine {
             &[]
         };
         let ver = &mut self.ver;
-        verify_into(
-            &mut self.sampler_tgt,
-            logits_tgt,
-            probs_dft,
-            &self.tokens_dft,
-            &params,
-            mode,
-            &mut req.penalties,
-            &mut req.rng,
-            ver,
-        )?;
+        if let Some(noise) = &req.noise {
+            verify_coupled_into(
+                &mut self.sampler_tgt,
+                logits_tgt,
+                &self.tokens_dft,
+                &params,
+                &mut req.penalties,
+                noise,
+                len as u64,
+                ver,
+            )?;
+        } else {
+            verify_into(
+                &mut self.sampler_tgt,
+                logits_tgt,
+                probs_dft,
+                &self.tokens_dft,
+                &params,
+                mode,
+                &mut req.penalties,
+                &mut req.rng,
+                ver,
+            )?;
+        }
         let n_acc = ver.n_accepted;
         req.n_past_tgt = len + n_acc;
         if n_draft_passes > 0 {

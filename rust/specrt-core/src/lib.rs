@@ -8,6 +8,7 @@
 pub mod adaptive;
 pub mod backend;
 pub mod cost;
+pub mod coupled;
 pub mod engine;
 pub mod error;
 pub mod ngram;
@@ -19,6 +20,7 @@ pub mod verify;
 
 pub use adaptive::{AutoK, KController, PinnedCosts, RoundKind};
 pub use backend::Backend;
+pub use coupled::CoupledNoise;
 pub use engine::{
     Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig, StepOutput, TokenSource,
 };
@@ -27,4 +29,6 @@ pub use ngram::{NgramProposer, MAX_NGRAM_LEN};
 pub use rng::{PcgState, Rng};
 pub use sampling::{PenaltyContext, Sampler, SamplingParams};
 pub use stats::Stats;
-pub use verify::{verify, LastToken, Verification, VerifyMode, MAX_DRAFT_TOKENS};
+pub use verify::{
+    verify, verify_coupled_into, LastToken, Verification, VerifyMode, MAX_DRAFT_TOKENS,
+};

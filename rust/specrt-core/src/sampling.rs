@@ -473,7 +473,7 @@ pub fn checked_argmax(logits: &[f32], row: usize) -> Result<u32> {
 /// of an emitted token. Output in (-inf, 0].
 ///
 /// Costs two vectorised passes over the row; when the row was just processed by [`Sampler::process`] (or
-/// [`crate::verify`]) at temperature 1 without penalties or top-k, [`log_softmax_with`] and the row's
+/// [`crate::verify()`]) at temperature 1 without penalties or top-k, [`log_softmax_with`] and the row's
 /// [`RowNorm`] give the same value without touching the row.
 ///
 /// Errors: [`SpecError::NonFinite`] (bad row), [`SpecError::Vocab`] (token >= row length).
@@ -545,6 +545,17 @@ pub struct Sampler {
     total: f64,
     // Log-softmax normaliser of the last processed row, when it was raw logits at temperature 1 without top-k.
     norm: Option<RowNorm>,
+    // A deliberate fault (tests of the tests only): see `Sampler::inject_fault`.
+    fault: Option<Fault>,
+}
+
+/// Deliberate sampler faults, to show that a statistical test catches them. Never set outside tests.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// On rejection, sample the recovered token from the draft row `q` instead of `norm(max(0, p - q))` (a real
+    /// bug class: the output is then no longer distributed as `p`).
+    ResidualFromDraft,
 }
 
 impl Sampler {
@@ -567,7 +578,14 @@ impl Sampler {
             threshold: 0.0,
             total: 0.0,
             norm: None,
+            fault: None,
         }
+    }
+
+    /// Set or clear a deliberate fault (tests of the tests only: [`Fault`]).
+    #[doc(hidden)]
+    pub fn inject_fault(&mut self, fault: Option<Fault>) {
+        self.fault = fault;
     }
 
     /// The vocabulary size this scratch serves.
@@ -784,6 +802,32 @@ impl Sampler {
         Ok(normalise_into(&self.w, self.threshold, inv, out))
     }
 
+    /// The coupled choice from the last processed row at output `position` (an exponential race over the kept
+    /// weights with the noise of `(seed, position)`, see [`crate::coupled`]): an exact sample of the row whose
+    /// randomness depends on the position alone. For a greedy row (a point mass) it is the argmax.
+    #[must_use]
+    pub fn coupled_choice(&self, noise: &crate::coupled::CoupledNoise, position: u64) -> u32 {
+        let mut race = crate::coupled::Race::new(position);
+        if self.sparse {
+            for (&i, &w) in self.kidx.iter().zip(&self.kw) {
+                if w > 0.0 {
+                    race.offer(noise, i, f64::from(w));
+                }
+            }
+        } else {
+            let thr = self.threshold;
+            for (i, &w) in self.w.iter().enumerate() {
+                if w > 0.0 && w >= thr {
+                    #[allow(clippy::cast_possible_truncation)] // vocab < 2^32
+                    race.offer(noise, i as u32, f64::from(w));
+                }
+            }
+        }
+        // A processed row always keeps at least one token of positive weight (its maximum).
+        race.winner()
+            .unwrap_or(self.kidx.first().copied().unwrap_or(0))
+    }
+
     /// Sample from the last processed row with a uniform `u` in [0, 1) (inverse CDF over kept weights).
     #[must_use]
     pub fn sample_processed(&self, u: f64) -> u32 {
@@ -870,6 +914,10 @@ impl Sampler {
     pub(crate) fn sample_residual(&mut self, q: &[f32], row: usize, u: f64) -> Result<u32> {
         if !q_all_in_range(q) {
             return Err(bad_q_error(q, row));
+        }
+        if self.fault == Some(Fault::ResidualFromDraft) {
+            let q_total: f64 = q.iter().map(|&x| f64::from(x)).sum();
+            return Ok(inverse_cdf(q, 0.0, q_total, u));
         }
         #[allow(clippy::cast_possible_truncation)]
         let inv = (1.0 / self.total) as f32;

@@ -13,6 +13,7 @@
 //! one uniform per evaluated draft position (drawn even when acceptance is certain, so the stream position does
 //! not depend on the values), then one uniform for the recovered or bonus token. Greedy mode draws nothing.
 
+use crate::coupled::CoupledNoise;
 use crate::error::{Result, SpecError};
 use crate::rng::Rng;
 use crate::sampling::{PenaltyContext, RowNorm, Sampler, SamplingParams};
@@ -190,6 +191,87 @@ pub fn verify_into(
     // A rejected draft leaves no trace: drop the draft tokens pushed for later rows, even on error.
     penalties.truncate(committed);
     res
+}
+
+/// Coupled verification of one round ([`crate::coupled`]): the target's choice at each position is the coupled
+/// choice of its processed row, so the emitted tokens are exactly what target-only coupled decoding emits.
+///
+/// Inputs:
+/// - `sampler`, `logits_tgt` (`[k + 1, vocab] float32`), `tokens_dft` (`[k]`, drafts proposed with the same noise,
+///   or any other proposal: n-gram continuations), `params`, `penalties`: as for [`verify_into`].
+/// - `noise`: the request's [`CoupledNoise`]; `position`: the 0-based sequence index of the first token this round
+///   emits (the committed length). Row `i` chooses the token at `position + i`.
+///
+/// Accept `d_{i+1}` while it equals the target's choice `y_i`; at the first mismatch emit `y_i` (recovered); after K
+/// accepts emit `y_K` (bonus). No random stream is read. `accept_probs` holds 1 / 0 per evaluated position.
+///
+/// Output and errors: as [`verify_into`] (no draft rows are read).
+#[allow(clippy::too_many_arguments)]
+pub fn verify_coupled_into(
+    sampler: &mut Sampler,
+    logits_tgt: &[f32],
+    tokens_dft: &[u32],
+    params: &SamplingParams,
+    penalties: &mut PenaltyContext,
+    noise: &CoupledNoise,
+    position: u64,
+    out: &mut Verification,
+) -> Result<()> {
+    let vocab = sampler.vocab();
+    check_inputs(
+        vocab,
+        logits_tgt,
+        &[],
+        tokens_dft,
+        VerifyMode::Deterministic,
+    )?;
+    let committed = penalties.len();
+    let res = coupled_rows(
+        sampler, logits_tgt, tokens_dft, params, penalties, noise, position, out,
+    );
+    penalties.truncate(committed);
+    res
+}
+
+#[allow(clippy::too_many_arguments)]
+fn coupled_rows(
+    sampler: &mut Sampler,
+    logits_tgt: &[f32],
+    tokens_dft: &[u32],
+    params: &SamplingParams,
+    penalties: &mut PenaltyContext,
+    noise: &CoupledNoise,
+    position: u64,
+    out: &mut Verification,
+) -> Result<()> {
+    let vocab = sampler.vocab();
+    let k = tokens_dft.len();
+    let use_penalties = params.has_penalties();
+    out.n_draft = k;
+    out.tokens.clear();
+    out.accept_probs.clear();
+    out.row_norms.clear();
+    for i in 0..=k {
+        // [vocab] target row i: the choice at position + i given the committed tokens and d_1 .. d_i.
+        let row = &logits_tgt[i * vocab..(i + 1) * vocab];
+        let ctx = use_penalties.then_some(&*penalties);
+        sampler.process(row, i, params, ctx)?;
+        out.row_norms.push(sampler.row_norm());
+        let y = sampler.coupled_choice(noise, position + i as u64);
+        out.tokens.push(y);
+        if i == k {
+            return done(out, LastToken::Bonus);
+        }
+        if y != tokens_dft[i] {
+            out.accept_probs.push(0.0);
+            return done(out, LastToken::Recovered);
+        }
+        out.accept_probs.push(1.0);
+        if use_penalties {
+            penalties.push(y)?;
+        }
+    }
+    unreachable!("the loop returns at i == k")
 }
 
 #[allow(clippy::too_many_arguments)]

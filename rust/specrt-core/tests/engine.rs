@@ -347,6 +347,22 @@ fn check_first_two_tokens<const V: usize>(
     n: u64,
     cfg: &GenerationConfig,
 ) -> u64 {
+    let (stat, crit, cells, n_ngram) = first_two_tokens_chi2::<V>(t, d, prompt, n, cfg);
+    assert!(
+        stat < crit,
+        "chi-square {stat:.1} >= critical {crit:.1} over {cells} cells"
+    );
+    n_ngram
+}
+
+/// The statistic of [`check_first_two_tokens`]: `(chi-square, critical value at z = 4.3, cells, n-gram drafts)`.
+fn first_two_tokens_chi2<const V: usize>(
+    t: &MockModel,
+    d: Option<MockModel>,
+    prompt: &[u32],
+    n: u64,
+    cfg: &GenerationConfig,
+) -> (f64, f64, f64, u64) {
     let softmax = |seq: &[u32]| {
         let mut row = [0f32; V];
         t.row(seq, &mut row);
@@ -389,12 +405,7 @@ fn check_first_two_tokens<const V: usize>(
             cells += 1.0;
         }
     }
-    let crit = chi2_quantile(cells - 1.0, 4.3);
-    assert!(
-        stat < crit,
-        "chi-square {stat:.1} >= critical {crit:.1} over {cells} cells"
-    );
-    n_ngram
+    (stat, chi2_quantile(cells - 1.0, 4.3), cells, n_ngram)
 }
 
 #[test]
@@ -615,4 +626,125 @@ fn ngram_drafts_at_temperature_one_keep_the_target_distribution() {
     };
     let n_ngram = check_first_two_tokens::<5>(&t, None, &[1, 2, 1, 2, 1, 2, 1], n, &cfg);
     assert!(n_ngram >= n, "every generation drafts from the prompt");
+}
+
+fn t1_cfg(k: usize) -> GenerationConfig {
+    GenerationConfig {
+        num_speculative_tokens: k,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        },
+        ..GenerationConfig::default()
+    }
+}
+
+#[test]
+fn the_distribution_test_catches_a_recovered_token_drawn_from_the_draft() {
+    // The same check as `first_two_tokens_at_temperature_one_follow_the_target_distribution`, on a sampler that
+    // draws recovered tokens from q instead of norm(max(0, p - q)): it must fail.
+    let t = MockModel::new(6, 64, 11, 1.5);
+    let d = MockModel::new(6, 64, 11, 1.5).with_noise(77, 1.0);
+    let cfg = GenerationConfig {
+        fault: Some(specrt_core::sampling::Fault::ResidualFromDraft),
+        ..t1_cfg(3)
+    };
+    let (stat, crit, cells, _) = first_two_tokens_chi2::<6>(&t, Some(d), &[1, 4, 2], 40_000, &cfg);
+    assert!(
+        stat > crit,
+        "the broken sampler passed: chi-square {stat:.1} < critical {crit:.1} over {cells} cells"
+    );
+}
+
+#[test]
+fn coupled_sampling_first_two_tokens_follow_the_target_distribution() {
+    // Coupled sampling keeps every position an exact sample of p, with a draft model that disagrees often.
+    let t = MockModel::new(6, 64, 11, 1.5);
+    let d = MockModel::new(6, 64, 11, 1.5).with_noise(77, 1.0);
+    let cfg = GenerationConfig {
+        coupled: true,
+        ..t1_cfg(3)
+    };
+    check_first_two_tokens::<6>(&t, Some(d), &[1, 4, 2], 40_000, &cfg);
+}
+
+#[test]
+fn coupled_speculative_output_equals_target_only_coupled_decoding() {
+    // For 20 seeds and 3 prompts: K = 1, 4, 8 and auto (pinned costs), with a draft model, n-gram proposals and
+    // both, at T = 1 and at T = 0.7 with top_p = 0.9 and a repetition penalty: token for token equal to target-only
+    // coupled decoding with the same seed.
+    let prompts: [&[u32]; 3] = [&[1, 2, 3], &[5, 9, 5, 9, 5, 9, 5], &[40, 41, 7, 7, 2]];
+    let samplings = [
+        SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            repetition_penalty: 1.1,
+            ..SamplingParams::default()
+        },
+    ];
+    let ngram = Some(specrt_core::NgramConfig {
+        prompt_lookup_min: 1,
+        prompt_lookup_max: 3,
+    });
+    let mut n_accepted = 0;
+    for sampling in samplings {
+        for prompt in prompts {
+            for seed in 0..20 {
+                let base = GenerationConfig {
+                    max_new_tokens: 24,
+                    sampling,
+                    seed,
+                    coupled: true,
+                    ..GenerationConfig::default()
+                };
+                let reference = run(
+                    target(3),
+                    None,
+                    prompt,
+                    GenerationConfig {
+                        num_speculative_tokens: 0,
+                        ..base.clone()
+                    },
+                );
+                let mut variants = Vec::new();
+                for k in [1, 4, 8] {
+                    variants.push(("draft", k, None, true));
+                    variants.push(("ngram", k, ngram, false));
+                    variants.push(("ngram+draft", k, ngram, true));
+                }
+                for (name, k, ng, use_draft) in variants {
+                    let cfg = GenerationConfig {
+                        num_speculative_tokens: k,
+                        ngram: ng,
+                        use_draft_model: use_draft,
+                        ..base.clone()
+                    };
+                    let out = run(target(3), Some(draft(3, 0.8)), prompt, cfg);
+                    assert_eq!(
+                        out.tokens, reference.tokens,
+                        "{name} K={k} seed={seed} prompt={prompt:?}"
+                    );
+                    n_accepted += out.stats.n_accepted;
+                }
+                let auto = GenerationConfig {
+                    num_speculative_tokens: 8,
+                    auto_k: auto_cfg(24, 1.0, 0.2).auto_k,
+                    ..base.clone()
+                };
+                let out = run(target(3), Some(draft(3, 0.8)), prompt, auto);
+                assert_eq!(
+                    out.tokens, reference.tokens,
+                    "auto K seed={seed} prompt={prompt:?}"
+                );
+            }
+        }
+    }
+    assert!(
+        n_accepted > 0,
+        "no draft token was ever accepted: the test would not exercise acceptance"
+    );
 }

@@ -19,7 +19,7 @@ use crate::model::{
     analyze, choose_max_seq_len, past_name, present_name, resolve_model_file, DecoderIo,
     SpecrtConfig, TensorDesc,
 };
-use crate::options::{KvLayout, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN};
+use crate::options::{KvLayout, Memory, MemoryPlan, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN};
 use crate::runtime::{
     cuda_provider_library_path, init_runtime, init_runtime_with_threads, ort_err,
     CUDA_PROVIDER_LIBRARY,
@@ -118,8 +118,9 @@ fn register_cuda(builder: SessionBuilder, device_id: i32) -> Result<SessionBuild
         .map_err(|e| {
             SpecError::Provider(format!(
                 "CUDA execution provider could not be registered (device {device_id}): {} (check the CUDA driver \
-                 with nvidia-smi, that cuDNN 9 and the CUDA runtime are installed, e.g. onnxruntime-gpu[cuda,cudnn], \
-                 and that onnxruntime.preload_dlls() ran before the session was created)",
+                 with nvidia-smi, that cuDNN 9 and the CUDA runtime are installed, e.g. by pip install 'specrt[cuda]', \
+                 and that onnxruntime.preload_dlls() ran before the session was created; `specrt env` names what is \
+                 missing)",
                 e.message()
             ))
         })
@@ -145,7 +146,7 @@ fn check_cuda_library_present() -> Result<()> {
     } else {
         Err(SpecError::Provider(format!(
             "CUDA execution provider library not found: {} (the installed ONNX Runtime has no {CUDA_PROVIDER_LIBRARY}; \
-             this is the CPU onnxruntime wheel: uninstall it and install onnxruntime-gpu[cuda,cudnn])",
+             this is the CPU build of ONNX Runtime: pip uninstall onnxruntime, then pip install 'specrt[cuda]')",
             lib.display()
         )))
     }
@@ -213,7 +214,7 @@ enum KvState {
 pub struct OrtBackend {
     binding: IoBinding,
     kv: KvState,
-    /// Reused logits tensors `[1, rows, vocab]` f32 (host memory; CUDA-pinned on CUDA), most recent last.
+    /// Reused logits tensors `[1, rows, vocab]` f32 in plain host memory (all providers), most recent last.
     logits: Vec<(usize, Tensor<f32>)>,
     /// Row count of the logits tensor currently bound (`None` before the first call).
     logits_bound_rows: Option<usize>,
@@ -225,7 +226,6 @@ pub struct OrtBackend {
     positions: Box<[i64]>,
     /// `[1]` int64: `num_logits_to_keep`.
     n_keep: Box<[i64]>,
-    logits_allocator: Option<Allocator>,
     _kv_allocator: Option<Allocator>,
     session: Session,
     io: DecoderIo,
@@ -311,7 +311,8 @@ impl OrtBackend {
             }
         };
 
-        let (kv_allocator, logits_allocator) = if provider == Provider::Cuda {
+        let plan = MemoryPlan::for_provider(provider);
+        let kv_allocator = if plan.kv_cache == Memory::CudaDevice {
             if io.layout == KvLayout::Optimum {
                 return Err(SpecError::Config(format!(
                     "{} uses the Optimum KV layout, which specrt runs on the CPU provider only (convert it with \
@@ -336,21 +337,14 @@ impl OrtBackend {
                         e.message()
                     ))
                 })?;
-            // Logits go to CUDA-pinned host memory (ORT copies the rows from the device after the run). If no
-            // pinned allocator can be made, plain CPU memory works too (`None` = the session's CPU allocator).
-            let pinned = [options.device_id, 0].into_iter().find_map(|id| {
-                MemoryInfo::new(
-                    AllocationDevice::CUDA_PINNED,
-                    id,
-                    AllocatorType::Device,
-                    MemoryType::CPUOutput,
-                )
-                .and_then(|info| Allocator::new(&session, info))
-                .ok()
-            });
-            (Some(device), pinned)
+            // Logits go to plain host memory (the session's CPU allocator), never CUDA-pinned memory: on
+            // onnxruntime-gpu 1.31 (CUDA 13) an output bound to a CUDA_PINNED tensor fails the first run with
+            // "GPUDataTransfer::CopyTensorAsync ... dst_data != src_data" (a host-to-host self-copy that the CUDA
+            // data transfer refuses; onnxruntime issue #29713, fix proposed in PR #29792). See
+            // `MemoryPlan::for_provider` and the `gpu` tests that run every choice made here.
+            Some(device)
         } else {
-            (None, None)
+            None
         };
 
         let mut binding = session
@@ -439,7 +433,6 @@ impl OrtBackend {
             ones: vec![1; max_seq_len].into_boxed_slice(),
             positions: (0..max_i64).collect(),
             n_keep: vec![0].into_boxed_slice(),
-            logits_allocator,
             _kv_allocator: kv_allocator,
             session,
             io,
@@ -455,6 +448,12 @@ impl OrtBackend {
     /// The KV layout in use: [`KvLayout::SharedBuffer`] (the specrt contract) or [`KvLayout::Optimum`].
     pub fn layout(&self) -> KvLayout {
         self.io.layout
+    }
+
+    /// Where the KV cache, the logits and the per-call inputs live ([`MemoryPlan::for_provider`] of
+    /// [`Self::provider`]).
+    pub fn memory_plan(&self) -> MemoryPlan {
+        MemoryPlan::for_provider(self.provider)
     }
 
     /// The provider the session really runs on (CPU after a CUDA fallback).
@@ -565,10 +564,8 @@ impl OrtBackend {
                 self.logits.remove(0);
                 self.logits_bound_rows = None;
             }
-            let alloc = self
-                .logits_allocator
-                .as_ref()
-                .unwrap_or_else(|| self.session.allocator());
+            // `MemoryPlan::logits` is host memory for every provider: the session's CPU allocator.
+            let alloc = self.session.allocator();
             let tensor = Tensor::<f32>::new(alloc, [1, rows, vocab])
                 .map_err(|e| ort_err(&format!("allocating logits [1, {rows}, {vocab}]"), &e))?;
             self.logits.push((rows, tensor));
@@ -781,9 +778,8 @@ impl Backend for OrtBackend {
         let rows = self.run(tokens, n_past, n_logits)?;
         let vocab = self.io.vocab_size;
         let (_, tensor) = self.logits.last().expect("bound in run");
-        // SAFETY: the tensor holds `rows * vocab` f32 in host memory (CPU, or CUDA-pinned after synchronisation)
-        // and lives in `self` until the next call; `extract_tensor` is not used because ort (api-20) reports
-        // CUDA-pinned memory as not CPU-accessible.
+        // SAFETY: the tensor holds `rows * vocab` f32 in host memory (the session's CPU allocator; on CUDA the
+        // outputs were synchronised above) and lives in `self` until the next call.
         let all =
             unsafe { std::slice::from_raw_parts(tensor.data_ptr().cast::<f32>(), rows * vocab) };
         Ok(&all[(rows - n_logits) * vocab..])

@@ -24,13 +24,54 @@
 //!
 //! ONNX Runtime is `dlopen`ed from [`OrtOptions::ort_library`] (absolute path) once per process by
 //! [`runtime::init_runtime`]; `ort` errors become [`specrt_core::SpecError::Backend`].
+//!
+//! ## From Rust alone
+//!
+//! A service that embeds specrt without Python uses two more pieces:
+//! - [`find_ort_library`] ([`discover`]) finds `libonnxruntime.so`: an explicit path (a `--ort-library` flag),
+//!   `$SPECRT_ORT_LIBRARY`, `$ORT_DYLIB_PATH`, the `onnxruntime` / `onnxruntime-gpu` wheel of `$SPECRT_PYTHON` or
+//!   `python3`, then a system install (`/usr/local/lib`, `/usr/lib`, `/usr/lib/x86_64-linux-gnu`,
+//!   `/opt/onnxruntime/lib`). Without any of them: `pip install onnxruntime` (CPU) or
+//!   `pip install 'onnxruntime-gpu[cuda,cudnn]'` (CUDA), or unpack an ONNX Runtime release (>= 1.20) and pass its
+//!   `lib/libonnxruntime.so.1.x`.
+//! - [`Pipeline`] ([`pipeline`]) loads a target folder and an optional draft folder and generates from token ids
+//!   with the behaviour of Python's `specrt.Decoder`: the folder's `generation_config.json` defaults and EOS ids,
+//!   stop token ids, sampling and penalty settings, K fixed or auto, the proposer. Tokenization, chat templates and
+//!   stop strings stay with the caller.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use specrt_ort::{find_ort_library, GenerationRequest, OrtOptions, Pipeline};
+//!
+//! let options = OrtOptions::new(find_ort_library(None)?);
+//! let mut pipeline = Pipeline::load(Path::new("/models/target"), None, &options)?;
+//! let out = pipeline.generate(&[1, 2, 3], &GenerationRequest::default())?;
+//! println!("{:?} ({})", out.tokens, out.finish_reason.as_str());
+//! # Ok::<(), specrt_core::SpecError>(())
+//! ```
+//!
+//! The `generate` example (`cargo run --release -p specrt-ort --example generate -- --help`) adds a tokenizer
+//! (the `tokenizers` crate) and prints text and statistics.
 #![deny(missing_docs)]
 
 mod backend;
+pub mod discover;
 pub mod model;
 pub mod options;
+pub mod pipeline;
 pub mod runtime;
 
 pub use backend::{check_cuda_provider, OrtBackend};
-pub use options::{physical_cores, KvLayout, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN};
-pub use runtime::{init_runtime, init_runtime_with_threads, loaded_library, CUDA_PROVIDER_LIBRARY};
+pub use discover::find_ort_library;
+pub use options::{
+    physical_cores, KvLayout, Memory, MemoryPlan, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN,
+};
+pub use pipeline::{
+    FolderDefaults, GenerationRequest, Pipeline, Proposer, SpeculativeTokens, AUTO_K_MAX,
+};
+pub use runtime::{
+    init_runtime, init_runtime_with_threads, loaded_library, runtime_info, RuntimeInfo,
+    CUDA_PROVIDER_LIBRARY,
+};
+/// The core crate (engine, settings, outputs, statistics, errors), re-exported so that one dependency suffices.
+pub use specrt_core;

@@ -100,6 +100,63 @@ impl FromStr for KvLayout {
     }
 }
 
+/// Where a tensor that the backend binds lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// Plain host memory from the session's CPU allocator (readable from Rust as a slice).
+    Host,
+    /// Page-locked host memory from the CUDA provider's pinned allocator.
+    CudaPinned,
+    /// Device memory from the CUDA provider's allocator (not host-readable).
+    CudaDevice,
+}
+
+impl Memory {
+    /// `"host"`, `"cuda_pinned"` or `"cuda_device"` (diagnostics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Memory::Host => "host",
+            Memory::CudaPinned => "cuda_pinned",
+            Memory::CudaDevice => "cuda_device",
+        }
+    }
+}
+
+/// The memory of every tensor an [`crate::OrtBackend`] binds, per provider: the one place these choices are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// The preallocated `[1, kv_heads, max_seq_len, head_dim]` past/present buffers (shared-buffer layout).
+    pub kv_cache: Memory,
+    /// The reused `[1, rows, vocab]` float32 logits outputs.
+    pub logits: Memory,
+    /// `input_ids`, `attention_mask`, `position_ids`, `num_logits_to_keep` (borrowed host views, copied to the
+    /// device by ONNX Runtime when bound).
+    pub inputs: Memory,
+}
+
+impl MemoryPlan {
+    /// The plan for `provider`.
+    ///
+    /// CUDA: the KV cache stays on the device for the whole session; logits are written by ONNX Runtime into plain
+    /// host memory. Never [`Memory::CudaPinned`] for an output: onnxruntime-gpu 1.31 (CUDA 13) refuses the
+    /// host-to-host self-copy it then attempts (`GPUDataTransfer::CopyTensorAsync ... dst_data != src_data`,
+    /// onnxruntime issue #29713).
+    pub fn for_provider(provider: Provider) -> Self {
+        match provider {
+            Provider::Cpu => MemoryPlan {
+                kv_cache: Memory::Host,
+                logits: Memory::Host,
+                inputs: Memory::Host,
+            },
+            Provider::Cuda => MemoryPlan {
+                kv_cache: Memory::CudaDevice,
+                logits: Memory::Host,
+                inputs: Memory::Host,
+            },
+        }
+    }
+}
+
 /// Options of one [`crate::OrtBackend`] (one model, one session).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrtOptions {
@@ -221,6 +278,22 @@ fn count_physical_cores(cpuinfo: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cuda_plan_keeps_the_cache_on_the_device_and_never_binds_outputs_to_pinned_memory() {
+        // Regression test for onnxruntime#29713: logits bound to CUDA-pinned memory failed every CUDA run.
+        let cuda = MemoryPlan::for_provider(Provider::Cuda);
+        assert_eq!(cuda.kv_cache, Memory::CudaDevice);
+        assert_eq!(cuda.logits, Memory::Host);
+        for plan in [cuda, MemoryPlan::for_provider(Provider::Cpu)] {
+            assert_ne!(plan.logits, Memory::CudaPinned);
+            assert_ne!(plan.kv_cache, Memory::CudaPinned);
+        }
+        assert_eq!(
+            MemoryPlan::for_provider(Provider::Cpu).kv_cache,
+            Memory::Host
+        );
+    }
 
     #[test]
     fn provider_parses_names_case_insensitively() {

@@ -143,3 +143,89 @@ pub(crate) fn cuda_provider_library_path() -> Option<PathBuf> {
         .and_then(Path::parent)
         .map(|dir| dir.join(CUDA_PROVIDER_LIBRARY))
 }
+
+/// What the loaded ONNX Runtime library is and offers (for diagnostics and bug reports).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeInfo {
+    /// Canonical path of the loaded `libonnxruntime.so.1.x`.
+    pub library: PathBuf,
+    /// ONNX Runtime's build information string (`ORT Build Info: git-branch=..., git-commit-id=...`).
+    pub build_info: String,
+    /// The library's version string (`OrtApiBase::GetVersionString`, e.g. `"1.32.0"`).
+    pub version: String,
+    /// Execution providers the library was built with, e.g. `["CUDAExecutionProvider", "CPUExecutionProvider"]`.
+    /// "Built with" is not "usable": the CUDA provider also needs its library, the driver, the CUDA runtime and
+    /// cuDNN (see [`crate::check_cuda_provider`]).
+    pub providers: Vec<String>,
+}
+
+/// Facts about the library loaded by [`init_runtime`].
+///
+/// Errors: [`SpecError::Config`] when no library is loaded yet; [`SpecError::Backend`] when ONNX Runtime cannot
+/// list its providers.
+pub fn runtime_info() -> Result<RuntimeInfo> {
+    let Some(library) = loaded_library() else {
+        return Err(SpecError::Config(
+            "no ONNX Runtime library is loaded in this process (call init_runtime first)".into(),
+        ));
+    };
+    let build_info = ort::info().to_owned();
+    let version = library_version(library)?;
+    let api = ort::api();
+    let mut names: *mut *mut std::ffi::c_char = std::ptr::null_mut();
+    let mut count: std::ffi::c_int = 0;
+    // SAFETY: valid out pointers; the list is released below with the count ONNX Runtime returned.
+    let status = unsafe { (api.GetAvailableProviders)(&raw mut names, &raw mut count) };
+    // SAFETY: `status` was just returned by ONNX Runtime.
+    unsafe { ort::Error::result_from_status(status) }
+        .map_err(|e| ort_err("listing the available execution providers", &e))?;
+    let mut providers = Vec::new();
+    if !names.is_null() {
+        for i in 0..usize::try_from(count).unwrap_or(0) {
+            // SAFETY: `names` holds `count` NUL-terminated strings owned by ONNX Runtime.
+            let name = unsafe { std::ffi::CStr::from_ptr(*names.add(i)) };
+            providers.push(name.to_string_lossy().into_owned());
+        }
+        // SAFETY: the list and count returned above, released once.
+        let status = unsafe { (api.ReleaseAvailableProviders)(names, count) };
+        // SAFETY: `status` was just returned by ONNX Runtime.
+        unsafe { ort::Error::result_from_status(status) }
+            .map_err(|e| ort_err("releasing the provider list", &e))?;
+    }
+    Ok(RuntimeInfo {
+        library: library.to_path_buf(),
+        build_info,
+        version,
+        providers,
+    })
+}
+
+/// The version string of the ONNX Runtime library at `path` (already loaded: `dlopen` returns the same handle).
+fn library_version(path: &Path) -> Result<String> {
+    let load_err = |what: &str, e: libloading::Error| SpecError::Backend {
+        code: "LoadLibrary".into(),
+        message: format!("{what} {}: {e}", path.display()),
+    };
+    // SAFETY: the library is ONNX Runtime, already loaded and initialised by `init_runtime`; loading it again only
+    // takes a reference on the same handle, and `OrtGetApiBase` has the C signature declared here.
+    unsafe {
+        let lib = libloading::Library::new(path).map_err(|e| load_err("loading", e))?;
+        let get_base: libloading::Symbol<
+            '_,
+            unsafe extern "C" fn() -> *const ort::sys::OrtApiBase,
+        > = lib
+            .get(b"OrtGetApiBase")
+            .map_err(|e| load_err("resolving OrtGetApiBase in", e))?;
+        let base = get_base();
+        if base.is_null() {
+            return Err(SpecError::Backend {
+                code: "LoadLibrary".into(),
+                message: format!("OrtGetApiBase returned null in {}", path.display()),
+            });
+        }
+        let version = ((*base).GetVersionString)();
+        Ok(std::ffi::CStr::from_ptr(version)
+            .to_string_lossy()
+            .into_owned())
+    }
+}

@@ -1,9 +1,10 @@
 //! Zero-copy numpy reads with clear errors: C-contiguous float32 arrays are borrowed as slices; anything else
 //! (wrong dtype, ndim, shape or layout) is a `ShapeError` naming what was expected.
 
+use numpy::ndarray::Dimension;
 use numpy::{
-    PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
-    PyUntypedArray, PyUntypedArrayMethods,
+    PyArray, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray, PyReadonlyArray1,
+    PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
 use specrt_core::SpecError;
@@ -31,15 +32,26 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
     }
 }
 
-fn check_contiguous(a: &Bound<'_, PyUntypedArray>, name: &str, expected: &str) -> PyResult<()> {
-    if !a.is_c_contiguous() {
+/// `obj` as a C-contiguous float32 array of `D`'s number of dimensions (the shape is the caller's to check).
+fn f32_contiguous<'a, 'py, D: Dimension>(
+    obj: &'a Bound<'py, PyAny>,
+    name: &str,
+    expected: &str,
+) -> PyResult<&'a Bound<'py, PyArray<f32, D>>> {
+    let Ok(arr) = obj.cast::<PyArray<f32, D>>() else {
+        return Err(shape_err(format!(
+            "{name} must be a C-contiguous float32 array of shape {expected}, got {}",
+            describe(obj)
+        )));
+    };
+    if !arr.is_c_contiguous() {
         return Err(shape_err(format!(
             "{name} must be a C-contiguous float32 array of shape {expected}, got a non-contiguous array of shape \
              {:?} (use numpy.ascontiguousarray)",
-            a.shape()
+            arr.shape()
         )));
     }
-    Ok(())
+    Ok(arr)
 }
 
 /// Borrow `obj` as a `[rows, cols] float32` C-contiguous array. `expected` describes the shape for messages
@@ -54,15 +66,8 @@ pub fn f32_2d<'py>(
     rows: Option<usize>,
     cols: Option<usize>,
 ) -> PyResult<PyReadonlyArray2<'py, f32>> {
-    let Ok(arr) = obj.cast::<PyArray2<f32>>() else {
-        return Err(shape_err(format!(
-            "{name} must be a C-contiguous float32 array of shape {expected}, got {}",
-            describe(obj)
-        )));
-    };
-    let untyped = arr.as_untyped();
-    check_contiguous(untyped, name, expected)?;
-    let shape = untyped.shape();
+    let arr = f32_contiguous::<numpy::Ix2>(obj, name, expected)?;
+    let shape = arr.shape();
     if rows.is_some_and(|r| r != shape[0]) || cols.is_some_and(|c| c != shape[1]) {
         return Err(shape_err(format!(
             "{name} has shape {shape:?}, expected {expected} = [{}, {}]",
@@ -83,23 +88,24 @@ pub fn f32_1d<'py>(
     expected: &str,
     n: Option<usize>,
 ) -> PyResult<PyReadonlyArray1<'py, f32>> {
-    let Ok(arr) = obj.cast::<PyArray1<f32>>() else {
-        return Err(shape_err(format!(
-            "{name} must be a C-contiguous float32 array of shape {expected}, got {}",
-            describe(obj)
-        )));
-    };
-    let untyped = arr.as_untyped();
-    check_contiguous(untyped, name, expected)?;
+    let arr = f32_contiguous::<numpy::Ix1>(obj, name, expected)?;
     if let Some(n) = n {
-        if untyped.shape()[0] != n {
+        if arr.shape()[0] != n {
             return Err(shape_err(format!(
                 "{name} has shape {:?}, expected {expected} = [{n}]",
-                untyped.shape()
+                arr.shape()
             )));
         }
     }
     Ok(arr.readonly())
+}
+
+/// The elements of a borrowed `f32` array as one row-major slice.
+///
+/// # Errors
+/// `ShapeError` if the array is not contiguous (`f32_1d` / `f32_2d` have checked that already).
+pub fn as_slice<'a, D: Dimension>(arr: &'a PyReadonlyArray<'_, f32, D>) -> PyResult<&'a [f32]> {
+    arr.as_slice().map_err(|e| shape_err(e.to_string()))
 }
 
 /// Token ids from a 1-D numpy integer array (any width) or a sequence of Python ints, checked against `vocab`.

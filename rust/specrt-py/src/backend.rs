@@ -7,9 +7,11 @@ use std::sync::Mutex;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use specrt_core::{backend::Backend, SpecError};
-use specrt_ort::{KvLayout, OrtBackend, OrtOptions, Provider};
+use specrt_ort::{KvLayout, MemoryPlan, OrtBackend, Provider};
 
+use crate::args::ort_options;
 use crate::errors::{run_kernel, to_pyerr as spec_err};
 
 /// Token ids from a 1-D numpy integer array (any signed/unsigned width) or a sequence of ints.
@@ -110,12 +112,14 @@ impl PyOrtModel {
                 .call_method1("find_ort_library", (provider.as_str(),))?
                 .extract::<PathBuf>()?,
         };
-        let mut options = OrtOptions::new(ort_library);
-        options.provider = provider;
-        options.device_id = device_id;
-        options.max_seq_len = max_seq_len;
-        options.intra_op_threads = intra_op_threads;
-        options.allow_fallback = allow_fallback;
+        let mut options = ort_options(
+            ort_library,
+            provider,
+            device_id,
+            max_seq_len,
+            intra_op_threads,
+            allow_fallback,
+        );
         options.layout = layout
             .map(str::parse::<KvLayout>)
             .transpose()
@@ -229,6 +233,24 @@ impl PyOrtModel {
         self.lock().logits_address()
     }
 
+    /// Where this model's tensors live: ``{"kv_cache", "logits", "inputs"}`` -> ``"host"``, ``"cuda_pinned"`` or
+    /// ``"cuda_device"`` (the plan of the provider the session runs on).
+    #[getter]
+    fn memory_plan<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let plan = self.lock().memory_plan();
+        plan_dict(py, plan)
+    }
+
+    /// The memory plan a session on ``provider`` (``"cpu"`` or ``"cuda"``) would use, without loading a model.
+    ///
+    /// Raises:
+    ///     ConfigError: unknown provider name.
+    #[staticmethod]
+    fn planned_memory<'py>(py: Python<'py>, provider: &str) -> PyResult<Bound<'py, PyDict>> {
+        let provider: Provider = provider.parse().map_err(spec_err)?;
+        plan_dict(py, MemoryPlan::for_provider(provider))
+    }
+
     /// Check that the CUDA provider can be registered with ``ort_library``; raises ProviderError naming what is
     /// missing.
     #[staticmethod]
@@ -258,4 +280,12 @@ impl PyOrtModel {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+fn plan_dict(py: Python<'_>, plan: MemoryPlan) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("kv_cache", plan.kv_cache.as_str())?;
+    d.set_item("logits", plan.logits.as_str())?;
+    d.set_item("inputs", plan.inputs.as_str())?;
+    Ok(d)
 }

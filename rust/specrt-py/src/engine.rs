@@ -6,12 +6,14 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use specrt_core::sampling::Fault;
 use specrt_core::{
-    AutoK, Backend, Engine, GenerationConfig, NgramConfig, PinnedCosts, SamplingParams, SpecError,
-    Stats, StepOutput,
+    AutoK, Backend, Engine, GenerationConfig, NgramConfig, PinnedCosts, SpecError, Stats,
+    StepOutput,
 };
-use specrt_ort::{OrtBackend, OrtOptions, Provider};
+use specrt_ort::{OrtBackend, Provider};
 
+use crate::args::{ort_options, prompt_ids, SamplingArgs};
 use crate::errors::{run_kernel, to_pyerr};
 
 /// The draft/verify loop over a target model and an optional draft model (ONNX Runtime sessions).
@@ -108,12 +110,14 @@ impl PyEngine {
         allow_fallback: bool,
     ) -> PyResult<Self> {
         let provider: Provider = provider.parse().map_err(to_pyerr)?;
-        let mut options = OrtOptions::new(ort_library);
-        options.provider = provider;
-        options.device_id = device_id;
-        options.max_seq_len = max_seq_len;
-        options.intra_op_threads = intra_op_threads;
-        options.allow_fallback = allow_fallback;
+        let options = ort_options(
+            ort_library,
+            provider,
+            device_id,
+            max_seq_len,
+            intra_op_threads,
+            allow_fallback,
+        );
         let (engine, providers) = run_kernel(py, move || {
             let t = OrtBackend::new(&target, &options)?;
             let providers = t.providers();
@@ -147,6 +151,8 @@ impl PyEngine {
     ///         one draft pass, and a target pass over n = 1..=K+1 tokens (list of K + 1 values).
     ///     prompt_lookup_min, prompt_lookup_max: enable n-gram (prompt lookup) proposals with these match lengths.
     ///     use_draft_model: draft with the draft model (when attached).
+    ///     coupled: coupled sampling: the choice at each position depends on (seed, position) alone, so the output
+    ///         equals target-only coupled decoding with the same seed for every K and proposer.
     ///
     /// Raises:
     ///     ConfigError, VocabError, SequenceLengthError (prompt + max_new_tokens > max_seq_len), BackendError.
@@ -154,7 +160,7 @@ impl PyEngine {
         prompt, *, max_new_tokens, num_speculative_tokens=4, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, seed=0, eos_token_ids=vec![],
         stop_token_ids=vec![], ignore_eos=false, auto_k=false, pinned_c_draft=None, pinned_c_verify=None,
-        prompt_lookup_min=None, prompt_lookup_max=None, use_draft_model=true
+        prompt_lookup_min=None, prompt_lookup_max=None, use_draft_model=true, coupled=false, _fault=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn start(
@@ -163,13 +169,13 @@ impl PyEngine {
         prompt: Vec<i64>,
         max_new_tokens: usize,
         num_speculative_tokens: usize,
-        temperature: f32,
+        temperature: f64,
         top_k: i64,
-        top_p: f32,
-        min_p: f32,
-        repetition_penalty: f32,
-        frequency_penalty: f32,
-        presence_penalty: f32,
+        top_p: f64,
+        min_p: f64,
+        repetition_penalty: f64,
+        frequency_penalty: f64,
+        presence_penalty: f64,
         seed: u64,
         eos_token_ids: Vec<u32>,
         stop_token_ids: Vec<u32>,
@@ -180,23 +186,21 @@ impl PyEngine {
         prompt_lookup_min: Option<usize>,
         prompt_lookup_max: Option<usize>,
         use_draft_model: bool,
+        coupled: bool,
+        _fault: Option<&str>,
     ) -> PyResult<()> {
-        let top_k = u32::try_from(top_k).map_err(|_| {
-            to_pyerr(SpecError::Config(format!(
-                "top_k {top_k} is invalid (expected an integer >= 0; 0 = off)"
-            )))
-        })?;
-        let prompt: Vec<u32> = prompt
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| {
-                u32::try_from(t).map_err(|_| {
-                    to_pyerr(SpecError::Vocab(format!(
-                        "prompt token {t} at position {i} is out of range (expected >= 0)"
-                    )))
-                })
-            })
-            .collect::<PyResult<_>>()?;
+        // Validated with the rest of the config by the core's `start`.
+        let sampling = SamplingArgs {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repetition_penalty,
+            frequency_penalty,
+            presence_penalty,
+        }
+        .convert("an integer >= 0; 0 = off")?;
+        let prompt = prompt_ids(&prompt)?;
         if auto_k && (pinned_c_draft.is_some() != pinned_c_verify.is_some()) {
             return Err(to_pyerr(SpecError::Config(
                 "pinned costs need both pinned_c_draft and pinned_c_verify".to_owned(),
@@ -205,15 +209,7 @@ impl PyEngine {
         let cfg = GenerationConfig {
             max_new_tokens,
             num_speculative_tokens,
-            sampling: SamplingParams {
-                temperature,
-                top_k,
-                top_p,
-                min_p,
-                repetition_penalty,
-                frequency_penalty,
-                presence_penalty,
-            },
+            sampling,
             seed,
             eos_token_ids,
             stop_token_ids,
@@ -237,6 +233,16 @@ impl PyEngine {
                 }
             },
             use_draft_model,
+            coupled,
+            fault: match _fault {
+                None => None,
+                Some("residual_from_draft") => Some(Fault::ResidualFromDraft),
+                Some(other) => {
+                    return Err(to_pyerr(SpecError::Config(format!(
+                        "_fault {other:?} is invalid (expected None or \"residual_from_draft\")"
+                    ))))
+                }
+            },
         };
         run_kernel(py, || lock(&self.inner).start(&prompt, cfg))
     }

@@ -1,11 +1,14 @@
 //! `specrt._specrt`: the Python extension module. Converts and registers, nothing more.
 use pyo3::prelude::*;
 
+mod args;
 pub mod arrays;
 mod backend;
 mod cost;
+mod coupled;
 mod engine;
 pub mod errors;
+mod runtime;
 mod sampling;
 mod verify;
 
@@ -17,6 +20,8 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sampling::register(m)?;
     verify::register(m)?;
     cost::register(m)?;
+    runtime::register(m)?;
+    coupled::register(m)?;
     m.add_class::<backend::PyOrtModel>()?;
     m.add_class::<engine::PyEngine>()?;
     Ok(())

@@ -4,9 +4,10 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use specrt_core::rng::PcgState;
-use specrt_core::{PenaltyContext, Rng, Sampler, SamplingParams, SpecError};
+use specrt_core::{Rng, Sampler, SpecError};
 
-use crate::arrays::{f32_1d, token_ids};
+use crate::args::{logits_row, penalties_from, with_stream, SamplingArgs};
+use crate::arrays::as_slice;
 use crate::errors::{run_kernel, to_pyerr};
 
 /// A seeded PCG64 random stream, the twin of `numpy.random.PCG64` (see `specrt.reference.numpy_generator`).
@@ -78,80 +79,6 @@ impl PyRng {
     }
 }
 
-/// Sampling parameters from Python keyword values, validated.
-///
-/// # Errors
-/// `ConfigError` naming the bad value and its range.
-#[allow(clippy::too_many_arguments, clippy::cast_possible_truncation)]
-pub fn params_from(
-    temperature: f64,
-    top_k: i64,
-    top_p: f64,
-    min_p: f64,
-    repetition_penalty: f64,
-    frequency_penalty: f64,
-    presence_penalty: f64,
-) -> PyResult<SamplingParams> {
-    let top_k = u32::try_from(top_k).map_err(|_| {
-        to_pyerr(SpecError::Config(format!(
-            "top_k {top_k} is invalid (expected an integer 0 <= top_k < 2**32; 0 = off)"
-        )))
-    })?;
-    let params = SamplingParams {
-        temperature: temperature as f32,
-        top_k,
-        top_p: top_p as f32,
-        min_p: min_p as f32,
-        repetition_penalty: repetition_penalty as f32,
-        frequency_penalty: frequency_penalty as f32,
-        presence_penalty: presence_penalty as f32,
-    };
-    params.validate().map_err(to_pyerr)?;
-    Ok(params)
-}
-
-/// A penalty context from optional prompt / output token sequences.
-///
-/// # Errors
-/// `ShapeError` / `VocabError` for bad token inputs.
-pub fn penalties_from(
-    vocab: usize,
-    prompt_tokens: Option<&Bound<'_, PyAny>>,
-    output_tokens: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PenaltyContext> {
-    let mut ctx = PenaltyContext::new(vocab);
-    if let Some(p) = prompt_tokens {
-        ctx.add_prompt(&token_ids(p, "prompt_tokens", vocab)?)
-            .map_err(to_pyerr)?;
-    }
-    if let Some(o) = output_tokens {
-        for t in token_ids(o, "output_tokens", vocab)? {
-            ctx.push(t).map_err(to_pyerr)?;
-        }
-    }
-    Ok(ctx)
-}
-
-/// The stream to use: `rng` (advanced in place), a fresh one from `seed`, or none for greedy.
-///
-/// # Errors
-/// `ConfigError` if both are given, or neither while sampling needs random numbers.
-pub fn resolve_rng(seed: Option<u64>, rng: Option<Rng>, needed: bool) -> PyResult<Option<Rng>> {
-    match (seed, rng) {
-        (Some(_), Some(_)) => Err(to_pyerr(SpecError::Config(
-            "pass either seed= or rng=, not both".to_owned(),
-        ))),
-        (Some(s), None) => Ok(Some(Rng::seed_from_u64(s))),
-        (None, Some(r)) => Ok(Some(r)),
-        (None, None) if needed => Err(to_pyerr(SpecError::Config(
-            "sampling needs an explicit random stream: pass seed=<int> or rng=specrt.Rng(seed) (temperature 0 needs \
-             neither)"
-                .to_owned(),
-        ))),
-        (None, None) => Ok(None),
-    }
-}
-
 /// Sample one token from a row of logits (a target-only step).
 ///
 /// Args:
@@ -185,7 +112,7 @@ pub fn sample(
     seed: Option<u64>,
     rng: Option<Bound<'_, PyRng>>,
 ) -> PyResult<u32> {
-    let params = params_from(
+    let params = SamplingArgs {
         temperature,
         top_k,
         top_p,
@@ -193,26 +120,17 @@ pub fn sample(
         repetition_penalty,
         frequency_penalty,
         presence_penalty,
-    )?;
-    let arr = f32_1d(logits, "logits", "[vocab]", None)?;
-    let row = arr
-        .as_slice()
-        .map_err(|e| to_pyerr(SpecError::Shape(e.to_string())))?;
-    let ctx = penalties_from(row.len(), prompt_tokens, output_tokens)?;
-    let mut stream = resolve_rng(
-        seed,
-        rng.as_ref().map(|r| r.borrow().inner.clone()),
-        !params.is_greedy(),
-    )?
-    .unwrap_or_else(|| Rng::seed_from_u64(0));
-    let tok = run_kernel(py, || {
-        let mut s = Sampler::new(row.len());
-        s.sample(row, &params, Some(&ctx), &mut stream)
-    })?;
-    if let Some(r) = rng {
-        r.borrow_mut().inner = stream;
     }
-    Ok(tok)
+    .validate()?;
+    let arr = logits_row(logits)?;
+    let row = as_slice(&arr)?;
+    let ctx = penalties_from(row.len(), prompt_tokens, output_tokens)?;
+    with_stream(seed, rng.as_ref(), &params, |stream| {
+        run_kernel(py, || {
+            let mut s = Sampler::new(row.len());
+            s.sample(row, &params, Some(&ctx), stream)
+        })
+    })
 }
 
 /// The draft's step: process a row, return the token and the exact distribution it was drawn from (the `q` row
@@ -245,7 +163,7 @@ pub fn sample_draft<'py>(
     seed: Option<u64>,
     rng: Option<Bound<'py, PyRng>>,
 ) -> PyResult<(u32, Bound<'py, PyArray1<f32>>)> {
-    let params = params_from(
+    let params = SamplingArgs {
         temperature,
         top_k,
         top_p,
@@ -253,27 +171,19 @@ pub fn sample_draft<'py>(
         repetition_penalty,
         frequency_penalty,
         presence_penalty,
-    )?;
-    let arr = f32_1d(logits, "logits", "[vocab]", None)?;
-    let row = arr
-        .as_slice()
-        .map_err(|e| to_pyerr(SpecError::Shape(e.to_string())))?;
-    let ctx = penalties_from(row.len(), prompt_tokens, output_tokens)?;
-    let mut stream = resolve_rng(
-        seed,
-        rng.as_ref().map(|r| r.borrow().inner.clone()),
-        !params.is_greedy(),
-    )?
-    .unwrap_or_else(|| Rng::seed_from_u64(0));
-    let (tok, probs) = run_kernel(py, || {
-        let mut s = Sampler::new(row.len());
-        let mut probs = vec![0f32; row.len()];
-        let t = s.sample_draft(row, &params, Some(&ctx), &mut stream, &mut probs)?;
-        Ok((t, probs))
-    })?;
-    if let Some(r) = rng {
-        r.borrow_mut().inner = stream;
     }
+    .validate()?;
+    let arr = logits_row(logits)?;
+    let row = as_slice(&arr)?;
+    let ctx = penalties_from(row.len(), prompt_tokens, output_tokens)?;
+    let (tok, probs) = with_stream(seed, rng.as_ref(), &params, |stream| {
+        run_kernel(py, || {
+            let mut s = Sampler::new(row.len());
+            let mut probs = vec![0f32; row.len()];
+            let t = s.sample_draft(row, &params, Some(&ctx), stream, &mut probs)?;
+            Ok((t, probs))
+        })
+    })?;
     Ok((tok, PyArray1::from_vec(py, probs)))
 }
 
@@ -304,7 +214,7 @@ pub fn process_logits<'py>(
     prompt_tokens: Option<&Bound<'py, PyAny>>,
     output_tokens: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
-    let params = params_from(
+    let params = SamplingArgs {
         temperature,
         top_k,
         top_p,
@@ -312,11 +222,10 @@ pub fn process_logits<'py>(
         repetition_penalty,
         frequency_penalty,
         presence_penalty,
-    )?;
-    let arr = f32_1d(logits, "logits", "[vocab]", None)?;
-    let row = arr
-        .as_slice()
-        .map_err(|e| to_pyerr(SpecError::Shape(e.to_string())))?;
+    }
+    .validate()?;
+    let arr = logits_row(logits)?;
+    let row = as_slice(&arr)?;
     let ctx = penalties_from(row.len(), prompt_tokens, output_tokens)?;
     let probs = run_kernel(py, || {
         let mut s = Sampler::new(row.len());
@@ -342,10 +251,8 @@ pub fn process_logits<'py>(
 #[pyfunction]
 #[pyo3(text_signature = "(logits, token)")]
 pub fn log_softmax_at(py: Python<'_>, logits: &Bound<'_, PyAny>, token: i64) -> PyResult<f32> {
-    let arr = f32_1d(logits, "logits", "[vocab]", None)?;
-    let row = arr
-        .as_slice()
-        .map_err(|e| to_pyerr(SpecError::Shape(e.to_string())))?;
+    let arr = logits_row(logits)?;
+    let row = as_slice(&arr)?;
     let Ok(t) = u32::try_from(token) else {
         return Err(to_pyerr(SpecError::Vocab(format!(
             "token id {token} is out of range (expected 0 <= id < vocab size {})",

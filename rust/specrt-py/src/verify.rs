@@ -1,11 +1,12 @@
 //! Python wrapper of `specrt_core::verify`: `verify(...) -> Verification`. Convert, call the core, convert back.
 
 use pyo3::prelude::*;
-use specrt_core::{LastToken, Rng, Sampler, SpecError, Verification, VerifyMode};
+use specrt_core::{LastToken, Sampler, SpecError, Verification, VerifyMode};
 
-use crate::arrays::{f32_2d, token_ids};
+use crate::args::{penalties_from, with_stream, SamplingArgs};
+use crate::arrays::{as_slice, f32_2d, token_ids};
 use crate::errors::{run_kernel, to_pyerr};
-use crate::sampling::{params_from, penalties_from, resolve_rng, PyRng};
+use crate::sampling::PyRng;
 
 /// The result of one verification round. Output tokens = accepted + one recovered or bonus token.
 #[pyclass(module = "specrt._specrt", name = "Verification", frozen, get_all)]
@@ -103,7 +104,7 @@ pub fn verify(
     rng: Option<Bound<'_, PyRng>>,
     mode: &str,
 ) -> PyResult<PyVerification> {
-    let params = params_from(
+    let params = SamplingArgs {
         temperature,
         top_k,
         top_p,
@@ -111,7 +112,8 @@ pub fn verify(
         repetition_penalty,
         frequency_penalty,
         presence_penalty,
-    )?;
+    }
+    .validate()?;
     let mode = parse_mode(mode)?;
     let tgt = f32_2d(target_logits, "target_logits", "[k + 1, vocab]", None, None)?;
     let vocab = tgt.as_array().shape()[1];
@@ -145,38 +147,20 @@ pub fn verify(
         )?),
         (_, _) => None,
     };
-    let logits = tgt
-        .as_slice()
-        .map_err(|e| to_pyerr(SpecError::Shape(e.to_string())))?;
+    let logits = as_slice(&tgt)?;
     let probs: &[f32] = match &dft {
-        Some(d) => d
-            .as_slice()
-            .map_err(|e| to_pyerr(SpecError::Shape(e.to_string())))?,
+        Some(d) => as_slice(d)?,
         None => &[],
     };
     let mut ctx = penalties_from(vocab, prompt_tokens, output_tokens)?;
-    let mut stream = resolve_rng(
-        seed,
-        rng.as_ref().map(|r| r.borrow().inner.clone()),
-        !params.is_greedy(),
-    )?
-    .unwrap_or_else(|| Rng::seed_from_u64(0));
-    let v = run_kernel(py, || {
-        let mut s = Sampler::new(vocab);
-        specrt_core::verify(
-            &mut s,
-            logits,
-            probs,
-            &tokens,
-            &params,
-            mode,
-            &mut ctx,
-            &mut stream,
-        )
+    let v = with_stream(seed, rng.as_ref(), &params, |stream| {
+        run_kernel(py, || {
+            let mut s = Sampler::new(vocab);
+            specrt_core::verify(
+                &mut s, logits, probs, &tokens, &params, mode, &mut ctx, stream,
+            )
+        })
     })?;
-    if let Some(r) = rng {
-        r.borrow_mut().inner = stream;
-    }
     Ok(v.into())
 }
 

@@ -1,0 +1,265 @@
+//! Generate text from Rust alone: tokenize with the `tokenizers` crate, generate with [`specrt_ort::Pipeline`],
+//! print the text as it is committed, then statistics (stderr).
+//!
+//! ```text
+//! cargo run --release -p specrt-ort --example generate -- \
+//!     --target ~/.cache/specrt/models/smollm2-135m-instruct/fp32 \
+//!     --draft ~/.cache/specrt/models/smollm2-135m-instruct/fp32-L6 \
+//!     --prompt "The capital of France is" --max-new-tokens 16 --temperature 0
+//! ```
+//!
+//! Model folders come from `specrt models pull NAME` / `specrt convert` (Python). The ONNX Runtime library is found
+//! by [`specrt_ort::find_ort_library`] (`--ort-library`, `$SPECRT_ORT_LIBRARY`, `$ORT_DYLIB_PATH`, the onnxruntime
+//! wheel of `python3`, a system install). The prompt is encoded as plain text (no chat template; render one
+//! yourself and pass the result), and there are no stop strings: generation ends at an EOS id of the target
+//! folder, a `--stop-token-id`, or `--max-new-tokens`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::str::FromStr;
+
+use specrt_ort::specrt_core::{GenerationOutput, SpecError};
+use specrt_ort::{
+    find_ort_library, GenerationRequest, OrtOptions, Pipeline, Proposer, SpeculativeTokens,
+    DEFAULT_MAX_SEQ_LEN,
+};
+use tokenizers::Tokenizer;
+
+const USAGE: &str = "\
+usage: generate --target DIR [--draft DIR] --prompt TEXT [options]
+
+  --target DIR                   target model folder (specrt convert / specrt models pull output)
+  --draft DIR                    draft model folder (same vocabulary); omit for target-only decoding
+  --prompt TEXT                  prompt text (encoded with the target folder's tokenizer.json)
+  --max-new-tokens N             most tokens to emit (default 128)
+  --temperature T                0 = greedy (default: generation_config.json's, else 1)
+  --top-k N, --top-p P, --min-p P, --repetition-penalty R
+                                 logits processing (default: generation_config.json's, else off)
+  --num-speculative-tokens K     draft tokens per round, 0..64, or auto (default 4)
+  --proposer NAME                draft | ngram | ngram+draft | none (default: draft with --draft, else none)
+  --stop-token-id ID             extra id that ends generation (repeatable)
+  --ignore-eos                   keep going past the EOS ids
+  --seed S                       random seed (default 0)
+  --max-seq-len N                KV cache length per model (default 4096, as the Python CLI)
+  --threads N                    ONNX Runtime intra-op threads (default: physical cores)
+  --ort-library PATH             libonnxruntime.so.1.x (default: $SPECRT_ORT_LIBRARY, $ORT_DYLIB_PATH, the
+                                 onnxruntime wheel of python3, then /usr/local/lib, /usr/lib, ...)
+  -h, --help                     this text";
+
+/// The command line, parsed.
+struct Args {
+    target: PathBuf,
+    draft: Option<PathBuf>,
+    prompt: String,
+    ort_library: Option<PathBuf>,
+    max_seq_len: usize,
+    threads: Option<usize>,
+    request: GenerationRequest,
+}
+
+/// A parse failure: the message names the flag.
+struct UsageError(String);
+
+/// `value` parsed as `T`, or an error naming `flag` and the text.
+fn parse_value<T: FromStr>(flag: &str, value: &str, expected: &str) -> Result<T, UsageError> {
+    value
+        .parse()
+        .map_err(|_| UsageError(format!("{flag}: {value:?} is not {expected}")))
+}
+
+fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Option<Args>, UsageError> {
+    let mut target = None;
+    let mut draft = None;
+    let mut prompt = None;
+    let mut ort_library = None;
+    let mut max_seq_len = DEFAULT_MAX_SEQ_LEN;
+    let mut threads = None;
+    let mut r = GenerationRequest::default();
+    while let Some(flag) = argv.next() {
+        if flag == "-h" || flag == "--help" {
+            return Ok(None);
+        }
+        if flag == "--ignore-eos" {
+            r.ignore_eos = true;
+            continue;
+        }
+        // Every other flag takes a value: `--flag VALUE` or `--flag=VALUE`.
+        let (flag, value) = match flag.split_once('=') {
+            Some((f, v)) => (f.to_owned(), v.to_owned()),
+            None => {
+                let value = argv
+                    .next()
+                    .ok_or_else(|| UsageError(format!("{flag} needs a value")))?;
+                (flag, value)
+            }
+        };
+        let v = value.as_str();
+        let f = flag.as_str();
+        match f {
+            "--target" => target = Some(PathBuf::from(v)),
+            "--draft" => draft = Some(PathBuf::from(v)),
+            "--prompt" => prompt = Some(value.clone()),
+            "--ort-library" => ort_library = Some(PathBuf::from(v)),
+            "--max-new-tokens" => r.max_new_tokens = parse_value(f, v, "an integer >= 1")?,
+            "--temperature" => r.temperature = Some(parse_value(f, v, "a number")?),
+            "--top-k" => r.top_k = Some(parse_value(f, v, "an integer >= 0")?),
+            "--top-p" => r.top_p = Some(parse_value(f, v, "a number")?),
+            "--min-p" => r.min_p = Some(parse_value(f, v, "a number")?),
+            "--repetition-penalty" => {
+                r.repetition_penalty = Some(parse_value(f, v, "a number")?);
+            }
+            "--num-speculative-tokens" | "-k" => {
+                r.num_speculative_tokens = parse_value(f, v, "an integer 0..64 or \"auto\"")?;
+            }
+            "--proposer" => {
+                r.proposer = Some(
+                    v.parse::<Proposer>()
+                        .map_err(|e| UsageError(format!("{f}: {e}")))?,
+                );
+            }
+            "--stop-token-id" => r.stop_token_ids.push(parse_value(f, v, "a token id")?),
+            "--seed" => r.seed = parse_value(f, v, "an integer 0 <= seed < 2**64")?,
+            "--max-seq-len" => max_seq_len = parse_value(f, v, "an integer >= 1")?,
+            "--threads" => threads = Some(parse_value(f, v, "an integer >= 1")?),
+            _ => return Err(UsageError(format!("unknown flag {f} (see --help)"))),
+        }
+    }
+    let target = target.ok_or_else(|| UsageError("--target DIR is required".to_owned()))?;
+    let prompt = prompt.ok_or_else(|| UsageError("--prompt TEXT is required".to_owned()))?;
+    Ok(Some(Args {
+        target,
+        draft,
+        prompt,
+        ort_library,
+        max_seq_len,
+        threads,
+        request: r,
+    }))
+}
+
+/// Any failure after parsing: a specrt error or a tokenizer error, printed as is.
+fn fail(message: impl std::fmt::Display) -> String {
+    message.to_string()
+}
+
+fn load_tokenizer(folder: &Path) -> Result<Tokenizer, String> {
+    let path = folder.join("tokenizer.json");
+    Tokenizer::from_file(&path).map_err(|e| format!("{}: cannot be loaded: {e}", path.display()))
+}
+
+/// Decode `ids` for display: special tokens skipped, an incomplete UTF-8 sequence at the end held back.
+fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, String> {
+    let text = tokenizer.decode(ids, true).map_err(fail)?;
+    Ok(text.trim_end_matches('\u{fffd}').to_owned())
+}
+
+fn print_stats(out: &GenerationOutput, n_prompt: usize) {
+    let s = &out.stats;
+    let opt =
+        |v: Option<f64>, digits: usize| v.map_or("n/a".to_owned(), |x| format!("{x:.digits$}"));
+    eprintln!();
+    eprintln!("finish reason:        {}", out.finish_reason.as_str());
+    eprintln!("prompt tokens:        {n_prompt}");
+    eprintln!(
+        "emitted tokens:       {} (accepted {}, recovered {}, bonus {})",
+        s.n_emitted(),
+        s.n_accepted,
+        s.n_recovered,
+        s.n_bonus
+    );
+    eprintln!(
+        "rounds:               {} (drafted {}, of which n-gram {})",
+        s.n_rounds, s.n_drafted, s.n_drafted_ngram
+    );
+    eprintln!("acceptance rate:      {}", opt(s.acceptance_rate(), 3));
+    eprintln!(
+        "mean tokens / round:  {}",
+        opt(s.mean_tokens_per_round(), 2)
+    );
+    eprintln!(
+        "time (ms):            prefill {:.1}, draft {:.1}, target {:.1}, verify+bookkeeping {:.1}",
+        s.prefill_ms, s.draft_ms, s.target_ms, s.core_ms
+    );
+    eprintln!(
+        "tokens/s:             {} decode, {} with prefill",
+        opt(s.decode_tokens_per_s(), 1),
+        opt(s.tokens_per_s(), 1)
+    );
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let tokenizer = load_tokenizer(&args.target)?;
+    let prompt_ids = tokenizer
+        .encode(args.prompt.as_str(), true)
+        .map_err(|e| format!("cannot encode the prompt: {e}"))?
+        .get_ids()
+        .to_vec();
+    let library = find_ort_library(args.ort_library.as_deref()).map_err(fail)?;
+    let mut options = OrtOptions::new(library);
+    options.max_seq_len = Some(args.max_seq_len);
+    options.intra_op_threads = args.threads;
+    let mut pipeline =
+        Pipeline::load(&args.target, args.draft.as_deref(), &options).map_err(fail)?;
+
+    // Settings errors before any output.
+    pipeline.resolve(&args.request).map_err(fail)?;
+    print!("{}", args.prompt);
+    let mut emitted: Vec<u32> = Vec::new();
+    let mut printed = 0; // bytes of the decoded text already printed
+    let mut stdout = std::io::stdout();
+    let mut decode_error = None;
+    let out = pipeline
+        .generate_stream(&prompt_ids, &args.request, |step| {
+            emitted.extend_from_slice(&step.tokens);
+            match decode(&tokenizer, &emitted) {
+                Ok(text) => {
+                    if let Some(new) = text.get(printed..) {
+                        print!("{new}");
+                        let _ = stdout.flush();
+                        printed = text.len();
+                    }
+                    true
+                }
+                Err(e) => {
+                    decode_error = Some(e);
+                    false
+                }
+            }
+        })
+        .map_err(|e: SpecError| e.to_string())?;
+    println!();
+    if let Some(e) = decode_error {
+        return Err(e);
+    }
+    print_stats(&out, prompt_ids.len());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(UsageError(message)) => {
+            eprintln!("error: {message}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if let SpeculativeTokens::Fixed(k) = args.request.num_speculative_tokens {
+        if k > 0 && args.draft.is_none() && args.request.proposer.is_none() {
+            eprintln!(
+                "note: no --draft and no --proposer: target-only decoding (K = {k} is unused)"
+            );
+        }
+    }
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

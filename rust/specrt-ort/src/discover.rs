@@ -1,0 +1,381 @@
+//! Finding `libonnxruntime.so` for a Rust-only program: [`find_ort_library`].
+//!
+//! `specrt-ort` builds `ort` with `load-dynamic`: nothing is linked at build time, and
+//! [`crate::OrtOptions::ort_library`] must name the library file at run time. The Python package finds it in the
+//! installed `onnxruntime` wheel (`python/specrt/_ort.py`); a Rust program calls [`find_ort_library`], which looks
+//! in this order and returns the first hit:
+//!
+//! 1. the explicit path (a `--ort-library` flag), if given;
+//! 2. `$SPECRT_ORT_LIBRARY` ([`ORT_LIBRARY_ENV`]);
+//! 3. `$ORT_DYLIB_PATH` ([`ORT_DYLIB_PATH_ENV`], the variable the `ort` crate itself reads);
+//! 4. the copy inside the `onnxruntime` / `onnxruntime-gpu` wheel of a Python interpreter (`$SPECRT_PYTHON`
+//!    ([`PYTHON_ENV`]), else `python3` on `PATH`): the newest `capi/libonnxruntime.so.1*` of the package folder,
+//!    found with `importlib.util.find_spec` (onnxruntime is not imported);
+//! 5. a system install: the newest `libonnxruntime.so*` in one of [`SYSTEM_LIBRARY_DIRS`].
+//!
+//! A path given in steps 1-3 must exist: a wrong setting is an error naming it, never silently skipped. Empty
+//! variables count as unset. Linux file names only (`.so`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use specrt_core::{Result, SpecError};
+
+/// Environment variable naming the library file (the one the Python package reads too).
+pub const ORT_LIBRARY_ENV: &str = "SPECRT_ORT_LIBRARY";
+/// Environment variable of the `ort` crate naming the library file (honoured after [`ORT_LIBRARY_ENV`]).
+pub const ORT_DYLIB_PATH_ENV: &str = "ORT_DYLIB_PATH";
+/// Environment variable naming the Python interpreter whose onnxruntime wheel is searched (default `python3`).
+pub const PYTHON_ENV: &str = "SPECRT_PYTHON";
+/// Folders searched for a system install of ONNX Runtime, in order (release tarballs unpacked into
+/// `/opt/onnxruntime`, or copied into the usual library folders).
+pub const SYSTEM_LIBRARY_DIRS: [&str; 4] = [
+    "/usr/local/lib",
+    "/usr/lib",
+    "/usr/lib/x86_64-linux-gnu",
+    "/opt/onnxruntime/lib",
+];
+
+/// What to run to print the onnxruntime package folder without importing onnxruntime (importing it would load
+/// the wheel's copy of the library into that interpreter, which is harmless there but slow).
+const FIND_SPEC_SCRIPT: &str = "import importlib.util as u\n\
+s = u.find_spec('onnxruntime')\n\
+print(next(iter(s.submodule_search_locations)) if s is not None and s.submodule_search_locations else '')";
+
+/// The absolute path of `libonnxruntime.so` to put in [`crate::OrtOptions::ort_library`].
+///
+/// `explicit` is a path the user gave (e.g. `--ort-library`); relative paths are resolved against the current
+/// directory and a leading `~/` against `$HOME`. See the [module docs](self) for the search order.
+///
+/// Errors: [`SpecError::Io`] when an explicit path or a set variable names no file (naming it and where it came
+/// from), or when nothing is found; that message lists every place searched and how to install ONNX Runtime
+/// (`pip install onnxruntime`, `pip install 'onnxruntime-gpu[cuda,cudnn]'`, or pass `--ort-library`).
+pub fn find_ort_library(explicit: Option<&Path>) -> Result<PathBuf> {
+    let dirs: Vec<PathBuf> = SYSTEM_LIBRARY_DIRS.iter().map(PathBuf::from).collect();
+    find_in(explicit, &dirs)
+}
+
+/// [`find_ort_library`] with the system folders as a parameter (tests use temporary folders).
+fn find_in(explicit: Option<&Path>, system_dirs: &[PathBuf]) -> Result<PathBuf> {
+    let mut searched = Vec::new();
+    match explicit {
+        Some(p) => return existing_file(p, "--ort-library (explicit path)"),
+        None => searched.push("--ort-library (explicit path): not given".to_owned()),
+    }
+    for var in [ORT_LIBRARY_ENV, ORT_DYLIB_PATH_ENV] {
+        match std::env::var_os(var).filter(|v| !v.is_empty()) {
+            Some(v) => return existing_file(Path::new(&v), &format!("${var}")),
+            None => searched.push(format!("${var}: unset")),
+        }
+    }
+    match wheel_library() {
+        Ok(path) => return Ok(path),
+        Err(why) => searched.push(why),
+    }
+    for dir in system_dirs {
+        match newest_matching(dir, "libonnxruntime.so") {
+            Some(path) => return Ok(path),
+            None => searched.push(format!("{}/libonnxruntime.so*: none", dir.display())),
+        }
+    }
+    Err(SpecError::Io(format!(
+        "ONNX Runtime library (libonnxruntime.so) not found. Searched, in order:\n  - {}\n\
+         Install it with `pip install onnxruntime` (CPU) or `pip install 'onnxruntime-gpu[cuda,cudnn]'` (CUDA), \
+         or pass --ort-library PATH (or set {ORT_LIBRARY_ENV}) to the absolute path of libonnxruntime.so.1.x",
+        searched.join("\n  - ")
+    )))
+}
+
+/// `path` made absolute if it is a file; otherwise an error naming it and `origin`.
+fn existing_file(path: &Path, origin: &str) -> Result<PathBuf> {
+    let expanded = match (path.strip_prefix("~"), std::env::var_os("HOME")) {
+        (Ok(rest), Some(home)) => Path::new(&home).join(rest),
+        _ => path.to_path_buf(),
+    };
+    let absolute = std::path::absolute(&expanded).unwrap_or(expanded);
+    if absolute.is_file() {
+        Ok(absolute)
+    } else {
+        Err(SpecError::Io(format!(
+            "{origin} = {}: ONNX Runtime library not found (no such file {}; expected the path of \
+             libonnxruntime.so.1.x)",
+            path.display(),
+            absolute.display()
+        )))
+    }
+}
+
+/// The newest `capi/libonnxruntime.so.1*` of the onnxruntime wheel of `$SPECRT_PYTHON` / `python3`; on failure,
+/// the line for the "searched" list saying why.
+fn wheel_library() -> std::result::Result<PathBuf, String> {
+    let python = std::env::var_os(PYTHON_ENV)
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "python3".into());
+    let shown = Path::new(&python).display().to_string();
+    let what = format!("the onnxruntime wheel of `{shown}` (${PYTHON_ENV}, default python3)");
+    let out = Command::new(&python)
+        .args(["-c", FIND_SPEC_SCRIPT])
+        .output()
+        .map_err(|e| format!("{what}: cannot run {shown}: {e}"))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stderr.lines().last().unwrap_or("").trim();
+        return Err(format!("{what}: {shown} failed ({}): {last}", out.status));
+    }
+    let package = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if package.is_empty() {
+        return Err(format!("{what}: onnxruntime is not installed there"));
+    }
+    let capi = Path::new(&package).join("capi");
+    newest_matching(&capi, "libonnxruntime.so.1")
+        .ok_or_else(|| format!("{what}: no libonnxruntime.so.1* in {}", capi.display()))
+}
+
+/// The file in `dir` whose name starts with `prefix` and has the highest version suffix
+/// (`libonnxruntime.so.1.32.0` beats `libonnxruntime.so.1.9.1` and `libonnxruntime.so`); `None` if there is none.
+fn newest_matching(dir: &Path, prefix: &str) -> Option<PathBuf> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(std::result::Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .max_by_key(|p| version_key(p))
+}
+
+/// Sort key of a library file name: the numbers after `.so` (`libonnxruntime.so.1.32.0` -> `[1, 32, 0]`), as the
+/// Python side sorts them.
+fn version_key(path: &Path) -> Vec<u64> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let suffix = name.split_once(".so").map_or("", |(_, s)| s);
+    suffix
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+    use std::sync::Mutex;
+
+    /// Tests that set environment variables run one at a time (the process environment is shared).
+    static ENV_LOCK: Mutex<()> = Mutex::new(());
+
+    /// Sets (or removes) variables for the life of the guard, restoring the old values on drop.
+    struct EnvGuard {
+        saved: Vec<(&'static str, Option<OsString>)>,
+        _lock: std::sync::MutexGuard<'static, ()>,
+    }
+
+    impl EnvGuard {
+        fn new(vars: &[(&'static str, Option<&std::ffi::OsStr>)]) -> Self {
+            let lock = ENV_LOCK
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let saved = vars
+                .iter()
+                .map(|&(k, v)| {
+                    let old = std::env::var_os(k);
+                    // Safe while every test touching the environment holds ENV_LOCK.
+                    match v {
+                        Some(v) => std::env::set_var(k, v),
+                        None => std::env::remove_var(k),
+                    }
+                    (k, old)
+                })
+                .collect();
+            Self { saved, _lock: lock }
+        }
+    }
+
+    impl Drop for EnvGuard {
+        fn drop(&mut self) {
+            for (k, old) in self.saved.drain(..) {
+                match old {
+                    Some(v) => std::env::set_var(k, v),
+                    None => std::env::remove_var(k),
+                }
+            }
+        }
+    }
+
+    fn touch(path: &Path) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, b"").unwrap();
+    }
+
+    /// A fake interpreter that prints `package` whatever it is asked (stands in for `python3 -c ...`).
+    fn fake_python(dir: &Path, package: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("fake-python");
+        std::fs::write(&path, format!("#!/bin/sh\necho '{package}'\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    /// No variables, an interpreter that finds no onnxruntime: only the system folders are left.
+    fn no_env(python: &Path) -> EnvGuard {
+        EnvGuard::new(&[
+            (ORT_LIBRARY_ENV, None),
+            (ORT_DYLIB_PATH_ENV, None),
+            (PYTHON_ENV, Some(python.as_os_str())),
+        ])
+    }
+
+    #[test]
+    fn version_key_orders_numerically() {
+        let key = |s: &str| version_key(Path::new(s));
+        assert_eq!(key("/x/libonnxruntime.so.1.32.0"), vec![1, 32, 0]);
+        assert!(key("libonnxruntime.so.1.32.0") > key("libonnxruntime.so.1.9.1"));
+        assert!(key("libonnxruntime.so.1") > key("libonnxruntime.so"));
+    }
+
+    #[test]
+    fn explicit_path_wins_over_every_variable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let explicit = tmp.path().join("a/libonnxruntime.so.1.20.0");
+        let from_env = tmp.path().join("b/libonnxruntime.so.1.22.0");
+        touch(&explicit);
+        touch(&from_env);
+        let _env = EnvGuard::new(&[
+            (ORT_LIBRARY_ENV, Some(from_env.as_os_str())),
+            (ORT_DYLIB_PATH_ENV, Some(from_env.as_os_str())),
+        ]);
+        assert_eq!(find_in(Some(&explicit), &[]).unwrap(), explicit);
+    }
+
+    #[test]
+    fn missing_explicit_path_is_an_error_naming_it() {
+        let _env = EnvGuard::new(&[(ORT_LIBRARY_ENV, None)]);
+        let err = find_in(Some(Path::new("/nonexistent/libonnxruntime.so.1.2")), &[]).unwrap_err();
+        let SpecError::Io(msg) = err else {
+            panic!("expected Io, got {err:?}")
+        };
+        assert!(
+            msg.contains("--ort-library") && msg.contains("/nonexistent/libonnxruntime.so.1.2"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn specrt_variable_comes_before_ort_dylib_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ours = tmp.path().join("libonnxruntime.so.1.21.0");
+        let theirs = tmp.path().join("other/libonnxruntime.so.1.22.0");
+        touch(&ours);
+        touch(&theirs);
+        let _env = EnvGuard::new(&[
+            (ORT_LIBRARY_ENV, Some(ours.as_os_str())),
+            (ORT_DYLIB_PATH_ENV, Some(theirs.as_os_str())),
+        ]);
+        assert_eq!(find_in(None, &[]).unwrap(), ours);
+    }
+
+    #[test]
+    fn ort_dylib_path_is_used_when_ours_is_unset_or_empty() {
+        let tmp = tempfile::tempdir().unwrap();
+        let theirs = tmp.path().join("libonnxruntime.so.1.22.0");
+        touch(&theirs);
+        let _env = EnvGuard::new(&[
+            (ORT_LIBRARY_ENV, Some("".as_ref())),
+            (ORT_DYLIB_PATH_ENV, Some(theirs.as_os_str())),
+        ]);
+        assert_eq!(find_in(None, &[]).unwrap(), theirs);
+    }
+
+    #[test]
+    fn a_variable_naming_no_file_is_an_error_not_skipped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let system = tmp.path().join("lib");
+        touch(&system.join("libonnxruntime.so.1.20.0"));
+        let missing = tmp.path().join("gone/libonnxruntime.so.1.20.0");
+        let _env = EnvGuard::new(&[
+            (ORT_LIBRARY_ENV, None),
+            (ORT_DYLIB_PATH_ENV, Some(missing.as_os_str())),
+        ]);
+        let err = find_in(None, &[system]).unwrap_err();
+        assert!(
+            matches!(&err, SpecError::Io(m) if m.contains("$ORT_DYLIB_PATH") && m.contains("gone")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn wheel_copy_is_found_through_the_interpreter_newest_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let package = tmp.path().join("site-packages/onnxruntime");
+        for v in ["1.9.1", "1.22.0", "1.20.1"] {
+            touch(&package.join(format!("capi/libonnxruntime.so.{v}")));
+        }
+        touch(&package.join("capi/libonnxruntime_providers_shared.so"));
+        let python = fake_python(tmp.path(), package.to_str().unwrap());
+        let system = tmp.path().join("lib");
+        touch(&system.join("libonnxruntime.so.1.30.0"));
+        let _env = no_env(&python);
+        assert_eq!(
+            find_in(None, &[system]).unwrap(),
+            package.join("capi/libonnxruntime.so.1.22.0")
+        );
+    }
+
+    #[test]
+    fn system_folders_come_last_in_their_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let python = fake_python(tmp.path(), ""); // onnxruntime not installed
+        let (first, second) = (tmp.path().join("usr/lib"), tmp.path().join("opt/lib"));
+        touch(&first.join("libonnxruntime.so"));
+        touch(&first.join("libonnxruntime.so.1.17.0"));
+        touch(&second.join("libonnxruntime.so.1.30.0"));
+        let _env = no_env(&python);
+        assert_eq!(
+            find_in(None, &[tmp.path().join("empty"), first.clone(), second]).unwrap(),
+            first.join("libonnxruntime.so.1.17.0")
+        );
+    }
+
+    #[test]
+    fn nothing_found_names_every_place_and_the_install_lines() {
+        let tmp = tempfile::tempdir().unwrap();
+        let python = fake_python(tmp.path(), "");
+        let system = tmp.path().join("lib");
+        let _env = no_env(&python);
+        let err = find_in(None, std::slice::from_ref(&system)).unwrap_err();
+        let SpecError::Io(msg) = err else {
+            panic!("expected Io, got {err:?}")
+        };
+        for needle in [
+            "--ort-library",
+            "$SPECRT_ORT_LIBRARY: unset",
+            "$ORT_DYLIB_PATH: unset",
+            "onnxruntime is not installed",
+            python.to_str().unwrap(),
+            system.to_str().unwrap(),
+            "pip install onnxruntime",
+            "pip install 'onnxruntime-gpu[cuda,cudnn]'",
+        ] {
+            assert!(msg.contains(needle), "{needle:?} missing from: {msg}");
+        }
+    }
+
+    #[test]
+    fn an_interpreter_that_cannot_run_is_reported_and_skipped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let python = tmp.path().join("no-such-python");
+        let system = tmp.path().join("lib");
+        touch(&system.join("libonnxruntime.so.1.20.0"));
+        let _env = no_env(&python);
+        assert_eq!(
+            find_in(None, std::slice::from_ref(&system)).unwrap(),
+            system.join("libonnxruntime.so.1.20.0")
+        );
+        let err = find_in(None, &[]).unwrap_err();
+        assert!(err.to_string().contains("cannot run"), "{err}");
+    }
+}

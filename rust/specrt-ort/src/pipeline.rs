@@ -1,0 +1,1043 @@
+//! [`Pipeline`]: load a target (and optional draft) model folder and generate from token ids, from Rust alone, with
+//! the behaviour of Python's `specrt.Decoder`.
+//!
+//! What it does as Python does:
+//! - defaults from the target folder's `generation_config.json` ([`FolderDefaults`]): `temperature`, `top_k`,
+//!   `top_p`, `min_p`, `repetition_penalty`, and the EOS ids (`eos_token_id`, else `specrt_config.json`'s
+//!   `eos_token_ids`); a [`GenerationRequest`] field left `None` takes the folder's value, else the neutral one;
+//! - K fixed or [`SpeculativeTokens::Auto`] (each round picks K in `0..=8` from measured costs and acceptance);
+//! - the proposer ([`Proposer`]): the draft model (default when one is loaded), prompt lookup (n-gram), both, or
+//!   none;
+//! - the same validation, with errors that name the bad value and the allowed set ([`SpecError::Config`],
+//!   [`SpecError::Vocab`]), and a draft whose `tokenizer.json` vocabulary differs from the target's is refused.
+//!
+//! What stays in the caller's hands: tokenization (token ids in, token ids out; the `generate` example uses the
+//! `tokenizers` crate on the folder's `tokenizer.json`), chat templates (render `chat_template.jinja` yourself,
+//! e.g. with `minijinja`), and stop strings (decode in the streaming callback and cut; for an exact cut drive the
+//! engine yourself: [`Pipeline::resolve`], then `start` / `step` / `stop_at` / `output` on
+//! [`Pipeline::engine_mut`]).
+//!
+//! KV memory: Python's `Decoder` passes `max_seq_len = 4096` by default, while [`OrtOptions::max_seq_len`] `None`
+//! means the model's `max_position_embeddings`; set `Some(4096)` (= [`crate::DEFAULT_MAX_SEQ_LEN`]) to match.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use specrt_ort::{find_ort_library, GenerationRequest, OrtOptions, Pipeline, SpeculativeTokens};
+//!
+//! let mut options = OrtOptions::new(find_ort_library(None)?);
+//! options.max_seq_len = Some(4096);
+//! let mut pipeline = Pipeline::load(
+//!     Path::new("/models/smollm2-135m-instruct/fp32"),
+//!     Some(Path::new("/models/smollm2-135m-instruct/fp32-L6")),
+//!     &options,
+//! )?;
+//! let request = GenerationRequest {
+//!     max_new_tokens: 64,
+//!     temperature: Some(0.0), // greedy; None = generation_config.json's value
+//!     num_speculative_tokens: SpeculativeTokens::Auto,
+//!     ..GenerationRequest::default()
+//! };
+//! let prompt_ids = [504, 3575, 282, 4649, 314]; // from your tokenizer
+//! let out = pipeline.generate_stream(&prompt_ids, &request, |step| {
+//!     println!("round committed {:?}", step.tokens);
+//!     true // keep going
+//! })?;
+//! println!("{} tokens, finish: {}", out.tokens.len(), out.finish_reason.as_str());
+//! println!("acceptance rate: {:?}", out.stats.acceptance_rate());
+//! # Ok::<(), specrt_core::SpecError>(())
+//! ```
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+
+use serde_json::{Map, Value};
+use specrt_core::{
+    AutoK, Backend, Engine, GenerationConfig, GenerationOutput, NgramConfig, NgramProposer,
+    PinnedCosts, Result, SamplingParams, SpecError, StepOutput, MAX_DRAFT_TOKENS,
+};
+
+use crate::backend::OrtBackend;
+use crate::model::{resolve_model_file, CONFIG_FILE};
+use crate::options::OrtOptions;
+
+/// Name of the Hugging Face generation defaults file in a model folder.
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+/// Name of the tokenizer file in a model folder (compared between draft and target).
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// Largest K that [`SpeculativeTokens::Auto`] considers (Python's `num_speculative_tokens="auto"`).
+pub const AUTO_K_MAX: usize = 8;
+
+/// How many draft tokens a round verifies: K.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpeculativeTokens {
+    /// K draft tokens per round, `0..=64` (0, or no proposer, is plain target decoding).
+    Fixed(usize),
+    /// Each round picks the K in `0..=`[`AUTO_K_MAX`] that maximises expected tokens per second from running
+    /// estimates of acceptance and measured costs (ARCHITECTURE.md, "K per round"). Depends on timings, so the
+    /// same seed can give different tokens unless [`GenerationRequest::pinned_costs`] is set.
+    Auto,
+}
+
+impl Default for SpeculativeTokens {
+    /// `Fixed(4)`, Python's default.
+    fn default() -> Self {
+        SpeculativeTokens::Fixed(4)
+    }
+}
+
+impl fmt::Display for SpeculativeTokens {
+    /// `4` or `auto`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpeculativeTokens::Fixed(k) => write!(f, "{k}"),
+            SpeculativeTokens::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+impl FromStr for SpeculativeTokens {
+    type Err = SpecError;
+
+    /// Parse `"auto"` or an integer (range checked by [`Pipeline::resolve`]).
+    ///
+    /// Errors: [`SpecError::Config`] naming the text.
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        if s == "auto" {
+            return Ok(SpeculativeTokens::Auto);
+        }
+        s.parse().map(SpeculativeTokens::Fixed).map_err(|_| {
+            SpecError::Config(format!(
+                "num_speculative_tokens {s:?} is invalid (expected an integer 0..64 or \"auto\")"
+            ))
+        })
+    }
+}
+
+/// Who proposes the draft tokens of a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proposer {
+    /// `"draft"`: the draft model (needs one).
+    DraftModel,
+    /// `"ngram"`: prompt lookup: the continuation of the longest matching n-gram of the prompt and text so far.
+    Ngram,
+    /// `"ngram+draft"`: n-gram first, the draft model when nothing matches (needs a draft model).
+    NgramThenDraft,
+    /// `"none"`: target-only decoding.
+    TargetOnly,
+}
+
+impl Proposer {
+    /// Every proposer, in the order error messages list them.
+    pub const ALL: [Proposer; 4] = [
+        Proposer::DraftModel,
+        Proposer::Ngram,
+        Proposer::NgramThenDraft,
+        Proposer::TargetOnly,
+    ];
+
+    /// The Python / CLI name: `"draft"`, `"ngram"`, `"ngram+draft"` or `"none"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proposer::DraftModel => "draft",
+            Proposer::Ngram => "ngram",
+            Proposer::NgramThenDraft => "ngram+draft",
+            Proposer::TargetOnly => "none",
+        }
+    }
+
+    /// Whether this proposer runs the draft model.
+    #[must_use]
+    pub fn uses_draft_model(self) -> bool {
+        matches!(self, Proposer::DraftModel | Proposer::NgramThenDraft)
+    }
+
+    /// Whether this proposer runs prompt lookup.
+    #[must_use]
+    pub fn uses_ngram(self) -> bool {
+        matches!(self, Proposer::Ngram | Proposer::NgramThenDraft)
+    }
+}
+
+impl fmt::Display for Proposer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Proposer {
+    type Err = SpecError;
+
+    /// Parse a Python / CLI name (see [`Proposer::as_str`]).
+    ///
+    /// Errors: [`SpecError::Config`] naming the text and the valid set.
+    fn from_str(s: &str) -> Result<Self> {
+        Proposer::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s.trim())
+            .ok_or_else(|| {
+                let names: Vec<String> = Proposer::ALL
+                    .iter()
+                    .map(|p| format!("{:?}", p.as_str()))
+                    .collect();
+                SpecError::Config(format!(
+                    "proposer {s:?} is invalid (expected one of: {})",
+                    names.join(", ")
+                ))
+            })
+    }
+}
+
+/// Generation defaults a model folder gives: `generation_config.json` (and `specrt_config.json` for the EOS ids).
+///
+/// Read as Python's `Decoder` reads them: a missing file counts as empty, a key that is absent (or `null`) leaves
+/// the field `None`, other keys (`do_sample`, `max_new_tokens`, ...) are ignored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FolderDefaults {
+    /// `temperature` (0 = greedy).
+    pub temperature: Option<f32>,
+    /// `top_k` (0 = off).
+    pub top_k: Option<u32>,
+    /// `top_p` (1 = off).
+    pub top_p: Option<f32>,
+    /// `min_p` (0 = off).
+    pub min_p: Option<f32>,
+    /// `repetition_penalty` (1 = off).
+    pub repetition_penalty: Option<f32>,
+    /// End-of-sequence ids: `eos_token_id` of `generation_config.json` (one id or a list) when the key is present,
+    /// else `eos_token_ids` of `specrt_config.json`, else none.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl FolderDefaults {
+    /// Read the defaults of a model folder (or of the folder holding a `.onnx` file).
+    ///
+    /// Errors: [`SpecError::Io`] when a file exists but cannot be read, is not a JSON object, or has a field of the
+    /// wrong type (file and field named); [`SpecError::Config`] for a negative `top_k`.
+    pub fn read(model: &Path) -> Result<Self> {
+        let folder = if model.is_dir() {
+            model
+        } else {
+            model.parent().unwrap_or(Path::new("."))
+        };
+        let generation_path = folder.join(GENERATION_CONFIG_FILE);
+        let config_path = folder.join(CONFIG_FILE);
+        Self::parse(
+            read_optional(&generation_path)?.as_deref(),
+            read_optional(&config_path)?.as_deref(),
+            &generation_path,
+            &config_path,
+        )
+    }
+
+    /// Parse the texts of `generation_config.json` and `specrt_config.json` (`None` = file absent); the paths only
+    /// name the files in errors.
+    ///
+    /// Errors: as [`FolderDefaults::read`].
+    pub fn parse(
+        generation_config: Option<&str>,
+        specrt_config: Option<&str>,
+        generation_path: &Path,
+        config_path: &Path,
+    ) -> Result<Self> {
+        let generation = json_object(generation_config, generation_path)?;
+        let config = json_object(specrt_config, config_path)?;
+        let float = |key: &str| -> Result<Option<f32>> {
+            match generation.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                #[allow(clippy::cast_possible_truncation)]
+                Some(v) => v
+                    .as_f64()
+                    .map(|x| Some(x as f32))
+                    .ok_or_else(|| field_error(generation_path, key, v, "a number")),
+            }
+        };
+        let top_k = match generation.get("top_k") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(parse_top_k(v, generation_path)?),
+        };
+        let eos_token_ids = match generation.get("eos_token_id") {
+            Some(v) => parse_ids(v, generation_path, "eos_token_id")?,
+            None => match config.get("eos_token_ids") {
+                Some(v) => parse_ids(v, config_path, "eos_token_ids")?,
+                None => Vec::new(),
+            },
+        };
+        Ok(FolderDefaults {
+            temperature: float("temperature")?,
+            top_k,
+            top_p: float("top_p")?,
+            min_p: float("min_p")?,
+            repetition_penalty: float("repetition_penalty")?,
+            eos_token_ids,
+        })
+    }
+}
+
+/// The text of `path`, or `None` when it does not exist.
+fn read_optional(path: &Path) -> Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(SpecError::Io(format!("{}: {e}", path.display()))),
+    }
+}
+
+/// The top-level object of a JSON text (`None` = empty object).
+fn json_object(text: Option<&str>, path: &Path) -> Result<Map<String, Value>> {
+    let Some(text) = text else {
+        return Ok(Map::new());
+    };
+    match serde_json::from_str(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(SpecError::Io(format!(
+            "{}: is not a JSON object",
+            path.display()
+        ))),
+        Err(e) => Err(SpecError::Io(format!(
+            "{}: is not valid JSON: {e}",
+            path.display()
+        ))),
+    }
+}
+
+fn field_error(path: &Path, key: &str, value: &Value, expected: &str) -> SpecError {
+    SpecError::Io(format!(
+        "{}: {key} = {value} is invalid (expected {expected})",
+        path.display()
+    ))
+}
+
+/// `top_k` as Python's `int(...)` reads it: an integer (or an integral float); negative is a config error.
+fn parse_top_k(v: &Value, path: &Path) -> Result<u32> {
+    let n = v
+        .as_i64()
+        .or_else(|| {
+            #[allow(clippy::cast_possible_truncation)]
+            v.as_f64().filter(|x| x.fract() == 0.0).map(|x| x as i64)
+        })
+        .ok_or_else(|| field_error(path, "top_k", v, "an integer"))?;
+    u32::try_from(n).map_err(|_| {
+        SpecError::Config(format!(
+            "{}: top_k {n} is invalid (expected an integer >= 0; 0 = off)",
+            path.display()
+        ))
+    })
+}
+
+/// One token id or a list of them (`null` = none).
+fn parse_ids(v: &Value, path: &Path, key: &str) -> Result<Vec<u32>> {
+    let one = |x: &Value| {
+        x.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| field_error(path, key, v, "a token id or a list of token ids"))
+    };
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(items) => items.iter().map(one).collect(),
+        _ => one(v).map(|id| vec![id]),
+    }
+}
+
+/// Settings of one generation. `None` fields take the target folder's default ([`FolderDefaults`]), then the
+/// neutral value; the other fields default as Python's keyword arguments do ([`GenerationRequest::default`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    /// Most tokens to emit (>= 1; default 128).
+    pub max_new_tokens: usize,
+    /// K per round, fixed `0..=64` or auto (default `Fixed(4)`).
+    pub num_speculative_tokens: SpeculativeTokens,
+    /// Who drafts; `None` = [`Proposer::DraftModel`] when a draft model is loaded, else [`Proposer::TargetOnly`].
+    pub proposer: Option<Proposer>,
+    /// Shortest n-gram prompt lookup matches (default 2; used by the n-gram proposers; `1..=` max).
+    pub prompt_lookup_min: usize,
+    /// Longest n-gram prompt lookup matches (default 4; `min..=32`).
+    pub prompt_lookup_max: usize,
+    /// With [`SpeculativeTokens::Auto`] only: costs to use instead of timings (reproducible auto K): one draft
+    /// pass, and a target pass over n = 1..=9 tokens, in any one unit.
+    pub pinned_costs: Option<PinnedCosts>,
+    /// Softmax temperature, >= 0 (0 = greedy); `None` = the folder's, else 1.
+    pub temperature: Option<f32>,
+    /// Keep the k most likely tokens (0 = off); `None` = the folder's, else 0.
+    pub top_k: Option<u32>,
+    /// Nucleus mass in (0, 1] (1 = off); `None` = the folder's, else 1.
+    pub top_p: Option<f32>,
+    /// Keep tokens with probability >= `min_p` x the top one, in [0, 1] (0 = off); `None` = the folder's, else 0.
+    pub min_p: Option<f32>,
+    /// HF repetition penalty > 0 (1 = off); `None` = the folder's, else 1.
+    pub repetition_penalty: Option<f32>,
+    /// OpenAI-style frequency penalty (0 = off, the default).
+    pub frequency_penalty: f32,
+    /// OpenAI-style presence penalty (0 = off, the default).
+    pub presence_penalty: f32,
+    /// Seed of the request's random stream (default 0): the same seed and settings give the same tokens.
+    pub seed: u64,
+    /// Extra ids that end generation (emitted, finish reason "stop"); each `< vocab_size`.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep going past the folder's EOS ids (stop token ids still stop).
+    pub ignore_eos: bool,
+    /// Coupled sampling (default false): the choice at each position depends on `(seed, position)` alone, so the
+    /// text is the same with or without speculation ([`specrt_core::coupled`]).
+    pub coupled: bool,
+}
+
+impl Default for GenerationRequest {
+    fn default() -> Self {
+        GenerationRequest {
+            max_new_tokens: 128,
+            num_speculative_tokens: SpeculativeTokens::default(),
+            proposer: None,
+            prompt_lookup_min: 2,
+            prompt_lookup_max: 4,
+            pinned_costs: None,
+            temperature: None,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            repetition_penalty: None,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: 0,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            coupled: false,
+        }
+    }
+}
+
+/// A target model, an optional draft model and the target folder's defaults, ready to generate from token ids.
+///
+/// One generation at a time (`&mut self`); share one between threads behind a `Mutex`, or load one per thread.
+pub struct Pipeline {
+    engine: Engine,
+    defaults: FolderDefaults,
+    providers: Vec<&'static str>,
+    fallback_reason: Option<String>,
+}
+
+impl Pipeline {
+    /// Load a target model folder (or `.onnx` file) and an optional draft, with the same options for both.
+    ///
+    /// Loads the ONNX Runtime library named by `options.ort_library` on first use (see
+    /// [`crate::find_ort_library`]), reads the target's [`FolderDefaults`], and checks that both folders'
+    /// `tokenizer.json` describe the same vocabulary (skipped when either has none; the models' logits widths are
+    /// compared in any case).
+    ///
+    /// Errors: [`SpecError::Io`] (a missing model or library, an unreadable or malformed JSON file),
+    /// [`SpecError::Vocab`] (draft and target vocabularies differ, both named), [`SpecError::Provider`] (CUDA
+    /// unavailable without `allow_fallback`), [`SpecError::Config`] (bad options), [`SpecError::Backend`] (ONNX
+    /// Runtime failed to load a model).
+    pub fn load(target: &Path, draft: Option<&Path>, options: &OrtOptions) -> Result<Self> {
+        let target_file = resolve_model_file(target)?;
+        let defaults = FolderDefaults::read(&target_file)?;
+        if let Some(draft) = draft {
+            check_same_vocabulary(&target_file, &resolve_model_file(draft)?)?;
+        }
+        let target_backend = OrtBackend::new(&target_file, options)?;
+        let providers = target_backend.providers();
+        let fallback_reason = target_backend.fallback_reason().map(str::to_owned);
+        let draft_backend = match draft {
+            Some(p) => Some(Box::new(OrtBackend::new(p, options)?) as Box<dyn Backend>),
+            None => None,
+        };
+        let mut pipeline = Self::from_engine(
+            Engine::new(Box::new(target_backend), draft_backend)?,
+            defaults,
+        );
+        pipeline.providers = providers;
+        pipeline.fallback_reason = fallback_reason;
+        Ok(pipeline)
+    }
+
+    /// A pipeline over an engine built elsewhere (other backends, mock models in tests) and the defaults to use.
+    #[must_use]
+    pub fn from_engine(engine: Engine, defaults: FolderDefaults) -> Self {
+        Pipeline {
+            engine,
+            defaults,
+            providers: Vec::new(),
+            fallback_reason: None,
+        }
+    }
+
+    /// The target folder's defaults in use.
+    #[must_use]
+    pub fn defaults(&self) -> &FolderDefaults {
+        &self.defaults
+    }
+
+    /// End-of-sequence ids from the target folder.
+    #[must_use]
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.defaults.eos_token_ids
+    }
+
+    /// Vocabulary size (logits width) shared by target and draft.
+    #[must_use]
+    pub fn vocab_size(&self) -> usize {
+        self.engine.vocab_size()
+    }
+
+    /// Longest prompt + new tokens both KV caches hold.
+    #[must_use]
+    pub fn max_seq_len(&self) -> usize {
+        self.engine.max_seq_len()
+    }
+
+    /// Whether a draft model is loaded.
+    #[must_use]
+    pub fn has_draft(&self) -> bool {
+        self.engine.has_draft()
+    }
+
+    /// ONNX Runtime execution providers of the target session, preferred first (empty for
+    /// [`Pipeline::from_engine`]).
+    #[must_use]
+    pub fn providers(&self) -> &[&'static str] {
+        &self.providers
+    }
+
+    /// Why CUDA was requested but the CPU is used (`allow_fallback`), if it was.
+    #[must_use]
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback_reason.as_deref()
+    }
+
+    /// The engine, for driving a generation round by round (`start` with [`Pipeline::resolve`]'s config, `step`,
+    /// `stop_at` for a stop string, `output`, `stats`).
+    pub fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
+    /// The engine settings for `request`: folder defaults filled in, K and the proposer translated as Python does,
+    /// everything validated.
+    ///
+    /// Errors: [`SpecError::Config`] for a value out of range (named, with the allowed set: proposer, K, n-gram
+    /// lengths, pinned costs without auto K, sampling settings, `max_new_tokens` 0) or a draft proposer without a
+    /// draft model; [`SpecError::Vocab`] for a stop token id `>= vocab_size`.
+    pub fn resolve(&self, request: &GenerationRequest) -> Result<GenerationConfig> {
+        let stop_token_ids = request.stop_token_ids.clone();
+        check_ids("stop_token_ids", &stop_token_ids, self.vocab_size())?;
+        let has_draft = self.has_draft();
+        let proposer = request.proposer.unwrap_or(if has_draft {
+            Proposer::DraftModel
+        } else {
+            Proposer::TargetOnly
+        });
+        if proposer.uses_draft_model() && !has_draft {
+            return Err(SpecError::Config(format!(
+                "proposer {:?} needs a draft model; this pipeline has none (load it with a draft folder)",
+                proposer.as_str()
+            )));
+        }
+        let auto = request.num_speculative_tokens == SpeculativeTokens::Auto;
+        let k = match request.num_speculative_tokens {
+            SpeculativeTokens::Fixed(k) if k > MAX_DRAFT_TOKENS => {
+                return Err(SpecError::Config(format!(
+                    "num_speculative_tokens {k} is invalid (expected 0 <= K <= {MAX_DRAFT_TOKENS}, or \"auto\")"
+                )))
+            }
+            SpeculativeTokens::Fixed(_) if proposer == Proposer::TargetOnly => 0,
+            SpeculativeTokens::Fixed(k) => k,
+            SpeculativeTokens::Auto => AUTO_K_MAX,
+        };
+        if request.pinned_costs.is_some() && !auto {
+            return Err(SpecError::Config(
+                "pinned_costs only apply with num_speculative_tokens = \"auto\"".to_owned(),
+            ));
+        }
+        let ngram = if proposer.uses_ngram() {
+            let (lo, hi) = (request.prompt_lookup_min, request.prompt_lookup_max);
+            // The proposer's constructor holds the range check and its message.
+            NgramProposer::new(lo, hi)?;
+            Some(NgramConfig {
+                prompt_lookup_min: lo,
+                prompt_lookup_max: hi,
+            })
+        } else {
+            None
+        };
+        let d = &self.defaults;
+        let cfg = GenerationConfig {
+            max_new_tokens: request.max_new_tokens,
+            num_speculative_tokens: k,
+            sampling: SamplingParams {
+                temperature: request.temperature.or(d.temperature).unwrap_or(1.0),
+                top_k: request.top_k.or(d.top_k).unwrap_or(0),
+                top_p: request.top_p.or(d.top_p).unwrap_or(1.0),
+                min_p: request.min_p.or(d.min_p).unwrap_or(0.0),
+                repetition_penalty: request
+                    .repetition_penalty
+                    .or(d.repetition_penalty)
+                    .unwrap_or(1.0),
+                frequency_penalty: request.frequency_penalty,
+                presence_penalty: request.presence_penalty,
+            },
+            seed: request.seed,
+            eos_token_ids: d.eos_token_ids.clone(),
+            stop_token_ids,
+            ignore_eos: request.ignore_eos,
+            auto_k: (auto && proposer != Proposer::TargetOnly).then(|| AutoK {
+                k_max: AUTO_K_MAX,
+                pinned: request.pinned_costs.clone(),
+                ..AutoK::default()
+            }),
+            ngram,
+            use_draft_model: proposer.uses_draft_model(),
+            coupled: request.coupled,
+            fault: None,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Generate from `prompt_ids` (`[n_prompt]` token ids, each `< vocab_size`) to the end: EOS id, stop token id
+    /// or `max_new_tokens`.
+    ///
+    /// Returns the emitted tokens (the prompt excluded; an EOS or stop id that ended generation included), where
+    /// each came from, the target's log-probability of each (natural log), the finish reason and the statistics
+    /// (timings in ms).
+    ///
+    /// Errors: as [`Pipeline::resolve`]; [`SpecError::Config`] for an empty prompt; [`SpecError::Vocab`] for a
+    /// prompt id `>= vocab_size` (position named); [`SpecError::Length`] when prompt + `max_new_tokens` exceeds
+    /// [`Pipeline::max_seq_len`]; [`SpecError::NonFinite`] / [`SpecError::Backend`] from a model.
+    pub fn generate(
+        &mut self,
+        prompt_ids: &[u32],
+        request: &GenerationRequest,
+    ) -> Result<GenerationOutput> {
+        self.generate_stream(prompt_ids, request, |_| true)
+    }
+
+    /// [`Pipeline::generate`], calling `on_step` with the tokens each round commits, as it commits them
+    /// ([`StepOutput`]: tokens, sources, logprobs, K used, finish reason on the last round). Returning `false` stops
+    /// the generation after that round with finish reason "stop", keeping what was emitted.
+    ///
+    /// Errors: as [`Pipeline::generate`].
+    pub fn generate_stream(
+        &mut self,
+        prompt_ids: &[u32],
+        request: &GenerationRequest,
+        on_step: impl FnMut(&StepOutput) -> bool,
+    ) -> Result<GenerationOutput> {
+        if prompt_ids.is_empty() {
+            return Err(SpecError::Config(
+                "the prompt is empty (expected at least one token)".to_owned(),
+            ));
+        }
+        check_ids("prompt", prompt_ids, self.vocab_size())?;
+        let cfg = self.resolve(request)?;
+        self.engine.generate(prompt_ids, cfg, on_step)
+    }
+}
+
+/// Each id `< vocab` ([`SpecError::Vocab`] naming the first bad one and its position, in Python's words).
+fn check_ids(name: &str, ids: &[u32], vocab: usize) -> Result<()> {
+    match ids.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+        Some((i, t)) => Err(SpecError::Vocab(format!(
+            "{name} token {t} at position {i} is out of range (expected 0 <= id < vocab size {vocab})"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The token -> id map of a `tokenizer.json`: `model.vocab` plus `added_tokens` (what `Tokenizer.get_vocab()`
+/// returns in Python).
+fn tokenizer_vocabulary(path: &Path) -> Result<Option<std::collections::HashMap<String, u64>>> {
+    let Some(text) = read_optional(path)? else {
+        return Ok(None);
+    };
+    let root = json_object(Some(&text), path)?;
+    let mut vocab = std::collections::HashMap::new();
+    if let Some(Value::Object(model)) = root.get("model").and_then(|m| m.get("vocab")) {
+        for (token, id) in model {
+            vocab.insert(token.clone(), id.as_u64().unwrap_or(u64::MAX));
+        }
+    }
+    if let Some(Value::Array(added)) = root.get("added_tokens") {
+        for entry in added {
+            if let (Some(content), Some(id)) = (
+                entry.get("content").and_then(Value::as_str),
+                entry.get("id").and_then(Value::as_u64),
+            ) {
+                vocab.insert(content.to_owned(), id);
+            }
+        }
+    }
+    Ok(Some(vocab))
+}
+
+/// Refuse a draft whose tokenizer vocabulary differs from the target's (as Python's `Decoder` does).
+fn check_same_vocabulary(target_file: &Path, draft_file: &Path) -> Result<()> {
+    let target = target_file.with_file_name(TOKENIZER_FILE);
+    let draft = draft_file.with_file_name(TOKENIZER_FILE);
+    if !target.is_file() || !draft.is_file() {
+        return Ok(());
+    }
+    // Usually byte-identical (a draft cut from the target, or one family's converter): no parsing needed.
+    let same_bytes = std::fs::read(&target).ok() == std::fs::read(&draft).ok();
+    if same_bytes {
+        return Ok(());
+    }
+    let (Some(vt), Some(vd)) = (
+        tokenizer_vocabulary(&target)?,
+        tokenizer_vocabulary(&draft)?,
+    ) else {
+        return Ok(());
+    };
+    if vt != vd {
+        return Err(SpecError::Vocab(format!(
+            "draft tokenizer ({}, {} tokens) differs from target tokenizer ({}, {} tokens)",
+            draft.display(),
+            vd.len(),
+            target.display(),
+            vt.len()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specrt_core::testing::MockModel;
+    use specrt_core::FinishReason;
+
+    const VOCAB: usize = 50;
+
+    fn pipeline(draft: bool, defaults: FolderDefaults) -> Pipeline {
+        let target = MockModel::new(VOCAB, 256, 7, 4.0);
+        let d = draft.then(|| Box::new(target.clone().with_noise(3, 0.5)) as Box<dyn Backend>);
+        Pipeline::from_engine(Engine::new(Box::new(target), d).unwrap(), defaults)
+    }
+
+    fn config_error(p: &Pipeline, request: &GenerationRequest) -> String {
+        match p.resolve(request) {
+            Err(SpecError::Config(m)) => m,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    fn parse(generation: &str, specrt: Option<&str>) -> Result<FolderDefaults> {
+        FolderDefaults::parse(
+            Some(generation),
+            specrt,
+            Path::new("g.json"),
+            Path::new("s.json"),
+        )
+    }
+
+    #[test]
+    fn defaults_read_as_python_reads_them() {
+        let d = parse(
+            r#"{"temperature": 0.6, "top_k": 50, "top_p": 0.9, "min_p": null, "do_sample": true,
+                "repetition_penalty": 1.1, "eos_token_id": 7}"#,
+            Some(r#"{"eos_token_ids": [1, 2]}"#),
+        )
+        .unwrap();
+        assert_eq!(d.temperature, Some(0.6));
+        assert_eq!(d.top_k, Some(50));
+        assert_eq!(d.top_p, Some(0.9));
+        assert_eq!(d.min_p, None);
+        assert_eq!(d.repetition_penalty, Some(1.1));
+        assert_eq!(d.eos_token_ids, vec![7], "generation_config's id wins");
+        let d = parse("{}", Some(r#"{"eos_token_ids": [1, 2]}"#)).unwrap();
+        assert_eq!(d.eos_token_ids, vec![1, 2], "else specrt_config's list");
+        let d = parse(
+            r#"{"eos_token_id": null}"#,
+            Some(r#"{"eos_token_ids": [1]}"#),
+        )
+        .unwrap();
+        assert!(d.eos_token_ids.is_empty(), "a present null means none");
+        assert_eq!(
+            FolderDefaults::parse(None, None, Path::new("g"), Path::new("s")).unwrap(),
+            FolderDefaults::default()
+        );
+    }
+
+    #[test]
+    fn malformed_defaults_name_the_file_and_field() {
+        for (text, needle) in [
+            (r#"{"temperature": "hot"}"#, "temperature = \"hot\""),
+            (r#"{"eos_token_id": [1, -2]}"#, "eos_token_id = [1,-2]"),
+            (r#"{"top_k": 2.5}"#, "top_k = 2.5"),
+            ("[1]", "not a JSON object"),
+            ("{", "not valid JSON"),
+        ] {
+            let err = parse(text, None).unwrap_err();
+            assert!(
+                matches!(&err, SpecError::Io(m) if m.contains("g.json") && m.contains(needle)),
+                "{text}: {err}"
+            );
+        }
+        let err = parse(r#"{"top_k": -1}"#, None).unwrap_err();
+        assert!(
+            matches!(&err, SpecError::Config(m) if m.contains("top_k -1")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn none_fields_take_the_folder_defaults_then_neutral_values() {
+        let defaults = FolderDefaults {
+            temperature: Some(0.0),
+            top_k: Some(5),
+            eos_token_ids: vec![3],
+            ..FolderDefaults::default()
+        };
+        let p = pipeline(false, defaults);
+        let cfg = p.resolve(&GenerationRequest::default()).unwrap();
+        assert_eq!(cfg.sampling.temperature, 0.0);
+        assert_eq!(cfg.sampling.top_k, 5);
+        assert_eq!(cfg.sampling.top_p, 1.0);
+        assert_eq!(cfg.sampling.repetition_penalty, 1.0);
+        assert_eq!(cfg.eos_token_ids, vec![3]);
+        assert_eq!(
+            cfg.num_speculative_tokens, 0,
+            "no draft: target-only by default"
+        );
+        assert!(!cfg.use_draft_model && cfg.ngram.is_none() && cfg.auto_k.is_none());
+        let cfg = p
+            .resolve(&GenerationRequest {
+                temperature: Some(0.7),
+                top_k: Some(0),
+                ..GenerationRequest::default()
+            })
+            .unwrap();
+        assert_eq!((cfg.sampling.temperature, cfg.sampling.top_k), (0.7, 0));
+    }
+
+    #[test]
+    fn k_and_proposer_translate_as_in_python() {
+        let p = pipeline(true, FolderDefaults::default());
+        let cfg = p.resolve(&GenerationRequest::default()).unwrap();
+        assert_eq!(cfg.num_speculative_tokens, 4);
+        assert!(cfg.use_draft_model && cfg.ngram.is_none());
+        let cfg = p
+            .resolve(&GenerationRequest {
+                num_speculative_tokens: SpeculativeTokens::Auto,
+                proposer: Some(Proposer::NgramThenDraft),
+                ..GenerationRequest::default()
+            })
+            .unwrap();
+        assert_eq!(cfg.auto_k.as_ref().map(|a| a.k_max), Some(AUTO_K_MAX));
+        assert_eq!(
+            cfg.ngram,
+            Some(NgramConfig {
+                prompt_lookup_min: 2,
+                prompt_lookup_max: 4
+            })
+        );
+        let cfg = p
+            .resolve(&GenerationRequest {
+                proposer: Some(Proposer::TargetOnly),
+                num_speculative_tokens: SpeculativeTokens::Fixed(6),
+                ..GenerationRequest::default()
+            })
+            .unwrap();
+        assert_eq!(cfg.num_speculative_tokens, 0);
+        assert!(!cfg.use_draft_model);
+    }
+
+    #[test]
+    fn bad_settings_name_the_value_and_the_allowed_set() {
+        let p = pipeline(false, FolderDefaults::default());
+        let m = config_error(
+            &p,
+            &GenerationRequest {
+                proposer: Some(Proposer::DraftModel),
+                ..GenerationRequest::default()
+            },
+        );
+        assert!(
+            m.contains("\"draft\"") && m.contains("needs a draft model"),
+            "{m}"
+        );
+        let m = config_error(
+            &p,
+            &GenerationRequest {
+                num_speculative_tokens: SpeculativeTokens::Fixed(65),
+                ..GenerationRequest::default()
+            },
+        );
+        assert!(m.contains("65") && m.contains("0 <= K <= 64"), "{m}");
+        let m = config_error(
+            &p,
+            &GenerationRequest {
+                pinned_costs: Some(PinnedCosts {
+                    c_draft: 1.0,
+                    c_verify: vec![1.0; 9],
+                }),
+                ..GenerationRequest::default()
+            },
+        );
+        assert!(m.contains("pinned_costs"), "{m}");
+        let m = config_error(
+            &p,
+            &GenerationRequest {
+                proposer: Some(Proposer::Ngram),
+                prompt_lookup_min: 5,
+                prompt_lookup_max: 3,
+                ..GenerationRequest::default()
+            },
+        );
+        assert!(
+            m.contains("prompt_lookup_min = 5") && m.contains("<= 32"),
+            "{m}"
+        );
+        let m = config_error(
+            &p,
+            &GenerationRequest {
+                temperature: Some(-1.0),
+                ..GenerationRequest::default()
+            },
+        );
+        assert!(m.contains("temperature -1"), "{m}");
+        let m = "beam".parse::<Proposer>().unwrap_err().to_string();
+        assert!(
+            m.contains("\"beam\"") && m.contains("\"ngram+draft\""),
+            "{m}"
+        );
+        let m = "many".parse::<SpeculativeTokens>().unwrap_err().to_string();
+        assert!(m.contains("\"many\"") && m.contains("\"auto\""), "{m}");
+        assert_eq!(
+            "auto".parse::<SpeculativeTokens>().unwrap(),
+            SpeculativeTokens::Auto
+        );
+        assert_eq!(
+            "3".parse::<SpeculativeTokens>().unwrap(),
+            SpeculativeTokens::Fixed(3)
+        );
+        for p in Proposer::ALL {
+            assert_eq!(p.as_str().parse::<Proposer>().unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn out_of_range_ids_are_vocab_errors_naming_the_position() {
+        let mut p = pipeline(false, FolderDefaults::default());
+        let err = p
+            .generate(&[1, 2, VOCAB as u32], &GenerationRequest::default())
+            .unwrap_err();
+        assert!(
+            matches!(&err, SpecError::Vocab(m) if m.contains("prompt token 50 at position 2")),
+            "{err}"
+        );
+        let err = p
+            .generate(
+                &[1],
+                &GenerationRequest {
+                    stop_token_ids: vec![4, 99],
+                    ..GenerationRequest::default()
+                },
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&err, SpecError::Vocab(m) if m.contains("stop_token_ids token 99 at position 1")),
+            "{err}"
+        );
+        assert!(matches!(
+            p.generate(&[], &GenerationRequest::default()),
+            Err(SpecError::Config(_))
+        ));
+    }
+
+    #[test]
+    fn greedy_speculative_equals_target_only_and_streams_every_token() {
+        let request = GenerationRequest {
+            temperature: Some(0.0),
+            max_new_tokens: 40,
+            ..GenerationRequest::default()
+        };
+        let plain = pipeline(false, FolderDefaults::default())
+            .generate(&[1, 2, 3], &request)
+            .unwrap();
+        let mut streamed = Vec::new();
+        let spec = pipeline(true, FolderDefaults::default())
+            .generate_stream(&[1, 2, 3], &request, |step| {
+                streamed.extend_from_slice(&step.tokens);
+                true
+            })
+            .unwrap();
+        assert_eq!(spec.tokens, plain.tokens);
+        assert_eq!(streamed, spec.tokens);
+        assert_eq!(spec.finish_reason, FinishReason::Length);
+        assert!(spec.stats.n_drafted > 0);
+    }
+
+    #[test]
+    fn folder_eos_and_stop_ids_end_generation() {
+        let request = GenerationRequest {
+            temperature: Some(0.0),
+            max_new_tokens: 40,
+            ..GenerationRequest::default()
+        };
+        let free = pipeline(false, FolderDefaults::default())
+            .generate(&[1, 2, 3], &request)
+            .unwrap();
+        let eos = free.tokens[5];
+        let first = free.tokens.iter().position(|&t| t == eos).unwrap();
+        let defaults = FolderDefaults {
+            eos_token_ids: vec![eos],
+            ..FolderDefaults::default()
+        };
+        let out = pipeline(true, defaults.clone())
+            .generate(&[1, 2, 3], &request)
+            .unwrap();
+        assert_eq!(out.tokens, free.tokens[..=first]);
+        assert_eq!(out.finish_reason, FinishReason::Eos);
+        let out = pipeline(true, defaults)
+            .generate(
+                &[1, 2, 3],
+                &GenerationRequest {
+                    ignore_eos: true,
+                    stop_token_ids: vec![eos],
+                    ..request.clone()
+                },
+            )
+            .unwrap();
+        assert_eq!(out.tokens, free.tokens[..=first]);
+        assert_eq!(out.finish_reason, FinishReason::Stop);
+    }
+
+    #[test]
+    fn returning_false_from_the_callback_stops_with_reason_stop() {
+        let mut p = pipeline(true, FolderDefaults::default());
+        let mut rounds = 0;
+        let out = p
+            .generate_stream(&[1, 2, 3], &GenerationRequest::default(), |_| {
+                rounds += 1;
+                rounds < 2
+            })
+            .unwrap();
+        assert_eq!(out.finish_reason, FinishReason::Stop);
+        assert_eq!(out.stats.n_rounds, 2);
+    }
+
+    #[test]
+    fn tokenizers_with_different_vocabularies_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let write = |dir: &str, vocab: &str| {
+            let folder = tmp.path().join(dir);
+            std::fs::create_dir_all(&folder).unwrap();
+            std::fs::write(
+                folder.join(TOKENIZER_FILE),
+                format!(r#"{{"model": {{"vocab": {vocab}}}, "added_tokens": [{{"id": 2, "content": "<e>"}}]}}"#),
+            )
+            .unwrap();
+            folder.join("model.onnx")
+        };
+        let t = write("t", r#"{"a": 0, "b": 1}"#);
+        let same = write("same", r#"{"b": 1,  "a": 0}"#);
+        let other = write("other", r#"{"a": 0, "c": 1}"#);
+        check_same_vocabulary(&t, &same).unwrap();
+        let err = check_same_vocabulary(&t, &other).unwrap_err();
+        assert!(
+            matches!(&err, SpecError::Vocab(m) if m.contains("other") && m.contains("3 tokens")),
+            "{err}"
+        );
+        check_same_vocabulary(&t, &tmp.path().join("none/model.onnx")).unwrap();
+    }
+}

@@ -1,0 +1,42 @@
+//! `runtime_info`: which ONNX Runtime library the Rust side loads and what it offers (wraps
+//! `specrt_ort::runtime_info`). Converts and forwards, nothing more.
+
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::run_kernel;
+
+/// Load ``ort_library`` (once per process, as every model does) and describe it.
+///
+/// Args:
+///     ort_library: absolute path of ``libonnxruntime.so.1.x``.
+///
+/// Returns:
+///     dict with ``library`` (pathlib.Path, the canonical path loaded), ``build_info`` (str), ``version`` (str, the library's own
+///     version string, e.g. ``"1.32.0"``) and ``providers`` (list of str: the
+///     execution providers the library was built with, e.g. ``["CUDAExecutionProvider", "CPUExecutionProvider"]``).
+///
+/// Raises:
+///     FileNotFoundError: no such library. ConfigError: a relative path, or another library is already loaded.
+///     BackendError: the file is not a usable ONNX Runtime library.
+#[pyfunction]
+#[pyo3(text_signature = "(ort_library)")]
+fn runtime_info(py: Python<'_>, ort_library: PathBuf) -> PyResult<Bound<'_, PyDict>> {
+    let info = run_kernel(py, move || {
+        specrt_ort::init_runtime(&ort_library)?;
+        specrt_ort::runtime_info()
+    })?;
+    let d = PyDict::new(py);
+    d.set_item("library", info.library)?;
+    d.set_item("build_info", info.build_info)?;
+    d.set_item("version", info.version)?;
+    d.set_item("providers", info.providers)?;
+    Ok(d)
+}
+
+/// Register the functions of this module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(runtime_info, m)?)
+}
