@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from specrt import bench
 
-    b = sub.add_parser("bench", help=bench.HELP, description=bench.__doc__.split("\n\n")[0])
+    b = sub.add_parser("bench", help=bench.HELP, description=bench.__doc__.split("\n\n")[0], **fmt)
     bench.add_arguments(b)
     return p
 

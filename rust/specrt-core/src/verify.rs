@@ -225,53 +225,40 @@ pub fn verify_coupled_into(
         tokens_dft,
         VerifyMode::Deterministic,
     )?;
-    let committed = penalties.len();
-    let res = coupled_rows(
-        sampler, logits_tgt, tokens_dft, params, penalties, noise, position, out,
-    );
-    penalties.truncate(committed);
-    res
-}
-
-#[allow(clippy::too_many_arguments)]
-fn coupled_rows(
-    sampler: &mut Sampler,
-    logits_tgt: &[f32],
-    tokens_dft: &[u32],
-    params: &SamplingParams,
-    penalties: &mut PenaltyContext,
-    noise: &CoupledNoise,
-    position: u64,
-    out: &mut Verification,
-) -> Result<()> {
-    let vocab = sampler.vocab();
     let k = tokens_dft.len();
     let use_penalties = params.has_penalties();
     out.n_draft = k;
     out.tokens.clear();
     out.accept_probs.clear();
     out.row_norms.clear();
-    for i in 0..=k {
-        // [vocab] target row i: the choice at position + i given the committed tokens and d_1 .. d_i.
-        let row = &logits_tgt[i * vocab..(i + 1) * vocab];
-        let ctx = use_penalties.then_some(&*penalties);
-        sampler.process(row, i, params, ctx)?;
-        out.row_norms.push(sampler.row_norm());
-        let y = sampler.coupled_choice(noise, position + i as u64);
-        out.tokens.push(y);
-        if i == k {
-            return done(out, LastToken::Bonus);
+    let committed = penalties.len();
+    // The rows run in a closure so that the penalties are restored on every path, errors included.
+    let mut rows = || -> Result<LastToken> {
+        for i in 0..=k {
+            // [vocab] target row i: the choice at position + i given the committed tokens and d_1 .. d_i.
+            let row = &logits_tgt[i * vocab..(i + 1) * vocab];
+            let ctx = use_penalties.then_some(&*penalties);
+            sampler.process(row, i, params, ctx)?;
+            out.row_norms.push(sampler.row_norm());
+            let y = sampler.coupled_choice(noise, position + i as u64);
+            out.tokens.push(y);
+            if i == k {
+                break;
+            }
+            if y != tokens_dft[i] {
+                out.accept_probs.push(0.0);
+                return Ok(LastToken::Recovered);
+            }
+            out.accept_probs.push(1.0);
+            if use_penalties {
+                penalties.push(y)?;
+            }
         }
-        if y != tokens_dft[i] {
-            out.accept_probs.push(0.0);
-            return done(out, LastToken::Recovered);
-        }
-        out.accept_probs.push(1.0);
-        if use_penalties {
-            penalties.push(y)?;
-        }
-    }
-    unreachable!("the loop returns at i == k")
+        Ok(LastToken::Bonus)
+    };
+    let last = rows();
+    penalties.truncate(committed);
+    done(out, last?)
 }
 
 #[allow(clippy::too_many_arguments)]
