@@ -170,6 +170,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--num-layers", type=int, default=None, help="keep only the first N decoder layers, a self-draft (default: all)"
     )
+    c.add_argument(
+        "--vocab-subset",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a pruned-vocabulary draft: the output layer scores only the N most frequent tokens of --vocab-corpus "
+        "plus the special tokens; verification stays lossless (default: the whole vocabulary)",
+    )
+    c.add_argument(
+        "--vocab-corpus",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="text file to count token frequencies in, repeatable (default: the Python standard library's sources "
+        "and documentation topics)",
+    )
 
     k = sub.add_parser("cost", help="the cost model of speculative decoding: expected tokens and speedup per K", **fmt)
     k.add_argument("--alpha", "-a", type=float, required=True, help="per-token acceptance rate a in [0, 1]")
@@ -347,7 +363,18 @@ def _models(a: argparse.Namespace) -> int:
 def _convert(a: argparse.Namespace) -> int:
     from specrt.convert import convert
 
-    print(convert(a.src, a.out, dtype=a.dtype, force=a.force, max_positions=a.max_positions, num_layers=a.num_layers))
+    print(
+        convert(
+            a.src,
+            a.out,
+            dtype=a.dtype,
+            force=a.force,
+            max_positions=a.max_positions,
+            num_layers=a.num_layers,
+            vocab_subset=a.vocab_subset,
+            vocab_corpus=a.vocab_corpus,
+        )
+    )
     return 0
 
 

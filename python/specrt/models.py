@@ -481,7 +481,49 @@ def truncated(name: str, num_layers: int, dtype: str = "fp32", *, force: bool = 
     return _pull_into(name, dtype, out, int(num_layers), force=force, progress=progress)
 
 
-def _pull_into(name: str, dtype: str, out: Path, num_layers: int | None, *, force: bool, progress: bool) -> Path:
+def pruned(
+    name: str,
+    vocab_subset: int,
+    dtype: str = "fp32",
+    *,
+    num_layers: int | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
+    """A known model whose output layer scores only its ``vocab_subset`` most frequent tokens (a cheaper draft;
+    see :mod:`specrt.convert.vocab_subset`), converted and cached in ``models/<name>/<dtype>-V<N>[-L<layers>]/``.
+
+    Args:
+        name: a key of :data:`MODELS`.
+        vocab_subset: ``N``, token ids to keep (special tokens included).
+        dtype: weight format, as for :func:`pull`.
+        num_layers: also keep only the first blocks (as :func:`truncated`); ``None`` = all.
+        force: reconvert even if cached.
+        progress: tqdm bars.
+
+    Returns:
+        The model folder (with ``vocab_subset.json``).
+
+    Raises:
+        UnknownModelError: ``name`` is not in the registry.
+        specrt.convert.UnsupportedModelError: ``vocab_subset`` or ``num_layers`` out of range.
+        (plus whatever :func:`pull` raises)
+    """
+    suffix = f"-L{int(num_layers)}" if num_layers is not None else ""
+    out = cache_dir() / "models" / name / f"{dtype}-V{int(vocab_subset)}{suffix}"
+    return _pull_into(name, dtype, out, num_layers, force=force, progress=progress, vocab_subset=int(vocab_subset))
+
+
+def _pull_into(
+    name: str,
+    dtype: str,
+    out: Path,
+    num_layers: int | None,
+    *,
+    force: bool,
+    progress: bool,
+    vocab_subset: int | None = None,
+) -> Path:
     from specrt.convert import convert
 
     src = _source(name)
@@ -499,6 +541,7 @@ def _pull_into(name: str, dtype: str, out: Path, num_layers: int | None, *, forc
         provenance=_provenance(src),
         progress=progress,
         num_layers=num_layers,
+        vocab_subset=vocab_subset,
     )
 
 

@@ -21,8 +21,11 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from specrt.convert.errors import (
     ConversionError,
@@ -182,6 +185,36 @@ def plan_for(dtype: str) -> WeightPlan:
     raise UnsupportedModelError(f"dtype {dtype!r} is not supported; supported: {', '.join(SUPPORTED_DTYPES)}")
 
 
+def _vocab_subset(
+    subset: int | Sequence[int] | None,
+    corpus: Sequence[str | os.PathLike[str]] | None,
+    tokenizer: Any,
+    tok_info: Any,
+    vocab_size: int,
+) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """The head rows of a pruned-vocabulary model (ascending ids) and how they were chosen."""
+    if subset is None:
+        return None, {}
+    if isinstance(subset, int) and not isinstance(subset, bool):
+        from specrt.convert.vocab_subset import frequent_token_ids
+
+        always = [*tok_info.special_tokens.values(), *tok_info.eos_token_ids]
+        if tok_info.bos_token_id is not None:
+            always.append(tok_info.bos_token_id)
+        try:
+            ids, info = frequent_token_ids(tokenizer, subset, corpus, always=always, vocab_size=vocab_size)
+        except ValueError as e:
+            raise UnsupportedModelError(str(e)) from None
+        return np.asarray(ids, dtype=np.int64), {"chosen_by": "corpus frequency", **info}
+    ids = sorted({int(t) for t in subset})
+    if not ids or ids[0] < 0 or ids[-1] >= vocab_size:
+        raise UnsupportedModelError(
+            f"vocab_subset ids must be non-empty and in 0 .. {vocab_size - 1} (got {len(ids)} ids, "
+            f"range {ids[0] if ids else None} .. {ids[-1] if ids else None})"
+        )
+    return np.asarray(ids, dtype=np.int64), {"chosen_by": "given"}
+
+
 def convert(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -195,6 +228,8 @@ def convert(
     check: bool = True,
     num_layers: int | None = None,
     plan: WeightPlan | None = None,
+    vocab_subset: int | Sequence[int] | None = None,
+    vocab_corpus: Sequence[str | os.PathLike[str]] | None = None,
 ) -> Path:
     """Convert a GGUF file or a Hugging Face folder (``llama`` or ``qwen2``) into a specrt ONNX model folder.
 
@@ -220,6 +255,12 @@ def convert(
         num_layers: keep only the first ``num_layers`` decoder blocks (final norm and head as usual): a cheap
             self-draft sharing the tokenizer and the embedding. ``None`` keeps all of them.
         plan: override the storage per weight kind (experiments; ``dtype`` is then only recorded).
+        vocab_subset: a pruned-vocabulary draft: the output layer scores only these token ids (a sequence), or the
+            ``N`` most frequent ids of ``vocab_corpus`` plus every special token (an int; see
+            :mod:`specrt.convert.vocab_subset`). Verification against a full target stays exactly lossless; the
+            ids are written to ``vocab_subset.json``. ``None`` keeps the whole vocabulary.
+        vocab_corpus: text files to count tokens in for an int ``vocab_subset`` (default: the Python standard
+            library's sources and documentation topics).
 
     Returns:
         ``Path(out)``.
@@ -232,7 +273,8 @@ def convert(
     ``eos_token_ids``,
     ``pad_token_id``, ``add_bos_token``, ``special_tokens`` (content -> id), ``source``, ``source_sha256``,
     ``source_name``, ``min_onnxruntime``, ``onnx_opset``, ``converter``; with ``num_layers`` also
-    ``truncated_from`` (the source's block count).
+    ``truncated_from`` (the source's block count); with ``vocab_subset`` also ``full_vocab_size`` and
+    ``vocab_subset`` (the file name), ``vocab_size`` then being the subset's size.
 
     Raises:
         UnsupportedModelError: ``dtype`` other than fp32, RoPE scaling, partial rotary, unknown quantization,
@@ -278,6 +320,7 @@ def convert(
             )
         if max_positions is not None and max_positions < 1:
             raise UnsupportedModelError(f"max_positions must be positive, got {max_positions}")
+        head_rows, subset_info = _vocab_subset(vocab_subset, vocab_corpus, tokenizer, tok_info, spec.vocab_size)
 
         out.parent.mkdir(parents=True, exist_ok=True)
         need = estimate_output_bytes(model, spec, max_positions, dtype)
@@ -309,6 +352,7 @@ def convert(
                     graph_name=str(model.get("general.name", "specrt_decoder")),
                     plan=plan,
                     get_quant=lambda name, bits: model.block_quant(name, bits, spec, plan.block_size),
+                    head_rows=head_rows,
                 )
             onnx.save_model(proto, str(tmp / "model.onnx"))
             del proto
@@ -328,7 +372,7 @@ def convert(
             config: dict[str, Any] = {
                 "architecture": spec.architecture,
                 "hf_architecture": spec.arch.hf_architecture,
-                "vocab_size": spec.vocab_size,
+                "vocab_size": spec.vocab_size if head_rows is None else len(head_rows),
                 "tokenizer_vocab_size": tok_info.vocab_size,
                 "num_layers": spec.num_layers,
                 "num_attention_heads": spec.num_attention_heads,
@@ -356,9 +400,17 @@ def convert(
                 "onnx_opset": OPSET,
                 "converter": "specrt.convert",
                 **({"truncated_from": full_layers} if num_layers is not None else {}),
+                **(
+                    {"full_vocab_size": spec.vocab_size, "vocab_subset": "vocab_subset.json"}
+                    if head_rows is not None
+                    else {}
+                ),
                 "conversion_seconds": round(time.perf_counter() - t0, 1),
             }
             (tmp / "specrt_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+            if head_rows is not None:
+                subset_doc = {"token_ids": [int(t) for t in head_rows], **subset_info}
+                (tmp / "vocab_subset.json").write_text(json.dumps(subset_doc) + "\n", encoding="utf-8")
             (tmp / "NOTICE").write_text(
                 (_hf_notice(model, sha, provenance, dtype) if hf else _notice(model, src, sha, provenance, dtype)),
                 encoding="utf-8",

@@ -231,6 +231,7 @@ def build_decoder(
     graph_name: str = "specrt_decoder",
     plan: WeightPlan | None = None,
     get_quant: Callable[[str, int], BlockQuant] | None = None,
+    head_rows: np.ndarray | None = None,
 ) -> onnx.ModelProto:
     """Build the decoder ``ModelProto``; every weight is streamed to ``writer``.
 
@@ -246,6 +247,8 @@ def build_decoder(
         plan: precision per weight kind (default: all float32).
         get_quant: GGUF tensor name, bits -> :class:`BlockQuant` ``[out, in]`` (half-split Q/K rows) for the
             quantized kinds of ``plan``; default: round-to-nearest of ``get_weight(name)`` at ``plan.block_size``.
+        head_rows: ``[N]`` ascending token ids: a pruned-vocabulary head that scores only these ids (logits
+            ``[1, n, N]`` in this order; quantized heads are rounded to nearest from the float rows); ``None`` = all.
 
     Returns:
         The ``ModelProto`` (initializers reference ``writer``'s file; save it next to that file).
@@ -288,7 +291,8 @@ def build_decoder(
         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total_sequence_length"]),
         helper.make_tensor_value_info("num_logits_to_keep", TensorProto.INT64, []),
     ]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "num_logits", spec.vocab_size])]
+    n_out = spec.vocab_size if head_rows is None else len(head_rows)  # logits width
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "num_logits", n_out])]
     for i in range(spec.num_layers):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", ft_proto, kv_dims))
@@ -303,7 +307,7 @@ def build_decoder(
     b.const("const_int64_max", np.array([np.iinfo(np.int64).max], dtype=np.int64))
     b.const("const_eps", np.array(spec.rms_norm_eps, dtype=ft))
     b.const("const_shape_2d", np.array([-1, H], dtype=np.int64))
-    b.const("const_shape_logits", np.array([1, -1, spec.vocab_size], dtype=np.int64))
+    b.const("const_shape_logits", np.array([1, -1, n_out], dtype=np.int64))
     total = b.op1("ReduceSum", ["attention_mask", "const_axes_1"], name="mask/sum", keepdims=0)  # [1] int64
     seqlens_k = b.op1("Cast", [b.op1("Sub", [total, "const_one_i64"], name="mask/minus_one")], name="seqlens_k", to=6)
     total_len = b.op1("Shape", ["attention_mask"], name="mask/shape", start=1, end=2)  # [1] int64
@@ -408,8 +412,10 @@ def build_decoder(
     h = b.op1("Slice", [h, starts, "const_int64_max", "const_axes_1"], name="keep/slice")
     head_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
     head_bits = MATRIX_KINDS[plan.head]
+    if head_rows is not None:
+        sub = np.ascontiguousarray(w(head_name)[head_rows])  # [N, H]
     if head_bits is not None:  # MatMulNBits keeps the [1, n, H] -> [1, n, vocab] shape
-        bq = quant(head_name, head_bits)
+        bq = quant(head_name, head_bits) if head_rows is None else quantize_rtn(sub, head_bits, plan.block_size)
         logits = b.matmul_nbits(h, bq, "lm_head", plan.accuracy_level)
         del bq
         b.nodes[-1].output[0] = "logits"
@@ -420,7 +426,10 @@ def build_decoder(
             if head_shares_embed
             else ("output.weight" if not spec.tied_embeddings else "lm_head.weight")
         )
-        if not head_shares_embed:
+        if head_rows is not None:
+            head = "lm_head_subset.weight"
+            b.weight(head, sub)
+        elif not head_shares_embed:
             b.weight(head, w(head_name))
         h2 = b.op1("Reshape", [h, "const_shape_2d"], name="lm_head/flatten")
         logits2 = b.op1("Gemm", [h2, head], name="lm_head", transB=1)

@@ -15,6 +15,7 @@ pub mod ngram;
 pub mod rng;
 pub mod sampling;
 pub mod stats;
+pub mod subset;
 pub mod testing;
 pub mod verify;
 
@@ -29,6 +30,7 @@ pub use ngram::{NgramProposer, MAX_NGRAM_LEN};
 pub use rng::{PcgState, Rng};
 pub use sampling::{PenaltyContext, Sampler, SamplingParams};
 pub use stats::Stats;
+pub use subset::{SubsetBackend, VocabSubset};
 pub use verify::{
     verify, verify_coupled_into, LastToken, Verification, VerifyMode, MAX_DRAFT_TOKENS,
 };

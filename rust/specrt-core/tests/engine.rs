@@ -363,6 +363,23 @@ fn first_two_tokens_chi2<const V: usize>(
     n: u64,
     cfg: &GenerationConfig,
 ) -> (f64, f64, f64, u64) {
+    first_two_tokens_chi2_with::<V>(
+        t,
+        d.map(|d| Box::new(d) as Box<dyn Backend>),
+        prompt,
+        n,
+        cfg,
+    )
+}
+
+/// [`first_two_tokens_chi2`] with any draft backend.
+fn first_two_tokens_chi2_with<const V: usize>(
+    t: &MockModel,
+    d: Option<Box<dyn Backend>>,
+    prompt: &[u32],
+    n: u64,
+    cfg: &GenerationConfig,
+) -> (f64, f64, f64, u64) {
     let softmax = |seq: &[u32]| {
         let mut row = [0f32; V];
         t.row(seq, &mut row);
@@ -381,11 +398,7 @@ fn first_two_tokens_chi2<const V: usize>(
         }
     }
     let mut counts = vec![0u64; V * V];
-    let mut e = Engine::new(
-        Box::new(t.clone()),
-        d.map(|d| Box::new(d) as Box<dyn Backend>),
-    )
-    .unwrap();
+    let mut e = Engine::new(Box::new(t.clone()), d).unwrap();
     let mut n_ngram = 0;
     for seed in 0..n {
         let cfg = GenerationConfig {
@@ -747,4 +760,44 @@ fn coupled_speculative_output_equals_target_only_coupled_decoding() {
         n_accepted > 0,
         "no draft token was ever accepted: the test would not exercise acceptance"
     );
+}
+
+#[test]
+fn a_pruned_vocabulary_draft_keeps_the_target_distribution_and_greedy_parity() {
+    // q is zero outside the subset {0, 2, 3, 5}: tokens 1 and 4 can only come from the residual (or the bonus row).
+    let subset = || specrt_core::VocabSubset::new(vec![0, 2, 3, 5], 6).unwrap();
+    let t = MockModel::new(6, 64, 11, 1.5);
+    let pruned = || {
+        let d = MockModel::new(6, 64, 11, 1.5).with_noise(77, 0.5);
+        specrt_core::SubsetBackend::new(d, subset()).unwrap()
+    };
+    let mut e = Engine::new(Box::new(t.clone()), Some(Box::new(pruned()))).unwrap();
+    let cfg = GenerationConfig {
+        max_new_tokens: 40,
+        ..t1_cfg(3)
+    };
+    let out = e.generate(&[1, 4, 2], cfg, |_| true).unwrap();
+    assert!(out.stats.n_accepted > 0);
+    // Monte Carlo over the first two tokens (chi-square, as for the full draft).
+    let (stat, crit, cells, _) = first_two_tokens_chi2_with::<6>(
+        &t,
+        Some(Box::new(pruned())),
+        &[1, 4, 2],
+        40_000,
+        &t1_cfg(3),
+    );
+    assert!(
+        stat < crit,
+        "chi-square {stat:.1} >= {crit:.1} over {cells} cells"
+    );
+    // Greedy: token for token equal to target-only.
+    for k in [1, 4, 8] {
+        let reference = run(target(5), None, &[3, 1, 4], greedy_cfg(0, 40));
+        let sub =
+            specrt_core::VocabSubset::new((0..VOCAB as u32).step_by(3).collect(), VOCAB).unwrap();
+        let d = specrt_core::SubsetBackend::new(draft(5, 0.3), sub).unwrap();
+        let mut e = Engine::new(Box::new(target(5)), Some(Box::new(d))).unwrap();
+        let out = e.generate(&[3, 1, 4], greedy_cfg(k, 40), |_| true).unwrap();
+        assert_eq!(out.tokens, reference.tokens, "K={k}");
+    }
 }

@@ -13,6 +13,7 @@ use ort::{
     value::{DynTensor, DynValue, Tensor, TensorElementType, TensorRef, ValueType},
     AsPointer,
 };
+use specrt_core::subset::VocabSubset;
 use specrt_core::{backend::Backend, Result, SpecError};
 
 use crate::model::{
@@ -235,6 +236,8 @@ pub struct OrtBackend {
     provider: Provider,
     fallback_reason: Option<String>,
     model_file: PathBuf,
+    /// A pruned-vocabulary model: its `[rows, N]` logits are expanded to `[rows, vocab]` (`-inf` outside).
+    subset: Option<VocabSubset>,
 }
 
 impl OrtBackend {
@@ -424,6 +427,20 @@ impl OrtBackend {
         };
         let max_i64 = i64::try_from(max_seq_len)
             .map_err(|_| SpecError::Config("max_seq_len too large".into()))?;
+        let subset = match &config.vocab_subset {
+            Some((full, ids)) => {
+                if ids.len() != io.vocab_size {
+                    return Err(SpecError::Config(format!(
+                        "{}: the vocabulary subset has {} ids but the model scores {} tokens",
+                        model_file.display(),
+                        ids.len(),
+                        io.vocab_size
+                    )));
+                }
+                Some(VocabSubset::new(ids.clone(), *full)?)
+            }
+            None => None,
+        };
         let backend = OrtBackend {
             binding,
             kv,
@@ -441,6 +458,7 @@ impl OrtBackend {
             provider,
             fallback_reason: None,
             model_file: model_file.to_path_buf(),
+            subset,
         };
         Ok(backend)
     }
@@ -538,7 +556,11 @@ impl OrtBackend {
                 self.n_cached
             )));
         }
-        let vocab = self.io.vocab_size;
+        // Input ids index the full embedding, also for a pruned-vocabulary model.
+        let vocab = self
+            .subset
+            .as_ref()
+            .map_or(self.io.vocab_size, VocabSubset::full_vocab);
         if let Some((i, &t)) = tokens
             .iter()
             .enumerate()
@@ -763,8 +785,11 @@ impl OrtBackend {
 }
 
 impl Backend for OrtBackend {
+    /// The full vocabulary (a pruned-vocabulary model included: its rows are `-inf` outside its subset).
     fn vocab_size(&self) -> usize {
-        self.io.vocab_size
+        self.subset
+            .as_ref()
+            .map_or(self.io.vocab_size, VocabSubset::full_vocab)
     }
 
     fn max_seq_len(&self) -> usize {
@@ -782,6 +807,10 @@ impl Backend for OrtBackend {
         // outputs were synchronised above) and lives in `self` until the next call.
         let all =
             unsafe { std::slice::from_raw_parts(tensor.data_ptr().cast::<f32>(), rows * vocab) };
-        Ok(&all[(rows - n_logits) * vocab..])
+        let kept = &all[(rows - n_logits) * vocab..];
+        match self.subset.as_mut() {
+            Some(subset) => subset.expand(kept, n_logits),
+            None => Ok(kept),
+        }
     }
 }

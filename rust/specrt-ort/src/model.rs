@@ -44,6 +44,10 @@ pub struct SpecrtConfig {
     pub max_position_embeddings: Option<usize>,
     /// `kv_layout`.
     pub kv_layout: Option<KvLayout>,
+    /// A pruned-vocabulary model (`specrt convert --vocab-subset N`): the full vocabulary size
+    /// (`full_vocab_size`) and the `N` ascending token ids its logits score, in order (read from the file named by
+    /// `vocab_subset`, a JSON object with `token_ids`).
+    pub vocab_subset: Option<(usize, Vec<u32>)>,
 }
 
 impl SpecrtConfig {
@@ -82,10 +86,29 @@ impl SpecrtConfig {
                 )))
             }
         };
+        let vocab_subset = match obj.get("vocab_subset") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(file)) => {
+                let full = usize_field("full_vocab_size")?.ok_or_else(|| {
+                    SpecError::Io(format!(
+                        "{}: vocab_subset is set but full_vocab_size is missing",
+                        origin.display()
+                    ))
+                })?;
+                Some((full, read_subset_ids(&origin.with_file_name(file))?))
+            }
+            Some(v) => {
+                return Err(SpecError::Io(format!(
+                    "{}: vocab_subset = {v} is invalid (expected a file name)",
+                    origin.display()
+                )))
+            }
+        };
         Ok(SpecrtConfig {
             vocab_size: usize_field("vocab_size")?,
             max_position_embeddings: usize_field("max_position_embeddings")?,
             kv_layout,
+            vocab_subset,
         })
     }
 
@@ -101,6 +124,31 @@ impl SpecrtConfig {
             ))),
         }
     }
+}
+
+/// The `token_ids` list of a vocabulary-subset file (`{"token_ids": [...], ...}`).
+fn read_subset_ids(path: &Path) -> Result<Vec<u32>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| SpecError::Io(format!("cannot read {}: {e}", path.display())))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| SpecError::Io(format!("{} is not valid JSON: {e}", path.display())))?;
+    let ids = value
+        .get("token_ids")
+        .and_then(serde_json::Value::as_array)
+        .ok_or_else(|| SpecError::Io(format!("{} has no token_ids list", path.display())))?;
+    ids.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    SpecError::Io(format!(
+                        "{}: token_ids[{i}] = {v} is invalid (expected a token id)",
+                        path.display()
+                    ))
+                })
+        })
+        .collect()
 }
 
 /// Resolve a model folder (holding `model.onnx`) or a `.onnx` file path to the model file.
