@@ -12,10 +12,11 @@
 //! Without any, it prints how to get one and exits 0. The library comes from `find_ort_library(None)`.
 //!
 //! Each round is greedy (temperature 0) with a fixed K and the draft-model proposer, on a fixed ~40-token code
-//! prompt, `ignore_eos`, up to 192 new tokens per generation; a finished generation is restarted outside the timed
-//! region (prefill is never timed). criterion reports the time per round; after it, one line per K splits the
-//! measured rounds with the engine's own timers (`Stats::draft_ms`, `target_ms`, `core_ms`): ms/round total
-//! (wall), draft, target, verify+bookkeeping, and emitted tokens per round.
+//! prompt (cut to a quarter of the KV length), `ignore_eos`, up to 192 new tokens per generation; a finished
+//! generation is restarted outside the timed region (prefill is never timed). criterion reports the time per
+//! round; after it, one line per K splits the measured rounds with the engine's own timers (`Stats::draft_ms`,
+//! `target_ms`, `core_ms`): ms/round total (wall), draft, target, verify+bookkeeping, and emitted tokens per round.
+//! The KV caches hold 512 positions (the tiny model: its 256).
 //!
 //! `cargo bench -p specrt-ort --bench rounds` (criterion flags after `--`, e.g. `-- --measurement-time 20`).
 use std::hint::black_box;
@@ -46,10 +47,25 @@ fn env_path(name: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// The last two components of a model folder path (`smollm2-135m-instruct/fp32`), for labels.
+fn short(path: &Path) -> String {
+    let parts: Vec<_> = path.components().rev().take(2).collect();
+    parts
+        .iter()
+        .rev()
+        .map(|c| c.as_os_str().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 fn find_models() -> Option<Models> {
     if let Some(target) = env_path("SPECRT_BENCH_TARGET") {
         let draft = env_path("SPECRT_BENCH_DRAFT").unwrap_or_else(|| target.clone());
-        let label = format!("{} + draft {}", target.display(), draft.display());
+        let label = if draft == target {
+            format!("{} (own draft)", short(&target))
+        } else {
+            format!("{} + draft {}", short(&target), short(&draft))
+        };
         return Some(Models {
             target,
             draft,
@@ -69,9 +85,9 @@ fn find_models() -> Option<Models> {
     }
     let tiny = env_path("SPECRT_TEST_MODEL")?;
     Some(Models {
+        label: format!("{} (own draft)", short(&tiny)),
         target: tiny.clone(),
         draft: tiny,
-        label: "tiny test model (own draft)".to_owned(),
     })
 }
 
@@ -110,7 +126,7 @@ impl Totals {
     fn line(&self, k: usize) -> String {
         let n = self.n_rounds.max(1) as f64;
         format!(
-            "K={k}: {:.2} ms/round total, draft {:.2}, target {:.2}, verify+bookkeeping {:.3}, {:.2} tokens/round \
+            "K={k}: {:.3} ms/round total, draft {:.3}, target {:.3}, verify+bookkeeping {:.4}, {:.2} tokens/round \
              ({} rounds)",
             self.wall.as_secs_f64() * 1e3 / n,
             self.draft_ms / n,
@@ -201,7 +217,10 @@ fn main() {
     options.max_seq_len = Some(512);
     let mut pipeline =
         Pipeline::load(&models.target, Some(&models.draft), &options).expect("load the models");
-    let prompt = prompt_ids(&models.target, pipeline.vocab_size());
+    let mut prompt = prompt_ids(&models.target, pipeline.vocab_size());
+    // Leave room for the generation in small models (the tiny model holds 256 positions).
+    prompt.truncate(pipeline.max_seq_len() / 4);
+    let max_new_tokens = MAX_NEW_TOKENS.min(pipeline.max_seq_len() - prompt.len());
     println!(
         "rounds bench: {} | {} logical CPUs ({}) | {} intra-op threads | prompt {} tokens | {}",
         models.label,
@@ -222,7 +241,7 @@ fn main() {
         let mut group = criterion.benchmark_group(format!("round {}", models.label));
         for k in KS {
             let request = GenerationRequest {
-                max_new_tokens: MAX_NEW_TOKENS,
+                max_new_tokens,
                 num_speculative_tokens: SpeculativeTokens::Fixed(k),
                 proposer: Some(Proposer::DraftModel),
                 temperature: Some(0.0),

@@ -238,17 +238,20 @@ mod tests {
     }
 
     #[test]
-    fn explicit_path_wins_over_every_variable() {
+    fn explicit_path_then_specrt_variable_then_ort_dylib_path() {
         let tmp = tempfile::tempdir().unwrap();
         let explicit = tmp.path().join("a/libonnxruntime.so.1.20.0");
-        let from_env = tmp.path().join("b/libonnxruntime.so.1.22.0");
-        touch(&explicit);
-        touch(&from_env);
+        let ours = tmp.path().join("b/libonnxruntime.so.1.21.0");
+        let theirs = tmp.path().join("c/libonnxruntime.so.1.22.0");
+        for p in [&explicit, &ours, &theirs] {
+            touch(p);
+        }
         let _env = EnvGuard::new(&[
-            (ORT_LIBRARY_ENV, Some(from_env.as_os_str())),
-            (ORT_DYLIB_PATH_ENV, Some(from_env.as_os_str())),
+            (ORT_LIBRARY_ENV, Some(ours.as_os_str())),
+            (ORT_DYLIB_PATH_ENV, Some(theirs.as_os_str())),
         ]);
         assert_eq!(find_in(Some(&explicit), &[]).unwrap(), explicit);
+        assert_eq!(find_in(None, &[]).unwrap(), ours);
     }
 
     #[test]
@@ -262,20 +265,6 @@ mod tests {
             msg.contains("--ort-library") && msg.contains("/nonexistent/libonnxruntime.so.1.2"),
             "{msg}"
         );
-    }
-
-    #[test]
-    fn specrt_variable_comes_before_ort_dylib_path() {
-        let tmp = tempfile::tempdir().unwrap();
-        let ours = tmp.path().join("libonnxruntime.so.1.21.0");
-        let theirs = tmp.path().join("other/libonnxruntime.so.1.22.0");
-        touch(&ours);
-        touch(&theirs);
-        let _env = EnvGuard::new(&[
-            (ORT_LIBRARY_ENV, Some(ours.as_os_str())),
-            (ORT_DYLIB_PATH_ENV, Some(theirs.as_os_str())),
-        ]);
-        assert_eq!(find_in(None, &[]).unwrap(), ours);
     }
 
     #[test]

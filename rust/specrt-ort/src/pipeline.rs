@@ -844,57 +844,53 @@ mod tests {
     #[test]
     fn bad_settings_name_the_value_and_the_allowed_set() {
         let p = pipeline(false, FolderDefaults::default());
-        let m = config_error(
-            &p,
-            &GenerationRequest {
-                proposer: Some(Proposer::DraftModel),
-                ..GenerationRequest::default()
-            },
-        );
-        assert!(
-            m.contains("\"draft\"") && m.contains("needs a draft model"),
-            "{m}"
-        );
-        let m = config_error(
-            &p,
-            &GenerationRequest {
-                num_speculative_tokens: SpeculativeTokens::Fixed(65),
-                ..GenerationRequest::default()
-            },
-        );
-        assert!(m.contains("65") && m.contains("0 <= K <= 64"), "{m}");
-        let m = config_error(
-            &p,
-            &GenerationRequest {
-                pinned_costs: Some(PinnedCosts {
-                    c_draft: 1.0,
-                    c_verify: vec![1.0; 9],
-                }),
-                ..GenerationRequest::default()
-            },
-        );
-        assert!(m.contains("pinned_costs"), "{m}");
-        let m = config_error(
-            &p,
-            &GenerationRequest {
-                proposer: Some(Proposer::Ngram),
-                prompt_lookup_min: 5,
-                prompt_lookup_max: 3,
-                ..GenerationRequest::default()
-            },
-        );
-        assert!(
-            m.contains("prompt_lookup_min = 5") && m.contains("<= 32"),
-            "{m}"
-        );
-        let m = config_error(
-            &p,
-            &GenerationRequest {
-                temperature: Some(-1.0),
-                ..GenerationRequest::default()
-            },
-        );
-        assert!(m.contains("temperature -1"), "{m}");
+        let pinned = PinnedCosts {
+            c_draft: 1.0,
+            c_verify: vec![1.0; 9],
+        };
+        let cases = [
+            (
+                GenerationRequest {
+                    proposer: Some(Proposer::DraftModel),
+                    ..GenerationRequest::default()
+                },
+                "proposer \"draft\" needs a draft model",
+            ),
+            (
+                GenerationRequest {
+                    num_speculative_tokens: SpeculativeTokens::Fixed(65),
+                    ..GenerationRequest::default()
+                },
+                "65 is invalid (expected 0 <= K <= 64",
+            ),
+            (
+                GenerationRequest {
+                    pinned_costs: Some(pinned),
+                    ..GenerationRequest::default()
+                },
+                "pinned_costs only apply",
+            ),
+            (
+                GenerationRequest {
+                    proposer: Some(Proposer::Ngram),
+                    prompt_lookup_min: 5,
+                    prompt_lookup_max: 3,
+                    ..GenerationRequest::default()
+                },
+                "prompt_lookup_min = 5",
+            ),
+            (
+                GenerationRequest {
+                    temperature: Some(-1.0),
+                    ..GenerationRequest::default()
+                },
+                "temperature -1",
+            ),
+        ];
+        for (request, needle) in cases {
+            let m = config_error(&p, &request);
+            assert!(m.contains(needle), "{needle:?} not in {m:?}");
+        }
         let m = "beam".parse::<Proposer>().unwrap_err().to_string();
         assert!(
             m.contains("\"beam\"") && m.contains("\"ngram+draft\""),
@@ -944,16 +940,22 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn greedy_speculative_equals_target_only_and_streams_every_token() {
+    /// Greedy settings for 40 tokens, and the target-only output under them for the prompt `[1, 2, 3]`.
+    fn greedy_reference() -> (GenerationRequest, GenerationOutput) {
         let request = GenerationRequest {
             temperature: Some(0.0),
             max_new_tokens: 40,
             ..GenerationRequest::default()
         };
-        let plain = pipeline(false, FolderDefaults::default())
+        let out = pipeline(false, FolderDefaults::default())
             .generate(&[1, 2, 3], &request)
             .unwrap();
+        (request, out)
+    }
+
+    #[test]
+    fn greedy_speculative_equals_target_only_and_streams_every_token() {
+        let (request, plain) = greedy_reference();
         let mut streamed = Vec::new();
         let spec = pipeline(true, FolderDefaults::default())
             .generate_stream(&[1, 2, 3], &request, |step| {
@@ -969,14 +971,7 @@ mod tests {
 
     #[test]
     fn folder_eos_and_stop_ids_end_generation() {
-        let request = GenerationRequest {
-            temperature: Some(0.0),
-            max_new_tokens: 40,
-            ..GenerationRequest::default()
-        };
-        let free = pipeline(false, FolderDefaults::default())
-            .generate(&[1, 2, 3], &request)
-            .unwrap();
+        let (request, free) = greedy_reference();
         let eos = free.tokens[5];
         let first = free.tokens.iter().position(|&t| t == eos).unwrap();
         let defaults = FolderDefaults {
