@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--alpha", type=float, default=1e-3, help="significance level: fail when the p-value is below")
     v.add_argument("--no-parity", action="store_true", help="skip the greedy token-for-token parity check")
     v.add_argument("--max-seq-len", type=int, default=2048, help="KV cache length per model")
-    v.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON to FILE")
+    v.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON to FILE (default: none)")
     v.add_argument("--fault", default=None, choices=["residual_from_draft"], help=argparse.SUPPRESS)
 
     from specrt import bench

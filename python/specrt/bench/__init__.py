@@ -34,39 +34,70 @@ Every timing figure is the median over at least three repetitions, with the min 
 Timings depend on machine load: ``machine.load_avg_start`` / ``load_avg_end`` are recorded and the table warns when
 the machine was busy.
 
+**CUDA** (``provider="cuda"``, ``specrt bench --provider cuda``): every model the bench loads runs on the GPU, fp16
+(registry names are pulled as fp16 unless ``dtype`` says otherwise), and t(n), the target's forward over n tokens, is
+measured for n = 1..16 (``verify_ns``). Without a usable CUDA provider the run stops before any work with
+``ProviderError`` (the message names ``pip install 'specrt[cuda]'``).
+
+**Random weights** (``random_shapes``, :mod:`specrt.bench.random_models`): GPU time does not depend on the weight
+values, acceptance does. The bench writes random-weight models in the real shapes (``qwen2.5-coder``: the 1.5B target
+and 0.5B draft of Qwen2.5-Coder), measures t(n), c_q and c_p on them, and predicts the real pair's speedup over K
+from those costs and ``acceptance`` (default :data:`QWEN_CODER_ACCEPTANCE`, measured on the CPU):
+``random_weights.prediction`` (:func:`predict_from_acceptance`). It checks the cost model on two synthetic pairs
+whose acceptance it measures: the random draft (a ~ 0; ``main``) and the target's own first layers as draft
+(acceptance ~1, since the target's layers are scaled down; ``random_weights.full_acceptance``, and the sweeps).
+
 Modules (this package re-exports their public names): ``config`` (:class:`BenchConfig`, validation, paths),
-``prompts`` (the prompt file), ``stats`` (statistics of timed runs, the cost model's prediction), ``runner``
-(measuring), ``peers`` (the optional peers), ``report`` (tables), ``plots`` (PNGs), ``cli`` (``specrt bench``).
+``prompts`` (the prompt file), ``stats`` (statistics of timed runs, the cost model's prediction), ``random_models``
+(random-weight models in real shapes), ``runner`` (measuring), ``peers`` (the optional peers), ``report`` (tables),
+``plots`` (PNGs), ``cli`` (``specrt bench``).
 """
 
 from __future__ import annotations
 
 from specrt.bench.cli import HELP, add_arguments, config_from_args, run_cli, save
-from specrt.bench.config import HF_MODES, PEERS, BenchConfig, validate_config
+from specrt.bench.config import (
+    HF_MODES,
+    PEERS,
+    PROVIDERS,
+    QWEN_CODER_ACCEPTANCE,
+    BenchConfig,
+    resolve_config,
+    validate_config,
+)
 from specrt.bench.peers import gguf_source, peer_modes, peer_warnings, run_peers
 from specrt.bench.plots import write_plots
 from specrt.bench.prompts import Prompt, default_prompts_path, load_prompts
+from specrt.bench.random_models import SHAPE_PAIRS, SHAPES, ensure_random_models
 from specrt.bench.report import render_table
-from specrt.bench.runner import SCHEMA, measure_verify_costs, run_bench, run_main, run_sweeps
-from specrt.bench.stats import predict, spread
+from specrt.bench.runner import SCHEMA, check_provider, measure_verify_costs, run_bench, run_main, run_sweeps
+from specrt.bench.stats import predict, predict_from_acceptance, spread
 
 __all__ = [
     "HELP",
     "HF_MODES",
     "PEERS",
+    "PROVIDERS",
+    "QWEN_CODER_ACCEPTANCE",
     "SCHEMA",
+    "SHAPES",
+    "SHAPE_PAIRS",
     "BenchConfig",
     "Prompt",
     "add_arguments",
+    "check_provider",
     "config_from_args",
     "default_prompts_path",
+    "ensure_random_models",
     "gguf_source",
     "load_prompts",
     "measure_verify_costs",
     "peer_modes",
     "peer_warnings",
     "predict",
+    "predict_from_acceptance",
     "render_table",
+    "resolve_config",
     "run_bench",
     "run_cli",
     "run_main",

@@ -10,10 +10,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specrt.bench.config import BenchConfig, default_out_dir, validate_config
+from specrt.bench.config import (
+    DEFAULT_DTYPE,
+    MAX_VERIFY_N,
+    PROVIDERS,
+    QWEN_CODER_ACCEPTANCE,
+    BenchConfig,
+    default_out_dir,
+    validate_config,
+)
 from specrt.bench.plots import write_plots
+from specrt.bench.random_models import SHAPE_PAIRS
 from specrt.bench.report import render_table
-from specrt.bench.runner import run_bench
+from specrt.bench.runner import check_provider, run_bench
 
 #: Help line of ``specrt bench``.
 HELP = "benchmark speculative vs target-only decoding against the cost model (tokens/s, E, a, c_q, c_p, c_verify)"
@@ -40,6 +49,18 @@ def _str_list(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
+def _n_list(value: str) -> tuple[int, ...]:
+    """``"1-16"``, ``"1,2,4,8"`` or ``"1-4,8,16"`` -> sorted distinct ints."""
+    out: set[int] = set()
+    try:
+        for part in _str_list(value):
+            lo, _, hi = part.partition("-")
+            out |= set(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a list of token counts like 1-16 or 1,2,4,8") from None
+    return tuple(sorted(out))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``specrt bench`` options to ``p``."""
     d = BenchConfig()
@@ -48,8 +69,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         choices=["fp32", "fp16", "int4", "int8"],
-        default=d.dtype,
-        help="weights of registry-named models (default fp32; folders are used as they are)",
+        default=None,
+        help="weights of registry-named models and of --random-shapes (default fp32 with --provider cpu, fp16 with "
+        "--provider cuda; folders are used as they are)",
+    )
+    p.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        default=d.provider,
+        help="execution provider of every model the bench loads (default cpu). cuda needs the CUDA build of ONNX "
+        "Runtime (pip install 'specrt[cuda]') and a GPU, checked before anything runs; it runs fp16 models "
+        "(registry names are pulled and converted with --dtype fp16 unless --dtype is given) and measures t(n) "
+        "for n = 1..16",
+    )
+    p.add_argument(
+        "--verify-ns",
+        type=_n_list,
+        default=(),
+        metavar="NS",
+        help=f"token counts n (1..{MAX_VERIFY_N}) whose target forward time t(n) is measured besides each K + 1, "
+        "as 1-16 or 1,2,4,8 (default: 1-16 with --provider cuda, only the Ks used on cpu)",
+    )
+    p.add_argument(
+        "--random-shapes",
+        choices=list(SHAPE_PAIRS),
+        default=None,
+        help="bench random-weight models in these shapes instead of --target/--draft (qwen2.5-coder: the "
+        "Qwen2.5-Coder 1.5B target and 0.5B draft, vocab 151936; tiny: for tests), written and converted once "
+        "under <specrt cache>/random/<shapes>-<dtype>/. GPU time does not depend on the weights: the report "
+        "predicts the real pair's speedup from the costs measured on the real shapes and --acceptance, and checks "
+        "the cost model on a pair of known acceptance (the target with its layers scaled down, its first layers as "
+        "draft: acceptance ~1)",
+    )
+    p.add_argument(
+        "--random-tokenizer",
+        default=None,
+        metavar="DIR",
+        help="tokenizer folder for --random-shapes (tokenizer.json, optionally tokenizer_config.json, "
+        "chat_template.jinja; default: the real pair's from specrt's model cache, else a byte-level stand-in)",
+    )
+    p.add_argument(
+        "--acceptance",
+        type=float,
+        default=None,
+        metavar="A",
+        help="per-token acceptance a of the real pair for the --random-shapes prediction (default "
+        f"{QWEN_CODER_ACCEPTANCE}: the a of the mean E of the default CPU run of the Qwen2.5-Coder pair, "
+        "benches/results/default-fp32-with-peers-2026-11-29.json)",
     )
     p.add_argument("--prompts-file", default=None, help="prompt file (default benches/prompts.json)")
     p.add_argument("--prompt-set", default=None, help="named set for the main table (default 'main'; 'all')")
@@ -112,7 +178,12 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     given = {
         "target": a.target,
         "draft": a.draft,
-        "dtype": a.dtype,
+        "dtype": a.dtype or DEFAULT_DTYPE[a.provider],
+        "provider": a.provider,
+        "verify_ns": a.verify_ns,
+        "random_shapes": a.random_shapes,
+        "random_tokenizer": a.random_tokenizer,
+        "acceptance": a.acceptance,
         "prompts_file": a.prompts_file,
         "prompt_set": a.prompt_set,
         "prompt_ids": a.prompts,
@@ -165,10 +236,13 @@ def save(report: dict[str, Any], cfg: BenchConfig) -> dict[str, Path]:
 
 def run_cli(a: argparse.Namespace) -> int:
     """``specrt bench``: run, print the table, write JSON (+ PNGs). Returns the exit code."""
+    from specrt.errors import ProviderError
+
     cfg = config_from_args(a)
     try:
         validate_config(cfg)
-    except ValueError as e:
+        check_provider(cfg.provider)
+    except (ValueError, ProviderError, FileNotFoundError) as e:
         print(f"specrt bench: error: {e}", file=sys.stderr)
         return 2
     report = run_bench(cfg)

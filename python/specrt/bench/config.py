@@ -15,12 +15,18 @@ class BenchConfig:
     """Settings of one bench run (``specrt bench --help`` documents each).
 
     Token counts are new tokens per generation; ``k`` is an int or ``"auto"``; temperatures are floats (0 =
-    greedy); ``threads`` = ONNX Runtime intra-op threads per model.
+    greedy); ``threads`` = ONNX Runtime intra-op threads per model. ``None`` in ``dtype``, ``acceptance`` and an
+    empty ``verify_ns`` mean "the default for this provider / mode" (:func:`resolve_config`).
     """
 
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str = "qwen2.5-coder-0.5b-instruct"
-    dtype: str = "fp32"
+    dtype: str | None = None
+    provider: str = "cpu"
+    random_shapes: str | None = None
+    random_tokenizer: str | None = None
+    acceptance: float | None = None
+    verify_ns: tuple[int, ...] = ()
     prompts_file: str | None = None
     prompt_set: str = "main"
     prompt_ids: tuple[str, ...] = ()
@@ -73,13 +79,81 @@ PEERS = ("genai", "hf")
 
 HF_MODES = ("target_only", "assisted", "assisted_dynamic")
 
+#: Execution providers of ``--provider``, and the weights each uses for registry names unless ``--dtype`` says.
+PROVIDERS = ("cpu", "cuda")
+DEFAULT_DTYPE = {"cpu": "fp32", "cuda": "fp16"}
+
+#: The n of t(n) (target forward over n tokens) measured on CUDA unless ``--verify-ns`` says: 1..16.
+CUDA_VERIFY_NS = tuple(range(1, 17))
+
+#: Largest n of ``--verify-ns``.
+MAX_VERIFY_N = 64
+
+#: Per-token acceptance a of the real Qwen2.5-Coder 1.5B / 0.5B pair, the default of ``--acceptance``: the a whose
+#: geometric model (1 - a^5) / (1 - a) gives E = 4.154, the mean tokens per round at K = 4 (fp32, greedy, the 'main'
+#: set, CPU) of the default run in benches/results/default-fp32-with-peers-2026-11-29.json
+#: (``main.totals.all.mean_tokens_per_round``; benches/RESULTS.md, "The default run"). Its per-prompt a: 0.83-0.99.
+QWEN_CODER_ACCEPTANCE = 0.907
+
+#: Where :data:`QWEN_CODER_ACCEPTANCE` comes from (recorded in the report).
+QWEN_CODER_ACCEPTANCE_SOURCE = (
+    "benches/results/default-fp32-with-peers-2026-11-29.json: a fitted to the mean E = 4.154 at K = 4 "
+    "(Qwen2.5-Coder 1.5B / 0.5B, fp32, greedy, 'main' set, CPU)"
+)
+
+
+def model_dtype(cfg: BenchConfig) -> str:
+    """The weights of registry-named models: ``cfg.dtype``, else fp16 on CUDA and fp32 on CPU."""
+    return cfg.dtype or DEFAULT_DTYPE.get(cfg.provider, "fp32")
+
+
+def resolve_config(cfg: BenchConfig) -> BenchConfig:
+    """``cfg`` with the provider's and the mode's defaults filled in (what the report records).
+
+    ``dtype``: :func:`model_dtype`; ``verify_ns``: :data:`CUDA_VERIFY_NS` on CUDA; with ``random_shapes``:
+    ``acceptance`` defaults to :data:`QWEN_CODER_ACCEPTANCE` and ``ignore_eos`` is on (random weights stop at a
+    random EOS otherwise).
+    """
+    out = replace(cfg, dtype=model_dtype(cfg))
+    if not out.verify_ns and out.provider == "cuda":
+        out = replace(out, verify_ns=CUDA_VERIFY_NS)
+    if out.random_shapes is not None:
+        out = replace(out, ignore_eos=True)
+        if out.acceptance is None:
+            out = replace(out, acceptance=QWEN_CODER_ACCEPTANCE)
+    return out
+
 
 def validate_config(cfg: BenchConfig) -> None:
     """Check the settings that would otherwise fail late (after the specrt phases) or silently.
 
     Raises:
-        ValueError: a bad ``baseline``, ``repeats``, peer name or hf mode, naming the value and what is allowed.
+        ValueError: a bad ``baseline``, ``repeats``, peer name, hf mode, provider, dtype for the provider, random
+            shape name, acceptance or verify n, naming the value and what is allowed.
     """
+    from specrt.bench.random_models import SHAPE_PAIRS
+
+    if cfg.provider not in PROVIDERS:
+        raise ValueError(
+            f"provider {cfg.provider!r} is invalid (expected one of: {', '.join(repr(p) for p in PROVIDERS)})"
+        )
+    if cfg.provider == "cuda" and model_dtype(cfg) != "fp16":
+        raise ValueError(
+            f"dtype {cfg.dtype!r} is invalid with provider 'cuda' (expected 'fp16': the CUDA path runs float16 "
+            "models; leave --dtype out to get it)"
+        )
+    if cfg.random_shapes is not None and cfg.random_shapes not in SHAPE_PAIRS:
+        raise ValueError(f"random shapes {cfg.random_shapes!r} are unknown (expected one of: {', '.join(SHAPE_PAIRS)})")
+    if cfg.acceptance is not None and not 0.0 <= cfg.acceptance <= 1.0:
+        raise ValueError(f"acceptance {cfg.acceptance} is invalid (expected a per-token acceptance in [0, 1])")
+    bad_ns = [n for n in cfg.verify_ns if not 1 <= n <= MAX_VERIFY_N]
+    if bad_ns:
+        raise ValueError(f"verify ns {bad_ns} are invalid (expected token counts 1..{MAX_VERIFY_N})")
+    if cfg.peers and (cfg.provider != "cpu" or cfg.random_shapes is not None):
+        raise ValueError(
+            f"peers {list(cfg.peers)} run on CPU with the real models only (provider {cfg.provider!r}, random shapes "
+            f"{cfg.random_shapes!r})"
+        )
     if cfg.baseline not in ("separate", "k0"):
         raise ValueError(f"baseline {cfg.baseline!r} is invalid (expected one of: 'separate', 'k0')")
     if cfg.repeats < 1:
@@ -90,6 +164,20 @@ def validate_config(cfg: BenchConfig) -> None:
     bad = [m for m in cfg.hf_modes if m not in HF_MODES]
     if bad or not cfg.hf_modes:
         raise ValueError(f"hf modes {bad or list(cfg.hf_modes)} are invalid (expected some of: {', '.join(HF_MODES)})")
+
+
+def config_warnings(cfg: BenchConfig) -> list[str]:
+    """Settings that will have no effect, said before the run starts (the run goes on)."""
+    d = BenchConfig()
+    out = []
+    if cfg.random_shapes is not None and (cfg.target, cfg.draft) != (d.target, d.draft):
+        out.append(f"--target / --draft are not used with --random-shapes {cfg.random_shapes}")
+    if cfg.random_shapes is None:
+        if cfg.acceptance is not None:
+            out.append("--acceptance has no effect without --random-shapes (the real pair's acceptance is measured)")
+        if cfg.random_tokenizer is not None:
+            out.append("--random-tokenizer has no effect without --random-shapes")
+    return out
 
 
 def config_dict(cfg: BenchConfig) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specrt.bench.config import REPO_ROOT, BenchConfig, default_out_dir
+from specrt.bench.config import REPO_ROOT, BenchConfig, default_out_dir, model_dtype
 from specrt.bench.prompts import Prompt
 
 
@@ -21,8 +21,8 @@ def peer_warnings(cfg: BenchConfig) -> list[str]:
         python = _peer_python(cfg, peer)
         if peer in cfg.peers and not python.exists():
             out.append(f"peer {peer} will be skipped: no interpreter at {python} (benches/peers/setup_{peer}_venv.sh)")
-    if "hf" in cfg.peers and cfg.dtype != "fp32":
-        out.append(f"peer hf will be skipped: it runs float32 only (dtype {cfg.dtype!r})")
+    if "hf" in cfg.peers and model_dtype(cfg) != "fp32":
+        out.append(f"peer hf will be skipped: it runs float32 only (dtype {model_dtype(cfg)!r})")
     if "hf" not in cfg.peers and tuple(cfg.hf_modes) != BenchConfig.hf_modes:
         out.append("--hf-modes has no effect without --peers hf")
     return out
@@ -119,11 +119,11 @@ def run_peers(
             missing = [role for role, src in sources.items() if src is None]
             if not python.exists():
                 out[peer] = {"status": "skipped", "reason": f"no interpreter at {python} (see benches/README.md)"}
-            elif cfg.dtype != "fp32":
+            elif model_dtype(cfg) != "fp32":
                 out[peer] = {
                     "status": "skipped",
-                    "reason": f"transformers runs the GGUF dequantized to float32; dtype {cfg.dtype!r} would not "
-                    "compare the same precision (use --dtype fp32)",
+                    "reason": f"transformers runs the GGUF dequantized to float32; dtype {model_dtype(cfg)!r} would "
+                    "not compare the same precision (use --dtype fp32)",
                 }
             elif missing:
                 out[peer] = {

@@ -31,8 +31,13 @@ def write_plots(report: dict[str, Any], out_prefix: str | os.PathLike[str]) -> l
     prefix = Path(out_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     written = []
-    machine = f"{report['machine']['cpu']}, threads={report['config']['threads']}"
-    subtitle = f"{model_label(report['models']['target'])} / {model_label(report['models']['draft'])}"
+    m, cfg = report["machine"], report["config"]
+    machine = f"{m['cpu']}, threads={cfg['threads']}"
+    if cfg.get("provider") == "cuda":
+        machine += f", CUDA on {m.get('gpu') or 'GPU 0'}"
+    # With random weights the sweeps ran on the full-acceptance pair (report["random_weights"]).
+    models = (report.get("random_weights") or {}).get(sw.get("pair") or "", {}).get("models") or report["models"]
+    subtitle = f"{model_label(models['target'])} / {model_label(models['draft'])}"
 
     def panel_grid(n: int) -> tuple[Any, list[Any]]:
         fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.2), squeeze=False)

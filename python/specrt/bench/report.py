@@ -112,6 +112,107 @@ def _main_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list
     return [("speed", speed_cols, speed, len(prompts)), ("cost model", cost_cols, cost, len(prompts))]
 
 
+def _tn_table(report: dict[str, Any]) -> tuple[str, list[str], list[list[str]], int] | None:
+    """t(n), the target's ms per forward over n tokens on each prompt's cache, when ``verify_ns`` was asked for."""
+    if not report["config"].get("verify_ns"):
+        return None
+    costs = report["verify_costs"]
+    ids = list(costs)
+    ns = sorted({int(n) for c in costs.values() for n in c["forward_ms"]})
+    cols = ["n", *(f"{pid} (L={costs[pid]['n_prompt_tokens']}) ms" for pid in ids), "t(n)/t(1)"]
+    rows = []
+    for n in ns:
+        ms = [costs[pid]["forward_ms"][str(n)]["median"] for pid in ids]
+        ratios = [m / costs[pid]["forward_ms"]["1"]["median"] for m, pid in zip(ms, ids, strict=True)]
+        rows.append([str(n), *(_ms(m) for m in ms), _f(sum(ratios) / len(ratios))])
+    return ("t(n): target forward over n tokens (median ms)", cols, rows, 0)
+
+
+def _random_tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], int]]:
+    """Random weights: the real shapes' costs, the real pair's predicted speedup over K, the cost-model check."""
+    rw = report["random_weights"]
+    prompts = report["main"]["prompts"]
+    costs = report["verify_costs"]
+    cost_cols = ["prompt", "L", "n", "target tok/s", "c_p ms", "t(1) ms", "c_q ms", "K", "cv/cp"]
+    cost_rows = [
+        [
+            p["id"],
+            str(p["n_prompt_tokens"]),
+            _f(med(p["target_only"]["n_emitted"]), ".0f"),
+            _sp(p["target_only"]["decode_tokens_per_s"]),
+            _ms(med(p["c_p_ms"])),
+            _ms(costs[p["id"]]["forward_ms"]["1"]["median"]),
+            _ms(med(p["c_q_ms"])),
+            str(p["k_model"]),
+            _f(p["c_verify_ratio"]),
+        ]
+        for p in prompts
+    ]
+    pred = rw["prediction"]
+    main_k = pred["k"] if isinstance(pred["k"], int) else pred["best_k"]
+    pred_cols = ["K", "E(a, K)", "cv/cp", "pred speedup", "pred spec tok/s", "note"]
+    e_at = {x["k"]: x["expected_tokens"] for p in pred["prompts"] for x in p["per_k"]}
+    pred_rows = [
+        [
+            str(x["k"]),
+            _f(e_at.get(x["k"])),
+            _f(x["c_verify_ratio"]),
+            _f(x["predicted_speedup"]),
+            _f(x["predicted_tokens_per_s"], ".1f"),
+            " ".join(t for t, on in (("best", x["k"] == pred["best_k"]), ("main K", x["k"] == main_k)) if on),
+        ]
+        for x in pred["mean_per_k"]
+    ]
+    pairs = [("random draft", report["main"]), ("truncated draft", rw["full_acceptance"]["main"])]
+    check_cols = ["pair", "prompt", "K", "acc", "E", "a", "target tok/s", "spec tok/s", "speedup", "pred", "meas/pred"]
+    check_rows = [
+        [
+            label,
+            _label(p),
+            str(p["k_model"]),
+            _f(med(p["acceptance_rate"])),
+            _f(med(p["mean_tokens_per_round"])),
+            _f(p["alpha_fit"]),
+            _sp(p["target_only"]["decode_tokens_per_s"]),
+            _sp(p["speculative"]["decode_tokens_per_s"]),
+            _sp(p["speedup"]),
+            _f(p["predicted_speedup"]),
+            _f(p["measured_over_predicted"]),
+        ]
+        for label, main in pairs
+        for p in main["prompts"]
+    ]
+    for label, main in pairs:
+        t = main["totals"]["all"]
+        tps = t["mean_decode_tokens_per_s"]
+        check_rows.append(
+            [
+                label,
+                f"mean, {len(t['prompts'])} prompts",
+                "",
+                _f(t["mean_acceptance_rate"]),
+                _f(t["mean_tokens_per_round"]),
+                "",
+                _sp(tps["target_only"]),
+                _sp(tps["speculative"]),
+                _sp(t["mean_speedup"]),
+                _f(t["mean_predicted_speedup"]),
+                _f(t["mean_measured_over_predicted"]),
+            ]
+        )
+    n_prompt_rows = sum(len(main["prompts"]) for _, main in pairs)
+    return [
+        ("real shapes, random weights: target-only speed and costs", cost_cols, cost_rows, len(cost_rows)),
+        (
+            f"predicted speedup of the real pair at a = {rw['acceptance']:.3f} (mean over prompts)",
+            pred_cols,
+            pred_rows,
+            0,
+        ),
+        ("cost-model check on synthetic pairs (measured acceptance)", check_cols, check_rows, n_prompt_rows),
+    ]
+
+
 def _sweep_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     cols = ["prompt", "K", "T", "speedup", "pred", "model(a_ref)", "acc", "E", "a", "cv/cp"]
     rows = []
@@ -216,20 +317,34 @@ def _plain_table(cols: list[str], rows: list[list[str]]) -> str:
 
 
 def model_label(path: str) -> str:
-    """``.../qwen2.5-coder-1.5b-instruct/fp32`` -> ``qwen2.5-coder-1.5b-instruct/fp32``; other folders: their name."""
+    """``.../qwen2.5-coder-1.5b-instruct/fp32`` -> ``qwen2.5-coder-1.5b-instruct/fp32``, ``.../random/tiny-fp32/draft``
+    -> ``tiny-fp32/draft``; other folders: their name."""
     p = Path(path)
-    return f"{p.parent.name}/{p.name}" if p.name in ("fp32", "fp16", "int4", "int8") else p.name
+    if p.name in ("fp32", "fp16", "int4", "int8") or p.parent.parent.name == "random":
+        return f"{p.parent.name}/{p.name}"
+    return p.name
 
 
 def _header(report: dict[str, Any]) -> str:
     cfg, m = report["config"], report["machine"]
     load = m.get("load_avg_start")
     busy = load is not None and load[0] > 0.5
+    provider = cfg.get("provider", "cpu")
+    where = f"{m['cpu']} ({m['n_cpus']} CPUs)" + (f"; CUDA on {m.get('gpu') or 'GPU 0'}" if provider == "cuda" else "")
+    rw = report.get("random_weights")
+    if rw:
+        t, d = rw["target_shape"], rw["draft_shape"]
+        models = (
+            f"random weights in the {rw['name']} shapes ({cfg['dtype']}): target {t['name']} (layers x"
+            f"{rw['target_layer_scale']:g}), draft {d['name']} and the target's first {rw['truncated_layers']} layers"
+        )
+        if rw["tokenizer"]["stand_in"]:
+            models += "; byte-level stand-in tokenizer (prompts longer in tokens than with the real one)"
+    else:
+        models = f"target {model_label(report['models']['target'])}, draft {model_label(report['models']['draft'])}"
     text = (
-        f"specrt bench: target {model_label(report['models']['target'])}, draft "
-        f"{model_label(report['models']['draft'])}, K={cfg['k']}, T={cfg['temperature']}, "
-        f"{cfg['max_new_tokens']} new tokens, {cfg['repeats']} interleaved repetitions, threads={cfg['threads']}; "
-        f"{m['cpu']} ({m['n_cpus']} CPUs)"
+        f"specrt bench: {models}, K={cfg['k']}, T={cfg['temperature']}, {cfg['max_new_tokens']} new "
+        f"tokens, {cfg['repeats']} interleaved repetitions, threads={cfg['threads']}; {where}"
     )
     if busy:
         text += f"\nwarning: load average {load[0]:.2f} when the bench started (CPU shared): timings are noisy"
@@ -246,6 +361,16 @@ _LEGEND = (
 )
 
 
+_RANDOM_LEGEND = (
+    "Random weights: GPU (or CPU) time does not depend on the weight values, acceptance does. real shapes: the "
+    "target and draft in the real pair's shapes; c_p: target-only ms/token; t(1): one-token forward; c_q: draft "
+    "ms/pass; cv/cp: c_verify(K)/c_p. pred speedup: c_p E(a, K)/(K c_q + c_verify(K)) at the real pair's a "
+    "(config 'acceptance'). cost-model check: random draft (a ~ 0) and truncated draft (the target's first layers, "
+    "a ~ 1) measured against the model at their measured E: pred = c_p E/(K c_q + c_verify(K)), meas/pred = "
+    "speedup/pred"
+)
+
+
 def _timing_line(report: dict[str, Any]) -> str:
     """``wall 21.3 min: specrt 19.0 (verify costs 0.4, load 0.3, main 12.1, sweeps 6.2), peer genai 2.3``."""
     ph = report.get("phase_s") or {}
@@ -254,7 +379,7 @@ def _timing_line(report: dict[str, Any]) -> str:
         return "-" if x is None else f"{x / 60:.1f}"
 
     inner = ", ".join(
-        f"{k.replace('_', ' ')} {m(ph[k])}" for k in ("verify_costs", "load", "main", "sweeps") if k in ph
+        f"{k.replace('_', ' ')} {m(v)}" for k, v in ph.items() if k != "specrt" and not k.startswith("peer_")
     )
     text = f"wall {m(report.get('wall_s'))} min"
     if "specrt" in ph:
@@ -274,18 +399,25 @@ def render_table(report: dict[str, Any], *, use_rich: bool | None = None, file: 
         file: where to print (default stdout).
     """
     file = file or sys.stdout
-    tables = _main_tables(report)
+    random = "random_weights" in report
+    tables = _random_tables(report) if random else _main_tables(report)
+    tn = _tn_table(report)
+    if tn is not None:
+        tables.insert(1, tn)
+    legend_after = tables[-1][0] if random else "cost model"
+    legend = _RANDOM_LEGEND if random else _LEGEND
     scols, srows = _sweep_rows(report)
     if srows:
-        tables.append(("sweeps", scols, srows, 0))
+        pair = (report.get("sweeps") or {}).get("pair")
+        tables.append((f"sweeps ({pair.replace('_', '-')} pair)" if pair else "sweeps", scols, srows, 0))
     pcols, prows, pnotes = _peer_rows(report)
     if prows:
         tables.append(("peers", pcols, prows, 0))
     parts = [_header(report)]
     for title, cols, rows, _ in tables:
         parts.append(f"{title}\n{_plain_table(cols, rows)}")
-        if title == "cost model":
-            parts.append(_LEGEND)
+        if title == legend_after:
+            parts.append(legend)
     parts += pnotes
     parts.append(_timing_line(report))
     plain = "\n\n".join(parts)
@@ -301,19 +433,20 @@ def render_table(report: dict[str, Any], *, use_rich: bool | None = None, file: 
         print(plain, file=file)
         return plain
     # Never narrower than the plain table: rich would elide cells; a narrow terminal wraps lines instead.
-    widest = max(len(line) for line in plain.splitlines() if not line.startswith(("tok/s:", "specrt bench:")))
+    prose = ("tok/s:", "Random weights:", "specrt bench:")  # the header and legends wrap
+    widest = max(len(line) for line in plain.splitlines() if not line.startswith(prose))
     console = Console(file=file)
     console = Console(file=file, width=max(console.width, widest + 3 * 12))
     console.print(Text(_header(report)))
     for title, cols, rows, n_prompt_rows in tables:
         t = Table(title=title, header_style="bold", title_justify="left")
         for i, c in enumerate(cols):
-            t.add_column(c, justify="left" if i == 0 or c == "kind" else "right", no_wrap=True)
+            t.add_column(c, justify="left" if i == 0 or c in ("kind", "prompt") else "right", no_wrap=True)
         for i, r in enumerate(rows):
             t.add_row(*(Text(v) for v in r), end_section=i == n_prompt_rows - 1)
         console.print(t)
-        if title == "cost model":
-            console.print(Text(_LEGEND, style="dim"))
+        if title == legend_after:
+            console.print(Text(legend, style="dim"))
     for n in pnotes:
         console.print(Text(n, style="yellow"))
     return plain

@@ -11,16 +11,41 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specrt.bench.config import REPO_ROOT, BenchConfig, config_dict, validate_config
+from specrt.bench.config import (
+    QWEN_CODER_ACCEPTANCE_SOURCE,
+    REPO_ROOT,
+    BenchConfig,
+    config_dict,
+    config_warnings,
+    resolve_config,
+    validate_config,
+)
 from specrt.bench.peers import peer_warnings, run_peers
 from specrt.bench.prompts import Prompt, load_prompts
-from specrt.bench.stats import Run, aggregate, med, spread, summarize_pair
+from specrt.bench.random_models import ensure_random_models
+from specrt.bench.stats import Run, aggregate, med, predict_from_acceptance, spread, summarize_pair
 
 #: JSON schema tag of the report.
 SCHEMA = "specrt.bench/1"
+
+
+def check_provider(provider: str) -> None:
+    """Fail before any model is pulled, written or loaded when ``provider`` cannot run here.
+
+    Raises:
+        ProviderError: ``"cuda"`` and the CUDA provider does not register: the CPU build of ONNX Runtime (the message
+            says ``pip install 'specrt[cuda]'``), no GPU or driver, or missing CUDA / cuDNN libraries.
+        FileNotFoundError: no ONNX Runtime is installed (the message names both install lines).
+    """
+    if provider == "cuda":
+        from specrt import _specrt
+        from specrt._ort import find_ort_library
+
+        _specrt.OrtModel.check_cuda(find_ort_library("cuda"), 0)
 
 
 def measure_verify_costs(
@@ -32,6 +57,7 @@ def measure_verify_costs(
     threads: int | None = None,
     max_seq_len: int | None = None,
     ort_library: str | None = None,
+    provider: str = "cpu",
     on_step: Callable[[], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """c_verify(K) / c_p of one model on a warm cache of each prompt's length.
@@ -49,6 +75,7 @@ def measure_verify_costs(
         threads: ONNX Runtime intra-op threads.
         max_seq_len: KV cache length (>= longest prompt + max K + 1).
         ort_library: path of libonnxruntime (default: :func:`specrt._ort.find_ort_library`).
+        provider: ``"cpu"`` or ``"cuda"`` (t(n) on the GPU; the logits come back to host memory, as in decoding).
         on_step: called after each timed or warm-up call (progress).
 
     Returns:
@@ -66,7 +93,8 @@ def measure_verify_costs(
     longest = max(len(t) for t in prompt_tokens.values())
     model = _specrt.OrtModel(
         str(model_path),
-        ort_library=ort_library or find_ort_library(),
+        ort_library=ort_library or find_ort_library(provider),
+        provider=provider,
         max_seq_len=max_seq_len or (longest + max(ns) + 1),
         intra_op_threads=threads,
     )
@@ -172,7 +200,15 @@ class _Progress:
             self.bar.close()
 
 
-def _machine() -> dict[str, Any]:
+def _gpu_name() -> str | None:
+    """``name, driver`` of GPU 0 from nvidia-smi, or None."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader", "--id=0"]
+        return subprocess.run(query, capture_output=True, text=True, timeout=10, check=False).stdout.strip() or None
+    return None
+
+
+def _machine(provider: str = "cpu") -> dict[str, Any]:
     cpu = platform.processor()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -191,20 +227,29 @@ def _machine() -> dict[str, Any]:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         git = ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"]
         commit = subprocess.run(git, capture_output=True, text=True, timeout=5, check=False).stdout.strip() or None
-    return {
+    from specrt._ort import find_ort_library
+
+    out = {
         "cpu": cpu,
         "n_cpus": os.cpu_count(),
         "python": platform.python_version(),
         "onnxruntime": ort_version,
+        "ort_library": find_ort_library(),
+        "provider": provider,
         "git_commit": commit,
         "load_avg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
+    if provider == "cuda":
+        out["gpu"] = _gpu_name()
+    return out
 
 
 def _verify_ks(cfg: BenchConfig, sweeps: bool) -> list[int]:
+    """The Ks whose c_verify(K) is measured: the main K (0..8 for auto), the K sweep, and n - 1 for each verify n."""
     ks = set(range(9)) if cfg.k == "auto" else {0, int(cfg.k)}
     if sweeps:
         ks |= set(cfg.k_sweep)
+    ks |= {n - 1 for n in cfg.verify_ns}
     return sorted(ks)
 
 
@@ -380,8 +425,61 @@ def run_sweeps(
     }
 
 
+def _run_pair(
+    cfg: BenchConfig,
+    target_path: Path,
+    draft_path: Path,
+    *,
+    prompts: list[Prompt],
+    sweep_prompts: list[Prompt],
+    costs: dict[str, Any],
+    max_seq: int,
+    progress: _Progress,
+    phase_done: Callable[[str], None],
+    phase_prefix: str = "",
+    expected_tokens: dict[str, list[int]] | None = None,
+) -> dict[str, Any]:
+    """Load one target / draft pair, run the main table (and the sweeps when ``sweep_prompts``), release the pair.
+
+    ``expected_tokens``: prompt id -> the ids the bench encoded, checked against ``Decoder.encode``.
+    """
+    import specrt
+
+    progress.describe("loading models")
+    spec_dec = base_dec = None
+    try:
+        spec_dec = specrt.Decoder(
+            target_path, draft_path, provider=cfg.provider, max_seq_len=max_seq, intra_op_threads=cfg.threads
+        )
+        base_dec = (
+            spec_dec
+            if cfg.baseline == "k0"
+            else specrt.Decoder(
+                target_path, None, provider=cfg.provider, max_seq_len=max_seq, intra_op_threads=cfg.threads
+            )
+        )
+        all_prompts = {p.id: p for p in [*prompts, *sweep_prompts]}
+        for pid, ids in (expected_tokens or {}).items():
+            p = all_prompts[pid]
+            if spec_dec.encode(p.prompt, [dict(m) for m in p.messages] if p.messages else None) != ids:
+                raise RuntimeError(f"prompt {pid}: the bench's tokenization differs from Decoder.encode")
+        phase_done(phase_prefix + "load")
+        out = {"main": run_main(cfg, base_dec, spec_dec, prompts, costs, progress)}
+        phase_done(phase_prefix + "main")
+        if sweep_prompts:
+            out["sweeps"] = run_sweeps(cfg, base_dec, spec_dec, sweep_prompts, costs, progress)
+            phase_done(phase_prefix + "sweeps")
+    finally:
+        del base_dec, spec_dec
+        gc.collect()
+    return out
+
+
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run the whole bench (verify costs, main table, sweeps, peers) and return the JSON-ready report.
+
+    The settings are completed first (:func:`resolve_config`: fp16 and t(n) for n = 1..16 on CUDA) and checked
+    (:func:`validate_config`, :func:`check_provider`) before any model is pulled, written or loaded.
 
     Baseline: ONNX Runtime sessions created later in a process decode faster than the first one (measured on the
     bench machine: the same int4 model loaded three times in one process, 38.8 / 34.7 / 33.1 ms per step), so a
@@ -390,26 +488,59 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     neither prefilled nor run). ``benches/bench_int4.py --runtimes specrt,specrt-k0`` compares a Decoder without
     draft against K = 0 with one process each.
 
+    Random weights (``random_shapes``, :mod:`specrt.bench.random_models`): the verify costs and the main table run
+    on the real shapes (target and random draft: ``report["main"]``), then the main table and the sweeps on the
+    full-acceptance pair (the same target, its layer-truncated copy as draft:
+    ``report["random_weights"]["full_acceptance"]``, ``report["sweeps"]``); ``report["random_weights"]["prediction"]``
+    is the real pair's speedup over K from the costs measured on the real shapes and ``acceptance``
+    (:func:`predict_from_acceptance`).
+
     Memory: the verify-cost model is released before the decoders load; with ``baseline="separate"`` the target is
     loaded twice (a target-only Decoder and the speculative one; fp32 1.5B: about 7 GB each), with ``"k0"`` the
-    speculative Decoder at K = 0 is the baseline (one copy).
-    """
-    import specrt
+    speculative Decoder at K = 0 is the baseline (one copy). Each pair is released before the next loads.
 
+    Raises:
+        ValueError: invalid settings (:func:`validate_config`).
+        ProviderError: CUDA asked for and unusable here (:func:`check_provider`).
+    """
     t_start = time.perf_counter()
+    given_acceptance = cfg.acceptance
+    cfg = resolve_config(cfg)
     validate_config(cfg)
-    for line in peer_warnings(cfg):
+    check_provider(cfg.provider)
+    for line in [*config_warnings(cfg), *peer_warnings(cfg)]:
         print(f"specrt bench: warning: {line}", file=sys.stderr)
     prompts = load_prompts(cfg.prompts_file, set_name=cfg.prompt_set, ids=cfg.prompt_ids or None)
     sweep_prompts = (
         load_prompts(cfg.prompts_file, set_name=cfg.sweep_set, ids=cfg.sweep_ids or None) if cfg.sweeps else []
     )
-    machine = _machine()
+    machine = _machine(cfg.provider)
     from specrt.generate import _ModelFolder, _render_chat
     from specrt.models import resolve_model
 
-    target_path = resolve_model(cfg.target, cfg.dtype)
-    draft_path = resolve_model(cfg.draft, cfg.dtype)
+    phase_s: dict[str, Any] = {}
+    t_phase = time.perf_counter()
+
+    def phase_done(name: str) -> None:
+        nonlocal t_phase
+        now = time.perf_counter()
+        phase_s[name] = now - t_phase
+        t_phase = now
+
+    assert cfg.dtype is not None  # resolve_config
+    rand = None
+    if cfg.random_shapes is not None:
+        rand = ensure_random_models(
+            cfg.random_shapes,
+            cfg.dtype,
+            tokenizer=cfg.random_tokenizer,
+            log=lambda line: print(f"specrt bench: {line}", file=sys.stderr),
+        )
+        target_path, draft_path = rand.target, rand.draft
+        phase_done("random_models")
+    else:
+        target_path = resolve_model(cfg.target, cfg.dtype)
+        draft_path = resolve_model(cfg.draft, cfg.dtype)
     folder = _ModelFolder(target_path)
 
     def encode(p: Prompt) -> list[int]:
@@ -431,20 +562,15 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     max_seq = max(cfg.max_seq_len, longest + max(cfg.max_new_tokens, cfg.sweep_max_new_tokens) + 16)
     ks = _verify_ks(cfg, bool(sweep_prompts))
 
+    n_pairs = 1 if rand is None else 2
     n_warm = 2 * len(prompts) if cfg.warmup_tokens > 0 else 0
     n_main = 2 * cfg.repeats * len(prompts)
     n_points = len(cfg.k_sweep) + len([t for t in cfg.temperatures if not (t == 0 and cfg.k in cfg.k_sweep)])
     n_sweep = cfg.repeats * len(sweep_prompts) * (1 + n_points)
     n_verify = len(prompt_tokens) * len(ks) * (cfg.verify_repeats + 1)
-    progress = _Progress(n_verify + n_warm + n_main + n_sweep, cfg.progress)
-    phase_s: dict[str, Any] = {}
-    t_phase = time.perf_counter()
-
-    def phase_done(name: str) -> None:
-        nonlocal t_phase
-        now = time.perf_counter()
-        phase_s[name] = now - t_phase
-        t_phase = now
+    progress = _Progress(n_verify + n_pairs * (n_warm + n_main) + n_sweep, cfg.progress)
+    pair_args: dict[str, Any] = {"max_seq": max_seq, "progress": progress, "phase_done": phase_done}
+    t_phase = time.perf_counter()  # pulling registry models and encoding the prompts are not bench phases
 
     try:
         progress.describe("verify costs (target alone)")
@@ -455,26 +581,17 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             repeats=cfg.verify_repeats,
             threads=cfg.threads,
             max_seq_len=longest + max(ks) + 2,
+            provider=cfg.provider,
             on_step=progress.step,
         )
         fwd1 = statistics.median(c["forward_ms"]["1"]["median"] for c in costs.values())
         est = _estimate_s(cfg, fwd1, len(prompts), len(sweep_prompts))
+        est += (n_pairs - 1) * _estimate_s(replace(cfg, sweeps=False), fwd1, len(prompts), 0)
         progress.write(
-            f"specrt bench: one-token target forward {fwd1:.0f} ms; generation phases need "
+            f"specrt bench: one-token target forward {fwd1:.3g} ms; generation phases need "
             + (f"~{est / 60:.0f} min" if est >= 60 else "< 1 min")
         )
         phase_done("verify_costs")
-        progress.describe("loading models")
-        spec_dec = specrt.Decoder(target_path, draft_path, max_seq_len=max_seq, intra_op_threads=cfg.threads)
-        base_dec = (
-            spec_dec
-            if cfg.baseline == "k0"
-            else specrt.Decoder(target_path, None, max_seq_len=max_seq, intra_op_threads=cfg.threads)
-        )
-        for pid, ids in prompt_tokens.items():
-            p = all_prompts[pid]
-            if spec_dec.encode(p.prompt, [dict(m) for m in p.messages] if p.messages else None) != ids:
-                raise RuntimeError(f"prompt {pid}: the bench's tokenization differs from Decoder.encode")
         report: dict[str, Any] = {
             "schema": SCHEMA,
             "config": config_dict(cfg),
@@ -486,16 +603,44 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             },
             "verify_costs": costs,
         }
-        phase_done("load")
-        report["main"] = run_main(cfg, base_dec, spec_dec, prompts, costs, progress)
-        phase_done("main")
-        if sweep_prompts:
-            report["sweeps"] = run_sweeps(cfg, base_dec, spec_dec, sweep_prompts, costs, progress)
-            phase_done("sweeps")
+        # With random weights the sweeps run on the full-acceptance pair, where acceptance is known.
+        first = _run_pair(
+            cfg,
+            target_path,
+            draft_path,
+            prompts=prompts,
+            sweep_prompts=sweep_prompts if rand is None else [],
+            costs=costs,
+            expected_tokens=prompt_tokens,
+            **pair_args,
+        )
+        report.update(first)
+        if rand is not None:
+            full = _run_pair(
+                cfg,
+                rand.target,
+                rand.truncated_draft,
+                prompts=prompts,
+                sweep_prompts=sweep_prompts,
+                costs=costs,
+                phase_prefix="full_acceptance_",
+                **pair_args,
+            )
+            if "sweeps" in full:
+                report["sweeps"] = {"pair": "full_acceptance", **full["sweeps"]}
+            assert cfg.acceptance is not None  # resolve_config
+            report["random_weights"] = {
+                **rand.describe(),
+                "acceptance": cfg.acceptance,
+                "acceptance_source": "--acceptance" if given_acceptance is not None else QWEN_CODER_ACCEPTANCE_SOURCE,
+                "prediction": predict_from_acceptance(cfg.acceptance, report["main"]["prompts"], costs, cfg.k),
+                "full_acceptance": {
+                    "models": {"target": str(rand.target), "draft": str(rand.truncated_draft)},
+                    "main": full["main"],
+                },
+            }
     finally:
         progress.close()
-    del base_dec, spec_dec
-    gc.collect()
     phase_s["specrt"] = time.perf_counter() - t_start
     if cfg.peers:
         report["peers"] = run_peers(cfg, target_path, draft_path, prompts, prompt_tokens)

@@ -2,7 +2,8 @@
 
 :class:`Run` is one timed generation; :func:`summarize_pair` turns paired target-only and speculative runs of one
 prompt into the per-prompt figures, :func:`aggregate` a group of prompts into totals, :func:`predict` measured terms
-into the cost model's speedup.
+into the cost model's speedup, :func:`predict_from_acceptance` costs measured on one pair and a given acceptance into
+another pair's speedup over K.
 """
 
 from __future__ import annotations
@@ -48,6 +49,84 @@ def predict(
         "alpha_fit": a,
         "predicted_speedup": _specrt.speedup(a, k, c_q_ms, c_p_ms, c_verify=c_verify_ratio * c_p_ms),
         "predicted_speedup_seed": _specrt.speedup(a, k, c_q_ms, c_p_ms),
+    }
+
+
+def predict_from_acceptance(
+    a: float, rows: list[dict[str, Any]], verify_costs: dict[str, dict[str, Any]], k: int | str
+) -> dict[str, Any]:
+    """The cost model's speedup of a pair whose per-token acceptance is ``a``, from costs measured on other weights.
+
+    GPU time does not depend on the weight values, so c_q, c_p and c_verify(K) / c_p measured on random weights in
+    a pair's shapes are that pair's; acceptance is a property of its weights (measured on the CPU). Per prompt and
+    K (every K whose c_verify(K) was measured, K >= 1): E = (1 - a^(K+1)) / (1 - a) and speedup = c_p E / (K c_q +
+    c_verify(K)) (Leviathan et al. 2023, arXiv:2211.17192, with c_verify(K) for c_p in the denominator).
+
+    Inputs: ``a`` in [0, 1]; ``rows`` = the main table's per-prompt rows of a run on the same shapes (``c_q_ms``,
+    ``c_p_ms``, target-only ``decode_tokens_per_s``); ``verify_costs`` = :func:`measure_verify_costs` output of its
+    target; ``k`` = the main K (``"auto"``: the best K).
+
+    Output: ``{"acceptance", "k", "prompts": [{"id", "c_q_ms", "c_p_ms", "target_tokens_per_s", "per_k": [{"k",
+    "expected_tokens", "c_verify_ratio", "predicted_speedup", "predicted_tokens_per_s"}], "best_k"}], "mean_per_k":
+    [{"k", "c_verify_ratio", "predicted_speedup", "predicted_tokens_per_s"}] (means over prompts), "best_k",
+    "predicted_speedup"}`` (at ``k``, or at the best K for ``"auto"``; None without a measured c_q).
+    """
+    from specrt import _specrt
+
+    prompts = []
+    for row in rows:
+        c_q, c_p = med(row.get("c_q_ms")), med(row.get("c_p_ms"))
+        tps = med(row["target_only"]["decode_tokens_per_s"])
+        ratios = verify_costs[row["id"]]["c_verify_ratio"]
+        per_k = []
+        if c_q is not None and c_p:
+            for kk in sorted(int(x) for x in ratios if int(x) > 0):
+                ratio = ratios[str(kk)]
+                sp = _specrt.speedup(a, kk, c_q, c_p, c_verify=ratio * c_p)
+                per_k.append(
+                    {
+                        "k": kk,
+                        "expected_tokens": _specrt.expected_tokens(a, kk),
+                        "c_verify_ratio": ratio,
+                        "predicted_speedup": sp,
+                        "predicted_tokens_per_s": None if tps is None else tps * sp,
+                    }
+                )
+        best = max(per_k, key=lambda x: x["predicted_speedup"], default=None)
+        prompts.append(
+            {
+                "id": row["id"],
+                "c_q_ms": c_q,
+                "c_p_ms": c_p,
+                "target_tokens_per_s": tps,
+                "per_k": per_k,
+                "best_k": None if best is None else best["k"],
+            }
+        )
+    mean_per_k = []
+    ks = sorted({x["k"] for p in prompts for x in p["per_k"]})
+    for kk in ks:
+        at_k = [x for p in prompts for x in p["per_k"] if x["k"] == kk]
+        tps = [x["predicted_tokens_per_s"] for x in at_k if x["predicted_tokens_per_s"] is not None]
+        mean_per_k.append(
+            {
+                "k": kk,
+                "c_verify_ratio": statistics.fmean(x["c_verify_ratio"] for x in at_k),
+                "predicted_speedup": statistics.fmean(x["predicted_speedup"] for x in at_k),
+                "predicted_tokens_per_s": statistics.fmean(tps) if tps else None,
+            }
+        )
+    best = max(mean_per_k, key=lambda x: x["predicted_speedup"], default=None)
+    best_k = None if best is None else best["k"]
+    at = best_k if k == "auto" else k
+    chosen = next((x for x in mean_per_k if x["k"] == at), None)
+    return {
+        "acceptance": a,
+        "k": k,
+        "prompts": prompts,
+        "mean_per_k": mean_per_k,
+        "best_k": best_k,
+        "predicted_speedup": None if chosen is None else chosen["predicted_speedup"],
     }
 
 

@@ -142,8 +142,11 @@ pub struct KController {
     alpha_ngram: f64,
     // ms per draft pass; None until measured.
     c_draft: Option<f64>,
+    c_draft_seen: u32,
     // [k_max + 1] ms for a target pass over n = index + 1 tokens; None until measured.
     c_verify: Vec<Option<f64>>,
+    // [k_max + 1] how many passes of each length were timed.
+    c_verify_seen: Vec<u32>,
     rounds_since_draft: usize,
     // ms per extra token fed to a draft catch-up pass; None until measured.
     c_catchup: Option<f64>,
@@ -156,6 +159,19 @@ pub struct KController {
     // Observed tokens per ms of n-gram rounds and of draft-model rounds (running averages); None until seen.
     tput_ngram: Option<f64>,
     tput_draft: Option<f64>,
+}
+
+/// Fold a timing `x` (ms) into a running estimate. The first timing of a pass shape is provisional and the second
+/// replaces it: a first pass often carries one-time warm-up (CUDA kernel selection and arena growth, first-touch page
+/// faults), and averaging it in (EWMA, weight `w`) kept a shape's cost inflated for dozens of rounds, so the
+/// controller avoided the K that shape belongs to (short blocks on a GPU at full acceptance). Later timings are
+/// averaged with weight `w`.
+fn fold_timing(slot: &mut Option<f64>, seen: &mut u32, x: f64, w: f64) {
+    *slot = Some(match *slot {
+        Some(old) if *seen >= 2 => old + w * (x - old),
+        _ => x,
+    });
+    *seen = seen.saturating_add(1);
 }
 
 /// Which proposer a finished round used (for [`KController::observe_round`]).
@@ -179,7 +195,9 @@ impl KController {
         Ok(Self {
             alpha: cfg.prior_acceptance,
             c_draft: None,
+            c_draft_seen: 0,
             c_verify: vec![None; n],
+            c_verify_seen: vec![0; n],
             rounds_since_draft: 0,
             c_catchup: None,
             backlog: 0,
@@ -213,35 +231,39 @@ impl KController {
         }
     }
 
-    /// Cost of a target pass over `n` tokens: pinned, measured, or extrapolated linearly from the measured ones.
+    /// Cost of a target pass over `n` tokens: pinned, measured, or estimated from the measured passes.
+    ///
+    /// Between two measured lengths: linear interpolation. Beyond the longest measured pass: that pass's cost (a
+    /// longer pass costs at least as much, and assuming no more makes the controller try it and measure it). Below
+    /// the shortest: 5% less per token (a bandwidth-bound pass). Never a least-squares slope extrapolated past the
+    /// data: a few noisy points a token apart can give a steep slope that prices long blocks out, so they are never
+    /// tried and never measured.
     fn cost_verify(&self, n: usize) -> f64 {
         if let Some(p) = &self.cfg.pinned {
             return p.c_verify[n - 1];
         }
-        if let Some(c) = self.c_verify[n - 1] {
+        // Confirmed timings (a shape timed twice or more) decide; a lone first timing may be a warm-up outlier, so
+        // it stands in only where nothing is confirmed yet (and is replaced when the shape runs again).
+        let confirmed = |i: usize| self.c_verify_seen[i] >= 2;
+        let any_confirmed = (0..self.c_verify.len()).any(confirmed);
+        let usable = |i: usize| -> Option<f64> {
+            if !any_confirmed || confirmed(i) {
+                self.c_verify[i]
+            } else {
+                None
+            }
+        };
+        if let Some(c) = usable(n - 1) {
             return c;
         }
-        // Least-squares line through the measured points (no allocation: this runs every round); with one point,
-        // assume +5% per extra token (a bandwidth-bound pass) until more are measured.
-        let pts = || {
-            self.c_verify
-                .iter()
-                .enumerate()
-                .filter_map(|(i, c)| c.map(|c| ((i + 1) as f64, c)))
-        };
-        let m = pts().count() as f64;
-        let Some(first) = pts().next() else {
-            return 1.0 + 0.05 * (n as f64 - 1.0);
-        };
-        if m < 2.0 {
-            return first.1 * (1.0 + 0.05 * (n as f64 - first.0)).max(0.5);
+        let below = (0..n - 1).rev().find_map(|i| usable(i).map(|c| (i + 1, c)));
+        let above = (n..self.c_verify.len()).find_map(|i| usable(i).map(|c| (i + 1, c)));
+        match (below, above) {
+            (Some((n0, c0)), Some((n1, c1))) => c0 + (c1 - c0) * (n - n0) as f64 / (n1 - n0) as f64,
+            (Some((_, c0)), None) => c0,
+            (None, Some((n1, c1))) => c1 * (1.0 - 0.05 * (n1 - n) as f64).max(0.5),
+            (None, None) => 1.0 + 0.05 * (n as f64 - 1.0),
         }
-        let (sx, sy) = pts().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
-        let (mx, my) = (sx / m, sy / m);
-        let sxx: f64 = pts().map(|p| (p.0 - mx).powi(2)).sum();
-        let sxy: f64 = pts().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-        let slope = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
-        (my + slope * (n as f64 - mx)).max(first.1 * 0.5)
     }
 
     /// Amortised cost of the catch-up pass a drafting round would need now (0 with pinned costs).
@@ -409,10 +431,11 @@ impl KController {
         }
         if n_draft_passes > 0 {
             let c = draft_ms / n_draft_passes as f64;
-            self.c_draft = Some(self.c_draft.map_or(c, |old| old + w * (c - old)));
+            fold_timing(&mut self.c_draft, &mut self.c_draft_seen, c, w);
         }
-        if let Some(slot) = self.c_verify.get_mut(k) {
-            *slot = Some(slot.map_or(target_ms, |old| old + w * (target_ms - old)));
+        if let (Some(slot), Some(seen)) = (self.c_verify.get_mut(k), self.c_verify_seen.get_mut(k))
+        {
+            fold_timing(slot, seen, target_ms, w);
         }
     }
 }
@@ -513,11 +536,73 @@ mod tests {
         assert_eq!(c.choose_ngram(3, 8), 3, "never more than offered");
     }
 
+    /// Runs `rounds` rounds of choose / observe against true costs (`c_verify(n)` ms for n tokens, `c_draft` ms per
+    /// pass) with every draft accepted, timings perturbed by a fixed +-`noise` ms pattern; returns the chosen Ks.
+    fn simulate(
+        c_verify: impl Fn(usize) -> f64,
+        c_draft: f64,
+        noise: f64,
+        rounds: usize,
+    ) -> Vec<usize> {
+        let mut c = KController::new(AutoK::default()).unwrap();
+        let mut ks = Vec::new();
+        let mut seen = [false; 9];
+        let mut draft_seen = false;
+        for r in 0..rounds {
+            let k = c.choose(8);
+            let jitter = if r % 3 == 0 { noise } else { -noise / 2.0 };
+            // The first pass of each shape but the first round's pays a one-time warm-up of 20x (CUDA kernel
+            // selection and arena growth for a shape not seen before).
+            let warm = |seen: &mut bool| {
+                if std::mem::replace(seen, true) || r == 0 {
+                    1.0
+                } else {
+                    20.0
+                }
+            };
+            let t = c_verify(k + 1) * warm(&mut seen[k]) + jitter;
+            let d = if k > 0 {
+                k as f64 * c_draft * warm(&mut draft_seen)
+            } else {
+                0.0
+            };
+            c.set_draft_backlog(1, false);
+            c.observe(k, &vec![1.0; k], d, k, t);
+            ks.push(k);
+        }
+        ks
+    }
+
+    #[test]
+    fn auto_k_reaches_long_blocks_at_full_acceptance_despite_noisy_gpu_timings() {
+        // The H200 shape of the CUDA issue: t(1) = 3.25 ms, t(n) grows ~0.1 ms per token, a cheap truncated draft
+        // (0.55 ms a pass), every draft accepted, timer noise of 0.3 ms. Best fixed K is k_max = 8.
+        let t = |n: usize| 3.25 + 0.1 * (n as f64 - 1.0);
+        let ks = simulate(t, 0.55, 0.3, 200);
+        let tail = &ks[30..];
+        assert!(
+            tail.iter().all(|&k| k == 8),
+            "auto K should settle at 8 within 30 rounds: {:?}",
+            &ks[..60]
+        );
+        // And with a draft slower than the target (c_q = 1.2 t(1)), K = 0 wins even at full acceptance.
+        let ks = simulate(t, 1.2 * 3.25, 0.3, 200);
+        let drafting = ks[100..].iter().filter(|&&k| k > 0).count();
+        assert!(ks[100..].contains(&0));
+        assert!(
+            drafting <= 100 / 16 + 1,
+            "mostly K = 0 with probes: {drafting} drafting rounds"
+        );
+    }
+
     /// A controller with measured target costs: `c_verify(k)` ms for a pass over `k + 1` tokens, k = 0..=8.
     fn measured(cfg: AutoK, c_verify: impl Fn(usize) -> f64) -> KController {
         let mut c = KController::new(cfg).unwrap();
-        for k in 0..9 {
-            c.observe(k, &[], 0.0, 0, c_verify(k));
+        // Twice: a shape's first timing is provisional (it may carry warm-up), the second confirms it.
+        for _ in 0..2 {
+            for k in 0..9 {
+                c.observe(k, &[], 0.0, 0, c_verify(k));
+            }
         }
         c
     }
