@@ -33,6 +33,14 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=2, help="seeds per prompt (default 2)")
     ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens per generation (default 96)")
     ap.add_argument("-k", type=int, default=4, help="K (default 4)")
+    ap.add_argument(
+        "--parity-seeds",
+        type=int,
+        default=0,
+        help="also check coupled text equality for K = 1, 4, 8, auto x draft model / n-gram on this many seeds of "
+        "the first 3 prompts, --parity-tokens each (default 0: skip)",
+    )
+    ap.add_argument("--parity-tokens", type=int, default=48, help="tokens per parity generation (default 48)")
     ap.add_argument("--json", default=None, help="write the results here")
     a = ap.parse_args()
     t0 = time.perf_counter()
@@ -68,7 +76,22 @@ def main() -> int:
                 row[key]["text_equals_target_only"] = f"{sum(same)}/{len(same)}"
             print(f"T={temp} {key:<19} {row[key]}", flush=True)
         results.append(row)
+    parity = []
+    for p in prompts[:3] if a.parity_seeds else []:
+        args = {"messages": p.messages} if p.messages else {"prompt": p.prompt}
+        for seed in range(a.parity_seeds):
+            kw = {"max_new_tokens": a.parity_tokens, "temperature": 1.0, "seed": seed, "coupled": True}
+            ref = dec.generate(**args, proposer="none", num_speculative_tokens=0, **kw).token_ids
+            for k in (1, 4, 8, "auto"):
+                for proposer in ("draft", "ngram"):
+                    out = dec.generate(**args, proposer=proposer, num_speculative_tokens=k, **kw)
+                    parity.append(
+                        {"prompt": p.id, "seed": seed, "k": k, "proposer": proposer, "equal": out.token_ids == ref}
+                    )
+        print(f"parity {p.id}: {sum(x['equal'] for x in parity)}/{len(parity)} equal so far", flush=True)
     report = {
+        "parity": parity,
+        "parity_summary": f"{sum(x['equal'] for x in parity)}/{len(parity)}" if parity else None,
         "command": "python benches/bench_coupled.py " + " ".join(f"--{k}={v}" for k, v in vars(a).items() if v),
         "machine": _machine(),
         "seconds": time.perf_counter() - t0,

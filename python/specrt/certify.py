@@ -288,7 +288,7 @@ def certify(cfg: CertifyConfig, *, progress: Any = None) -> CertifyReport:
 
     # Greedy parity on the prompts (speculative vs target-only, token for token).
     parity: list[dict[str, Any]] = []
-    if cfg.parity and (cfg.draft is not None or settings.get("proposer", "").startswith("ngram")):
+    if cfg.parity and (cfg.draft is not None or (settings.get("proposer") or "").startswith("ngram")):
         spec_kw = {k: v for k, v in settings.items() if k in ("num_speculative_tokens", "proposer")}
         spec_kw.update({k: v for k, v in settings.items() if k.startswith("prompt_lookup")})
         for ids in prompts:
