@@ -105,6 +105,10 @@ def test_bad_certificate_settings_are_clear_errors(pair: dict[str, str]) -> None
         certify(CertifyConfig(pair["target"], pair["draft"], n=10))
     with pytest.raises(ConfigError, match="alpha 2 is invalid"):
         certify(CertifyConfig(pair["target"], pair["draft"], alpha=2))
+    with pytest.raises(ConfigError, match="max_new_tokens 0 is invalid"):
+        certify(CertifyConfig(pair["target"], pair["draft"], max_new_tokens=0))
+    with pytest.raises(ConfigError, match="temperature 0 with the parity check off tests nothing"):
+        certify(CertifyConfig(pair["target"], pair["draft"], settings={"temperature": 0.0}, parity=False))
 
 
 def test_certify_cli_exit_codes(pair: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -81,6 +81,8 @@ def test_bad_subsets_are_clear_errors(models: dict[str, Path], tmp_path: Path) -
     gguf = write_tiny_gguf(tmp_path / "d.gguf", arch="qwen2", seed=1, n_layers=1)
     with pytest.raises(UnsupportedModelError, match="vocab_subset ids must be non-empty"):
         convert(gguf, tmp_path / "bad", progress=False, vocab_subset=[10**9])
+    with pytest.raises(UnsupportedModelError, match=r"vocab_corpus file not found: /nonexistent\.txt"):
+        convert(gguf, tmp_path / "bad2", progress=False, vocab_subset=8, vocab_corpus=["/nonexistent.txt"])
 
 
 @pytest.mark.parametrize("draft", ["draft_pruned", "draft_given"])

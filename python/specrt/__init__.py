@@ -6,6 +6,16 @@ Python API (:class:`Decoder`), tokenization, model conversion (``specrt.convert`
 """
 
 from specrt._specrt import __version__
+from specrt.errors import ConfigError, ProviderError, SpecrtError
 from specrt.generate import Decoder, GenerationResult, Stats, StreamChunk
 
-__all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk", "__version__"]
+__all__ = [
+    "ConfigError",
+    "Decoder",
+    "GenerationResult",
+    "ProviderError",
+    "SpecrtError",
+    "Stats",
+    "StreamChunk",
+    "__version__",
+]

@@ -240,7 +240,8 @@ def certify(cfg: CertifyConfig, *, progress: Any = None) -> CertifyReport:
         :class:`CertifyReport`.
 
     Raises:
-        ConfigError: bad settings (as ``Decoder.generate`` raises them), ``n < 100``, ``alpha`` outside (0, 1).
+        ConfigError: bad settings (as ``Decoder.generate`` raises them), ``n < 100``, ``alpha`` outside (0, 1),
+            ``max_new_tokens < 1``, temperature 0 with ``parity`` off.
     """
     from specrt import _specrt
     from specrt._ort import find_ort_library
@@ -251,12 +252,18 @@ def certify(cfg: CertifyConfig, *, progress: Any = None) -> CertifyReport:
         raise ConfigError(f"n {cfg.n} is invalid (expected >= 100 pooled positions)")
     if not 0 < cfg.alpha < 1:
         raise ConfigError(f"alpha {cfg.alpha} is invalid (expected 0 < alpha < 1)")
+    if cfg.max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens {cfg.max_new_tokens} is invalid (expected >= 1 tokens per run)")
     t0 = time.perf_counter()
     notes: list[str] = []
     settings = dict(cfg.settings)
     dec = Decoder(cfg.target, cfg.draft, max_seq_len=cfg.max_seq_len)
     processing = _processing(dec, settings)
     greedy = processing["temperature"] == 0
+    if greedy and not cfg.parity:
+        raise ConfigError(
+            "temperature 0 with the parity check off tests nothing (the distribution test needs temperature > 0)"
+        )
     prompts = [
         dec.encode(None, [{"role": "user", "content": p}]) if cfg.chat else dec.encode(p, None) for p in cfg.prompts
     ]

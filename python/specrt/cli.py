@@ -380,7 +380,10 @@ def _convert(a: argparse.Namespace) -> int:
 
 def _cost(a: argparse.Namespace) -> int:
     from specrt import _specrt
+    from specrt.errors import ConfigError
 
+    if not 0 <= a.max_k <= 64:
+        raise ConfigError(f"--max-k {a.max_k} is invalid (expected 0 <= K <= 64)")
     best = _specrt.optimal_k(a.alpha, a.c_draft, a.c_target)  # validates the arguments before printing
     print(f"a={a.alpha} c_q={a.c_draft} c_p={a.c_target}  (Leviathan et al. 2023: E = (1 - a^(K+1)) / (1 - a))")
     print(f"{'K':>3} {'E tokens/round':>15} {'cycle cost':>11} {'speedup':>8}")
@@ -393,7 +396,13 @@ def _cost(a: argparse.Namespace) -> int:
 
 
 def _certify(a: argparse.Namespace) -> int:
+    import os
+
     from specrt.certify import DEFAULT_PROMPTS, CertifyConfig, certify, render_report
+    from specrt.errors import ConfigError
+
+    if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
+        raise ConfigError(f"--json {a.json}: the folder {os.path.dirname(os.path.abspath(a.json))} does not exist")
 
     kw = _sampling_kwargs(a)
     settings = {k: v for k, v in kw.items() if v is not None and k not in ("max_new_tokens", "seed", "stop")}

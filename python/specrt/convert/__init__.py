@@ -198,6 +198,9 @@ def _vocab_subset(
     if isinstance(subset, int) and not isinstance(subset, bool):
         from specrt.convert.vocab_subset import frequent_token_ids
 
+        missing = [str(f) for f in corpus or () if not Path(f).is_file()]
+        if missing:
+            raise UnsupportedModelError(f"vocab_corpus file not found: {', '.join(missing)}")
         always = [*tok_info.special_tokens.values(), *tok_info.eos_token_ids]
         if tok_info.bos_token_id is not None:
             always.append(tok_info.bos_token_id)
