@@ -92,7 +92,8 @@ def main() -> int:
     report = {
         "parity": parity,
         "parity_summary": f"{sum(x['equal'] for x in parity)}/{len(parity)}" if parity else None,
-        "command": "python benches/bench_coupled.py " + " ".join(f"--{k}={v}" for k, v in vars(a).items() if v),
+        "command": "python benches/bench_coupled.py "
+        + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items() if v),
         "machine": _machine(),
         "seconds": time.perf_counter() - t0,
         "results": results,

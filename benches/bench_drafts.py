@@ -127,7 +127,8 @@ def main() -> int:
             f"{r['speedup']:>10.2f}x {r['all_identical']!s:>11}"
         )
     report = {
-        "command": "python benches/bench_drafts.py " + " ".join(f"--{k}={v}" for k, v in vars(a).items() if v),
+        "command": "python benches/bench_drafts.py "
+        + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items() if v),
         "machine": _machine(),
         "python": platform.python_version(),
         "target": TARGET,
