@@ -23,18 +23,10 @@ from specrt.bench.plots import write_plots
 from specrt.bench.random_models import SHAPE_PAIRS
 from specrt.bench.report import render_table
 from specrt.bench.runner import check_provider, run_bench
+from specrt.cli import _k_arg as _k_value  # one parser of K values for every subcommand
 
 #: Help line of ``specrt bench``.
 HELP = "benchmark speculative vs target-only decoding against the cost model (tokens/s, E, a, c_q, c_p, c_verify)"
-
-
-def _k_value(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer 0..64 or 'auto'") from None
 
 
 def _int_list(value: str) -> tuple[int, ...]:
