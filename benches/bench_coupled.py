@@ -29,7 +29,9 @@ def main() -> int:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="target (default: the Qwen 1.5B)")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct", help="draft (default: the Qwen 0.5B)")
     ap.add_argument("--prompt-set", default="peers", help="set of benches/prompts.json (default: peers)")
-    ap.add_argument("--temperatures", default="0.7,1.0", help="temperatures (default 0.7,1.0)")
+    ap.add_argument(
+        "--temperatures", default="0.7,1.0", help="temperatures (default 0.7,1.0; '' = skip the acceptance part)"
+    )
     ap.add_argument("--seeds", type=int, default=2, help="seeds per prompt (default 2)")
     ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens per generation (default 96)")
     ap.add_argument("-k", type=int, default=4, help="K (default 4)")
@@ -47,7 +49,7 @@ def main() -> int:
     dec = specrt.Decoder(models.resolve_model(a.target), models.resolve_model(a.draft), max_seq_len=2048)
     prompts = load_prompts(set_name=a.prompt_set)
     results = []
-    for temp in [float(x) for x in a.temperatures.split(",")]:
+    for temp in [float(x) for x in a.temperatures.split(",") if x.strip()]:
         row: dict = {"temperature": temp}
         for coupled in (False, True):
             drafted = accepted = rounds = emitted = 0

@@ -69,3 +69,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "qwen" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder(tmp_path_factory: pytest.TempPathFactory):
+    """One Decoder on a tiny random-weight qwen2 pair (2-layer target, 1-layer draft of the same weights; seed 3;
+    max_seq_len 256), shared by the scheduler and server tests."""
+    import specrt
+    from specrt.convert import convert
+    from specrt.convert.tiny import write_tiny_gguf
+
+    root = tmp_path_factory.mktemp("tiny-decoder")
+    paths = {}
+    for name, layers in [("target", 2), ("draft", 1)]:
+        gguf = write_tiny_gguf(root / f"{name}.gguf", arch="qwen2", seed=3, n_layers=layers)
+        paths[name] = convert(gguf, root / name, progress=False)
+    return specrt.Decoder(paths["target"], paths["draft"], max_seq_len=256)

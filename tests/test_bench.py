@@ -315,6 +315,10 @@ def test_peers_that_cannot_run_are_recorded_not_raised(tiny_pair, tmp_path) -> N
     assert out["hf"]["status"] == "skipped" and "no-python" in out["hf"]["reason"]
     assert out["genai"]["status"] == "skipped" and "no-python" in out["genai"]["reason"]
     assert out["vllm"]["status"] == "error" and "'vllm'" in out["vllm"]["reason"]
+    cfg = bench.BenchConfig(peers=("llama.cpp",), llama_cpp_bin=str(tmp_path / "no-bin"), out_dir=str(tmp_path))
+    out = bench.run_peers(cfg, tiny_pair["target"], tiny_pair["draft"], [], {}, {})
+    assert out["llama.cpp"]["status"] == "skipped" and "setup_llama_cpp.sh" in out["llama.cpp"]["reason"]
+    assert any("peer llama.cpp will be skipped" in w for w in bench.peer_warnings(cfg))
     # An interpreter that exists, but models without a cached GGUF source (the tiny pair is built by the tests).
     cfg = bench.BenchConfig(peers=("hf",), hf_python=sys.executable, out_dir=str(tmp_path))
     out = bench.run_peers(cfg, tiny_pair["target"], tiny_pair["draft"], [], {})
@@ -346,7 +350,10 @@ def test_genai_peer_runs_our_onnx_files_and_matches_specrt_tokens(tiny_pair, tmp
 
 def test_bad_peer_names_and_hf_modes_fail_before_anything_runs(capsys) -> None:
     cases = [
-        (bench.BenchConfig(peers=("genai", "vllm")), r"peers \['vllm'\] are unknown \(expected some of: genai, hf\)"),
+        (
+            bench.BenchConfig(peers=("genai", "vllm")),
+            r"peers \['vllm'\] are unknown \(expected some of: genai, hf, llama\.cpp\)",
+        ),
         (bench.BenchConfig(hf_modes=("assisted", "bogus")), r"hf modes \['bogus'\] are invalid"),
         (bench.BenchConfig(hf_modes=()), r"hf modes \[\] are invalid"),
         (bench.BenchConfig(baseline="none"), r"baseline 'none' is invalid"),
@@ -398,6 +405,56 @@ def test_peer_warnings_and_notes_say_why_a_peer_gave_nothing(tmp_path) -> None:
         "peer genai: error: ValueError: bad (stderr in the JSON)",
         "peer hf: target-only decode tok/s (no speculative mode was asked for): p 2.50",
     ]
+
+
+def _fake_llama_cpp(bin_dir: Path, log: Path) -> None:
+    """Stand-ins for llama-bench and llama-speculative-simple that print what the real ones print (their formats as
+    of llama-cpp-python 0.3.36's llama.cpp) and log their arguments."""
+    bin_dir.mkdir()
+    bench_json = '[{"build_commit": "abc1234", "build_number": 1, "n_gen": 16, "n_depth": 0, "avg_ts": 10.0}]'
+    spec_log = (
+        "encoded   12 tokens in    0.100 seconds, speed:  120.000 t/s\\n"
+        "decoded   16 tokens in    1.000 seconds, speed:   16.000 t/s\\n\\n"
+        "n_draft   = 3\\nn_predict = 16\\nn_drafted = 12\\nn_accept  = 9\\naccept    = 75.000%%\\n"
+    )
+    for name, body in (
+        ("llama-bench", f"echo '{bench_json}'"),
+        ("llama-speculative-simple", f"printf '{spec_log}' >&2; echo ' hello world'"),
+    ):
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n{body}\n', encoding="utf-8")
+        script.chmod(0o755)
+
+
+def test_llama_cpp_peer_parses_its_tools_and_reports_beside_specrt(tiny_pair, tmp_path, monkeypatch) -> None:
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    _fake_llama_cpp(bin_dir, log)
+    monkeypatch.setattr(bench.peers, "gguf_source", lambda path: Path(path) / "fake.gguf")
+    prompts = bench.load_prompts(tiny_pair["prompts"], ids=["raw", "chat"])
+    cfg = bench.BenchConfig(
+        k=3, max_new_tokens=16, repeats=2, peers=("llama.cpp",), llama_cpp_bin=str(bin_dir), out_dir=str(tmp_path)
+    )
+    texts = {"raw": "def add(a, b):", "chat": "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n"}
+    out = bench.run_peers(
+        cfg, tiny_pair["target"], tiny_pair["draft"], prompts, {"raw": [1] * 5, "chat": [2] * 9}, texts
+    )
+    g = out["llama.cpp"]
+    assert g["status"] == "ok", g.get("stderr_tail")
+    assert g["versions"]["build_commit"] == "abc1234" and g["k"] == 3
+    p = g["prompts"]["chat"]
+    assert p["target_only"]["decode_tokens_per_s"]["median"] == 10.0
+    assert p["speculative"]["decode_tokens_per_s"]["median"] == 16.0
+    assert p["speedup"]["median"] == pytest.approx(1.6) and p["acceptance_rate"]["median"] == pytest.approx(0.75)
+    assert p["n_drafted"] == 24 and p["text"] == "hello world"
+    calls = log.read_text(encoding="utf-8").splitlines()
+    assert len(calls) == 8  # 2 prompts x 2 repetitions x (bench + speculative)
+    # Target-only at the prompt's depth (specrt's token count), greedy speculative with K = --spec-draft-n-max.
+    assert any("-d 9" in c and c.startswith("llama-bench") and "-n 16" in c for c in calls)
+    spec = [c for c in calls if c.startswith("llama-speculative-simple")]
+    assert all("--temp 0" in c and "--spec-type draft-simple --spec-draft-n-max 3" in c for c in spec)
+    assert all(str(tiny_pair["draft"] / "fake.gguf") in c for c in spec)
+    _, rows, _ = bench.report._peer_rows({"main": {"prompts": []}, "peers": out})
+    assert [r[1] for r in rows] == ["llama.cpp K=3", "llama.cpp K=3"]
 
 
 HF_PYTHON = REPO / "benches" / "out" / "venv-hf" / "bin" / "python"

@@ -226,6 +226,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     from specrt import bench
 
+    sv = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics; pip install "
+        "'specrt[serve]')",
+        **fmt,
+    )
+    sv.add_argument("--target", required=True, help="model name (specrt models list) or converted model folder")
+    sv.add_argument("--draft", default=None, help="draft model name or folder (default: none, i.e. target-only)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    sv.add_argument("--port", type=int, default=8000, help="TCP port")
+    sv.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name)")
+    sv.add_argument(
+        "--num-speculative-tokens",
+        "-k",
+        type=_k_arg,
+        default="auto",
+        help="K of requests that do not set num_speculative_tokens: 0..64 or 'auto'",
+    )
+    sv.add_argument("--max-queue", type=_positive_int, default=64, help="requests that may wait; one more gets 429")
+    sv.add_argument(
+        "--request-timeout", type=float, default=600.0, help="seconds from arrival before a request ends (504)"
+    )
+    sv.add_argument("--default-max-tokens", type=_positive_int, default=256, help="max_tokens of chat requests")
+    sv.add_argument("--drain-timeout", type=float, default=60.0, help="seconds open streams get at shutdown")
+    sv.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider")
+    sv.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
+    sv.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model")
+    sv.add_argument(
+        "--threads", type=_positive_int, default=None, help="ONNX Runtime threads (default: the physical cores)"
+    )
+    sv.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level",
+    )
+
     b = sub.add_parser("bench", help=bench.HELP, description=bench.__doc__.split("\n\n")[0], **fmt)
     bench.add_arguments(b)
     return p
@@ -270,9 +307,54 @@ def _print_stats(res: Any) -> None:
     print("\n".join(lines), file=sys.stderr)
 
 
+def _decoder(a: argparse.Namespace) -> Any:
+    """The Decoder of ``generate`` / ``serve`` arguments (target, draft, provider, fallback, length, threads)."""
+    from specrt.generate import Decoder
+
+    return Decoder(
+        a.target,
+        a.draft,
+        provider=a.provider,
+        allow_fallback=a.allow_fallback,
+        max_seq_len=a.max_seq_len,
+        intra_op_threads=a.threads,
+    )
+
+
+def _serve(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specrt.errors import ConfigError
+
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+
+        from specrt.server import create_app, run_server
+    except ImportError as e:
+        raise ConfigError(
+            f"specrt serve needs the serve extra ({e.name} is missing): pip install 'specrt[serve]'"
+        ) from e
+    if a.request_timeout is not None and not a.request_timeout > 0:
+        raise ConfigError(f"--request-timeout must be > 0 seconds, got {a.request_timeout}")
+    dec = _decoder(a)
+    name = a.model_name or (a.target if not Path(a.target).exists() else Path(a.target).resolve().name)
+    app = create_app(
+        dec,
+        model_name=name,
+        max_queue=a.max_queue,
+        request_timeout_s=a.request_timeout,
+        num_speculative_tokens=a.num_speculative_tokens,
+        default_max_tokens=a.default_max_tokens,
+    )
+    print(f"specrt serve: {name} on http://{a.host}:{a.port} (draft: {a.draft or 'none'})", file=sys.stderr)
+    run_server(app, host=a.host, port=a.port, log_level=a.log_level, drain_timeout_s=a.drain_timeout)
+    return 0
+
+
 def _generate(a: argparse.Namespace) -> int:
     from specrt.errors import ConfigError
-    from specrt.generate import Decoder
 
     if a.prompt_file:
         try:
@@ -282,14 +364,7 @@ def _generate(a: argparse.Namespace) -> int:
             raise ConfigError(f"cannot read --prompt-file {a.prompt_file}: {e}") from e
     else:
         prompt = a.prompt
-    dec = Decoder(
-        a.target,
-        a.draft,
-        provider=a.provider,
-        allow_fallback=a.allow_fallback,
-        max_seq_len=a.max_seq_len,
-        intra_op_threads=a.threads,
-    )
+    dec = _decoder(a)
     kwargs = _sampling_kwargs(a)
     if a.chat:
         messages = ([{"role": "system", "content": a.system}] if a.system else []) + [
@@ -454,6 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "certify":
             return _certify(args)
+        if args.command == "serve":
+            return _serve(args)
         if args.command == "bench":
             from specrt.bench import run_cli
 

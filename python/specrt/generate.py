@@ -137,7 +137,8 @@ class GenerationResult:
 class StreamChunk:
     """One piece of a streamed generation: the text and tokens committed by one round.
 
-    ``text`` holds back incomplete UTF-8 and a possible partial stop string until they resolve. The last chunk has
+    ``text`` holds back incomplete UTF-8 and a possible partial stop string until they resolve. ``logprobs`` are the
+    target's log-probabilities of ``token_ids`` (as :attr:`GenerationResult.logprobs`). The last chunk has
     ``finish_reason`` and ``result`` set.
     """
 
@@ -146,6 +147,7 @@ class StreamChunk:
     sources: list[str]
     finish_reason: str | None = None
     result: GenerationResult | None = None
+    logprobs: list[float] = field(default_factory=list)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -586,7 +588,12 @@ class Decoder:
                 end -= _longest_partial_stop(text[:end], stops)
             else:
                 end = len(text)
-            yield StreamChunk(text=text[sent:end], token_ids=tokens[n_before:], sources=sources[n_before:])
+            yield StreamChunk(
+                text=text[sent:end],
+                token_ids=tokens[n_before:],
+                sources=sources[n_before:],
+                logprobs=logprobs[n_before:],
+            )
             sent = max(sent, end)
         stats = Stats._from_engine(engine.stats())
         result = GenerationResult(

@@ -136,7 +136,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-sweeps", action="store_true", help="main table only")
     p.add_argument("--no-plots", action="store_true", help="no PNGs")
-    p.add_argument("--peers", type=_str_list, default=(), help="comma-separated peers to run after specrt: genai, hf")
+    p.add_argument(
+        "--peers", type=_str_list, default=(), help="comma-separated peers to run after specrt: genai, hf, llama.cpp"
+    )
     p.add_argument(
         "--genai-python",
         default=None,
@@ -146,6 +148,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--hf-python",
         default=None,
         help="python of the torch + transformers venv (default benches/out/venv-hf/bin/python)",
+    )
+    p.add_argument(
+        "--llama-cpp-bin",
+        default=None,
+        help="folder with llama-bench and llama-speculative-simple (default: what benches/peers/setup_llama_cpp.sh "
+        "builds under ~/.cache/specrt/llama.cpp)",
     )
     p.add_argument(
         "--hf-modes",
@@ -200,6 +208,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         "peers": a.peers,
         "genai_python": a.genai_python,
         "hf_python": a.hf_python,
+        "llama_cpp_bin": a.llama_cpp_bin,
         "hf_modes": a.hf_modes or None,
         "peer_interleave": False if a.peers_sequential else None,
         "out_dir": a.out_dir,

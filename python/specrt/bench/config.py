@@ -51,6 +51,7 @@ class BenchConfig:
     peers: tuple[str, ...] = ()
     genai_python: str | None = None
     hf_python: str | None = None
+    llama_cpp_bin: str | None = None
     hf_modes: tuple[str, ...] = ("target_only", "assisted")
     peer_interleave: bool = True
     out_dir: str | None = None
@@ -74,7 +75,7 @@ class BenchConfig:
 
 
 #: Peers ``specrt bench --peers`` knows, and the modes of the ``hf`` peer.
-PEERS = ("genai", "hf")
+PEERS = ("genai", "hf", "llama.cpp")
 
 
 HF_MODES = ("target_only", "assisted", "assisted_dynamic")

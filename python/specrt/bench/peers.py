@@ -1,11 +1,12 @@
-"""The optional peers (onnxruntime-genai, Hugging Face transformers), each run by a script of ``benches/peers`` in its
-own process and virtual environment, and the reading of their records.
+"""The optional peers (onnxruntime-genai, Hugging Face transformers, llama.cpp), each run by a script of
+``benches/peers`` in its own process (and virtual environment), and the reading of their records.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,11 @@ def peer_warnings(cfg: BenchConfig) -> list[str]:
         python = _peer_python(cfg, peer)
         if peer in cfg.peers and not python.exists():
             out.append(f"peer {peer} will be skipped: no interpreter at {python} (benches/peers/setup_{peer}_venv.sh)")
+    if "llama.cpp" in cfg.peers and not _llama_cpp_ready(llama_cpp_bin(cfg)):
+        out.append(
+            f"peer llama.cpp will be skipped: no llama-bench / llama-speculative-simple in {llama_cpp_bin(cfg)} "
+            "(bash benches/peers/setup_llama_cpp.sh builds them)"
+        )
     if "hf" in cfg.peers and model_dtype(cfg) != "fp32":
         out.append(f"peer hf will be skipped: it runs float32 only (dtype {model_dtype(cfg)!r})")
     if "hf" not in cfg.peers and tuple(cfg.hf_modes) != BenchConfig.hf_modes:
@@ -32,6 +38,23 @@ def _peer_python(cfg: BenchConfig, peer: str) -> Path:
     """The interpreter of a peer's venv: ``--genai-python`` / ``--hf-python``, else ``benches/out/venv-<peer>``."""
     given = cfg.genai_python if peer == "genai" else cfg.hf_python
     return Path(given) if given else REPO_ROOT / "benches" / "out" / f"venv-{peer}" / "bin" / "python"
+
+
+#: The llama-cpp-python sdist whose vendored llama.cpp ``benches/peers/setup_llama_cpp.sh`` builds by default.
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+
+
+def llama_cpp_bin(cfg: BenchConfig) -> Path:
+    """``--llama-cpp-bin``, else the build folder of ``benches/peers/setup_llama_cpp.sh`` in specrt's cache."""
+    from specrt.models import cache_dir
+
+    if cfg.llama_cpp_bin:
+        return Path(cfg.llama_cpp_bin)
+    return cache_dir() / "llama.cpp" / LLAMA_CPP_PYTHON_VERSION / "build" / "bin"
+
+
+def _llama_cpp_ready(bin_dir: Path) -> bool:
+    return all((bin_dir / name).is_file() for name in ("llama-bench", "llama-speculative-simple"))
 
 
 def gguf_source(model_path: Path) -> Path | None:
@@ -70,7 +93,12 @@ def _run_peer_script(python: Path, script: str, work: Path, request: dict[str, A
 
 
 def run_peers(
-    cfg: BenchConfig, target_path: Path, draft_path: Path, prompts: list[Prompt], prompt_tokens: dict[str, list[int]]
+    cfg: BenchConfig,
+    target_path: Path,
+    draft_path: Path,
+    prompts: list[Prompt],
+    prompt_tokens: dict[str, list[int]],
+    prompt_texts: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run the peers named in ``cfg.peers`` in subprocesses; a failure is recorded, never raised.
 
@@ -85,6 +113,10 @@ def run_peers(
     ``benches/peers/setup_hf_venv.sh``), on the GGUF files the models were converted from (dequantized to float32 by
     transformers, so fp32 runs only), modes ``cfg.hf_modes`` (``target_only``, ``assisted`` = K drafts per round,
     ``assisted_dynamic`` = transformers' default schedule), interleaved.
+    ``"llama.cpp"``: ``benches/peers/llama_cpp_peer.py`` (standard library only) driving ``llama-bench`` (target-only
+    token generation at the prompt's depth) and ``llama-speculative-simple --spec-type draft-simple`` (K =
+    ``--spec-draft-n-max``) from ``cfg.llama_cpp_bin`` on the GGUF files the models were converted from, with the
+    prompt texts ``prompt_texts`` (chat template rendered by specrt).
     """
     out: dict[str, Any] = {}
     k = 4 if cfg.k == "auto" else int(cfg.k)
@@ -141,8 +173,36 @@ def run_peers(
                     "modes": list(cfg.hf_modes),
                 }
                 out[peer] = _run_peer_script(python, "hf_peer.py", work_root / "hf", request)
+        elif peer == "llama.cpp":
+            bin_dir = llama_cpp_bin(cfg)
+            sources = {role: gguf_source(path) for role, path in (("target", target_path), ("draft", draft_path))}
+            missing = [role for role, src in sources.items() if src is None]
+            if not _llama_cpp_ready(bin_dir):
+                out[peer] = {
+                    "status": "skipped",
+                    "reason": f"no llama-bench / llama-speculative-simple in {bin_dir} "
+                    "(bash benches/peers/setup_llama_cpp.sh)",
+                }
+            elif missing or prompt_texts is None:
+                out[peer] = {
+                    "status": "skipped",
+                    "reason": f"no cached GGUF source for the {' and '.join(missing) or 'models'} (llama.cpp runs the "
+                    "GGUF the model was converted from; `specrt models pull` keeps it under ~/.cache/specrt/gguf)",
+                }
+            else:
+                request = {
+                    **common,
+                    "bin_dir": str(bin_dir),
+                    "target_gguf": str(sources["target"]),
+                    "draft_gguf": str(sources["draft"]),
+                    "prompts": {p.id: prompt_texts[p.id] for p in prompts},
+                    "prompt_tokens": {pid: len(t) for pid, t in ids.items()},
+                }
+                out[peer] = _run_peer_script(
+                    Path(sys.executable), "llama_cpp_peer.py", work_root / "llama.cpp", request
+                )
         else:
-            out[peer] = {"status": "error", "reason": f"unknown peer {peer!r} (expected 'genai' or 'hf')"}
+            out[peer] = {"status": "error", "reason": f"unknown peer {peer!r} (expected one of: genai, hf, llama.cpp)"}
     return out
 
 
@@ -156,8 +216,8 @@ def peer_modes(name: str, peer: dict[str, Any]) -> list[tuple[str, str, dict[str
     out: list[tuple[str, str, dict[str, Any]]] = []
     k = peer.get("k")
     for pid, g in peer["prompts"].items():
-        if name == "genai":
-            modes = [("speculative", g, f"genai K={k}" if k else "genai")]
+        if name in ("genai", "llama.cpp"):
+            modes = [("speculative", g, f"{name} K={k}" if k else name)]
         else:
             modes = [
                 (m, g[m], f"{name} assisted K={k}" if m == "assisted" else f"{name} {m.replace('_', ' ')}")

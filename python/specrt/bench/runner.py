@@ -543,17 +543,22 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         draft_path = resolve_model(cfg.draft, cfg.dtype)
     folder = _ModelFolder(target_path)
 
+    def render(p: Prompt) -> str:
+        """The prompt as text: chat messages through the model's chat template, a completion prompt as it is."""
+        if p.messages is None:
+            return p.prompt or ""
+        return _render_chat(
+            folder.chat_template or "",
+            [dict(m) for m in p.messages],
+            True,
+            bos_token=folder.config.get("bos_token", ""),
+            eos_token=folder.config.get("eos_token", ""),
+        )
+
     def encode(p: Prompt) -> list[int]:
         # The same ids Decoder.encode gives (checked against it below), without loading a model.
         if p.messages is not None:
-            text = _render_chat(
-                folder.chat_template or "",
-                [dict(m) for m in p.messages],
-                True,
-                bos_token=folder.config.get("bos_token", ""),
-                eos_token=folder.config.get("eos_token", ""),
-            )
-            return folder.tokenizer.encode(text, add_special_tokens=False).ids
+            return folder.tokenizer.encode(render(p), add_special_tokens=False).ids
         return folder.tokenizer.encode(p.prompt).ids
 
     all_prompts = {p.id: p for p in [*prompts, *sweep_prompts]}
@@ -643,7 +648,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         progress.close()
     phase_s["specrt"] = time.perf_counter() - t_start
     if cfg.peers:
-        report["peers"] = run_peers(cfg, target_path, draft_path, prompts, prompt_tokens)
+        texts = {p.id: render(p) for p in prompts}
+        report["peers"] = run_peers(cfg, target_path, draft_path, prompts, prompt_tokens, texts)
         for name, peer in report["peers"].items():
             phase_s[f"peer_{name}"] = peer.pop("elapsed_s", None)
             for row in report["main"]["prompts"] if peer.get("status") == "ok" else []:

@@ -1,0 +1,382 @@
+"""Many requests at once on one :class:`~specrt.Decoder`: submit from any thread or from asyncio, receive each result
+or stream independently.
+
+:class:`Scheduler` owns a worker thread that runs the queued requests on its decoder, first come first served, one
+generation at a time (the decoder's engine holds one sequence; batched rounds are not implemented yet). Each
+:meth:`Scheduler.submit` returns a :class:`RequestHandle` at once:
+
+- ``handle.result()`` / ``await handle.aresult()``: the :class:`~specrt.GenerationResult`;
+- ``for chunk in handle`` / ``async for chunk in handle.aiter()``: the :class:`~specrt.StreamChunk` s as rounds commit;
+- ``handle.cancel()``: a queued request never starts, a running one stops after its current round.
+
+Limits: ``max_queue`` requests may wait (more raise :class:`QueueFullError` at submit); a request's ``timeout_s``
+counts from submission (queueing included) and ends it with :class:`RequestTimeoutError` after the round in which it
+expired, carrying the tokens generated so far. :meth:`Scheduler.close` stops accepting and, with ``drain=True``,
+finishes everything already submitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from specrt.errors import GenerationCancelled, SpecrtError
+from specrt.generate import Decoder, GenerationResult, StreamChunk
+
+__all__ = ["QueueFullError", "RequestHandle", "RequestTimeoutError", "Scheduler", "SchedulerClosedError"]
+
+
+class QueueFullError(SpecrtError):
+    """:meth:`Scheduler.submit` found ``max_queue`` requests already waiting (HTTP 429 in ``specrt serve``)."""
+
+
+class SchedulerClosedError(SpecrtError):
+    """:meth:`Scheduler.submit` after :meth:`Scheduler.close` (HTTP 503 in ``specrt serve``)."""
+
+
+class RequestTimeoutError(SpecrtError, TimeoutError):
+    """A request ran past its ``timeout_s`` (counted from submission).
+
+    Attributes:
+        timeout_s: the limit in seconds.
+        token_ids: tokens generated before it ended (empty if it timed out in the queue).
+        text: their text.
+    """
+
+    def __init__(self, message: str, timeout_s: float, token_ids: list[int], text: str) -> None:
+        super().__init__(message)
+        self.timeout_s = timeout_s
+        self.token_ids = token_ids
+        self.text = text
+
+
+_DONE = object()  # end of a handle's chunk stream
+
+
+@dataclass
+class RequestHandle:
+    """One submitted request. Created by :meth:`Scheduler.submit`; iterate it (or :meth:`aiter`) for chunks.
+
+    Attributes:
+        request_id: ``"req-<n>"``, unique within the scheduler.
+        submitted_at: ``time.perf_counter()`` at submission (s).
+        started_at, first_token_at, finished_at: ``time.perf_counter()`` when the generation started, emitted its
+            first token and ended (None until then).
+        token_times: ``time.perf_counter()`` of each chunk that carried tokens, with its token count.
+    """
+
+    request_id: str
+    kwargs: dict[str, Any]
+    timeout_s: float | None
+    submitted_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    token_times: list[tuple[float, int]] = field(default_factory=list)
+    _chunks: collections.deque = field(default_factory=collections.deque, repr=False)
+    _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    _result: GenerationResult | None = field(default=None, repr=False)
+    _error: BaseException | None = field(default=None, repr=False)
+    _done: bool = field(default=False, repr=False)
+    _cancelled: bool = field(default=False, repr=False)
+    _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list, repr=False)
+
+    # ----- producer side (the worker thread) ---------------------------------------------------------------------
+    def _push(self, item: object) -> None:
+        with self._cond:
+            self._chunks.append(item)
+            self._cond.notify_all()
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            # A closed event loop (its consumer is gone) raises RuntimeError: nothing to wake there.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(event.set)
+
+    def _finish(self, result: GenerationResult | None, error: BaseException | None) -> None:
+        self.finished_at = time.perf_counter()
+        with self._cond:
+            self._result, self._error, self._done = result, error, True
+        self._push(_DONE)
+
+    # ----- consumer side -----------------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """Whether the request has ended (result, error or cancellation)."""
+        return self._done
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` was called."""
+        return self._cancelled
+
+    def cancel(self) -> None:
+        """Stop this request: a queued one never starts, a running one stops after its current round; its result
+        is then :class:`~specrt.errors.GenerationCancelled`. No effect once done."""
+        self._cancelled = True
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        """Wait for the end and return the result.
+
+        Args:
+            timeout: seconds to wait (None = no limit).
+
+        Raises:
+            TimeoutError: not done within ``timeout`` (the request keeps running).
+            RequestTimeoutError: the request ran past its own ``timeout_s``.
+            GenerationCancelled: it was cancelled.
+            SpecrtError: whatever the generation raised (bad settings, sequence too long, ...).
+        """
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._done, timeout):
+                raise TimeoutError(f"request {self.request_id} not done within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def _is_end(self, item: object) -> bool:
+        """Whether ``item`` ends the stream; raises the request's error there."""
+        if item is not _DONE:
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def __iter__(self) -> Iterator[StreamChunk]:
+        """The chunks of this request as rounds commit them (blocking); raises as :meth:`result` at the end."""
+        i = 0
+        while True:
+            with self._cond:
+                while len(self._chunks) <= i:
+                    self._cond.wait()
+                item = self._chunks[i]
+            i += 1
+            if self._is_end(item):
+                return
+            yield item  # type: ignore[misc]
+
+    async def aiter(self) -> AsyncIterator[StreamChunk]:
+        """:meth:`__iter__` for asyncio: awaits chunks without blocking the event loop."""
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        with self._cond:
+            self._waiters.append((loop, event))
+        try:
+            i = 0
+            while True:
+                with self._cond:
+                    ready = len(self._chunks) > i
+                    item = self._chunks[i] if ready else None
+                    if not ready:
+                        event.clear()
+                if not ready:
+                    await event.wait()
+                    continue
+                i += 1
+                if self._is_end(item):
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            with self._cond:
+                self._waiters.remove((loop, event))
+
+    async def aresult(self) -> GenerationResult:
+        """:meth:`result` for asyncio."""
+        async for _ in self.aiter():
+            pass
+        assert self._result is not None
+        return self._result
+
+
+class Scheduler:
+    """Run submitted requests on ``decoder`` in a worker thread, first come first served.
+
+    Args:
+        decoder: the :class:`~specrt.Decoder` to run on (the scheduler's worker is its only user while open).
+        max_queue: most requests waiting to start (>= 1); one more raises :class:`QueueFullError`.
+        default_timeout_s: ``timeout_s`` of requests that give none (None = no limit).
+        on_finish: called in the worker thread with each handle once it is done (metrics); must not raise.
+
+    Raises:
+        ConfigError: ``max_queue`` < 1 or ``default_timeout_s`` <= 0.
+    """
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        *,
+        max_queue: int = 64,
+        default_timeout_s: float | None = None,
+        on_finish: Callable[[RequestHandle], None] | None = None,
+    ) -> None:
+        from specrt.errors import ConfigError
+
+        if not isinstance(max_queue, int) or max_queue < 1:
+            raise ConfigError(f"max_queue must be an integer >= 1, got {max_queue!r}")
+        if default_timeout_s is not None and not default_timeout_s > 0:
+            raise ConfigError(f"default_timeout_s must be > 0 seconds or None, got {default_timeout_s!r}")
+        self.decoder = decoder
+        self.max_queue = max_queue
+        self.default_timeout_s = default_timeout_s
+        self._on_finish = on_finish
+        self._queue: collections.deque[RequestHandle] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._running: RequestHandle | None = None
+        self._n = 0
+        self._worker = threading.Thread(target=self._work, name="specrt-scheduler", daemon=True)
+        self._worker.start()
+
+    @property
+    def queue_length(self) -> int:
+        """Requests waiting to start."""
+        return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        """Requests generating now (0 or 1)."""
+        return 0 if self._running is None else 1
+
+    def submit(
+        self,
+        prompt: str | list[int] | None = None,
+        *,
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> RequestHandle:
+        """Queue a generation; returns at once.
+
+        Args:
+            prompt: as :meth:`Decoder.stream` (or give ``messages=``).
+            timeout_s: seconds from now after which the request ends with :class:`RequestTimeoutError` (default:
+                the scheduler's ``default_timeout_s``).
+            kwargs: every other argument of :meth:`Decoder.stream` (checked when the request starts; a bad one
+                ends that request with its error, not the scheduler).
+
+        Raises:
+            QueueFullError: ``max_queue`` requests are already waiting.
+            SchedulerClosedError: after :meth:`close`.
+            ConfigError: ``timeout_s`` <= 0.
+        """
+        from specrt.errors import ConfigError
+
+        if timeout_s is not None and not timeout_s > 0:
+            raise ConfigError(f"timeout_s must be > 0 seconds or None, got {timeout_s!r}")
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosedError("the scheduler is closed (shutting down); no new requests are accepted")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFullError(
+                    f"{len(self._queue)} requests are waiting (max_queue {self.max_queue}); retry later"
+                )
+            self._n += 1
+            kwargs = dict(kwargs)
+            if prompt is not None:
+                kwargs["prompt"] = prompt
+            handle = RequestHandle(
+                request_id=f"req-{self._n}",
+                kwargs=kwargs,
+                timeout_s=self.default_timeout_s if timeout_s is None else float(timeout_s),
+            )
+            self._queue.append(handle)
+            self._cond.notify_all()
+        return handle
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> bool:
+        """Stop accepting requests; with ``drain`` finish the queued and running ones, else cancel them.
+
+        Args:
+            drain: finish what was submitted (True) or cancel it (False).
+            timeout: seconds to wait for the worker (None = until done).
+
+        Returns:
+            True if the worker finished within ``timeout``.
+        """
+        with self._cond:
+            self._closed = True
+            if not drain:
+                for h in self._queue:
+                    h.cancel()
+                if self._running is not None:
+                    self._running.cancel()
+            self._cond.notify_all()
+        self._worker.join(timeout)
+        return not self._worker.is_alive()
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(drain=exc[0] is None)
+
+    # ----- the worker --------------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._closed)
+                if not self._queue:
+                    return  # closed and drained
+                handle = self._queue.popleft()
+                self._running = handle
+            try:
+                self._run_one(handle)
+            finally:
+                with self._cond:
+                    self._running = None
+                if self._on_finish is not None:
+                    with contextlib.suppress(Exception):  # metrics must never stop the worker
+                        self._on_finish(handle)
+
+    def _run_one(self, h: RequestHandle) -> None:
+        deadline = None if h.timeout_s is None else h.submitted_at + h.timeout_s
+        if h.cancelled:
+            h._finish(None, GenerationCancelled(f"request {h.request_id} was cancelled before it started"))
+            return
+        if deadline is not None and time.perf_counter() >= deadline:
+            h._finish(None, _timeout(h, [], "", queued=True))
+            return
+        h.started_at = time.perf_counter()
+        tokens: list[int] = []
+        text: list[str] = []
+        stream = None
+        try:
+            stream = self.decoder.stream(**h.kwargs)
+            for chunk in stream:
+                now = time.perf_counter()
+                if chunk.token_ids:
+                    if h.first_token_at is None:
+                        h.first_token_at = now
+                    h.token_times.append((now, len(chunk.token_ids)))
+                    tokens += chunk.token_ids
+                    text.append(chunk.text)
+                if chunk.result is not None:
+                    h._push(chunk)
+                    h._finish(chunk.result, None)
+                    return
+                h._push(chunk)
+                if h.cancelled:
+                    h._finish(
+                        None, GenerationCancelled(f"request {h.request_id} was cancelled after {len(tokens)} tokens")
+                    )
+                    return
+                if deadline is not None and now >= deadline:
+                    h._finish(None, _timeout(h, tokens, "".join(text), queued=False))
+                    return
+        except Exception as e:  # the request's own error (bad settings, too long, ...): the scheduler goes on
+            h._finish(None, e)
+        finally:
+            if stream is not None:
+                stream.close()  # a generation left early releases the decoder here
+
+
+def _timeout(h: RequestHandle, tokens: list[int], text: str, *, queued: bool) -> RequestTimeoutError:
+    where = "while queued" if queued else f"after {len(tokens)} generated tokens"
+    return RequestTimeoutError(
+        f"request {h.request_id} ran past its timeout of {h.timeout_s:g} s {where}", h.timeout_s or 0.0, tokens, text
+    )

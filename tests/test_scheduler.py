@@ -1,0 +1,216 @@
+"""``specrt.Scheduler``: many requests on one Decoder from threads and asyncio, each result equal to its solo run;
+queue limits, cancellation, timeouts, draining. Scheduling logic runs on a scripted stand-in decoder whose rounds
+wait for the test, so every interleaving asserted here is forced, not timed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from specrt.errors import ConfigError, GenerationCancelled
+from specrt.generate import GenerationResult, Stats, StreamChunk
+from specrt.scheduler import QueueFullError, RequestTimeoutError, Scheduler, SchedulerClosedError
+
+
+@pytest.fixture
+def tiny(tiny_decoder):
+    return tiny_decoder
+
+
+REQUESTS = [
+    {"prompt": "def add(a, b):", "max_new_tokens": 24, "temperature": 0, "num_speculative_tokens": 4},
+    {"prompt": "hello world, hello", "max_new_tokens": 17, "temperature": 1.0, "seed": 5, "num_speculative_tokens": 2},
+    {"prompt": "x = [1, 2, 3]", "max_new_tokens": 30, "temperature": 0.7, "top_p": 0.9, "seed": 1, "coupled": True},
+    {"prompt": "the cat", "max_new_tokens": 9, "temperature": 0, "proposer": "ngram", "ignore_eos": True},
+    {"prompt": "abc abc abc", "max_new_tokens": 20, "temperature": 1.0, "seed": 9, "stop": ["a"]},
+]
+
+
+def test_requests_from_many_threads_each_equal_their_solo_run(tiny) -> None:
+    solo = [tiny.generate(**r) for r in REQUESTS]
+    with Scheduler(tiny, max_queue=len(REQUESTS) * 3) as sched:
+        handles: list = [None] * (len(REQUESTS) * 3)
+
+        def submit(i: int) -> None:
+            handles[i] = sched.submit(**REQUESTS[i % len(REQUESTS)])
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(handles))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, h in enumerate(handles):
+            got = h.result(timeout=60)
+            want = solo[i % len(REQUESTS)]
+            assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason)
+            assert got.logprobs == want.logprobs
+    ids = {h.request_id for h in handles}
+    assert len(ids) == len(handles)
+
+
+def test_asyncio_streams_and_results(tiny) -> None:
+    solo = [tiny.generate(**r) for r in REQUESTS]
+
+    async def main(sched: Scheduler) -> list[tuple[str, list[int], GenerationResult]]:
+        async def one(r: dict) -> tuple[str, list[int], GenerationResult]:
+            h = sched.submit(**r)
+            text, ids = "", []
+            async for chunk in h.aiter():
+                text += chunk.text
+                ids += chunk.token_ids
+            return text, ids, await h.aresult()
+
+        return await asyncio.gather(*(one(r) for r in REQUESTS))
+
+    with Scheduler(tiny) as sched:
+        out = asyncio.run(main(sched))
+    for (text, ids, res), want in zip(out, solo, strict=True):
+        assert text == want.text == res.text and ids == want.token_ids == res.token_ids
+
+
+def test_a_bad_request_fails_alone(tiny) -> None:
+    with Scheduler(tiny) as sched:
+        bad = sched.submit("hi", max_new_tokens=4, temperature=-1.0)
+        unknown = sched.submit("hi", max_new_tokens=4, bogus=1)
+        good = sched.submit("hi", max_new_tokens=4, temperature=0)
+        with pytest.raises(ConfigError, match="temperature"):
+            bad.result(timeout=30)
+        with pytest.raises(TypeError, match="bogus"):
+            unknown.result(timeout=30)
+        assert len(good.result(timeout=30).token_ids) >= 1
+    with pytest.raises(ConfigError, match="max_queue must be an integer >= 1, got 0"):
+        Scheduler(tiny, max_queue=0)
+    with Scheduler(tiny) as sched, pytest.raises(ConfigError, match="timeout_s must be > 0"):
+        sched.submit("hi", timeout_s=0)
+
+
+class ScriptedDecoder:
+    """Stands in for a Decoder: each request yields ``rounds`` one-token chunks, each only after the test releases
+    it with ``step.release()``; records the order in which requests started."""
+
+    def __init__(self) -> None:
+        self.step = threading.Semaphore(0)
+        self.started: list[str] = []
+        self.closed: list[str] = []
+
+    def stream(self, prompt: str, rounds: int = 3, **_kw):
+        self.started.append(prompt)
+        done = 0
+        try:
+            for i in range(rounds):
+                assert self.step.acquire(timeout=30), "the test never released a round"
+                done += 1
+                yield StreamChunk(text=f"{i}", token_ids=[i], sources=["bonus"], logprobs=[0.0])
+            stats = Stats._from_engine(
+                {
+                    **dict.fromkeys(
+                        ["n_prompt_tokens", "n_rounds", "n_drafted", "n_accepted", "n_recovered", "n_bonus"], 0
+                    ),
+                    **dict.fromkeys(["prefill_ms", "draft_ms", "target_ms", "core_ms"], 0.0),
+                    **dict.fromkeys(["acceptance_rate", "mean_tokens_per_round"]),
+                    **dict.fromkeys(["decode_tokens_per_s", "tokens_per_s"]),
+                    "accepted_at": [],
+                    "n_drafted_ngram": 0,
+                    "n_accepted_ngram": 0,
+                    "rounds_by_k": [],
+                }
+            )
+            result = GenerationResult(
+                text="".join(str(i) for i in range(rounds)),
+                token_ids=list(range(rounds)),
+                finish_reason="length",
+                logprobs=[0.0] * rounds,
+                sources=["bonus"] * rounds,
+                stats=stats,
+            )
+            yield StreamChunk(text="", token_ids=[], sources=[], finish_reason="length", result=result)
+        finally:
+            self.closed.append(f"{prompt}:{done}")
+
+
+def _wait_until(cond, timeout: float = 30.0) -> None:
+    ev = threading.Event()
+    for _ in range(int(timeout / 0.005)):
+        if cond():
+            return
+        ev.wait(0.005)
+    raise AssertionError("condition not reached")
+
+
+def test_queue_limit_order_cancel_and_drain() -> None:
+    dec = ScriptedDecoder()
+    sched = Scheduler(dec, max_queue=2)  # type: ignore[arg-type]
+    a = sched.submit("a", rounds=2)
+    _wait_until(lambda: dec.started == ["a"])  # a runs, the queue is empty
+    b = sched.submit("b", rounds=1)
+    c = sched.submit("c", rounds=1)
+    assert sched.queue_length == 2 and sched.running == 1
+    with pytest.raises(QueueFullError, match=r"2 requests are waiting \(max_queue 2\)"):
+        sched.submit("d")
+    c.cancel()  # queued: never starts
+    for _ in range(3):
+        dec.step.release()
+    assert a.result(timeout=30).text == "01" and b.result(timeout=30).text == "0"
+    with pytest.raises(GenerationCancelled, match="cancelled before it started"):
+        c.result(timeout=30)
+    assert dec.started == ["a", "b"]  # first come first served; the cancelled one never ran
+    # A running request stops after its current round and releases the decoder.
+    e = sched.submit("e", rounds=50)
+    it = iter(e)
+    dec.step.release()
+    assert next(it).token_ids == [0]
+    e.cancel()
+    dec.step.release()
+    with pytest.raises(GenerationCancelled, match="cancelled after 2 tokens"):
+        e.result(timeout=30)
+    _wait_until(lambda: "e:2" in dec.closed)
+    # Close with drain: what was submitted still finishes; nothing new is accepted.
+    f = sched.submit("f", rounds=1)
+    closer = threading.Thread(target=sched.close, kwargs={"drain": True})
+    closer.start()
+    _wait_until(lambda: sched._closed)
+    with pytest.raises(SchedulerClosedError, match="closed"):
+        sched.submit("g")
+    dec.step.release()
+    closer.join(30)
+    assert not closer.is_alive() and f.result(timeout=1).text == "0"
+
+
+def test_timeouts_end_requests_with_what_they_generated() -> None:
+    dec = ScriptedDecoder()
+    with Scheduler(dec, default_timeout_s=0.2) as sched:  # type: ignore[arg-type]
+        a = sched.submit("a", rounds=100)
+        _wait_until(lambda: dec.started == ["a"])
+        queued = sched.submit("q", rounds=1, timeout_s=0.05)
+        dec.step.release()
+        _wait_until(lambda: len(a.token_times) == 1)
+        threading.Event().wait(0.25)  # a is past its 0.2 s now; its next round ends it
+        dec.step.release()
+        with pytest.raises(RequestTimeoutError, match=r"timeout of 0.2 s after 2 generated tokens") as err:
+            a.result(timeout=30)
+        assert err.value.token_ids == [0, 1] and err.value.text == "01" and err.value.timeout_s == 0.2
+        with pytest.raises(RequestTimeoutError, match="while queued") as err:
+            queued.result(timeout=30)
+        assert err.value.token_ids == []
+    assert dec.started == ["a"]
+
+
+def test_close_without_drain_cancels_everything(tmp_path: Path) -> None:
+    dec = ScriptedDecoder()
+    sched = Scheduler(dec)  # type: ignore[arg-type]
+    a = sched.submit("a", rounds=5)
+    _wait_until(lambda: dec.started == ["a"])
+    b = sched.submit("b", rounds=5)
+    closer = threading.Thread(target=sched.close, kwargs={"drain": False})
+    closer.start()
+    _wait_until(lambda: sched._closed)
+    dec.step.release()
+    closer.join(30)
+    assert not closer.is_alive()
+    for h in (a, b):
+        with pytest.raises(GenerationCancelled):
+            h.result(timeout=1)
+    assert dec.started == ["a"]

@@ -1,0 +1,266 @@
+"""``specrt serve`` (``specrt.server``) on tiny models: OpenAI response shapes, streaming, usage, logprobs, errors in
+OpenAI's schema (400 naming the field, 404, 429, 504), metrics, and a client that disconnects mid-stream freeing the
+decoder (on a real uvicorn server on the loopback address)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
+httpx = pytest.importorskip("httpx")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from specrt.server import create_app  # noqa: E402
+
+
+@pytest.fixture
+def tiny(tiny_decoder):
+    return tiny_decoder
+
+
+@pytest.fixture
+def client(tiny):
+    with TestClient(create_app(tiny, model_name="tiny", num_speculative_tokens=3)) as c:
+        yield c
+
+
+def _events(resp) -> list:
+    out = []
+    for line in resp.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_completion_equals_the_decoder_and_reports_usage_and_speculation(client, tiny) -> None:
+    want = tiny.generate("def add(a, b):", max_new_tokens=20, temperature=0, num_speculative_tokens=3)
+    r = client.post(
+        "/v1/completions",
+        json={"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 20, "temperature": 0, "logprobs": 0},
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and body["model"] == "tiny" and body["id"].startswith("cmpl-")
+    choice = body["choices"][0]
+    assert choice["text"] == want.text
+    assert choice["finish_reason"] == {"eos": "stop", "stop": "stop", "length": "length"}[want.finish_reason]
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(want.logprobs)
+    assert len(choice["logprobs"]["tokens"]) == len(want.token_ids)
+    assert body["usage"] == {
+        "prompt_tokens": len(want.prompt_token_ids),
+        "completion_tokens": len(want.token_ids),
+        "total_tokens": len(want.prompt_token_ids) + len(want.token_ids),
+    }
+    spec = body["speculative"]
+    assert spec["n_drafted"] == want.stats.n_drafted and spec["n_accepted"] == want.stats.n_accepted
+    # Token ids as the prompt, and OpenAI's default of 16 tokens.
+    r = client.post("/v1/completions", json={"prompt": want.prompt_token_ids, "temperature": 0, "ignore_eos": True})
+    assert r.json()["usage"]["completion_tokens"] == 16
+
+
+def test_streaming_completion_matches_the_whole_response(client) -> None:
+    req = {"prompt": "hello world, hello", "max_tokens": 30, "temperature": 1.0, "seed": 7}
+    whole = client.post("/v1/completions", json=req).json()
+    with client.stream(
+        "POST", "/v1/completions", json={**req, "stream": True, "stream_options": {"include_usage": True}}
+    ) as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+        events = _events(resp)
+    assert events[-1] == "[DONE]"
+    usage = events[-2]
+    assert usage["choices"] == [] and usage["usage"] == whole["usage"] and "speculative" in usage
+    chunks = events[:-2]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == whole["choices"][0]["finish_reason"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    with client.stream("POST", "/v1/completions", json={**req, "stream": True}) as resp:
+        events = _events(resp)
+    assert events[-1] == "[DONE]" and "usage" not in events[-2]
+
+
+def test_chat_completion_stream_and_logprobs(client, tiny) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    want = tiny.generate(messages=messages, max_new_tokens=12, temperature=0, num_speculative_tokens=3)
+    r = client.post(
+        "/v1/chat/completions",
+        json={"messages": messages, "max_completion_tokens": 12, "temperature": 0, "logprobs": True},
+    )
+    body = r.json()
+    assert r.status_code == 200, body
+    assert body["object"] == "chat.completion"
+    msg = body["choices"][0]["message"]
+    assert msg == {"role": "assistant", "content": want.text}
+    lp = body["choices"][0]["logprobs"]["content"]
+    assert [x["logprob"] for x in lp] == pytest.approx(want.logprobs) and all(x["top_logprobs"] == [] for x in lp)
+    # Content given as text parts is the same prompt.
+    parts = [
+        messages[0],
+        {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+    ]
+    r2 = client.post("/v1/chat/completions", json={"messages": parts, "max_tokens": 12, "temperature": 0})
+    assert r2.json()["choices"][0]["message"]["content"] == want.text
+    with client.stream(
+        "POST", "/v1/chat/completions", json={"messages": messages, "max_tokens": 12, "temperature": 0, "stream": True}
+    ) as resp:
+        events = _events(resp)
+    chunks = events[:-1]
+    assert chunks[0]["object"] == "chat.completion.chunk" and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == want.text and chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "words"),
+    [
+        ("/v1/completions", {"max_tokens": 5}, 400, "prompt", "Field required"),
+        ("/v1/completions", {"prompt": "x", "temperature": 5}, 400, "temperature", "less than or equal to 2"),
+        ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n", "less than or equal to 1"),
+        ("/v1/completions", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate", "unknown field"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 3}, 400, "logprobs", "less than or equal to 0"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, 400, "max_tokens", "maximum sequence length"),
+        ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "up to 4"),
+        ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model", "does not exist"),
+        ("/v1/completions", {"prompt": [1, 2, 999999]}, 400, None, "999999"),
+        ("/v1/chat/completions", {"messages": []}, 400, "messages", "at least 1"),
+        ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role", "robot"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+            400,
+            "top_logprobs",
+            "less than or equal to 0",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            400,
+            "messages.0.content",
+            "only text parts",
+        ),
+    ],
+)
+def test_malformed_requests_get_openai_errors_naming_the_field(client, path, body, status, param, words) -> None:
+    r = client.post(path, json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param and words in err["message"], err
+
+
+def test_not_json_and_not_an_object(client) -> None:
+    r = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = client.post("/v1/completions", json=[1, 2])
+    assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+
+
+def test_full_queue_is_429_and_timeout_is_504(tiny) -> None:
+    app = create_app(tiny, model_name="tiny", max_queue=1)
+    sched = app.state.scheduler
+    with TestClient(app) as c:
+        with tiny._lock:  # the worker's generation waits for this lock: a running request and a full queue
+            running = sched.submit("a", max_new_tokens=2)
+            for _ in range(2000):
+                if sched.running:
+                    break
+                time.sleep(0.005)
+            queued = sched.submit("b", max_new_tokens=2)
+            r = c.post("/v1/completions", json={"prompt": "c"})
+            assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full", r.text
+        running.result(timeout=30), queued.result(timeout=30)
+        m = c.get("/metrics").text
+        assert 'specrt_requests_total{endpoint="completions",outcome="rejected_queue_full"} 1.0' in m
+    app = create_app(tiny, model_name="tiny", request_timeout_s=1e-6)
+    with TestClient(app) as c:
+        r = c.post("/v1/completions", json={"prompt": "c", "max_tokens": 4})
+        assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout", r.text
+        assert "timeout" in r.json()["error"]["message"]
+        with c.stream("POST", "/v1/completions", json={"prompt": "c", "max_tokens": 4, "stream": True}) as resp:
+            events = _events(resp)
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "request_timeout"
+
+
+def test_health_models_and_metrics(client) -> None:
+    assert client.get("/health").json()["status"] == "ok"
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny"]
+    client.post("/v1/completions", json={"prompt": "def f(x):", "max_tokens": 8, "temperature": 0})
+    m = client.get("/metrics").text
+    for name in (
+        "specrt_requests_total",
+        "specrt_generation_tokens_total",
+        "specrt_draft_tokens_total",
+        "specrt_accepted_tokens_total",
+        "specrt_acceptance_rate",
+        "specrt_queue_length",
+        "specrt_running_requests",
+        "specrt_time_to_first_token_seconds_bucket",
+        "specrt_inter_token_latency_seconds_bucket",
+        "specrt_request_latency_seconds_count",
+        "specrt_decode_tokens_per_second",
+    ):
+        assert name in m, name
+    assert 'specrt_requests_total{endpoint="completions",outcome="' in m
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_client_that_disconnects_frees_the_decoder(tiny) -> None:
+    import uvicorn
+
+    app = create_app(tiny, model_name="tiny", num_speculative_tokens=1)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(2000):
+            try:
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.01)
+        body = {"prompt": "x", "max_tokens": 200, "temperature": 1.0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    break  # first chunk: leave
+        sched = app.state.scheduler
+        for _ in range(2000):
+            if "cancelled" in httpx.get(f"{base}/metrics").text:
+                break
+            time.sleep(0.01)
+        m = httpx.get(f"{base}/metrics").text
+        assert 'specrt_requests_total{endpoint="completions",outcome="cancelled"} 1.0' in m, m
+        assert sched.running == 0
+        # The decoder serves the next request in full.
+        r = httpx.post(f"{base}/v1/completions", json={"prompt": "y", "max_tokens": 5, "ignore_eos": True}, timeout=30)
+        assert r.json()["usage"]["completion_tokens"] == 5
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_serve_cli_parses_and_needs_a_target(tmp_path: Path) -> None:
+    from specrt.cli import build_parser
+
+    a = build_parser().parse_args(["serve", "--target", "t", "--port", "9000", "-k", "4", "--max-queue", "3"])
+    assert (a.port, a.num_speculative_tokens, a.max_queue, a.request_timeout) == (9000, 4, 3, 600.0)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve"])
