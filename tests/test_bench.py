@@ -457,6 +457,28 @@ def test_llama_cpp_peer_parses_its_tools_and_reports_beside_specrt(tiny_pair, tm
     assert [r[1] for r in rows] == ["llama.cpp K=3", "llama.cpp K=3"]
 
 
+def test_llama_cpp_peer_runs_the_real_tools_on_the_gguf_source(tmp_path) -> None:
+    from specrt.models import cache_dir
+
+    cfg = bench.BenchConfig(k=3, max_new_tokens=8, repeats=1, peers=("llama.cpp",), out_dir=str(tmp_path))
+    folder = cache_dir() / "models" / "smollm2-135m-instruct" / "fp32"
+    if not (bench.peers.llama_cpp_bin(cfg) / "llama-speculative-simple").is_file():
+        pytest.skip("llama.cpp is not built (bash benches/peers/setup_llama_cpp.sh)")
+    if bench.gguf_source(folder) is None:
+        pytest.skip("SmolLM2 fp32 and its GGUF are not in the cache (specrt models pull smollm2-135m-instruct)")
+    text = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    prompts = [bench.Prompt(id="chat", kind="chat_answer", prompt=text)]
+    # Target and draft are the same GGUF: most draft tokens are accepted (not all: llama.cpp's multi-token target
+    # pass and single-token draft pass use different kernels, and near-ties in Q4_1 can flip between them).
+    out = bench.run_peers(cfg, folder, folder, prompts, {"chat": list(range(16))}, {"chat": text})
+    g = out["llama.cpp"]
+    assert g["status"] == "ok", g.get("stderr_tail")
+    p = g["prompts"]["chat"]
+    assert p["target_only"]["decode_tokens_per_s"]["median"] > 0 and p["speculative"]["n_emitted"]["median"] >= 8
+    assert p["n_drafted"] > 0 and p["acceptance_rate"]["median"] >= 0.5
+    assert "Paris" in p["text"] and "<|im_start|>" not in p["text"]
+
+
 HF_PYTHON = REPO / "benches" / "out" / "venv-hf" / "bin" / "python"
 
 

@@ -35,7 +35,8 @@ from typing import Any
 from peer_stats import spread
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
-_FIELD = re.compile(r"^\s*(n_drafted|n_accept|n_predict)\s*=\s*(\d+)", re.MULTILINE)
+# Log lines carry a timestamp and level prefix ("0.10.169.567 I n_drafted = 10").
+_FIELD = re.compile(r"\b(n_drafted|n_accept|n_predict)\s*=\s*(\d+)")
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
@@ -62,7 +63,7 @@ def speculative(bin_dir: Path, target: str, draft: str, prompt: str, n: int, k: 
     try:
         cmd = [str(bin_dir / "llama-speculative-simple"), "-m", target, "-md", draft, "-f", prompt_file]
         cmd += ["-n", str(n), "--temp", "0", "-t", str(threads), "-td", str(threads), "-c", "4096"]
-        cmd += ["--spec-type", "draft-simple", "--spec-draft-n-max", str(k), "--no-warmup", "--no-display-prompt"]
+        cmd += ["--spec-type", "draft-simple", "--spec-draft-n-max", str(k)]
         proc = _run(cmd)
     finally:
         Path(prompt_file).unlink(missing_ok=True)
@@ -76,8 +77,14 @@ def speculative(bin_dir: Path, target: str, draft: str, prompt: str, n: int, k: 
         "n_emitted": int(m.group(1)),
         "n_drafted": fields.get("n_drafted"),
         "n_accept": fields.get("n_accept"),
-        "text": proc.stdout.strip(),
+        "text": _after(proc.stdout, prompt),
     }
+
+
+def _after(stdout: str, prompt: str) -> str:
+    """The generated text: stdout echoes the prompt first."""
+    i = stdout.find(prompt)
+    return (stdout[i + len(prompt) :] if i >= 0 else stdout).strip()
 
 
 def main(req_path: str, res_path: str) -> int:
@@ -85,13 +92,13 @@ def main(req_path: str, res_path: str) -> int:
     bin_dir = Path(req["bin_dir"])
     threads = int(req.get("threads") or 2)
     n, k, repeats = int(req["max_new_tokens"]), int(req["k"]), int(req.get("repeats") or 1)
-    out: dict[str, Any] = {"k": k, "versions": {}, "prompts": {}}
+    out: dict[str, Any] = {"k": k, "versions": {"llama_cpp_python_sdist": req.get("llama_cpp_python")}, "prompts": {}}
     for pid, text in req["prompts"].items():
         depth = int(req["prompt_tokens"][pid])
         base, spec = [], []
         for _ in range(repeats):
             tps, versions = target_only(bin_dir, req["target_gguf"], n, depth, threads)
-            out["versions"] = versions
+            out["versions"].update(versions)
             base.append(tps)
             spec.append(speculative(bin_dir, req["target_gguf"], req["draft_gguf"], text, n, k, threads))
         drafted = sum(s["n_drafted"] or 0 for s in spec)

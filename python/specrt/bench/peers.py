@@ -193,6 +193,7 @@ def run_peers(
                 request = {
                     **common,
                     "bin_dir": str(bin_dir),
+                    "llama_cpp_python": None if cfg.llama_cpp_bin else LLAMA_CPP_PYTHON_VERSION,
                     "target_gguf": str(sources["target"]),
                     "draft_gguf": str(sources["draft"]),
                     "prompts": {p.id: prompt_texts[p.id] for p in prompts},
