@@ -130,7 +130,9 @@ def test_chat_completion_stream_and_logprobs(client, tiny) -> None:
         ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, 400, "max_tokens", "maximum sequence length"),
         ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "up to 4"),
         ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model", "does not exist"),
-        ("/v1/completions", {"prompt": [1, 2, 999999]}, 400, None, "999999"),
+        ("/v1/completions", {"prompt": [1, 2, 999999]}, 400, "prompt", "999999"),
+        ("/v1/completions", {"prompt": [1, 2, 999999], "stream": True}, 400, "prompt", "999999"),
+        ("/v1/completions", {"prompt": "x", "num_speculative_tokens": 65}, 400, "num_speculative_tokens", "64"),
         ("/v1/chat/completions", {"messages": []}, 400, "messages", "at least 1"),
         ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role", "robot"),
         (

@@ -22,14 +22,15 @@ Requests run one at a time, first come first served (batched rounds are not impl
 
 import asyncio
 import json
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
-from specrt.errors import ConfigError, GenerationCancelled, SpecrtError
-from specrt.generate import Decoder, GenerationResult, StreamChunk
+from specrt.errors import ConfigError, GenerationCancelled, SpecrtError, VocabError
+from specrt.generate import Decoder, GenerationResult, StreamChunk, _check_ids
 from specrt.scheduler import (
     QueueFullError,
     RequestHandle,
@@ -45,6 +46,8 @@ _FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 def _pydantic_models() -> dict[str, Any]:
     """The request schemas (built on first use: pydantic is an optional dependency, ``specrt[serve]``)."""
+    from typing import Annotated
+
     from pydantic import BaseModel, ConfigDict, Field
 
     class _Strict(BaseModel):
@@ -69,7 +72,7 @@ def _pydantic_models() -> dict[str, Any]:
         stream: bool = False
         stream_options: StreamOptions | None = None
         user: str | None = None
-        num_speculative_tokens: int | Literal["auto"] | None = None
+        num_speculative_tokens: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] | None = None
         ignore_eos: bool = False
         coupled: bool = False
 
@@ -265,7 +268,8 @@ def create_app(
             "presence_penalty": req.presence_penalty,
             "ignore_eos": req.ignore_eos,
             "coupled": req.coupled,
-            "seed": 0 if req.seed is None else req.seed,
+            # No seed: a fresh one per request (OpenAI's behaviour); a given seed repeats exactly.
+            "seed": secrets.randbits(63) if req.seed is None else req.seed,
         }
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
             value = getattr(req, name)
@@ -291,7 +295,9 @@ def create_app(
             )
         try:
             # Settings and length are checked before queueing, so a bad request is a 400, not a failed stream.
-            ids = decoder.encode(kw.pop("prompt", None), kw.pop("messages", None))
+            ids = _check_ids(
+                "prompt", decoder.encode(kw.pop("prompt", None), kw.pop("messages", None)), decoder.vocab_size
+            )
             if len(ids) + kw["max_new_tokens"] > decoder.max_seq_len:
                 raise _BadFieldError(
                     "max_tokens",
@@ -306,6 +312,8 @@ def create_app(
             return _error(503, str(e), "server_error", code="shutting_down")
         except _BadFieldError as e:
             return _error(400, str(e), "invalid_request_error", e.param)
+        except VocabError as e:
+            return _error(400, str(e), "invalid_request_error", "prompt")
         except (ConfigError, SpecrtError, ValueError) as e:
             return _error(400, str(e), "invalid_request_error")
 
@@ -578,7 +586,10 @@ async def _parse(request: Any, schema: Any) -> Any:
         return schema.model_validate(body)
     except ValidationError as e:
         first = e.errors()[0]
-        param = ".".join(str(x) for x in first.get("loc", ())) or None
+        # Union members add their type to the location ("constrained-int", "literal['auto']"): keep field names and
+        # list indices only.
+        loc = [str(x) for x in first.get("loc", ()) if isinstance(x, int) or str(x).isidentifier()]
+        param = ".".join(loc) or None
         msg = first.get("msg", "invalid value")
         if first.get("type") == "extra_forbidden":
             msg = "unknown field (not part of the OpenAI API specrt serves, nor a specrt extension)"
