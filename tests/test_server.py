@@ -266,3 +266,60 @@ def test_serve_cli_parses_and_needs_a_target(tmp_path: Path) -> None:
     assert (a.port, a.num_speculative_tokens, a.max_queue, a.request_timeout) == (9000, 4, 3, 600.0)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve"])
+
+
+def test_shutdown_drains_open_streams(tiny) -> None:
+    import uvicorn
+
+    class SlowDecoder:
+        """The tiny decoder with 20 ms between rounds, so shutdown surely begins while the stream is open."""
+
+        def __getattr__(self, name: str):
+            return getattr(tiny, name)
+
+        def stream(self, *args, **kwargs):
+            for chunk in tiny.stream(*args, **kwargs):
+                time.sleep(0.02)
+                yield chunk
+
+    app = create_app(SlowDecoder(), model_name="tiny", num_speculative_tokens=1)
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", timeout_graceful_shutdown=60)
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(2000):
+        try:
+            if httpx.get(f"{base}/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.01)
+    body = {
+        "prompt": "x",
+        "max_tokens": 120,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    events = []
+    refused_while_streaming = False
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 1:
+                    server.should_exit = True  # shutdown begins while this stream is open
+                elif len(events) == 20:
+                    try:  # by now the server has stopped accepting connections
+                        httpx.get(f"{base}/health", timeout=5)
+                    except httpx.TransportError:
+                        refused_while_streaming = True
+    thread.join(60)
+    assert refused_while_streaming
+    assert not thread.is_alive()
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["usage"]["completion_tokens"] == 120  # the admitted request finished in full
+    assert app.state.scheduler._closed  # and the scheduler was closed after it
