@@ -186,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="text file to count token frequencies in, repeatable (default: the Python standard library's sources "
         "and documentation topics)",
     )
+    c.add_argument(
+        "--attention",
+        choices=["gqa", "batched"],
+        default="gqa",
+        help="gqa: the contract specrt runs (batch 1, GroupQueryAttention); batched: rows of a batch on per-row caches "
+        "(ARCHITECTURE.md, 'Batched rounds'; not run by specrt's runtime yet)",
+    )
 
     k = sub.add_parser("cost", help="the cost model of speculative decoding: expected tokens and speedup per K", **fmt)
     k.add_argument("--alpha", "-a", type=float, required=True, help="per-token acceptance rate a in [0, 1]")
@@ -448,6 +455,7 @@ def _convert(a: argparse.Namespace) -> int:
             num_layers=a.num_layers,
             vocab_subset=a.vocab_subset,
             vocab_corpus=a.vocab_corpus,
+            attention=a.attention,
         )
     )
     return 0

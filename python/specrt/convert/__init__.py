@@ -233,6 +233,7 @@ def convert(
     plan: WeightPlan | None = None,
     vocab_subset: int | Sequence[int] | None = None,
     vocab_corpus: Sequence[str | os.PathLike[str]] | None = None,
+    attention: str = "gqa",
 ) -> Path:
     """Convert a GGUF file or a Hugging Face folder (``llama`` or ``qwen2``) into a specrt ONNX model folder.
 
@@ -264,6 +265,9 @@ def convert(
             ids are written to ``vocab_subset.json``. ``None`` keeps the whole vocabulary.
         vocab_corpus: text files to count tokens in for an int ``vocab_subset`` (default: the Python standard
             library's sources and documentation topics).
+        attention: ``"gqa"`` (default: the decoder contract of ARCHITECTURE.md, which specrt's runtime runs) or
+            ``"batched"`` (rows of a batch on per-row caches, attention in standard ops; ARCHITECTURE.md "Batched
+            rounds": the runtime does not run it yet). ``"batched"`` needs float32 activations (fp32 or int4).
 
     Returns:
         ``Path(out)``.
@@ -297,6 +301,12 @@ def convert(
 
     src, out = Path(src), Path(out)
     plan = plan or plan_for(dtype)
+    if attention not in ("gqa", "batched"):
+        raise UnsupportedModelError(f"attention {attention!r} is invalid (expected 'gqa' or 'batched')")
+    if attention == "batched" and plan.dtype != "fp32":
+        raise UnsupportedModelError(
+            f"attention 'batched' needs float32 activations (dtype fp32 or int4), got dtype {dtype!r}"
+        )
     if out.exists() and not force:
         raise OutputExistsError(f"{out} already exists (pass force=True / --force to replace it)")
     t0 = time.perf_counter()
@@ -356,6 +366,7 @@ def convert(
                     plan=plan,
                     get_quant=lambda name, bits: model.block_quant(name, bits, spec, plan.block_size),
                     head_rows=head_rows,
+                    attention=attention,
                 )
             onnx.save_model(proto, str(tmp / "model.onnx"))
             del proto
@@ -390,7 +401,8 @@ def convert(
                 "dtype": dtype,
                 "kv_dtype": "float16" if plan.dtype == "fp16" else "float32",
                 "weights": dataclasses.asdict(plan),
-                "kv_layout": "shared_buffer",
+                "kv_layout": "shared_buffer" if attention == "gqa" else "batched_rows",
+                "attention": attention,
                 "bos_token_id": tok_info.bos_token_id,
                 "eos_token_ids": tok_info.eos_token_ids,
                 "pad_token_id": tok_info.pad_token_id,

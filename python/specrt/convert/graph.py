@@ -203,6 +203,120 @@ class _Builder:
         self.nodes[-1].output[2] = ""
         return outs[0], outs[3]
 
+    def batched_masks(self, first_past_kt: str) -> dict[str, str]:
+        """Masks shared by every layer of the batched contract: ``past`` ``[B, 1, 1, 1, L]`` (0 where the cache
+        position is below the row's ``past_lengths``, -inf beyond), ``causal`` ``[S, S]`` (0 on and below the
+        diagonal), the split sizes ``[L, S]`` of the joint softmax, and cos / sin at each token's position
+        ``[B, 1, S, hd / 2]`` (keys) and ``[B, 1, 1, S, hd / 2]`` (queries)."""
+        self.const("const_zero_f", np.array(0.0, dtype=self.ft))
+        self.const("const_neg_inf", np.array(-np.inf, dtype=self.ft))
+        self.const("const_zero_i64", np.array(0, dtype=np.int64))
+        self.const("const_axes_2", np.array([2], dtype=np.int64))
+        self.const("const_axes_12", np.array([1, 2], dtype=np.int64))
+        cap = self.op1("Shape", [first_past_kt], name="batch/cap", start=3, end=4)  # [1]: L
+        cap_s = self.op1("Squeeze", [cap, "const_axes_0"], name="batch/cap_scalar")
+        arange = self.op1("Range", ["const_zero_i64", cap_s, "const_one_i64"], name="batch/arange")  # [L]
+        lens = self.op1("Unsqueeze", ["past_lengths", "const_axes_last"], name="batch/lens")  # [B, 1]
+        valid = self.op1("Less", [arange, lens], name="batch/valid")  # [B, L]
+        past = self.op1("Where", [valid, "const_zero_f", "const_neg_inf"], name="batch/past_mask2")
+        past = self.op1("Unsqueeze", [past, "const_axes_12"], name="batch/past_mask4")  # [B, 1, 1, L]
+        past = self.op1("Unsqueeze", [past, "const_axes_2"], name="batch/past_mask")  # [B, 1, 1, 1, L]
+        seq = self.op1("Shape", ["input_ids"], name="batch/seq", start=1, end=2)  # [1]: S
+        ones = self.op1(
+            "ConstantOfShape", [seq], name="batch/ones", value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1])
+        )
+        col = self.op1("Unsqueeze", [ones, "const_axes_last"], name="batch/col")  # [S, 1]
+        row = self.op1("Unsqueeze", [ones, "const_axes_0"], name="batch/row")  # [1, S]
+        tril = self.op1("Trilu", [self.op1("Mul", [col, row], name="batch/square")], name="batch/tril", upper=0)
+        tril = self.op1("Cast", [tril], name="batch/tril_bool", to=TensorProto.BOOL)
+        causal = self.op1("Where", [tril, "const_zero_f", "const_neg_inf"], name="batch/causal")
+        split = self.op1("Concat", [cap, seq], name="batch/split_sizes", axis=0)
+        out = {"past": past, "causal": causal, "split": split}
+        for name in ("cos", "sin"):
+            g = self.op1("Gather", [f"rope_{name}_cache", "positions"], name=f"batch/{name}", axis=0)  # [B, S, hd/2]
+            out[f"{name}_k"] = self.op1("Unsqueeze", [g, "const_axes_1"], name=f"batch/{name}_k")  # [B, 1, S, hd/2]
+            out[f"{name}_q"] = self.op1("Unsqueeze", [out[f"{name}_k"], "const_axes_2"], name=f"batch/{name}_q")
+        return out
+
+    def _rotary(self, x: str, cos: str, sin: str, name: str) -> str:
+        """Half-split rotary embedding of ``x`` (last axis ``hd``) with ``cos`` / ``sin`` broadcast to it."""
+        lo, hi = self.op("Split", [x], n_out=2, name=f"{name}/halves", axis=-1, num_outputs=2)
+        a = self.op1(
+            "Sub",
+            [self.op1("Mul", [lo, cos], name=f"{name}/lc"), self.op1("Mul", [hi, sin], name=f"{name}/hs")],
+            name=f"{name}/lo",
+        )
+        c = self.op1(
+            "Add",
+            [self.op1("Mul", [hi, cos], name=f"{name}/hc"), self.op1("Mul", [lo, sin], name=f"{name}/ls")],
+            name=f"{name}/hi",
+        )
+        return self.op1("Concat", [a, c], name=f"{name}/out", axis=-1)
+
+    def masked_attention(self, qkv: str, layer: int, nh: int, kvh: int, hd: int, masks: dict[str, str]) -> str:
+        """Attention of the batched contract for ``qkv`` ``[B, S, (nh + 2 kvh) hd]``: each query attends to its row's
+        cached keys (``past_key_values.{layer}.key_t`` ``[B, kvh, hd, L]``, read in place, masked beyond the row's
+        length) and causally to the S new keys, one softmax over both parts. Writes the graph outputs
+        ``new.{layer}.key`` (after rotary) and ``new.{layer}.value``, ``[B, kvh, S, hd]``; returns ``[B, S, nh hd]``.
+        """
+        p = f"blk.{layer}/mattn"
+        g = nh // kvh
+        if f"const_split_qkv_{nh}_{kvh}_{hd}" not in {t.name for t in self.inits}:
+            self.const(f"const_split_qkv_{nh}_{kvh}_{hd}", np.array([nh * hd, kvh * hd, kvh * hd], dtype=np.int64))
+            self.const("const_shape_q5", np.array([0, 0, kvh, g, hd], dtype=np.int64))
+            self.const("const_shape_kv4", np.array([0, 0, kvh, hd], dtype=np.int64))
+            self.const("const_shape_attn", np.array([0, 0, nh * hd], dtype=np.int64))
+            self.const("const_scale", np.array(1.0 / np.sqrt(hd), dtype=self.ft))
+        q, k, v = self.op("Split", [qkv, f"const_split_qkv_{nh}_{kvh}_{hd}"], n_out=3, name=f"{p}/split", axis=-1)
+        q = self.op1(
+            "Transpose",
+            [self.op1("Reshape", [q, "const_shape_q5"], name=f"{p}/q5")],
+            name=f"{p}/qt",
+            perm=[0, 2, 3, 1, 4],
+        )  # [B, kvh, g, S, hd]
+        k = self.op1(
+            "Transpose",
+            [self.op1("Reshape", [k, "const_shape_kv4"], name=f"{p}/k4")],
+            name=f"{p}/kt",
+            perm=[0, 2, 1, 3],
+        )  # [B, kvh, S, hd]
+        v = self.op1("Reshape", [v, "const_shape_kv4"], name=f"{p}/v4")
+        self.nodes.append(helper.make_node("Transpose", [v], [f"new.{layer}.value"], name=f"{p}/vt", perm=[0, 2, 1, 3]))
+        v = f"new.{layer}.value"
+        q = self._rotary(q, masks["cos_q"], masks["sin_q"], f"{p}/rope_q")
+        k_rot = self._rotary(k, masks["cos_k"], masks["sin_k"], f"{p}/rope_k")
+        self.nodes.append(helper.make_node("Identity", [k_rot], [f"new.{layer}.key"], name=f"{p}/new_key"))
+        q = self.op1("Mul", [q, "const_scale"], name=f"{p}/q_scaled")
+        kt_past = self.op1("Unsqueeze", [f"past_key_values.{layer}.key_t", "const_axes_2"], name=f"{p}/kt_past")
+        s_past = self.op1(
+            "Add", [self.op1("MatMul", [q, kt_past], name=f"{p}/s_past0"), masks["past"]], name=f"{p}/s_past"
+        )  # [B, kvh, g, S, L]
+        kt_new = self.op1(
+            "Transpose",
+            [self.op1("Unsqueeze", [f"new.{layer}.key", "const_axes_2"], name=f"{p}/k5")],
+            name=f"{p}/kt_new",
+            perm=[0, 1, 2, 4, 3],
+        )  # [B, kvh, 1, hd, S]
+        s_new = self.op1(
+            "Add", [self.op1("MatMul", [q, kt_new], name=f"{p}/s_new0"), masks["causal"]], name=f"{p}/s_new"
+        )  # [B, kvh, g, S, S]
+        probs = self.op1(
+            "Softmax", [self.op1("Concat", [s_past, s_new], name=f"{p}/scores", axis=-1)], name=f"{p}/probs", axis=-1
+        )
+        p_past, p_new = self.op("Split", [probs, masks["split"]], n_out=2, name=f"{p}/psplit", axis=-1)
+        v_past = self.op1("Unsqueeze", [f"past_key_values.{layer}.value", "const_axes_2"], name=f"{p}/v_past")
+        v_new = self.op1("Unsqueeze", [v, "const_axes_2"], name=f"{p}/v_new")
+        o = self.op1(
+            "Add",
+            [
+                self.op1("MatMul", [p_past, v_past], name=f"{p}/o_past"),
+                self.op1("MatMul", [p_new, v_new], name=f"{p}/o_new"),
+            ],
+            name=f"{p}/o",
+        )
+        o = self.op1("Transpose", [o], name=f"{p}/ot", perm=[0, 3, 1, 2, 4])  # [B, S, kvh, g, hd]
+        return self.op1("Reshape", [o, "const_shape_attn"], name=f"{p}/attn")
+
     def matmul_nbits(self, x: str, bq: BlockQuant, name: str, accuracy_level: int) -> str:
         """``x @ W.T`` for a block-quantized ``W`` ``[N, K]``; ``x`` float32 ``[..., K]`` -> ``[..., N]``."""
         b, scales, zp = pack_matmul_nbits(bq)
@@ -232,6 +346,7 @@ def build_decoder(
     plan: WeightPlan | None = None,
     get_quant: Callable[[str, int], BlockQuant] | None = None,
     head_rows: np.ndarray | None = None,
+    attention: str = "gqa",
 ) -> onnx.ModelProto:
     """Build the decoder ``ModelProto``; every weight is streamed to ``writer``.
 
@@ -249,6 +364,9 @@ def build_decoder(
             quantized kinds of ``plan``; default: round-to-nearest of ``get_weight(name)`` at ``plan.block_size``.
         head_rows: ``[N]`` ascending token ids: a pruned-vocabulary head that scores only these ids (logits
             ``[1, n, N]`` in this order; quantized heads are rounded to nearest from the float rows); ``None`` = all.
+        attention: ``"gqa"`` (the contract of ARCHITECTURE.md: batch 1, GroupQueryAttention on a shared past/present
+            buffer) or ``"batched"`` (rows of a batch, each on its own cache; see :data:`BATCHED_CONTRACT`; needs
+            float32 activations).
 
     Returns:
         The ``ModelProto`` (initializers reference ``writer``'s file; save it next to that file).
@@ -285,18 +403,40 @@ def build_decoder(
         return out
 
     # ----- inputs / outputs ------------------------------------------------------------------------------------
-    kv_dims = [1, kvh, "max_sequence_length", hd]
-    inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "sequence_length"]),
-        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total_sequence_length"]),
-        helper.make_tensor_value_info("num_logits_to_keep", TensorProto.INT64, []),
-    ]
+    if attention not in ("gqa", "batched"):
+        raise ValueError(f"attention {attention!r} is invalid (expected 'gqa' or 'batched')")
+    batched = attention == "batched"
+    if batched and plan.dtype != "fp32":
+        raise ValueError(f"attention 'batched' needs float32 activations (dtype fp32 or int4), got {plan.dtype}")
     n_out = spec.vocab_size if head_rows is None else len(head_rows)  # logits width
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "num_logits", n_out])]
-    for i in range(spec.num_layers):
-        for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", ft_proto, kv_dims))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", ft_proto, kv_dims))
+    if batched:
+        inputs = [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+            helper.make_tensor_value_info("positions", TensorProto.INT64, ["batch_size", "sequence_length"]),
+            helper.make_tensor_value_info("past_lengths", TensorProto.INT64, ["batch_size"]),
+            helper.make_tensor_value_info("num_logits_to_keep", TensorProto.INT64, []),
+        ]
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "num_logits", n_out])]
+        for i in range(spec.num_layers):
+            k_dims = ["batch_size", kvh, hd, "max_sequence_length"]
+            v_dims = ["batch_size", kvh, "max_sequence_length", hd]
+            new_dims = ["batch_size", kvh, "sequence_length", hd]
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.key_t", ft_proto, k_dims))
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.value", ft_proto, v_dims))
+            outputs.append(helper.make_tensor_value_info(f"new.{i}.key", ft_proto, new_dims))
+            outputs.append(helper.make_tensor_value_info(f"new.{i}.value", ft_proto, new_dims))
+    else:
+        kv_dims = [1, kvh, "max_sequence_length", hd]
+        inputs = [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "sequence_length"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total_sequence_length"]),
+            helper.make_tensor_value_info("num_logits_to_keep", TensorProto.INT64, []),
+        ]
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "num_logits", n_out])]
+        for i in range(spec.num_layers):
+            for kind in ("key", "value"):
+                inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", ft_proto, kv_dims))
+                outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", ft_proto, kv_dims))
     b.const("num_logits_to_keep", np.array(0, dtype=np.int64))  # initializer default: keep all positions
 
     # ----- constants and attention bookkeeping ---------------------------------------------------------------
@@ -308,11 +448,16 @@ def build_decoder(
     b.const("const_eps", np.array(spec.rms_norm_eps, dtype=ft))
     b.const("const_shape_2d", np.array([-1, H], dtype=np.int64))
     b.const("const_shape_logits", np.array([1, -1, n_out], dtype=np.int64))
-    total = b.op1("ReduceSum", ["attention_mask", "const_axes_1"], name="mask/sum", keepdims=0)  # [1] int64
-    seqlens_k = b.op1("Cast", [b.op1("Sub", [total, "const_one_i64"], name="mask/minus_one")], name="seqlens_k", to=6)
-    total_len = b.op1("Shape", ["attention_mask"], name="mask/shape", start=1, end=2)  # [1] int64
-    total_len = b.op1("Squeeze", [total_len, "const_axes_0"], name="mask/total_scalar")
-    total_len = b.op1("Cast", [total_len], name="total_sequence_length", to=6)  # int32 scalar
+    if batched:
+        masks = b.batched_masks("past_key_values.0.key_t")
+    else:
+        total = b.op1("ReduceSum", ["attention_mask", "const_axes_1"], name="mask/sum", keepdims=0)  # [1] int64
+        seqlens_k = b.op1(
+            "Cast", [b.op1("Sub", [total, "const_one_i64"], name="mask/minus_one")], name="seqlens_k", to=6
+        )
+        total_len = b.op1("Shape", ["attention_mask"], name="mask/shape", start=1, end=2)  # [1] int64
+        total_len = b.op1("Squeeze", [total_len, "const_axes_0"], name="mask/total_scalar")
+        total_len = b.op1("Cast", [total_len], name="total_sequence_length", to=6)  # int32 scalar
     cos, sin = rope_cache(spec.rope_theta, hd, max_pos)
     b.weight("rope_cos_cache", cos)
     b.weight("rope_sin_cache", sin)
@@ -367,30 +512,33 @@ def build_decoder(
             for n in "qkv":
                 done(f"{p}.attn_{n}.bias")
             qkv = b.op1("Add", [qkv, f"{p}.attn_qkv.bias"], name=f"{p}/qkv_bias")
-        attn = b.op(
-            "GroupQueryAttention",
-            [
-                qkv,
-                "",
-                "",
-                f"past_key_values.{i}.key",
-                f"past_key_values.{i}.value",
-                seqlens_k,
-                total_len,
-                "rope_cos_cache",
-                "rope_sin_cache",
-            ],
-            n_out=3,
-            name=f"{p}/attn",
-            num_heads=nh,
-            kv_num_heads=kvh,
-            do_rotary=1,
-            rotary_interleaved=0,
-            scale=float(1.0 / np.sqrt(hd)),
-        )
-        # Rename the cache outputs to the contract's graph-output names.
-        b.nodes[-1].output[1] = f"present.{i}.key"
-        b.nodes[-1].output[2] = f"present.{i}.value"
+        if batched:
+            attn = [b.masked_attention(qkv, i, nh, kvh, hd, masks)]
+        else:
+            attn = b.op(
+                "GroupQueryAttention",
+                [
+                    qkv,
+                    "",
+                    "",
+                    f"past_key_values.{i}.key",
+                    f"past_key_values.{i}.value",
+                    seqlens_k,
+                    total_len,
+                    "rope_cos_cache",
+                    "rope_sin_cache",
+                ],
+                n_out=3,
+                name=f"{p}/attn",
+                num_heads=nh,
+                kv_num_heads=kvh,
+                do_rotary=1,
+                rotary_interleaved=0,
+                scale=float(1.0 / np.sqrt(hd)),
+            )
+            # Rename the cache outputs to the contract's graph-output names.
+            b.nodes[-1].output[1] = f"present.{i}.key"
+            b.nodes[-1].output[2] = f"present.{i}.value"
         branch = linear(attn[0], [f"{p}.attn_output.weight"], "attn", f"{p}.attn_output")
 
         b.weight(f"{p}.ffn_norm.weight", w(f"{p}.ffn_norm.weight"))
@@ -433,10 +581,13 @@ def build_decoder(
             b.weight(head, w(head_name))
         h2 = b.op1("Reshape", [h, "const_shape_2d"], name="lm_head/flatten")
         logits2 = b.op1("Gemm", [h2, head], name="lm_head", transB=1)
+        shape_logits = "const_shape_logits"
+        if batched:  # [batch_size, n, vocab]: the leading dims of h, then the width
+            lead = b.op1("Shape", [h], name="logits/lead", start=0, end=2)
+            b.const("const_width", np.array([n_out], dtype=np.int64))
+            shape_logits = b.op1("Concat", [lead, "const_width"], name="logits/shape", axis=0)
         if plan.dtype == "fp32":
-            b.nodes.append(
-                helper.make_node("Reshape", [logits2, "const_shape_logits"], ["logits"], name="logits/reshape")
-            )
+            b.nodes.append(helper.make_node("Reshape", [logits2, shape_logits], ["logits"], name="logits/reshape"))
         else:
             logits = b.op1("Reshape", [logits2, "const_shape_logits"], name="logits/reshape")
             b.nodes.append(helper.make_node("Cast", [logits], ["logits"], name="logits/cast", to=TensorProto.FLOAT))
