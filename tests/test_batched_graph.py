@@ -111,6 +111,16 @@ def test_each_row_equals_its_solo_run(models) -> None:
         np.testing.assert_allclose(row, solo[b].run(new[b]), atol=1e-4, rtol=1e-4)
 
 
+def test_the_runtime_refuses_the_batched_contract_by_name(tmp_path) -> None:
+    import specrt
+    from specrt.errors import ConfigError
+
+    gguf = write_tiny_gguf(tmp_path / "t.gguf", arch="qwen2", seed=5, n_layers=1)
+    folder = convert(gguf, tmp_path / "m", progress=False, attention="batched")
+    with pytest.raises(ConfigError, match=r"batched decoder contract .* --attention gqa"):
+        specrt.Decoder(folder)
+
+
 def test_batched_needs_float32_activations_and_a_known_attention(tmp_path) -> None:
     gguf = write_tiny_gguf(tmp_path / "t.gguf", arch="qwen2", seed=5, n_layers=1)
     with pytest.raises(UnsupportedModelError, match="attention 'batched' needs float32 activations"):

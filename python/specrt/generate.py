@@ -182,6 +182,11 @@ class _ModelFolder:
         except Exception as e:
             raise ModelFileError(f"{tok}: cannot be loaded by tokenizers: {e}") from e
         self.config = _read_json(path / "specrt_config.json")
+        if self.config.get("kv_layout") == "batched_rows":
+            raise ConfigError(
+                f"{path} holds the batched decoder contract (`specrt convert --attention batched`), which specrt's "
+                "runtime does not run yet; convert the model with --attention gqa (the default)"
+            )
         self.generation = _read_json(path / "generation_config.json")
         template = path / "chat_template.jinja"
         self.chat_template = template.read_text(encoding="utf-8") if template.is_file() else None
