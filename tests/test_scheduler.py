@@ -103,7 +103,8 @@ class ScriptedDecoder:
             for i in range(rounds):
                 assert self.step.acquire(timeout=30), "the test never released a round"
                 done += 1
-                yield StreamChunk(text=f"{i}", token_ids=[i], sources=["bonus"], logprobs=[0.0])
+                last = "length" if i == rounds - 1 else None
+                yield StreamChunk(text=f"{i}", token_ids=[i], sources=["bonus"], finish_reason=last, logprobs=[0.0])
             stats = Stats._from_engine(
                 {
                     **dict.fromkeys(
@@ -214,3 +215,13 @@ def test_close_without_drain_cancels_everything(tmp_path: Path) -> None:
         with pytest.raises(GenerationCancelled):
             h.result(timeout=1)
     assert dec.started == ["a"]
+
+
+def test_a_request_whose_last_round_ends_past_its_deadline_is_not_a_timeout() -> None:
+    dec = ScriptedDecoder()
+    with Scheduler(dec) as sched:  # type: ignore[arg-type]
+        h = sched.submit("a", rounds=1, timeout_s=0.1)
+        _wait_until(lambda: dec.started == ["a"])
+        threading.Event().wait(0.15)  # the deadline passes during its only round
+        dec.step.release()
+        assert h.result(timeout=30).text == "0"

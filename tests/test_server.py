@@ -18,6 +18,7 @@ httpx = pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
+import specrt  # noqa: E402
 from specrt.server import create_app  # noqa: E402
 
 
@@ -26,10 +27,36 @@ def tiny(tiny_decoder):
     return tiny_decoder
 
 
+@pytest.fixture(scope="module")
+def tiny_smollm2_or_skip():
+    """SmolLM2 (a byte-level BPE tokenizer) from the cache, or skip."""
+    from specrt.models import cache_dir
+
+    folder = cache_dir() / "models" / "smollm2-135m-instruct" / "fp32"
+    if not (folder / "model.onnx").is_file():
+        pytest.skip("SmolLM2 fp32 is not in the cache (specrt models pull smollm2-135m-instruct)")
+    return specrt.Decoder(folder, max_seq_len=512)
+
+
 @pytest.fixture
 def client(tiny):
     with TestClient(create_app(tiny, model_name="tiny", num_speculative_tokens=3)) as c:
         yield c
+
+
+class SlowDecoder:
+    """A decoder with 20 ms between rounds, so a shutdown or a timeout surely comes while a stream is open."""
+
+    def __init__(self, dec) -> None:
+        self._dec = dec
+
+    def __getattr__(self, name: str):
+        return getattr(self._dec, name)
+
+    def stream(self, *args, **kwargs):
+        for chunk in self._dec.stream(*args, **kwargs):
+            time.sleep(0.02)
+            yield chunk
 
 
 def _events(resp) -> list:
@@ -187,9 +214,18 @@ def test_full_queue_is_429_and_timeout_is_504(tiny) -> None:
         r = c.post("/v1/completions", json={"prompt": "c", "max_tokens": 4})
         assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout", r.text
         assert "timeout" in r.json()["error"]["message"]
-        with c.stream("POST", "/v1/completions", json={"prompt": "c", "max_tokens": 4, "stream": True}) as resp:
+        # Timed out before it started: a stream gets the HTTP error too (its status waits for the first round).
+        r = c.post("/v1/completions", json={"prompt": "c", "max_tokens": 4, "stream": True})
+        assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout", r.text
+    # Timed out mid-stream: the status was sent, so the stream ends with an error event.
+    app = create_app(SlowDecoder(tiny), model_name="tiny", request_timeout_s=0.3, num_speculative_tokens=1)
+    with TestClient(app) as c:
+        body = {"prompt": "c", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with c.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
             events = _events(resp)
         assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "request_timeout"
+        assert "after" in events[-2]["error"]["message"] and len(events) > 3
 
 
 def test_health_models_and_metrics(client) -> None:
@@ -271,18 +307,7 @@ def test_serve_cli_parses_and_needs_a_target(tmp_path: Path) -> None:
 def test_shutdown_drains_open_streams(tiny) -> None:
     import uvicorn
 
-    class SlowDecoder:
-        """The tiny decoder with 20 ms between rounds, so shutdown surely begins while the stream is open."""
-
-        def __getattr__(self, name: str):
-            return getattr(tiny, name)
-
-        def stream(self, *args, **kwargs):
-            for chunk in tiny.stream(*args, **kwargs):
-                time.sleep(0.02)
-                yield chunk
-
-    app = create_app(SlowDecoder(), model_name="tiny", num_speculative_tokens=1)
+    app = create_app(SlowDecoder(tiny), model_name="tiny", num_speculative_tokens=1)
     port = _free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", timeout_graceful_shutdown=60)
@@ -323,3 +348,84 @@ def test_shutdown_drains_open_streams(tiny) -> None:
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["usage"]["completion_tokens"] == 120  # the admitted request finished in full
     assert app.state.scheduler._closed  # and the scheduler was closed after it
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        (b'{"prompt": "\\ud800 hi"}', None, ""),  # a lone surrogate is not text
+        (b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", None, ""),  # nesting past the parser's limit
+        (b'{"prompt": "x", "max_tokens": "5"}', "max_tokens", "valid integer"),
+        (b'{"prompt": "x", "max_tokens": true}', "max_tokens", "valid integer"),
+        (b'{"prompt": "x", "stream": "yes"}', "stream", "valid boolean"),
+        (b'{"prompt": [1.0, 2.0]}', "prompt", "valid integer (at prompt.0)"),
+        (b'{"prompt": [true, false]}', "prompt", "valid integer (at prompt.0)"),
+        (b'{"prompt": 5}', "prompt", "valid string or"),
+        (b'{"prompt": "x", "repetition_penalty": Infinity}', "repetition_penalty", "finite number"),
+        (b'{"prompt": "x", "top_k": 1099511627776}', "top_k", "less than 4294967296"),
+        (b'{"prompt": [], "stream": true}', "prompt", "empty"),
+    ],
+)
+def test_bodies_that_broke_the_first_version(client, body, param, words) -> None:
+    r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"], err
+
+
+def test_openai_shaped_errors_for_paths_and_methods(client) -> None:
+    for method, path, status in [("GET", "/v1/completions", 405), ("POST", "/health", 405), ("GET", "/nope", 404)]:
+        r = client.request(method, path)
+        assert r.status_code == status
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
+
+
+def test_a_setting_the_engine_refuses_is_a_400_even_when_streaming(tiny) -> None:
+    from specrt.errors import ConfigError
+
+    class Refusing(SlowDecoder):
+        def stream(self, *args, **kwargs):
+            raise ConfigError("top_k 3 is invalid here (a refusal made by the test)")
+            yield  # a generator, like Decoder.stream
+
+    with TestClient(create_app(Refusing(tiny), model_name="tiny")) as c:
+        for stream in (True, False):
+            r = c.post("/v1/completions", json={"prompt": "x", "stream": stream})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "top_k", r.text
+
+
+def test_default_chat_length_fits_the_room_left_and_length_errors_name_the_right_field(client, tiny) -> None:
+    long = "word " * 40  # most of the 256 tokens the tiny decoder holds
+    n_prompt = len(tiny.encode(None, [{"role": "user", "content": long}]))
+    assert n_prompt < 256
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": long}], "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 256 - n_prompt
+    r = client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": long}], "max_completion_tokens": 100},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens"
+    r = client.post("/v1/completions", json={"prompt": "word " * 400, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "top_logprobs": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+
+
+def test_logprob_bytes_rebuild_multibyte_text(tiny_smollm2_or_skip) -> None:
+    dec = tiny_smollm2_or_skip
+    with TestClient(create_app(dec, model_name="s")) as c:
+        body = {
+            "messages": [{"role": "user", "content": "Reply with three rocket emoji and the word 東京."}],
+            "max_tokens": 24,
+            "temperature": 0,
+            "logprobs": True,
+        }
+        r = c.post("/v1/chat/completions", json=body).json()
+        text = r["choices"][0]["message"]["content"]
+        raw = b"".join(bytes(x["bytes"]) for x in r["choices"][0]["logprobs"]["content"])
+        assert raw.decode("utf-8", errors="replace").startswith(text.rstrip("\ufffd")), (raw, text)
+        r = c.post("/v1/completions", json={"prompt": "東京 means", "max_tokens": 12, "temperature": 0, "logprobs": 0})
+        choice = r.json()["choices"][0]
+        offsets = choice["logprobs"]["text_offset"]
+        assert offsets == sorted(offsets) and all(0 <= o <= len(choice["text"]) for o in offsets)

@@ -138,8 +138,8 @@ class StreamChunk:
     """One piece of a streamed generation: the text and tokens committed by one round.
 
     ``text`` holds back incomplete UTF-8 and a possible partial stop string until they resolve. ``logprobs`` are the
-    target's log-probabilities of ``token_ids`` (as :attr:`GenerationResult.logprobs`). The last chunk has
-    ``finish_reason`` and ``result`` set.
+    target's log-probabilities of ``token_ids`` (as :attr:`GenerationResult.logprobs`). The chunk of the last round
+    already carries ``finish_reason``; the last chunk (no tokens) has ``finish_reason`` and ``result`` set.
     """
 
     text: str
@@ -597,6 +597,7 @@ class Decoder:
                 text=text[sent:end],
                 token_ids=tokens[n_before:],
                 sources=sources[n_before:],
+                finish_reason=finish,
                 logprobs=logprobs[n_before:],
             )
             sent = max(sent, end)

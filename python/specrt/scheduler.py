@@ -11,8 +11,8 @@ generation at a time (the decoder's engine holds one sequence; batched rounds ar
 
 Limits: ``max_queue`` requests may wait (more raise :class:`QueueFullError` at submit); a request's ``timeout_s``
 counts from submission (queueing included) and ends it with :class:`RequestTimeoutError` after the round in which it
-expired, carrying the tokens generated so far. :meth:`Scheduler.close` stops accepting and, with ``drain=True``,
-finishes everything already submitted.
+expired (unless that round finished the generation), carrying the tokens generated so far. :meth:`Scheduler.close`
+stops accepting and, with ``drain=True``, finishes everything already submitted.
 """
 
 from __future__ import annotations
@@ -365,7 +365,7 @@ class Scheduler:
                         None, GenerationCancelled(f"request {h.request_id} was cancelled after {len(tokens)} tokens")
                     )
                     return
-                if deadline is not None and now >= deadline:
+                if deadline is not None and now >= deadline and chunk.finish_reason is None:
                     h._finish(None, _timeout(h, tokens, "".join(text), queued=False))
                     return
         except Exception as e:  # the request's own error (bad settings, too long, ...): the scheduler goes on

@@ -14,14 +14,16 @@ Endpoints:
 
 Errors follow OpenAI's schema ``{"error": {"message", "type", "param", "code"}}``: a malformed request gets 400 naming
 the field (``param``), an unknown model 404, a full queue 429, a server shutting down 503, a request past its timeout
-504 (or, once streaming has begun, a last ``error`` event). A client that disconnects cancels its request (it stops
-after the current round); shutdown stops accepting requests and finishes the admitted ones.
+504 (or, once streaming has begun, a last ``error`` event). A streamed response's status is sent once the request has
+started, so settings the engine refuses are 400s too. A client that disconnects cancels its request (it stops after
+the current round); shutdown stops accepting connections and finishes the admitted requests.
 
 Requests run one at a time, first come first served (batched rounds are not implemented yet).
 """
 
 import asyncio
 import json
+import re
 import secrets
 import time
 import uuid
@@ -51,7 +53,8 @@ def _pydantic_models() -> dict[str, Any]:
     from pydantic import BaseModel, ConfigDict, Field
 
     class _Strict(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+        # strict: "5" is not an int, true is not 1, 1.0 is not a token id; no NaN / Infinity.
+        model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     class StreamOptions(_Strict):
         include_usage: bool = False
@@ -61,9 +64,9 @@ def _pydantic_models() -> dict[str, Any]:
         max_tokens: int | None = Field(default=None, ge=1)
         temperature: float | None = Field(default=None, ge=0.0, le=2.0)
         top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-        top_k: int | None = Field(default=None, ge=0)
+        top_k: int | None = Field(default=None, ge=0, lt=2**32)
         min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-        repetition_penalty: float | None = Field(default=None, gt=0.0)
+        repetition_penalty: float | None = Field(default=None, ge=1e-6, le=1e6)
         frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
         presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
         seed: int | None = Field(default=None, ge=0, lt=2**64)
@@ -196,6 +199,44 @@ def _usage(result: GenerationResult) -> dict[str, int]:
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
 
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """Byte-level BPE (GPT-2, Qwen, SmolLM2) spells byte b as one printable character; this maps it back."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+_BYTE_DECODER = _gpt2_byte_decoder()
+
+#: Request fields a Decoder error message can start with (Decoder names -> request names).
+_SETTING_FIELDS = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "seed": "seed",
+    "num_speculative_tokens": "num_speculative_tokens",
+    "max_new_tokens": "max_tokens",
+    "stop": "stop",
+    "prompt": "prompt",
+}
+
+
+def _param_of(message: str) -> str | None:
+    """The request field an error message is about, when it starts with a setting's name ("top_k 7 is ...")."""
+    word = re.split(r"[\s:=]", message.strip(), maxsplit=1)[0] if message.strip() else ""
+    return _SETTING_FIELDS.get(word)
+
+
 def create_app(
     decoder: Decoder,
     *,
@@ -223,6 +264,7 @@ def create_app(
     from fastapi import FastAPI, Request
     from fastapi.responses import PlainTextResponse, StreamingResponse
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     schemas = _pydantic_models()
     scheduler = Scheduler(decoder, max_queue=max_queue, default_timeout_s=request_timeout_s)
@@ -240,6 +282,16 @@ def create_app(
     app = FastAPI(title="specrt", version=_version(), lifespan=lifespan)
     app.state.scheduler = scheduler
     app.state.metrics = metrics
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> Any:
+        # 404 for unknown paths, 405 for a wrong method: OpenAI's error schema, not FastAPI's {"detail": ...}.
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return _error(exc.status_code, str(exc.detail), kind)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_request: Request, exc: Exception) -> Any:
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
     @app.get("/health")
     async def health() -> Any:
@@ -282,7 +334,9 @@ def create_app(
             kw["stop"] = stops
         return kw
 
-    def _submit(endpoint: str, req: Any, kw: dict[str, Any]) -> RequestHandle | Any:
+    def _submit(endpoint: str, req: Any, kw: dict[str, Any], max_tokens_field: str | None) -> RequestHandle | Any:
+        """Queue the request (``max_tokens_field``: the field that set max_new_tokens, None for the server default)
+        or return the error response."""
         if state["draining"]:
             return _error(503, "the server is shutting down", "server_error", code="shutting_down")
         if req.model is not None and req.model != model_name:
@@ -293,16 +347,29 @@ def create_app(
                 "model",
                 "model_not_found",
             )
+        source = "messages" if "messages" in kw else "prompt"
         try:
-            # Settings and length are checked before queueing, so a bad request is a 400, not a failed stream.
-            ids = _check_ids(
-                "prompt", decoder.encode(kw.pop("prompt", None), kw.pop("messages", None)), decoder.vocab_size
-            )
-            if len(ids) + kw["max_new_tokens"] > decoder.max_seq_len:
+            # Token ids and length are checked before queueing; the other settings when the request starts, before
+            # any response is sent (see _reply), so a bad request is a 400, not a failed stream.
+            try:
+                ids = decoder.encode(kw.pop("prompt", None), kw.pop("messages", None))
+            except (TypeError, UnicodeError) as e:  # e.g. a lone surrogate, which is not text
+                raise _BadFieldError(source, f"{source}: cannot be tokenized: {e}") from e
+            ids = _check_ids("prompt", ids, decoder.vocab_size)
+            room = decoder.max_seq_len - len(ids)
+            if room < 1:
                 raise _BadFieldError(
-                    "max_tokens",
-                    f"prompt of {len(ids)} tokens + max_tokens {kw['max_new_tokens']} exceeds the maximum sequence "
-                    f"length {decoder.max_seq_len}",
+                    source,
+                    f"{source}: {len(ids)} tokens leave no room to generate (maximum sequence length "
+                    f"{decoder.max_seq_len})",
+                )
+            if max_tokens_field is None:  # the server's default: capped to what fits
+                kw["max_new_tokens"] = min(kw["max_new_tokens"], room)
+            elif kw["max_new_tokens"] > room:
+                raise _BadFieldError(
+                    max_tokens_field,
+                    f"{max_tokens_field}: prompt of {len(ids)} tokens + {max_tokens_field} {kw['max_new_tokens']} "
+                    f"exceeds the maximum sequence length {decoder.max_seq_len}",
                 )
             return scheduler.submit(ids, **kw)
         except QueueFullError as e:
@@ -311,11 +378,15 @@ def create_app(
         except SchedulerClosedError as e:
             return _error(503, str(e), "server_error", code="shutting_down")
         except _BadFieldError as e:
-            return _error(400, str(e), "invalid_request_error", e.param)
+            return _rejected(endpoint, str(e), e.param)
         except VocabError as e:
-            return _error(400, str(e), "invalid_request_error", "prompt")
+            return _rejected(endpoint, str(e), "prompt")
         except (ConfigError, SpecrtError, ValueError) as e:
-            return _error(400, str(e), "invalid_request_error")
+            return _rejected(endpoint, str(e), _param_of(str(e)) or source)
+
+    def _rejected(endpoint: str, message: str, param: str | None) -> Any:
+        metrics.requests.labels(endpoint, "invalid").inc()
+        return _error(400, message, "invalid_request_error", param)
 
     def _outcome(error: BaseException | None, result: GenerationResult | None) -> str:
         if result is not None:
@@ -351,20 +422,68 @@ def create_app(
         if isinstance(error, GenerationCancelled):
             return _error(499, str(error), "cancelled", code="cancelled")
         if isinstance(error, (ConfigError, ValueError)):
-            return _error(400, str(error), "invalid_request_error")
+            return _error(400, str(error), "invalid_request_error", _param_of(str(error)))
         return _error(500, f"{type(error).__name__}: {error}", "server_error")
+
+    byte_level = type(tokenizer.decoder).__name__ == "ByteLevel"
 
     def _token_text(ids: list[int]) -> list[str]:
         return [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
 
+    def _token_bytes(i: int) -> list[int]:
+        """The token's own bytes (a piece of a multi-byte character stays that piece, unlike its decoded text)."""
+        piece = tokenizer.id_to_token(i) or ""
+        if byte_level and all(c in _BYTE_DECODER for c in piece):
+            return [_BYTE_DECODER[c] for c in piece]
+        m = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)  # SentencePiece byte fallback
+        if m:
+            return [int(m.group(1), 16)]
+        return list(piece.replace("\u2581", " ").encode("utf-8"))
+
+    def _offsets(all_ids: list[int], start: int) -> list[int]:
+        """Character offset in the generated text where each of ``all_ids[start:]`` begins."""
+        return [
+            len(tokenizer.decode(all_ids[:j], skip_special_tokens=True).rstrip("\ufffd"))
+            for j in range(start, len(all_ids))
+        ]
+
+    async def _first(request: Request, handle: RequestHandle, chunks: Any) -> tuple[Any, BaseException | None]:
+        """The request's first chunk (it has started and its settings were accepted), or its error; cancels it if
+        the client goes away meanwhile."""
+        task = asyncio.ensure_future(chunks.__anext__())
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                break
+            if await request.is_disconnected():
+                handle.cancel()  # ends it after its current round (or before it starts); the task then raises
+        try:
+            return task.result(), None
+        except StopAsyncIteration:
+            return None, GenerationCancelled("the request ended without output")
+        except Exception as e:
+            return None, e
+
     async def _stream(
-        request: Request, endpoint: str, handle: RequestHandle, make_chunk: Any, include_usage: bool
+        request: Request,
+        endpoint: str,
+        handle: RequestHandle,
+        chunks: Any,
+        first_chunk: StreamChunk,
+        make_chunk: Any,
+        include_usage: bool,
     ) -> AsyncIterator[str]:
         result = None
         error: BaseException | None = None
+
+        async def all_chunks() -> AsyncIterator[StreamChunk]:
+            yield first_chunk
+            async for c in chunks:
+                yield c
+
         try:
             first = True
-            async for chunk in handle.aiter():
+            async for chunk in all_chunks():
                 if chunk.result is not None:
                     result = chunk.result
                     yield _sse(make_chunk(chunk, first, _FINISH.get(chunk.result.finish_reason)))
@@ -407,11 +526,21 @@ def create_app(
         head: dict[str, Any],
         choice_of: Any,
     ) -> Any:
-        """A stream of server-sent events (``make_chunk`` given), or the whole response once the result is in."""
+        """A stream of server-sent events (``make_chunk`` given), or the whole response once the result is in.
+
+        A stream's HTTP status is sent only once the request has started and produced its first round, so a setting
+        the engine refuses (or a timeout in the queue) is still an HTTP error, not an error event."""
         if make_chunk is not None:
+            chunks = handle.aiter()
+            first_chunk, error = await _first(request, handle, chunks)
+            if first_chunk is None:
+                assert error is not None
+                metrics.observe(endpoint, handle, _outcome(error, None), None)
+                return _failure(error)
             include = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                _stream(request, endpoint, handle, make_chunk, include), media_type="text/event-stream"
+                _stream(request, endpoint, handle, chunks, first_chunk, make_chunk, include),
+                media_type="text/event-stream",
             )
         result, error = await _wait(request, handle)
         metrics.observe(endpoint, handle, _outcome(error, result), result)
@@ -435,25 +564,27 @@ def create_app(
         try:
             kw = _kwargs(req, req.max_tokens or 16)
         except _BadFieldError as e:
-            return _error(400, str(e), "invalid_request_error", e.param)
+            return _rejected("completions", str(e), e.param)
         kw["prompt"] = req.prompt
-        handle = _submit("completions", req, kw)
+        # OpenAI's default of 16 tokens is a request setting like any other: too long a prompt for it is an error.
+        handle = _submit("completions", req, kw, "max_tokens")
         if not isinstance(handle, RequestHandle):
             return handle
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         want_logprobs = req.logprobs is not None
+        seen: list[int] = []  # the tokens streamed so far (text offsets count from the start of the text)
 
-        def logprobs_of(ids: list[int], lps: list[float], offset: int) -> dict[str, Any] | None:
+        def logprobs_of(ids: list[int], lps: list[float]) -> dict[str, Any] | None:
+            start = len(seen)
+            seen.extend(ids)
             if not want_logprobs:
                 return None
-            toks = _token_text(ids)
-            offsets, pos = [], offset
-            for t in toks:
-                offsets.append(pos)
-                pos += len(t)
-            return {"tokens": toks, "token_logprobs": lps, "top_logprobs": None, "text_offset": offsets}
-
-        sent = {"chars": 0}
+            return {
+                "tokens": _token_text(ids),
+                "token_logprobs": lps,
+                "top_logprobs": None,
+                "text_offset": _offsets(seen, start),
+            }
 
         def make_chunk(chunk: StreamChunk | None, _first: bool, finish: str | None) -> dict[str, Any]:
             choices = []
@@ -462,11 +593,10 @@ def create_app(
                     {
                         "index": 0,
                         "text": chunk.text,
-                        "logprobs": logprobs_of(chunk.token_ids, chunk.logprobs, sent["chars"]),
+                        "logprobs": logprobs_of(chunk.token_ids, chunk.logprobs),
                         "finish_reason": finish,
                     }
                 ]
-                sent["chars"] += len(chunk.text)
             return {
                 "id": rid,
                 "object": "text_completion",
@@ -482,7 +612,7 @@ def create_app(
             handle,
             make_chunk if req.stream else None,
             {"id": rid, "object": "text_completion", "created": created},
-            lambda r: {"text": r.text, "logprobs": logprobs_of(r.token_ids, r.logprobs, 0)},
+            lambda r: {"text": r.text, "logprobs": logprobs_of(r.token_ids, r.logprobs)},
         )
 
     @app.post("/v1/chat/completions")
@@ -497,22 +627,24 @@ def create_app(
                 texts = []
                 for part in content:
                     if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                        return _error(
-                            400,
+                        return _rejected(
+                            "chat_completions",
                             f"messages.{i}.content: only text parts are supported, got {part!r}",
-                            "invalid_request_error",
                             f"messages.{i}.content",
                         )
                     texts.append(part["text"])
                 content = "".join(texts)
             messages.append({"role": m.role, "content": content})
+        if req.top_logprobs is not None and not req.logprobs:
+            return _rejected("chat_completions", "top_logprobs: needs logprobs: true", "top_logprobs")
+        field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens" if req.max_tokens else None
         max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
         try:
             kw = _kwargs(req, max_tokens)
         except _BadFieldError as e:
-            return _error(400, str(e), "invalid_request_error", e.param)
+            return _rejected("chat_completions", str(e), e.param)
         kw["messages"] = messages
-        handle = _submit("chat_completions", req, kw)
+        handle = _submit("chat_completions", req, kw, field)
         if not isinstance(handle, RequestHandle):
             return handle
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -522,8 +654,8 @@ def create_app(
                 return None
             return {
                 "content": [
-                    {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-                    for t, lp in zip(_token_text(ids), lps, strict=True)
+                    {"token": t, "logprob": lp, "bytes": _token_bytes(i), "top_logprobs": []}
+                    for i, t, lp in zip(ids, _token_text(ids), lps, strict=True)
                 ]
             }
 
@@ -571,33 +703,51 @@ class _BadFieldError(ValueError):
         self.param = param
 
 
+#: Type tags pydantic puts into the location of a union member's error ("prompt.str", "n.constrained-int").
+_TYPE_TAGS = {"str", "int", "float", "bool", "none", "list", "dict"}
+
+
 async def _parse(request: Any, schema: Any) -> Any:
-    """The body validated against ``schema``, or a 400 response naming the first bad field."""
+    """The body validated against ``schema`` (JSON mode, strict), or a 400 response naming the first bad field."""
     from pydantic import ValidationError
 
     raw = await request.body()
     try:
-        body = json.loads(raw) if raw else None
-    except ValueError as e:
-        return _error(400, f"the body is not valid JSON: {e}", "invalid_request_error")
-    if not isinstance(body, dict):
-        return _error(400, "the body must be a JSON object", "invalid_request_error")
-    try:
-        return schema.model_validate(body)
+        return schema.model_validate_json(raw or b"null")
     except ValidationError as e:
-        first = e.errors()[0]
-        # Union members add their type to the location ("constrained-int", "literal['auto']"): keep field names and
-        # list indices only.
-        loc = [str(x) for x in first.get("loc", ()) if isinstance(x, int) or str(x).isidentifier()]
-        param = ".".join(loc) or None
-        msg = first.get("msg", "invalid value")
-        if first.get("type") == "extra_forbidden":
-            msg = "unknown field (not part of the OpenAI API specrt serves, nor a specrt extension)"
-        detail = f"{param}: {msg}" if param else msg
-        given = first.get("input")
-        if first.get("type") not in ("missing", "extra_forbidden") and not isinstance(given, (dict, list)):
-            detail += f" (got {given!r})"
-        return _error(400, detail, "invalid_request_error", param)
+        errs = e.errors()
+    first = errs[0]
+    if first.get("type") == "json_invalid":
+        why = first.get("ctx", {}).get("error", first.get("msg"))
+        return _error(400, f"the body is not valid JSON: {why}", "invalid_request_error")
+    if first.get("type") == "model_type" and not first.get("loc"):
+        return _error(400, "the body must be a JSON object", "invalid_request_error")
+
+    def param_of(err: dict) -> str | None:
+        loc = [
+            str(x)
+            for x in err.get("loc", ())
+            if isinstance(x, int) or (str(x).isidentifier() and str(x) not in _TYPE_TAGS)
+        ]
+        return ".".join(loc) or None
+
+    param = param_of(first)
+    # A union field reports one error per member ("a valid string", or at prompt.0 "a valid integer"): say all.
+    msgs = []
+    for err in errs:
+        p = param_of(err) or ""
+        if p == (param or "") or p.startswith(f"{param}."):
+            text = err.get("msg", "invalid value") + (f" (at {p})" if p != param else "")
+            if text not in msgs:
+                msgs.append(text)
+    msg = " or ".join(msgs)
+    if first.get("type") == "extra_forbidden":
+        msg = "unknown field (not part of the OpenAI API specrt serves, nor a specrt extension)"
+    detail = f"{param}: {msg}" if param else msg
+    given = first.get("input")
+    if first.get("type") not in ("missing", "extra_forbidden") and not isinstance(given, (dict, list)):
+        detail += f" (got {given!r})"
+    return _error(400, detail, "invalid_request_error", param)
 
 
 def _version() -> str:
