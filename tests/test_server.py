@@ -257,22 +257,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _serve_on_loopback(config):
+    """Run a uvicorn server in a thread; (server, thread, base URL) once /health answers."""
+    import uvicorn
+
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://{config.host}:{config.port}"
+    for _ in range(2000):
+        try:
+            if httpx.get(f"{base}/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.01)
+    return server, thread, base
+
+
 def test_a_client_that_disconnects_frees_the_decoder(tiny) -> None:
     import uvicorn
 
     app = create_app(tiny, model_name="tiny", num_speculative_tokens=1)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    server, thread, base = _serve_on_loopback(
+        uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="error")
+    )
     try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(2000):
-            try:
-                if httpx.get(f"{base}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.01)
         body = {"prompt": "x", "max_tokens": 200, "temperature": 1.0, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as resp:
             for line in resp.iter_lines():
@@ -308,19 +317,8 @@ def test_shutdown_drains_open_streams(tiny) -> None:
     import uvicorn
 
     app = create_app(SlowDecoder(tiny), model_name="tiny", num_speculative_tokens=1)
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", timeout_graceful_shutdown=60)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(2000):
-        try:
-            if httpx.get(f"{base}/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.01)
+    config = uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="error", timeout_graceful_shutdown=60)
+    server, thread, base = _serve_on_loopback(config)
     body = {
         "prompt": "x",
         "max_tokens": 120,
