@@ -22,3 +22,49 @@ pub trait Backend: Send {
     /// runtime fails.
     fn forward(&mut self, tokens: &[u32], n_past: usize, n_logits: usize) -> Result<&[f32]>;
 }
+
+/// One row of a batched pass ([`BatchBackend::forward_rows`]).
+#[derive(Clone, Copy, Debug)]
+pub struct BatchRow<'a> {
+    /// The row's new tokens. Empty: the row sits this pass out (its cache is left as it is; its logits rows hold
+    /// nothing meaningful).
+    pub tokens: &'a [u32],
+    /// Valid cached positions of the row's slot; the tokens are written after them.
+    pub n_past: usize,
+}
+
+/// A model that runs several sequences ("rows") in one pass, each on its own KV cache slot (ARCHITECTURE.md,
+/// "Batched rounds"). Like [`Backend`], it holds no positions: each call names every row's `n_past`, so a rollback is
+/// a smaller `n_past` on the next call.
+pub trait BatchBackend: Send {
+    /// Number of logits per row (the model's output width).
+    fn vocab_size(&self) -> usize;
+
+    /// Largest total sequence (cached + new tokens) one slot can hold.
+    fn max_seq_len(&self) -> usize;
+
+    /// Number of cache slots: the largest batch.
+    fn max_batch(&self) -> usize;
+
+    /// Run `rows[r]` on slot `first_slot + r` (a contiguous range of slots), every row right-padded to
+    /// `s = max(tokens.len())` tokens, and return the logits of the last `n_logits` of the `s` padded positions:
+    /// `[rows.len(), n_logits, vocab] float32`, row-major, borrowed until the next call. Row `r`'s token `j` (for
+    /// `j >= s - n_logits`) has its logits at `((r * n_logits) + j - (s - n_logits)) * vocab`.
+    ///
+    /// Errors: [`crate::SpecError::Config`] if `rows` is empty, every row is empty, the slots run past
+    /// [`BatchBackend::max_batch`], or `n_logits` is 0 or above `s`; [`crate::SpecError::Length`] if a row's
+    /// `n_past + tokens.len()` exceeds [`BatchBackend::max_seq_len`]; [`crate::SpecError::Backend`] if the runtime
+    /// fails.
+    fn forward_rows(
+        &mut self,
+        first_slot: usize,
+        rows: &[BatchRow<'_>],
+        n_logits: usize,
+    ) -> Result<&[f32]>;
+
+    /// Copy the first `n_valid` cached positions of slot `from` into slot `to` (the engine keeps its rows in
+    /// contiguous slots: when a row leaves, the last row moves into its slot).
+    ///
+    /// Errors: [`crate::SpecError::Config`] for a slot `>= max_batch` or `n_valid > max_seq_len`.
+    fn move_slot(&mut self, from: usize, to: usize, n_valid: usize) -> Result<()>;
+}

@@ -187,28 +187,364 @@ pub struct GenerationOutput {
     pub stats: Stats,
 }
 
-/// State of the generation in progress.
-struct Request {
-    cfg: GenerationConfig,
+/// State of one generation in progress (the solo engine's request, a row of the batch engine).
+pub(crate) struct Request {
+    pub(crate) cfg: GenerationConfig,
     // [n_prompt + n_generated] committed tokens.
-    tokens: Vec<u32>,
-    n_prompt: usize,
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) n_prompt: usize,
     // Valid KV lengths (prefix of `tokens`) in each cache.
-    n_past_tgt: usize,
-    n_past_dft: usize,
-    penalties: PenaltyContext,
-    rng: Rng,
+    pub(crate) n_past_tgt: usize,
+    pub(crate) n_past_dft: usize,
+    pub(crate) penalties: PenaltyContext,
+    pub(crate) rng: Rng,
     // The per-position noise when `cfg.coupled` (no draw from `rng` is then made).
-    noise: Option<CoupledNoise>,
-    stats: Stats,
+    pub(crate) noise: Option<CoupledNoise>,
+    pub(crate) stats: Stats,
     // [n_generated] per emitted token.
-    sources: Vec<TokenSource>,
-    logprobs: Vec<f32>,
-    finish_reason: Option<FinishReason>,
-    controller: Option<KController>,
+    pub(crate) sources: Vec<TokenSource>,
+    pub(crate) logprobs: Vec<f32>,
+    pub(crate) finish_reason: Option<FinishReason>,
+    pub(crate) controller: Option<KController>,
     // The last round: generated count before it, draft positions counted in `n_drafted`, and whether they were
     // n-gram proposals (so a stop string can uncount what it cuts off).
-    last_round: (usize, u64, bool),
+    pub(crate) last_round: (usize, u64, bool),
+}
+
+impl Request {
+    /// Validate a request (settings, prompt ids, length against `max_seq`) and set up its state; nothing is run.
+    /// The caches are empty (`n_past_* = 0`) until the caller prefills them.
+    pub(crate) fn new(
+        prompt: &[u32],
+        cfg: GenerationConfig,
+        vocab: usize,
+        max_seq: usize,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        if prompt.is_empty() {
+            return Err(SpecError::Config(
+                "the prompt is empty (expected at least one token)".to_owned(),
+            ));
+        }
+        if let Some((i, &t)) = prompt
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= vocab)
+        {
+            return Err(SpecError::Vocab(format!(
+                "prompt token {t} at position {i} is out of range (expected < vocab size {vocab})"
+            )));
+        }
+        // Saturating: a huge max_new_tokens must not wrap around and pass the check.
+        let total = prompt.len().saturating_add(cfg.max_new_tokens);
+        if total > max_seq {
+            return Err(SpecError::Length(format!(
+                "prompt of {} tokens + max_new_tokens {} = {total} exceeds the maximum sequence length {max_seq}",
+                prompt.len(),
+                cfg.max_new_tokens,
+            )));
+        }
+        let controller = cfg.auto_k.clone().map(KController::new).transpose()?;
+        let mut penalties = PenaltyContext::new(vocab);
+        if cfg.sampling.has_penalties() {
+            penalties.add_prompt(prompt)?;
+            penalties.reserve(cfg.max_new_tokens + MAX_DRAFT_TOKENS);
+        }
+        let k_max = cfg
+            .auto_k
+            .as_ref()
+            .map_or(cfg.num_speculative_tokens, |a| a.k_max);
+        let stats = Stats {
+            n_prompt_tokens: prompt.len() as u64,
+            accepted_at: vec![0; k_max],
+            rounds_by_k: vec![0; k_max + 1],
+            ..Stats::default()
+        };
+        let mut tokens = Vec::with_capacity(prompt.len() + cfg.max_new_tokens);
+        tokens.extend_from_slice(prompt);
+        Ok(Self {
+            tokens,
+            n_prompt: prompt.len(),
+            n_past_tgt: 0,
+            n_past_dft: 0,
+            penalties,
+            rng: Rng::seed_from_u64(cfg.seed),
+            noise: cfg.coupled.then(|| CoupledNoise::new(cfg.seed)),
+            stats,
+            sources: Vec::with_capacity(cfg.max_new_tokens),
+            logprobs: Vec::with_capacity(cfg.max_new_tokens),
+            finish_reason: None,
+            controller,
+            last_round: (0, 0, false),
+            cfg,
+        })
+    }
+
+    /// Whether the request may ever run the draft model (n-gram only or K = 0 never does).
+    pub(crate) fn may_draft(&self) -> bool {
+        self.cfg.use_draft_model
+            && (self.cfg.auto_k.is_some() || self.cfg.num_speculative_tokens > 0)
+    }
+
+    /// Largest K of the request.
+    pub(crate) fn k_max(&self) -> usize {
+        self.cfg
+            .auto_k
+            .as_ref()
+            .map_or(self.cfg.num_speculative_tokens, |a| a.k_max)
+    }
+
+    /// Generated tokens still allowed (`max_new_tokens` minus those emitted).
+    pub(crate) fn remaining(&self) -> usize {
+        self.cfg.max_new_tokens - (self.tokens.len() - self.n_prompt)
+    }
+
+    /// Choose draft token `i` of a round from the draft's logits `[vocab]` (the round starts at the committed
+    /// length): a coupled choice with the noise the target will use at that position, or a sample whose processed
+    /// distribution is written to `q_row` `[vocab]`. The token is added to the penalty context (the caller truncates
+    /// it back after the round).
+    ///
+    /// Errors: logits processing errors (non-finite logits, penalties).
+    pub(crate) fn draft_choice(
+        &mut self,
+        sampler: &mut Sampler,
+        logits: &[f32],
+        i: usize,
+        q_row: &mut [f32],
+    ) -> Result<u32> {
+        let params = self.cfg.sampling;
+        let use_penalties = params.has_penalties();
+        let ctx = use_penalties.then_some(&self.penalties);
+        let d = if let Some(noise) = &self.noise {
+            // Coupled: the draft's choice at position len + i uses the noise the target will use there.
+            sampler.process(logits, 0, &params, ctx)?;
+            sampler.coupled_choice(noise, (self.tokens.len() + i) as u64)
+        } else {
+            sampler.sample_draft(logits, &params, ctx, &mut self.rng, q_row)?
+        };
+        if use_penalties {
+            self.penalties.push(d)?;
+        }
+        Ok(d)
+    }
+
+    /// Verify a round's drafts against the target rows `logits_tgt` `[k + 1, vocab]` (coupled or modified
+    /// rejection sampling, as the request says) into `ver`. `probs_dft`: `[k, vocab]` the draft distributions
+    /// (stochastic mode; empty otherwise).
+    ///
+    /// Errors: as [`verify_into`] / [`verify_coupled_into`].
+    pub(crate) fn verify(
+        &mut self,
+        sampler: &mut Sampler,
+        logits_tgt: &[f32],
+        probs_dft: &[f32],
+        tokens_dft: &[u32],
+        mode: VerifyMode,
+        ver: &mut Verification,
+    ) -> Result<()> {
+        let params = self.cfg.sampling;
+        if let Some(noise) = &self.noise {
+            verify_coupled_into(
+                sampler,
+                logits_tgt,
+                tokens_dft,
+                &params,
+                &mut self.penalties,
+                noise,
+                self.tokens.len() as u64,
+                ver,
+            )
+        } else {
+            verify_into(
+                sampler,
+                logits_tgt,
+                probs_dft,
+                tokens_dft,
+                &params,
+                mode,
+                &mut self.penalties,
+                &mut self.rng,
+                ver,
+            )
+        }
+    }
+
+    /// Commit a verified round: emit `ver.tokens` up to a stop (EOS, stop token, `max_new_tokens`) into the request
+    /// and into `out` (cleared first), with their sources and target log-probabilities (`logits_tgt`: the round's
+    /// `[k + 1, vocab]` target rows), and count them in the statistics. `k` drafts were verified in `mode`;
+    /// `draft_ms` / `target_ms` are the round's model times. `ngram`: the request's prompt-lookup index, extended
+    /// with the emitted tokens. The caller updates the cache lengths.
+    ///
+    /// Errors: [`SpecError::NonFinite`] from a log-probability of a non-finite row; penalty bookkeeping errors.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn commit(
+        &mut self,
+        ver: &Verification,
+        logits_tgt: &[f32],
+        vocab: usize,
+        k: usize,
+        mode: VerifyMode,
+        times: (f64, f64),
+        ngram: Option<&mut NgramProposer>,
+        out: &mut StepOutput,
+    ) -> Result<()> {
+        let (draft_ms, target_ms) = times;
+        out.tokens.clear();
+        out.sources.clear();
+        out.logprobs.clear();
+        out.n_drafted = k;
+        out.finish_reason = None;
+        let n_acc = ver.n_accepted;
+        let use_penalties = self.cfg.sampling.has_penalties();
+        let gen_before = self.tokens.len() - self.n_prompt;
+        let stats = &mut self.stats;
+        stats.n_rounds += 1;
+        stats.draft_ms += draft_ms;
+        stats.target_ms += target_ms;
+        if stats.accepted_at.len() < k {
+            stats.accepted_at.resize(k, 0);
+        }
+        if stats.rounds_by_k.len() <= k {
+            stats.rounds_by_k.resize(k + 1, 0);
+        }
+        stats.rounds_by_k[k] += 1;
+        for (i, &tok) in ver.tokens.iter().enumerate() {
+            let source = if i < n_acc {
+                TokenSource::Accepted
+            } else if ver.last == LastToken::Bonus {
+                TokenSource::Bonus
+            } else {
+                TokenSource::Recovered
+            };
+            let row = &logits_tgt[i * vocab..(i + 1) * vocab];
+            // The verifier's row normaliser when it computed the plain softmax (T = 1, no penalties/top-k).
+            let logprob = match ver.row_norms.get(i).copied().flatten() {
+                Some(norm) => log_softmax_with(row, tok, norm)
+                    .map_or_else(|| log_softmax_at(row, tok, i), Ok)?,
+                None => log_softmax_at(row, tok, i)?,
+            };
+            match source {
+                TokenSource::Accepted => {
+                    stats.n_accepted += 1;
+                    stats.accepted_at[i] += 1;
+                    if mode == VerifyMode::Deterministic {
+                        stats.n_accepted_ngram += 1;
+                    }
+                }
+                TokenSource::Recovered => stats.n_recovered += 1,
+                TokenSource::Bonus => stats.n_bonus += 1,
+            }
+            self.tokens.push(tok);
+            if use_penalties {
+                self.penalties.push(tok)?;
+            }
+            self.sources.push(source);
+            self.logprobs.push(logprob);
+            out.tokens.push(tok);
+            out.sources.push(source);
+            out.logprobs.push(logprob);
+            let finish = if !self.cfg.ignore_eos && self.cfg.eos_token_ids.contains(&tok) {
+                Some(FinishReason::Eos)
+            } else if self.cfg.stop_token_ids.contains(&tok) {
+                Some(FinishReason::Stop)
+            } else if self.tokens.len() - self.n_prompt >= self.cfg.max_new_tokens {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if finish.is_some() {
+                // Nothing after a stop is emitted or counted.
+                self.finish_reason = finish;
+                out.finish_reason = finish;
+                break;
+            }
+        }
+        // Draft positions count as drafted up to the last emitted token: a block cut by EOS, a stop token or
+        // max_new_tokens counts only the positions before the cut.
+        let n_emitted = out.tokens.len();
+        let counted = if n_emitted < ver.tokens.len() {
+            k.min(n_emitted)
+        } else {
+            k
+        } as u64;
+        let ngram_round = mode == VerifyMode::Deterministic;
+        stats.n_drafted += counted;
+        if ngram_round {
+            stats.n_drafted_ngram += counted;
+        }
+        self.last_round = (gen_before, counted, ngram_round);
+        if let (Some(ng), true) = (ngram, self.cfg.ngram.is_some()) {
+            ng.extend(&out.tokens);
+        }
+        Ok(())
+    }
+
+    /// Keep only the first `n_keep` generated tokens and finish with [`FinishReason::Stop`]; statistics then count
+    /// only the kept tokens. `ngram`: the request's prompt-lookup index, cut back likewise.
+    ///
+    /// Errors: [`SpecError::Config`] if `n_keep` exceeds the generated count.
+    pub(crate) fn stop_at(
+        &mut self,
+        n_keep: usize,
+        ngram: Option<&mut NgramProposer>,
+    ) -> Result<()> {
+        let n_gen = self.sources.len();
+        if n_keep > n_gen {
+            return Err(SpecError::Config(format!(
+                "stop_at({n_keep}) is invalid (expected <= {n_gen} generated tokens)"
+            )));
+        }
+        let (gen_before, counted, ngram_round) = self.last_round;
+        let stats = &mut self.stats;
+        for (j, src) in self.sources.drain(n_keep..).enumerate() {
+            let pos = (n_keep + j).saturating_sub(gen_before);
+            match src {
+                TokenSource::Accepted => {
+                    stats.n_accepted -= 1;
+                    if let Some(c) = stats.accepted_at.get_mut(pos) {
+                        *c = c.saturating_sub(1);
+                    }
+                    if ngram_round {
+                        stats.n_accepted_ngram -= 1;
+                    }
+                }
+                TokenSource::Recovered => stats.n_recovered -= 1,
+                TokenSource::Bonus => stats.n_bonus -= 1,
+            }
+        }
+        // The cut falls in the last round (earlier text held no stop): uncount its draft positions past the cut.
+        let kept = counted.min(n_keep.saturating_sub(gen_before) as u64);
+        stats.n_drafted -= counted - kept;
+        if ngram_round {
+            stats.n_drafted_ngram -= counted - kept;
+        }
+        self.last_round.1 = kept;
+        self.logprobs.truncate(n_keep);
+        self.tokens.truncate(self.n_prompt + n_keep);
+        if let (Some(ng), true) = (ngram, self.cfg.ngram.is_some()) {
+            ng.truncate(self.tokens.len());
+        }
+        self.finish_reason = Some(FinishReason::Stop);
+        Ok(())
+    }
+
+    /// The result once finished.
+    ///
+    /// Errors: [`SpecError::Config`] if it has not finished.
+    pub(crate) fn output(&self) -> Result<GenerationOutput> {
+        let finish_reason = self.finish_reason.ok_or_else(|| {
+            SpecError::Config(
+                "the generation has not finished (call step until it does)".to_owned(),
+            )
+        })?;
+        Ok(GenerationOutput {
+            tokens: self.tokens[self.n_prompt..].to_vec(),
+            sources: self.sources.clone(),
+            logprobs: self.logprobs.clone(),
+            finish_reason,
+            stats: self.stats.clone(),
+        })
+    }
 }
 
 /// A target model, an optional draft model, and the request being decoded. Not thread-safe by itself: a caller
@@ -290,33 +626,8 @@ impl Engine {
     /// [`SpecError::Length`] (prompt + max_new_tokens beyond [`Engine::max_seq_len`]), backend errors.
     pub fn start(&mut self, prompt: &[u32], cfg: GenerationConfig) -> Result<()> {
         self.request = None;
-        cfg.validate()?;
-        if prompt.is_empty() {
-            return Err(SpecError::Config(
-                "the prompt is empty (expected at least one token)".to_owned(),
-            ));
-        }
-        if let Some((i, &t)) = prompt
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t as usize >= self.vocab)
-        {
-            return Err(SpecError::Vocab(format!(
-                "prompt token {t} at position {i} is out of range (expected < vocab size {})",
-                self.vocab
-            )));
-        }
-        let max_seq = self.max_seq_len();
-        // Saturating: a huge max_new_tokens must not wrap around and pass the check.
-        let total = prompt.len().saturating_add(cfg.max_new_tokens);
-        if total > max_seq {
-            return Err(SpecError::Length(format!(
-                "prompt of {} tokens + max_new_tokens {} = {total} exceeds the maximum sequence length {max_seq}",
-                prompt.len(),
-                cfg.max_new_tokens,
-            )));
-        }
-        let mut controller = cfg.auto_k.clone().map(KController::new).transpose()?;
+        let mut req = Request::new(prompt, cfg, self.vocab, self.max_seq_len())?;
+        let cfg = &req.cfg;
         match cfg.ngram {
             Some(ng) => {
                 let fresh = self.ngram.as_ref().is_none_or(|p| {
@@ -338,17 +649,10 @@ impl Engine {
                 }
             }
         }
-        let mut penalties = PenaltyContext::new(self.vocab);
-        if cfg.sampling.has_penalties() {
-            penalties.add_prompt(prompt)?;
-            penalties.reserve(cfg.max_new_tokens + MAX_DRAFT_TOKENS);
-        }
         let t0 = Instant::now();
         let n_past = prompt.len() - 1;
         // A request that never runs the draft model (n-gram only, or K = 0) does not prefill it either.
-        let use_draft = self.draft.is_some()
-            && cfg.use_draft_model
-            && (cfg.auto_k.is_some() || cfg.num_speculative_tokens > 0);
+        let use_draft = self.draft.is_some() && req.may_draft();
         if n_past > 0 {
             self.target.forward(&prompt[..n_past], 0, 1)?;
             if use_draft {
@@ -356,16 +660,13 @@ impl Engine {
                 let t_draft = Instant::now();
                 d.forward(&prompt[..n_past], 0, 1)?;
                 // The prefill is the request's first measure of what a draft catch-up pass costs per token.
-                if let Some(c) = controller.as_mut() {
+                if let Some(c) = req.controller.as_mut() {
                     c.observe_catchup(ms_since(t_draft), n_past);
                 }
             }
         }
         // Size every per-round buffer for the largest K of this request now, so rounds never allocate.
-        let k_max = cfg
-            .auto_k
-            .as_ref()
-            .map_or(cfg.num_speculative_tokens, |a| a.k_max);
+        let k_max = req.k_max();
         for v in [&mut self.out.tokens, &mut self.ver.tokens] {
             v.reserve(k_max + 1);
         }
@@ -376,33 +677,11 @@ impl Engine {
         if self.draft.is_some() && self.probs_dft.len() < k_max * self.vocab {
             self.probs_dft.resize(k_max * self.vocab, 0.0);
         }
-        let stats = Stats {
-            n_prompt_tokens: prompt.len() as u64,
-            prefill_ms: ms_since(t0),
-            accepted_at: vec![0; k_max],
-            rounds_by_k: vec![0; k_max + 1],
-            ..Stats::default()
-        };
-        let mut tokens = Vec::with_capacity(prompt.len() + cfg.max_new_tokens);
-        tokens.extend_from_slice(prompt);
-        let rng = Rng::seed_from_u64(cfg.seed);
-        self.sampler_tgt.inject_fault(cfg.fault);
-        self.request = Some(Request {
-            tokens,
-            n_prompt: prompt.len(),
-            n_past_tgt: n_past,
-            n_past_dft: if use_draft { n_past } else { 0 },
-            penalties,
-            rng,
-            noise: cfg.coupled.then(|| CoupledNoise::new(cfg.seed)),
-            stats,
-            sources: Vec::with_capacity(cfg.max_new_tokens),
-            logprobs: Vec::with_capacity(cfg.max_new_tokens),
-            finish_reason: None,
-            controller,
-            last_round: (0, 0, false),
-            cfg,
-        });
+        req.n_past_tgt = n_past;
+        req.n_past_dft = if use_draft { n_past } else { 0 };
+        req.stats.prefill_ms = ms_since(t0);
+        self.sampler_tgt.inject_fault(req.cfg.fault);
+        self.request = Some(req);
         Ok(())
     }
 
@@ -435,7 +714,7 @@ impl Engine {
             return Ok(());
         }
         let len = req.tokens.len();
-        let remaining = req.cfg.max_new_tokens - (len - req.n_prompt);
+        let remaining = req.remaining();
         let draft_usable = self.draft.is_some() && req.cfg.use_draft_model;
         // K is fixed before any random draw of the round, so the round is lossless whatever K is; it never drafts
         // past max_new_tokens.
@@ -450,8 +729,6 @@ impl Engine {
             .as_ref()
             .map_or(req.cfg.num_speculative_tokens, |a| a.k_max)
             .min(k_cap);
-        let params = req.cfg.sampling;
-        let use_penalties = params.has_penalties();
 
         let t_draft = Instant::now();
         self.tokens_dft.clear();
@@ -500,20 +777,9 @@ impl Engine {
                     let n_input = input.len();
                     let logits = draft.forward(input, n_past, 1)?;
                     n_past += n_input;
-                    let ctx = use_penalties.then_some(&req.penalties);
-                    let d = if let Some(noise) = &req.noise {
-                        // Coupled: the draft's choice at position len + i uses the noise the target will use there.
-                        self.sampler_dft.process(logits, 0, &params, ctx)?;
-                        self.sampler_dft.coupled_choice(noise, (len + i) as u64)
-                    } else {
-                        let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
-                        self.sampler_dft
-                            .sample_draft(logits, &params, ctx, &mut req.rng, q_row)?
-                    };
+                    let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
+                    let d = req.draft_choice(&mut self.sampler_dft, logits, i, q_row)?;
                     self.tokens_dft.push(d);
-                    if use_penalties {
-                        req.penalties.push(d)?;
-                    }
                     prev[0] = d;
                     if i == 0 {
                         first_pass = (ms_since(t_first), n_input);
@@ -543,30 +809,14 @@ impl Engine {
             &[]
         };
         let ver = &mut self.ver;
-        if let Some(noise) = &req.noise {
-            verify_coupled_into(
-                &mut self.sampler_tgt,
-                logits_tgt,
-                &self.tokens_dft,
-                &params,
-                &mut req.penalties,
-                noise,
-                len as u64,
-                ver,
-            )?;
-        } else {
-            verify_into(
-                &mut self.sampler_tgt,
-                logits_tgt,
-                probs_dft,
-                &self.tokens_dft,
-                &params,
-                mode,
-                &mut req.penalties,
-                &mut req.rng,
-                ver,
-            )?;
-        }
+        req.verify(
+            &mut self.sampler_tgt,
+            logits_tgt,
+            probs_dft,
+            &self.tokens_dft,
+            mode,
+            ver,
+        )?;
         let n_acc = ver.n_accepted;
         req.n_past_tgt = len + n_acc;
         if n_draft_passes > 0 {
@@ -601,90 +851,17 @@ impl Engine {
             c.observe_round(kind, ver.tokens.len(), draft_ms + target_ms);
         }
 
-        out.n_drafted = k;
-        let gen_before = len - req.n_prompt;
-        let stats = &mut req.stats;
-        stats.n_rounds += 1;
-        stats.draft_ms += draft_ms;
-        stats.target_ms += target_ms;
-        if stats.accepted_at.len() < k {
-            stats.accepted_at.resize(k, 0);
-        }
-        if stats.rounds_by_k.len() <= k {
-            stats.rounds_by_k.resize(k + 1, 0);
-        }
-        stats.rounds_by_k[k] += 1;
-        for (i, &tok) in ver.tokens.iter().enumerate() {
-            let source = if i < n_acc {
-                TokenSource::Accepted
-            } else if ver.last == LastToken::Bonus {
-                TokenSource::Bonus
-            } else {
-                TokenSource::Recovered
-            };
-            let row = &logits_tgt[i * vocab..(i + 1) * vocab];
-            // The verifier's row normaliser when it computed the plain softmax (T = 1, no penalties/top-k).
-            let logprob = match ver.row_norms.get(i).copied().flatten() {
-                Some(norm) => log_softmax_with(row, tok, norm)
-                    .map_or_else(|| log_softmax_at(row, tok, i), Ok)?,
-                None => log_softmax_at(row, tok, i)?,
-            };
-            match source {
-                TokenSource::Accepted => {
-                    stats.n_accepted += 1;
-                    stats.accepted_at[i] += 1;
-                    if mode == VerifyMode::Deterministic {
-                        stats.n_accepted_ngram += 1;
-                    }
-                }
-                TokenSource::Recovered => stats.n_recovered += 1,
-                TokenSource::Bonus => stats.n_bonus += 1,
-            }
-            req.tokens.push(tok);
-            if use_penalties {
-                req.penalties.push(tok)?;
-            }
-            req.sources.push(source);
-            req.logprobs.push(logprob);
-            out.tokens.push(tok);
-            out.sources.push(source);
-            out.logprobs.push(logprob);
-            let finish = if !req.cfg.ignore_eos && req.cfg.eos_token_ids.contains(&tok) {
-                Some(FinishReason::Eos)
-            } else if req.cfg.stop_token_ids.contains(&tok) {
-                Some(FinishReason::Stop)
-            } else if req.tokens.len() - req.n_prompt >= req.cfg.max_new_tokens {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
-            if finish.is_some() {
-                // Nothing after a stop is emitted or counted.
-                req.finish_reason = finish;
-                out.finish_reason = finish;
-                break;
-            }
-        }
-        // Draft positions count as drafted up to the last emitted token: a block cut by EOS, a stop token or
-        // max_new_tokens counts only the positions before the cut.
-        let n_emitted = out.tokens.len();
-        let counted = if n_emitted < ver.tokens.len() {
-            k.min(n_emitted)
-        } else {
-            k
-        } as u64;
-        let ngram_round = mode == VerifyMode::Deterministic;
-        stats.n_drafted += counted;
-        if ngram_round {
-            stats.n_drafted_ngram += counted;
-        }
-        req.last_round = (gen_before, counted, ngram_round);
-        if req.cfg.ngram.is_some() {
-            if let Some(ng) = self.ngram.as_mut() {
-                ng.extend(&out.tokens);
-            }
-        }
-        stats.core_ms += ms_since(t_core);
+        req.commit(
+            ver,
+            logits_tgt,
+            vocab,
+            k,
+            mode,
+            (draft_ms, target_ms),
+            self.ngram.as_mut(),
+            out,
+        )?;
+        req.stats.core_ms += ms_since(t_core);
         Ok(())
     }
 
@@ -696,46 +873,7 @@ impl Engine {
         let req = self.request.as_mut().ok_or_else(|| {
             SpecError::Config("no generation in progress (call start first)".to_owned())
         })?;
-        let n_gen = req.sources.len();
-        if n_keep > n_gen {
-            return Err(SpecError::Config(format!(
-                "stop_at({n_keep}) is invalid (expected <= {n_gen} generated tokens)"
-            )));
-        }
-        let (gen_before, counted, ngram_round) = req.last_round;
-        let stats = &mut req.stats;
-        for (j, src) in req.sources.drain(n_keep..).enumerate() {
-            let pos = (n_keep + j).saturating_sub(gen_before);
-            match src {
-                TokenSource::Accepted => {
-                    stats.n_accepted -= 1;
-                    if let Some(c) = stats.accepted_at.get_mut(pos) {
-                        *c = c.saturating_sub(1);
-                    }
-                    if ngram_round {
-                        stats.n_accepted_ngram -= 1;
-                    }
-                }
-                TokenSource::Recovered => stats.n_recovered -= 1,
-                TokenSource::Bonus => stats.n_bonus -= 1,
-            }
-        }
-        // The cut falls in the last round (earlier text held no stop): uncount its draft positions past the cut.
-        let kept = counted.min(n_keep.saturating_sub(gen_before) as u64);
-        stats.n_drafted -= counted - kept;
-        if ngram_round {
-            stats.n_drafted_ngram -= counted - kept;
-        }
-        req.last_round.1 = kept;
-        req.logprobs.truncate(n_keep);
-        req.tokens.truncate(req.n_prompt + n_keep);
-        if let Some(ng) = self.ngram.as_mut() {
-            if req.cfg.ngram.is_some() {
-                ng.truncate(req.tokens.len());
-            }
-        }
-        req.finish_reason = Some(FinishReason::Stop);
-        Ok(())
+        req.stop_at(n_keep, self.ngram.as_mut())
     }
 
     /// What the last [`Engine::step`] committed.
@@ -763,18 +901,7 @@ impl Engine {
         let req = self.request.as_ref().ok_or_else(|| {
             SpecError::Config("no generation in progress (call start first)".to_owned())
         })?;
-        let finish_reason = req.finish_reason.ok_or_else(|| {
-            SpecError::Config(
-                "the generation has not finished (call step until it does)".to_owned(),
-            )
-        })?;
-        Ok(GenerationOutput {
-            tokens: req.tokens[req.n_prompt..].to_vec(),
-            sources: req.sources.clone(),
-            logprobs: req.logprobs.clone(),
-            finish_reason,
-            stats: req.stats.clone(),
-        })
+        req.output()
     }
 
     /// Generate to the end: [`Engine::start`], then [`Engine::step`] until finished. `on_step` sees each round's

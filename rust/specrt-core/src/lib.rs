@@ -7,6 +7,7 @@
 
 pub mod adaptive;
 pub mod backend;
+pub mod batch;
 pub mod cost;
 pub mod coupled;
 pub mod engine;
@@ -20,7 +21,8 @@ pub mod testing;
 pub mod verify;
 
 pub use adaptive::{AutoK, KController, PinnedCosts, RoundKind};
-pub use backend::Backend;
+pub use backend::{Backend, BatchBackend, BatchRow};
+pub use batch::{BatchEngine, BatchOptions, RowStep};
 pub use coupled::CoupledNoise;
 pub use engine::{
     Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig, StepOutput, TokenSource,

@@ -4,7 +4,7 @@
 //! bookkeeping error (a wrong `n_past`, a token fed twice or skipped) changes the outputs. It keeps the token
 //! sequence as its "KV cache" and rejects an `n_past` beyond what it holds.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, BatchBackend, BatchRow};
 use crate::error::{Result, SpecError};
 
 /// A mock causal language model.
@@ -138,5 +138,111 @@ impl Backend for MockModel {
         }
         self.out = out;
         Ok(&self.out)
+    }
+}
+
+/// A batched mock: one [`MockModel`] per cache slot, so a row's logits are exactly what the model gives that row's
+/// sequence alone (a row fed to the wrong slot or at a wrong `n_past` gets other logits or an error). Padded
+/// positions and rows that sit a pass out get `NaN` logits: reading them is a bug the tests see.
+#[derive(Clone, Debug)]
+pub struct MockBatchModel {
+    slots: Vec<MockModel>,
+    out: Vec<f32>,
+    /// Batched passes run.
+    pub n_passes: usize,
+    /// Rows fed in all passes (non-empty rows only).
+    pub n_rows_fed: usize,
+}
+
+impl MockBatchModel {
+    /// `max_batch` slots of `model` (each starts with an empty cache).
+    #[must_use]
+    pub fn new(model: &MockModel, max_batch: usize) -> Self {
+        let mut m = model.clone();
+        m.cache.clear();
+        Self {
+            slots: vec![m; max_batch],
+            out: Vec::new(),
+            n_passes: 0,
+            n_rows_fed: 0,
+        }
+    }
+}
+
+impl BatchBackend for MockBatchModel {
+    fn vocab_size(&self) -> usize {
+        self.slots[0].vocab
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.slots[0].max_seq
+    }
+
+    fn max_batch(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn forward_rows(
+        &mut self,
+        first_slot: usize,
+        rows: &[BatchRow<'_>],
+        n_logits: usize,
+    ) -> Result<&[f32]> {
+        let s = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+        if s == 0 || first_slot + rows.len() > self.slots.len() || n_logits == 0 || n_logits > s {
+            return Err(SpecError::Config(format!(
+                "mock forward_rows: slots {first_slot}..{} of {}, s {s}, n_logits {n_logits}",
+                first_slot + rows.len(),
+                self.slots.len()
+            )));
+        }
+        let vocab = self.vocab_size();
+        self.n_passes += 1;
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        out.resize(rows.len() * n_logits * vocab, f32::NAN);
+        let first_kept = s - n_logits;
+        for (r, row) in rows.iter().enumerate() {
+            let m = row.tokens.len();
+            if m == 0 {
+                continue;
+            }
+            self.n_rows_fed += 1;
+            let slot = &mut self.slots[first_slot + r];
+            if m <= first_kept {
+                // No kept position is real: still run the row (its cache must advance).
+                slot.forward(row.tokens, row.n_past, 1)?;
+                continue;
+            }
+            let n = m - first_kept;
+            let logits = slot.forward(row.tokens, row.n_past, n)?;
+            let at = r * n_logits * vocab;
+            out[at..at + n * vocab].copy_from_slice(logits);
+        }
+        self.out = out;
+        Ok(&self.out)
+    }
+
+    fn move_slot(&mut self, from: usize, to: usize, n_valid: usize) -> Result<()> {
+        if from >= self.slots.len() || to >= self.slots.len() {
+            return Err(SpecError::Config(format!(
+                "mock move_slot {from} -> {to}: {} slots",
+                self.slots.len()
+            )));
+        }
+        let cache: Vec<u32> = self.slots[from]
+            .cache
+            .get(..n_valid)
+            .ok_or_else(|| {
+                SpecError::Internal(format!(
+                    "mock move_slot: n_valid {n_valid} beyond the {} cached positions",
+                    self.slots[from].cache.len()
+                ))
+            })?
+            .to_vec();
+        let dst = &mut self.slots[to].cache;
+        dst.clear();
+        dst.extend_from_slice(&cache);
+        Ok(())
     }
 }

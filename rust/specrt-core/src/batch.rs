@@ -1,0 +1,658 @@
+//! Batched rounds: several requests ("rows") share each draft pass and the target's verification pass of a round
+//! (ARCHITECTURE.md, "Batched rounds"), with continuous batching: a finished row leaves and a waiting request joins
+//! at the next round.
+//!
+//! Each row keeps everything the single-request [`crate::Engine`] keeps: its own committed tokens, cache lengths in
+//! both models (a rejected draft is rolled back by a smaller `n_past`, per row), sampling settings, seeded random
+//! stream, penalties, stop ids and statistics. Rows accept different numbers of tokens in the same round (0 for one,
+//! K for another) and draft different K (their own `num_speculative_tokens`, capped by what they may still emit);
+//! a row that drafts fewer tokens than the others sits the later draft passes out. Verification is the same
+//! per-row modified rejection sampling (Leviathan et al. 2023, arXiv:2211.17192) or coupled choice as the
+//! single-request engine, so each row's output is exactly what that row would produce alone with the same seed and
+//! the same K per round, on a backend that computes the same logits batched as alone.
+//!
+//! A joining request's prompt is prefilled in chunks of at most `prefill_chunk` tokens, one chunk per round, before
+//! the round's draft passes: the rows already decoding wait at most one chunk.
+//!
+//! K for rows with `auto_k`: chosen once per round for the whole batch by a [`KController`] kept per batch size (the
+//! number of slots a pass runs), from the draft and verification costs measured at that batch size and the pooled
+//! acceptance of the batch: at batch size B a round emits about `B E(K)` tokens for `K c_q(B) + c_verify(B, K + 1)`,
+//! whose best K is the controller's choice at those costs. It goes down to K = 0 when speculation does not pay at
+//! that load.
+//!
+//! Errors: a backend failure ends every running row (its caches are in an unknown state) and is returned by
+//! [`BatchEngine::step`]; an error of one row's sampling or verification (non-finite logits, ...) ends that row only
+//! and is reported in its [`RowStep`].
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use crate::adaptive::{AutoK, KController};
+use crate::backend::{BatchBackend, BatchRow};
+use crate::engine::{GenerationConfig, GenerationOutput, Request, StepOutput};
+use crate::error::{Result, SpecError};
+use crate::ngram::NgramProposer;
+use crate::sampling::Sampler;
+use crate::stats::Stats;
+use crate::verify::{Verification, VerifyMode};
+
+/// Settings of a [`BatchEngine`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchOptions {
+    /// Most prompt tokens a joining request prefills per round (>= 1): the longest the running rows wait.
+    pub prefill_chunk: usize,
+    /// Cost-model settings of the per-batch-size K controllers (used by rows with `auto_k`; each row's own
+    /// `auto_k.k_max` caps its K further).
+    pub auto_k: AutoK,
+}
+
+impl Default for BatchOptions {
+    fn default() -> Self {
+        Self {
+            prefill_chunk: 256,
+            auto_k: AutoK::default(),
+        }
+    }
+}
+
+/// What one row committed in a round.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RowStep {
+    /// The request's id (as given to [`BatchEngine::add`]).
+    pub id: u64,
+    /// The committed tokens (empty when the row failed).
+    pub out: StepOutput,
+    /// Set when this row failed in the round (it has left the batch).
+    pub error: Option<SpecError>,
+}
+
+/// One request in the batch.
+struct Row {
+    id: u64,
+    req: Request,
+    ngram: Option<NgramProposer>,
+    // Prompt tokens (of the n_prompt - 1 to prefill) in the caches so far.
+    prefilled: usize,
+    // Whether the draft model's cache is kept for this row.
+    use_draft: bool,
+    // [k_max, vocab] the distributions this round's draft tokens were drawn from.
+    probs_dft: Vec<f32>,
+    // [k] this round's draft tokens; `k_plan` of them are drafted by the draft model (0 when n-gram or none).
+    tokens_dft: Vec<u32>,
+    k_plan: usize,
+    mode: VerifyMode,
+    // [k + 1] target input of this round.
+    input_tgt: Vec<u32>,
+    // Committed tokens' penalty-context length before drafting.
+    n_committed: usize,
+    failed: Option<SpecError>,
+}
+
+impl Row {
+    fn prefill_target(&self) -> usize {
+        self.req.n_prompt - 1
+    }
+
+    fn decoding(&self) -> bool {
+        self.prefilled >= self.prefill_target()
+            && self.req.finish_reason.is_none()
+            && self.failed.is_none()
+    }
+}
+
+/// Target and optional draft models with per-slot caches, the rows decoding in them and the requests waiting.
+/// Not thread-safe by itself: a caller sharing one engine between threads serialises the calls.
+pub struct BatchEngine {
+    target: Box<dyn BatchBackend>,
+    draft: Option<Box<dyn BatchBackend>>,
+    vocab: usize,
+    max_batch: usize,
+    opts: BatchOptions,
+    sampler_tgt: Sampler,
+    sampler_dft: Sampler,
+    ver: Verification,
+    // rows[i] holds cache slot i in both models.
+    rows: Vec<Row>,
+    waiting: VecDeque<Row>,
+    finished: Vec<(u64, Request)>,
+    // [max_batch + 1] K controllers by batch size (slots in a pass).
+    controllers: Vec<Option<KController>>,
+    steps: Vec<RowStep>,
+}
+
+impl BatchEngine {
+    /// An engine over a target and an optional draft model (both batched). The batch holds
+    /// `min(target.max_batch(), draft.max_batch())` rows.
+    ///
+    /// Errors: [`SpecError::Vocab`] if the vocabulary sizes differ; [`SpecError::Config`] for bad options.
+    pub fn new(
+        target: Box<dyn BatchBackend>,
+        draft: Option<Box<dyn BatchBackend>>,
+        opts: BatchOptions,
+    ) -> Result<Self> {
+        let vocab = target.vocab_size();
+        if let Some(d) = &draft {
+            if d.vocab_size() != vocab {
+                return Err(SpecError::Vocab(format!(
+                    "draft vocab size {} != target vocab size {vocab}",
+                    d.vocab_size()
+                )));
+            }
+        }
+        if opts.prefill_chunk == 0 {
+            return Err(SpecError::Config(
+                "prefill_chunk 0 is invalid (expected >= 1)".to_owned(),
+            ));
+        }
+        opts.auto_k.validate()?;
+        let max_batch = draft.as_ref().map_or(target.max_batch(), |d| {
+            d.max_batch().min(target.max_batch())
+        });
+        Ok(Self {
+            target,
+            draft,
+            vocab,
+            max_batch,
+            opts,
+            sampler_tgt: Sampler::new(vocab),
+            sampler_dft: Sampler::new(vocab),
+            ver: Verification::default(),
+            rows: Vec::with_capacity(max_batch),
+            waiting: VecDeque::new(),
+            finished: Vec::new(),
+            controllers: vec![None; max_batch + 1],
+            steps: Vec::with_capacity(max_batch),
+        })
+    }
+
+    /// Vocabulary size shared by target and draft.
+    #[must_use]
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    /// Whether a draft model is attached.
+    #[must_use]
+    pub fn has_draft(&self) -> bool {
+        self.draft.is_some()
+    }
+
+    /// Most rows decoding at once (cache slots).
+    #[must_use]
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Longest sequence (prompt + new tokens) both models' slots can hold.
+    #[must_use]
+    pub fn max_seq_len(&self) -> usize {
+        let t = self.target.max_seq_len();
+        self.draft.as_ref().map_or(t, |d| t.min(d.max_seq_len()))
+    }
+
+    /// Rows in the batch (prefilling or decoding).
+    #[must_use]
+    pub fn n_running(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Requests waiting for a slot.
+    #[must_use]
+    pub fn n_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Whether nothing is running or waiting.
+    #[must_use]
+    pub fn is_idle(&self) -> bool {
+        self.rows.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Queue a request under `id` (unique among requests not yet taken with [`BatchEngine::take_output`]). It is
+    /// validated now and joins the batch at the next [`BatchEngine::step`] with a free slot.
+    ///
+    /// Errors: [`SpecError::Config`] (a duplicate id, an empty prompt, bad settings), [`SpecError::Vocab`] (a prompt
+    /// id >= vocab), [`SpecError::Length`] (prompt + max_new_tokens beyond [`BatchEngine::max_seq_len`]).
+    pub fn add(&mut self, id: u64, prompt: &[u32], cfg: GenerationConfig) -> Result<()> {
+        if self.knows(id) {
+            return Err(SpecError::Config(format!(
+                "request id {id} is already in use (expected an id not yet taken)"
+            )));
+        }
+        let mut req = Request::new(prompt, cfg, self.vocab, self.max_seq_len())?;
+        req.controller = None; // the batch chooses K
+        let ngram = match req.cfg.ngram {
+            Some(ng) => {
+                let mut p = NgramProposer::new(ng.prompt_lookup_min, ng.prompt_lookup_max)?;
+                p.extend(prompt);
+                Some(p)
+            }
+            None => None,
+        };
+        let use_draft = self.draft.is_some() && req.may_draft();
+        let k_max = req.k_max();
+        self.waiting.push_back(Row {
+            id,
+            ngram,
+            prefilled: 0,
+            use_draft,
+            probs_dft: if use_draft {
+                vec![0.0; k_max * self.vocab]
+            } else {
+                Vec::new()
+            },
+            tokens_dft: Vec::with_capacity(k_max),
+            k_plan: 0,
+            mode: VerifyMode::Stochastic,
+            input_tgt: Vec::with_capacity(k_max + 1),
+            n_committed: 0,
+            failed: None,
+            req,
+        });
+        Ok(())
+    }
+
+    fn knows(&self, id: u64) -> bool {
+        self.rows.iter().any(|r| r.id == id)
+            || self.waiting.iter().any(|r| r.id == id)
+            || self.finished.iter().any(|(i, _)| *i == id)
+    }
+
+    /// Remove a running or waiting request now (its slot is free for the next round); a finished one's output is
+    /// dropped. Returns whether `id` was known.
+    ///
+    /// Errors: [`SpecError::Backend`] if moving another row's cache into the freed slot fails.
+    pub fn cancel(&mut self, id: u64) -> Result<bool> {
+        if let Some(i) = self.waiting.iter().position(|r| r.id == id) {
+            self.waiting.remove(i);
+            return Ok(true);
+        }
+        if let Some(i) = self.finished.iter().position(|(r, _)| *r == id) {
+            self.finished.swap_remove(i);
+            return Ok(true);
+        }
+        match self.rows.iter().position(|r| r.id == id) {
+            Some(i) => {
+                self.remove_row(i)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Keep only the first `n_keep` generated tokens of running request `id` and finish it with
+    /// [`crate::FinishReason::Stop`] (the caller matched a stop string); it leaves the batch now.
+    ///
+    /// Errors: [`SpecError::Config`] for an unknown id or `n_keep` beyond its generated count.
+    pub fn stop_at(&mut self, id: u64, n_keep: usize) -> Result<()> {
+        let i = self
+            .rows
+            .iter()
+            .position(|r| r.id == id)
+            .ok_or_else(|| SpecError::Config(format!("request id {id} is not running")))?;
+        let row = &mut self.rows[i];
+        row.req.stop_at(n_keep, row.ngram.as_mut())?;
+        self.retire(i)
+    }
+
+    /// The result of finished request `id`, removed from the engine (`None` if it is not finished or unknown).
+    pub fn take_output(&mut self, id: u64) -> Option<GenerationOutput> {
+        let i = self.finished.iter().position(|(r, _)| *r == id)?;
+        let (_, req) = self.finished.swap_remove(i);
+        req.output().ok()
+    }
+
+    /// Statistics so far of a running or finished request.
+    #[must_use]
+    pub fn stats(&self, id: u64) -> Option<&Stats> {
+        self.rows
+            .iter()
+            .find(|r| r.id == id)
+            .map(|r| &r.req.stats)
+            .or_else(|| {
+                self.finished
+                    .iter()
+                    .find(|(r, _)| *r == id)
+                    .map(|(_, q)| &q.stats)
+            })
+    }
+
+    /// The current per-token acceptance estimate and last choice inputs of the K controller at batch size `b`
+    /// (`None` before auto-K rows ran at that size).
+    #[must_use]
+    pub fn controller(&self, b: usize) -> Option<&KController> {
+        self.controllers.get(b).and_then(Option::as_ref)
+    }
+
+    /// Move row `i` out of the batch: the last row takes its slot (caches copied), and it is kept for
+    /// [`BatchEngine::take_output`] when it finished.
+    fn retire(&mut self, i: usize) -> Result<()> {
+        let last = self.rows.len() - 1;
+        let moved = self.remove_row_slot(i, last);
+        let row = self.rows.swap_remove(i);
+        if row.req.finish_reason.is_some() && row.failed.is_none() {
+            self.finished.push((row.id, row.req));
+        }
+        moved
+    }
+
+    fn remove_row(&mut self, i: usize) -> Result<()> {
+        let last = self.rows.len() - 1;
+        let moved = self.remove_row_slot(i, last);
+        self.rows.swap_remove(i);
+        moved
+    }
+
+    /// Copy the last row's caches into slot `i` (before `swap_remove(i)`).
+    fn remove_row_slot(&mut self, i: usize, last: usize) -> Result<()> {
+        if i == last {
+            return Ok(());
+        }
+        let r = &self.rows[last];
+        self.target.move_slot(last, i, r.req.n_past_tgt)?;
+        if let (Some(d), true) = (self.draft.as_mut(), r.use_draft) {
+            d.move_slot(last, i, r.req.n_past_dft)?;
+        }
+        Ok(())
+    }
+
+    /// Run one round: admit waiting requests into free slots, prefill one chunk of a joining prompt, then draft,
+    /// verify and commit for every decoding row. Returns what each row committed (rows that finished have left
+    /// the batch; take their results with [`BatchEngine::take_output`]).
+    ///
+    /// Errors: backend errors (every running row is then dropped).
+    pub fn step(&mut self) -> Result<&[RowStep]> {
+        self.steps.clear();
+        while self.rows.len() < self.max_batch {
+            match self.waiting.pop_front() {
+                Some(row) => self.rows.push(row),
+                None => break,
+            }
+        }
+        if let Err(e) = self.step_inner() {
+            self.rows.clear();
+            return Err(e);
+        }
+        // Finished and failed rows leave, from the back so indices stay valid.
+        for i in (0..self.rows.len()).rev() {
+            let r = &self.rows[i];
+            if r.req.finish_reason.is_some() || r.failed.is_some() {
+                if let Err(e) = self.retire(i) {
+                    self.rows.clear();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(&self.steps)
+    }
+
+    fn prefill_one_chunk(&mut self) -> Result<()> {
+        let Some(i) = self
+            .rows
+            .iter()
+            .position(|r| r.prefilled < r.prefill_target())
+        else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        let row = &mut self.rows[i];
+        let start = row.prefilled;
+        let end = (start + self.opts.prefill_chunk).min(row.prefill_target());
+        let rows = [BatchRow {
+            tokens: &row.req.tokens[start..end],
+            n_past: start,
+        }];
+        self.target.forward_rows(i, &rows, 1)?;
+        if row.use_draft {
+            let d = self.draft.as_mut().expect("use_draft");
+            d.forward_rows(i, &rows, 1)?;
+            row.req.n_past_dft = end;
+        }
+        row.prefilled = end;
+        row.req.n_past_tgt = end;
+        row.req.stats.prefill_ms += ms_since(t0);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_lines)]
+    fn step_inner(&mut self) -> Result<()> {
+        self.prefill_one_chunk()?;
+        let vocab = self.vocab;
+        let b = self.rows.len();
+        if !self.rows.iter().any(Row::decoding) {
+            return Ok(());
+        }
+        // K for auto rows: one choice for the batch at this batch size.
+        let auto_cap = self
+            .rows
+            .iter()
+            .filter(|r| r.decoding() && r.req.cfg.auto_k.is_some())
+            .map(|r| self.k_cap(r).min(r.req.k_max()))
+            .max();
+        let k_auto = match auto_cap {
+            Some(cap) => {
+                let c = self.controllers[b].get_or_insert_with(|| {
+                    KController::new(self.opts.auto_k.clone()).expect("validated")
+                });
+                c.choose(cap)
+            }
+            None => 0,
+        };
+
+        // Plan each row's proposals: an n-gram match, else the draft model.
+        let has_draft = self.draft.is_some();
+        for i in 0..b {
+            let cap = self.k_cap(&self.rows[i]);
+            let row = &mut self.rows[i];
+            row.tokens_dft.clear();
+            row.k_plan = 0;
+            row.mode = VerifyMode::Stochastic;
+            if !row.decoding() {
+                continue;
+            }
+            let k = if row.req.cfg.auto_k.is_some() {
+                k_auto.min(cap).min(row.req.k_max())
+            } else {
+                row.req.cfg.num_speculative_tokens.min(cap)
+            };
+            if k == 0 {
+                continue;
+            }
+            if let Some(ng) = row.ngram.as_ref() {
+                if ng.propose(k, &mut row.tokens_dft) > 0 {
+                    row.mode = VerifyMode::Deterministic;
+                    continue;
+                }
+            }
+            if has_draft && row.use_draft {
+                row.k_plan = k;
+                row.n_committed = row.req.penalties.len();
+            }
+        }
+
+        // Draft passes: pass i feeds every row that drafts more than i tokens (the first pass also the committed
+        // tokens the draft has not seen); the other rows sit it out.
+        let t_draft = Instant::now();
+        let n_passes = self.rows.iter().map(|r| r.k_plan).max().unwrap_or(0);
+        if n_passes > 0 {
+            let draft = self.draft.as_mut().expect("k_plan > 0 needs a draft");
+            for pass in 0..n_passes {
+                let inputs: Vec<BatchRow<'_>> = self
+                    .rows
+                    .iter()
+                    .map(|r| {
+                        if pass < r.k_plan && r.failed.is_none() {
+                            let n_past = r.req.n_past_dft;
+                            let tokens = if pass == 0 {
+                                &r.req.tokens[n_past..]
+                            } else {
+                                &r.tokens_dft[pass - 1..pass]
+                            };
+                            BatchRow { tokens, n_past }
+                        } else {
+                            BatchRow {
+                                tokens: &[],
+                                n_past: 0,
+                            }
+                        }
+                    })
+                    .collect();
+                let lens: Vec<usize> = inputs.iter().map(|r| r.tokens.len()).collect();
+                if lens.iter().all(|&m| m == 0) {
+                    break;
+                }
+                let s = lens.iter().copied().max().unwrap_or(0);
+                let min_m = lens.iter().copied().filter(|&m| m > 0).min().unwrap_or(1);
+                let n_logits = s - min_m + 1;
+                let logits = draft.forward_rows(0, &inputs, n_logits)?;
+                drop(inputs);
+                for (r, row) in self.rows.iter_mut().enumerate() {
+                    let m = lens[r];
+                    if m == 0 {
+                        continue;
+                    }
+                    row.req.n_past_dft += m;
+                    let at = r * n_logits + (m - 1) - (s - n_logits);
+                    let logits_row = &logits[at * vocab..(at + 1) * vocab];
+                    let q_row = &mut row.probs_dft[pass * vocab..(pass + 1) * vocab];
+                    match row
+                        .req
+                        .draft_choice(&mut self.sampler_dft, logits_row, pass, q_row)
+                    {
+                        Ok(d) => row.tokens_dft.push(d),
+                        Err(e) => row.failed = Some(e),
+                    }
+                }
+            }
+            for row in &mut self.rows {
+                if row.k_plan > 0 {
+                    // A rejected draft leaves no trace in the penalties.
+                    row.req.penalties.truncate(row.n_committed);
+                }
+            }
+        }
+        let draft_ms = ms_since(t_draft);
+
+        // Target: one pass over every decoding row's last committed token and drafts.
+        let t_target = Instant::now();
+        for row in &mut self.rows {
+            row.input_tgt.clear();
+            if row.decoding() {
+                let len = row.req.tokens.len();
+                row.input_tgt.push(row.req.tokens[len - 1]);
+                row.input_tgt.extend_from_slice(&row.tokens_dft);
+            }
+        }
+        let inputs: Vec<BatchRow<'_>> = self
+            .rows
+            .iter()
+            .map(|r| BatchRow {
+                tokens: &r.input_tgt,
+                n_past: if r.input_tgt.is_empty() {
+                    0
+                } else {
+                    r.req.tokens.len() - 1
+                },
+            })
+            .collect();
+        let s = inputs.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+        if s == 0 {
+            return Ok(()); // every decoding row failed while drafting
+        }
+        let logits_all = self.target.forward_rows(0, &inputs, s)?;
+        drop(inputs);
+        let target_ms = ms_since(t_target);
+
+        let mut pooled = Vec::new();
+        let mut k_round = 0;
+        for (r, row) in self.rows.iter_mut().enumerate() {
+            if row.input_tgt.is_empty() {
+                if let Some(e) = row.failed.clone() {
+                    self.steps.push(RowStep {
+                        id: row.id,
+                        out: StepOutput::default(),
+                        error: Some(e),
+                    });
+                }
+                continue;
+            }
+            let t_core = Instant::now();
+            let k = row.tokens_dft.len();
+            k_round = k_round.max(k);
+            let logits_tgt = &logits_all[r * s * vocab..(r * s + k + 1) * vocab];
+            let probs_dft: &[f32] = if row.mode == VerifyMode::Stochastic {
+                &row.probs_dft[..k * vocab]
+            } else {
+                &[]
+            };
+            self.sampler_tgt.inject_fault(row.req.cfg.fault);
+            let mut out = StepOutput::default();
+            let len = row.req.tokens.len();
+            let result = row
+                .req
+                .verify(
+                    &mut self.sampler_tgt,
+                    logits_tgt,
+                    probs_dft,
+                    &row.tokens_dft,
+                    row.mode,
+                    &mut self.ver,
+                )
+                .and_then(|()| {
+                    row.req.commit(
+                        &self.ver,
+                        logits_tgt,
+                        vocab,
+                        k,
+                        row.mode,
+                        (draft_ms, target_ms),
+                        row.ngram.as_mut(),
+                        &mut out,
+                    )
+                });
+            if let Err(e) = result {
+                row.failed = Some(e.clone());
+                self.steps.push(RowStep {
+                    id: row.id,
+                    out: StepOutput::default(),
+                    error: Some(e),
+                });
+                continue;
+            }
+            let n_acc = self.ver.n_accepted;
+            row.req.n_past_tgt = len + n_acc;
+            if row.k_plan > 0 {
+                // The draft saw the committed prefix and d_1 .. d_{K-1}.
+                row.req.n_past_dft = len + n_acc.min(k - 1);
+                if row.req.cfg.auto_k.is_some() {
+                    pooled.extend_from_slice(&self.ver.accept_probs);
+                }
+            }
+            row.req.stats.core_ms += ms_since(t_core);
+            self.steps.push(RowStep {
+                id: row.id,
+                out,
+                error: None,
+            });
+        }
+        if auto_cap.is_some() {
+            if let Some(c) = self.controllers[b].as_mut() {
+                c.observe(k_round, &pooled, draft_ms, n_passes, target_ms);
+            }
+        }
+        Ok(())
+    }
+
+    /// Most drafts row `r` may propose this round: none past `max_new_tokens`, none without a proposer.
+    fn k_cap(&self, r: &Row) -> usize {
+        if (self.draft.is_some() && r.use_draft) || r.req.cfg.ngram.is_some() {
+            r.req.remaining().saturating_sub(1)
+        } else {
+            0
+        }
+    }
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}

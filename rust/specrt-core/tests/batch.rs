@@ -1,0 +1,394 @@
+//! Batched rounds over mock models: every row of a mixed batch (rows accepting 0 and K in the same round, different
+//! K, prompt lengths and sampling settings, a stop inside a block, rows joining mid-flight, a cancelled row, a stop
+//! string cut) gives exactly its solo output: greedy, seeded temperature 1 with fixed K, and coupled sampling with
+//! auto K (whose choice of K depends on the batch).
+
+use specrt_core::testing::{MockBatchModel, MockModel};
+use specrt_core::{
+    AutoK, Backend, BatchBackend, BatchEngine, BatchOptions, Engine, FinishReason,
+    GenerationConfig, GenerationOutput, NgramConfig, SamplingParams, SpecError, TokenSource,
+};
+
+const VOCAB: usize = 64;
+const MAX_SEQ: usize = 256;
+
+fn target() -> MockModel {
+    MockModel::new(VOCAB, MAX_SEQ, 7, 4.0)
+}
+
+fn draft(noise: f32) -> MockModel {
+    target().with_noise(1007, noise)
+}
+
+fn solo(prompt: &[u32], cfg: &GenerationConfig, noise: f32) -> GenerationOutput {
+    let mut e = Engine::new(
+        Box::new(target()),
+        Some(Box::new(draft(noise)) as Box<dyn Backend>),
+    )
+    .unwrap();
+    e.generate(prompt, cfg.clone(), |_| true).unwrap()
+}
+
+fn engine(max_batch: usize, noise: f32, prefill_chunk: usize) -> BatchEngine {
+    BatchEngine::new(
+        Box::new(MockBatchModel::new(&target(), max_batch)),
+        Some(Box::new(MockBatchModel::new(&draft(noise), max_batch)) as Box<dyn BatchBackend>),
+        BatchOptions {
+            prefill_chunk,
+            ..BatchOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 17 + seed * 5 + 3) % VOCAB as u32)
+        .collect()
+}
+
+/// A mix of settings: K 0..8, n-gram, penalties, a stop token, short and long prompts and budgets.
+fn requests(sampling: SamplingParams) -> Vec<(Vec<u32>, GenerationConfig)> {
+    let base = GenerationConfig {
+        sampling,
+        ..GenerationConfig::default()
+    };
+    vec![
+        (
+            prompt(1, 9),
+            GenerationConfig {
+                num_speculative_tokens: 4,
+                max_new_tokens: 40,
+                seed: 1,
+                ..base.clone()
+            },
+        ),
+        (
+            prompt(2, 1),
+            GenerationConfig {
+                num_speculative_tokens: 2,
+                max_new_tokens: 23,
+                seed: 2,
+                ..base.clone()
+            },
+        ),
+        (
+            prompt(3, 17),
+            GenerationConfig {
+                num_speculative_tokens: 8,
+                max_new_tokens: 31,
+                seed: 3,
+                ..base.clone()
+            },
+        ),
+        (
+            prompt(4, 5),
+            GenerationConfig {
+                num_speculative_tokens: 0,
+                max_new_tokens: 12,
+                seed: 4,
+                ..base.clone()
+            },
+        ),
+        (
+            prompt(5, 12),
+            GenerationConfig {
+                num_speculative_tokens: 3,
+                max_new_tokens: 35,
+                seed: 5,
+                ngram: Some(NgramConfig {
+                    prompt_lookup_min: 1,
+                    prompt_lookup_max: 3,
+                }),
+                ..base.clone()
+            },
+        ),
+        (
+            prompt(6, 7),
+            GenerationConfig {
+                num_speculative_tokens: 5,
+                max_new_tokens: 30,
+                seed: 6,
+                sampling: SamplingParams {
+                    repetition_penalty: 1.3,
+                    ..sampling
+                },
+                ..base.clone()
+            },
+        ),
+        (
+            prompt(7, 3),
+            GenerationConfig {
+                num_speculative_tokens: 6,
+                max_new_tokens: 50,
+                seed: 7,
+                ..base
+            },
+        ),
+    ]
+}
+
+/// Run all requests through a batch of `max_batch` rows (more requests than rows: the rest join mid-flight);
+/// returns each output and, per round, each row's (drafted, accepted).
+fn run_batched(
+    e: &mut BatchEngine,
+    reqs: &[(Vec<u32>, GenerationConfig)],
+) -> (Vec<GenerationOutput>, Vec<Vec<(usize, usize)>>) {
+    for (i, (p, c)) in reqs.iter().enumerate() {
+        e.add(i as u64, p, c.clone()).unwrap();
+    }
+    let mut rounds = Vec::new();
+    let mut streamed: Vec<Vec<u32>> = vec![Vec::new(); reqs.len()];
+    let mut guard = 0;
+    while !e.is_idle() {
+        let steps = e.step().unwrap();
+        let mut round = Vec::new();
+        for s in steps {
+            assert!(s.error.is_none(), "{:?}", s.error);
+            streamed[s.id as usize].extend_from_slice(&s.out.tokens);
+            let acc = s
+                .out
+                .sources
+                .iter()
+                .filter(|x| **x == TokenSource::Accepted)
+                .count();
+            round.push((s.out.n_drafted, acc));
+        }
+        rounds.push(round);
+        guard += 1;
+        assert!(guard < 10_000, "the batch never drained");
+    }
+    let outs: Vec<GenerationOutput> = (0..reqs.len())
+        .map(|i| e.take_output(i as u64).expect("finished"))
+        .collect();
+    for (o, s) in outs.iter().zip(&streamed) {
+        assert_eq!(&o.tokens, s, "streamed tokens = final tokens");
+    }
+    (outs, rounds)
+}
+
+fn assert_same(batched: &GenerationOutput, solo: &GenerationOutput, what: &str) {
+    assert_eq!(batched.tokens, solo.tokens, "{what}: tokens");
+    assert_eq!(batched.sources, solo.sources, "{what}: sources");
+    assert_eq!(batched.logprobs, solo.logprobs, "{what}: logprobs");
+    assert_eq!(
+        batched.finish_reason, solo.finish_reason,
+        "{what}: finish reason"
+    );
+    let (b, s) = (&batched.stats, &solo.stats);
+    assert_eq!(
+        (
+            b.n_rounds,
+            b.n_drafted,
+            b.n_accepted,
+            b.n_recovered,
+            b.n_bonus,
+            &b.rounds_by_k
+        ),
+        (
+            s.n_rounds,
+            s.n_drafted,
+            s.n_accepted,
+            s.n_recovered,
+            s.n_bonus,
+            &s.rounds_by_k
+        ),
+        "{what}: statistics"
+    );
+}
+
+#[test]
+fn mixed_greedy_batch_equals_solo_runs() {
+    let noise = 0.6;
+    let reqs = requests(SamplingParams::greedy());
+    let mut e = engine(3, noise, 4);
+    let (outs, rounds) = run_batched(&mut e, &reqs);
+    for (i, ((p, c), o)) in reqs.iter().zip(&outs).enumerate() {
+        assert_same(o, &solo(p, c, noise), &format!("request {i}"));
+    }
+    // The batch really was mixed: a round where one row accepted none of its drafts and another all of them.
+    let mixed = rounds.iter().any(|r| {
+        r.iter().any(|&(k, a)| k > 0 && a == 0) && r.iter().any(|&(k, a)| k > 0 && a == k)
+    });
+    assert!(mixed, "no round mixed 0 and K accepted: {rounds:?}");
+    // Rows with different K in one round.
+    assert!(rounds.iter().any(|r| {
+        let ks: Vec<usize> = r.iter().map(|x| x.0).filter(|&k| k > 0).collect();
+        ks.iter().any(|&k| k != ks[0])
+    }));
+}
+
+#[test]
+fn seeded_temperature_one_batch_equals_solo_runs_with_fixed_k() {
+    let noise = 0.8;
+    let sampling = SamplingParams {
+        temperature: 1.0,
+        top_p: 0.95,
+        ..SamplingParams::default()
+    };
+    let reqs = requests(sampling);
+    for max_batch in [1, 2, 4, 8] {
+        let mut e = engine(max_batch, noise, 5);
+        let (outs, _) = run_batched(&mut e, &reqs);
+        for (i, ((p, c), o)) in reqs.iter().zip(&outs).enumerate() {
+            assert_same(
+                o,
+                &solo(p, c, noise),
+                &format!("B {max_batch}, request {i}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_stop_token_inside_a_block_ends_only_that_row() {
+    // The draft equals the target (every draft accepted): find a token the first request emits mid-block and make
+    // it a stop token.
+    let reqs = requests(SamplingParams::greedy());
+    let (p, c) = &reqs[0];
+    let free = solo(p, c, 0.0);
+    let stop = free.tokens[6];
+    let mut reqs2 = reqs.clone();
+    reqs2[0].1.stop_token_ids = vec![stop];
+    let mut e = engine(4, 0.0, 64);
+    let (outs, _) = run_batched(&mut e, &reqs2);
+    for (i, ((p, c), o)) in reqs2.iter().zip(&outs).enumerate() {
+        assert_same(o, &solo(p, c, 0.0), &format!("request {i}"));
+    }
+    assert_eq!(outs[0].finish_reason, FinishReason::Stop);
+    assert!(outs[0].tokens.len() <= 7);
+}
+
+#[test]
+fn coupled_rows_with_auto_k_equal_coupled_target_only() {
+    // Coupled sampling: each row's tokens are fixed by its seed whatever K the batch chooses.
+    let sampling = SamplingParams {
+        temperature: 1.0,
+        ..SamplingParams::default()
+    };
+    let reqs: Vec<(Vec<u32>, GenerationConfig)> = requests(sampling)
+        .into_iter()
+        .map(|(p, c)| {
+            (
+                p,
+                GenerationConfig {
+                    coupled: true,
+                    ngram: None,
+                    auto_k: Some(AutoK::default()),
+                    ..c
+                },
+            )
+        })
+        .collect();
+    let mut e = engine(3, 0.5, 6);
+    let (outs, _) = run_batched(&mut e, &reqs);
+    for (i, ((p, c), o)) in reqs.iter().zip(&outs).enumerate() {
+        let plain = GenerationConfig {
+            auto_k: None,
+            num_speculative_tokens: 0,
+            ..c.clone()
+        };
+        let reference = solo(p, &plain, 0.5);
+        assert_eq!(o.tokens, reference.tokens, "request {i}");
+    }
+    assert!(e.controller(3).is_some(), "auto K rows ran at batch size 3");
+}
+
+#[test]
+fn cancel_and_stop_at_leave_the_other_rows_exact() {
+    let noise = 0.6;
+    let reqs = requests(SamplingParams::greedy());
+    let mut e = engine(3, noise, 4);
+    for (i, (p, c)) in reqs.iter().enumerate() {
+        e.add(i as u64, p, c.clone()).unwrap();
+    }
+    let mut rounds = 0;
+    while !e.is_idle() {
+        e.step().unwrap();
+        rounds += 1;
+        if rounds == 3 {
+            assert!(e.cancel(1).unwrap(), "request 1 was running or waiting");
+            assert!(!e.cancel(99).unwrap());
+        }
+        if rounds == 4 {
+            let n = e.stats(0).map(|s| s.n_emitted() as usize).unwrap();
+            if n > 2 {
+                e.stop_at(0, n - 2).unwrap();
+            }
+        }
+    }
+    assert!(
+        e.take_output(1).is_none(),
+        "a cancelled request has no output"
+    );
+    let first = e.take_output(0).unwrap();
+    let full = solo(&reqs[0].0, &reqs[0].1, noise);
+    assert_eq!(first.finish_reason, FinishReason::Stop);
+    assert_eq!(first.tokens[..], full.tokens[..first.tokens.len()]);
+    for (i, (p, c)) in reqs.iter().enumerate().skip(2) {
+        let o = e.take_output(i as u64).unwrap();
+        assert_same(&o, &solo(p, c, noise), &format!("request {i}"));
+    }
+}
+
+#[test]
+fn bad_requests_are_refused_by_name() {
+    let mut e = engine(2, 0.5, 8);
+    let cfg = GenerationConfig::default();
+    e.add(1, &[1, 2], cfg.clone()).unwrap();
+    let dup = e.add(1, &[1, 2], cfg.clone()).unwrap_err();
+    assert!(
+        matches!(dup, SpecError::Config(ref m) if m.contains("id 1")),
+        "{dup}"
+    );
+    let empty = e.add(2, &[], cfg.clone()).unwrap_err();
+    assert!(matches!(empty, SpecError::Config(_)), "{empty}");
+    let oov = e.add(3, &[1, VOCAB as u32], cfg.clone()).unwrap_err();
+    assert!(
+        matches!(oov, SpecError::Vocab(ref m) if m.contains("64")),
+        "{oov}"
+    );
+    let long = e
+        .add(
+            4,
+            &[1; 10],
+            GenerationConfig {
+                max_new_tokens: MAX_SEQ,
+                ..cfg
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(long, SpecError::Length(_)), "{long}");
+    let bad = BatchEngine::new(
+        Box::new(MockBatchModel::new(&target(), 2)),
+        None,
+        BatchOptions {
+            prefill_chunk: 0,
+            ..BatchOptions::default()
+        },
+    );
+    assert!(matches!(bad, Err(SpecError::Config(ref m)) if m.contains("prefill_chunk")));
+}
+
+#[test]
+fn a_joining_prefill_holds_the_batch_back_by_one_chunk() {
+    // While a long prompt prefills in chunks of 4, the running row still commits tokens every round.
+    let mut e = engine(2, 0.3, 4);
+    let cfg = GenerationConfig {
+        sampling: SamplingParams::greedy(),
+        max_new_tokens: 30,
+        ..GenerationConfig::default()
+    };
+    e.add(0, &prompt(1, 3), cfg.clone()).unwrap();
+    e.step().unwrap();
+    e.add(1, &prompt(2, 41), cfg).unwrap(); // 40 tokens to prefill: 10 chunks
+    for _ in 0..10 {
+        let steps = e.step().unwrap();
+        assert!(steps.iter().any(|s| s.id == 0 && !s.out.tokens.is_empty()));
+    }
+    let steps = e.step().unwrap();
+    assert!(
+        steps.iter().any(|s| s.id == 1 && !s.out.tokens.is_empty()),
+        "row 1 decodes after its 10 chunks"
+    );
+}
