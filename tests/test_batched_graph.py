@@ -111,14 +111,19 @@ def test_each_row_equals_its_solo_run(models) -> None:
         np.testing.assert_allclose(row, solo[b].run(new[b]), atol=1e-4, rtol=1e-4)
 
 
-def test_the_runtime_refuses_the_batched_contract_by_name(tmp_path) -> None:
+def test_each_decoder_kind_refuses_the_other_contract_by_name(tmp_path) -> None:
     import specrt
     from specrt.errors import ConfigError
 
     gguf = write_tiny_gguf(tmp_path / "t.gguf", arch="qwen2", seed=5, n_layers=1)
     folder = convert(gguf, tmp_path / "m", progress=False, attention="batched")
-    with pytest.raises(ConfigError, match=r"batched decoder contract .* --attention gqa"):
+    with pytest.raises(ConfigError, match=r"batched decoder contract .*max_batch > 1.* --attention gqa"):
         specrt.Decoder(folder)
+    gqa = convert(gguf, tmp_path / "g", progress=False)
+    with pytest.raises(
+        ConfigError, match=r"not in the batched layout .*kv_layout 'shared_buffer'.*--attention batched"
+    ):
+        specrt.Decoder(gqa, max_batch=2)
 
 
 def test_batched_needs_float32_activations_and_a_known_attention(tmp_path) -> None:

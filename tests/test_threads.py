@@ -119,7 +119,7 @@ def test_two_threads_on_one_low_level_engine_do_not_crash(tiny) -> None:
     def worker(seed: int) -> None:
         try:
             for _ in range(20):
-                eng.start([1, 2, 3], max_new_tokens=16, seed=seed, num_speculative_tokens=3)
+                eng.start([1, 2, 3], _specrt.RequestConfig(max_new_tokens=16, seed=seed, num_speculative_tokens=3))
                 for _ in range(20):
                     out = eng.step()
                     assert all(0 <= t < eng.vocab_size for t in out["tokens"])

@@ -6,15 +6,17 @@ rejection sampling keeps the output distribution exactly the target's. The loop 
 with the GIL released; this module adds tokenization, chat templates, stop strings and streaming.
 
 Threads: one :class:`Decoder` may be shared between threads; its generations are serialised (a lock held for the
-whole call). Separate decoders run in parallel.
+whole call). Separate decoders run in parallel. Many requests at once share batched rounds through
+:class:`specrt.Scheduler` on a ``Decoder(max_batch=N)``.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,30 @@ from specrt.errors import ConfigError, ModelFileError, SequenceLengthError, Voca
 __all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk"]
 
 _SOURCES = ("accepted", "recovered", "bonus")
+# stream()'s parameters in order (Decoder._prepare reads them by name).
+_STREAM_ARGS = (
+    "prompt",
+    "messages",
+    "max_new_tokens",
+    "num_speculative_tokens",
+    "proposer",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "pinned_costs",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "coupled",
+    "_fault",
+)
 
 
 @dataclass(frozen=True)
@@ -170,7 +196,7 @@ def _as_id_list(value: Any) -> list[int]:
 class _ModelFolder:
     """The files of a converted model folder that the Python side needs."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, batched: bool = False) -> None:
         from tokenizers import Tokenizer
 
         self.path = path
@@ -182,10 +208,15 @@ class _ModelFolder:
         except Exception as e:
             raise ModelFileError(f"{tok}: cannot be loaded by tokenizers: {e}") from e
         self.config = _read_json(path / "specrt_config.json")
-        if self.config.get("kv_layout") == "batched_rows":
+        if (self.config.get("kv_layout") == "batched_rows") != batched:
+            if batched:
+                raise ConfigError(
+                    f"{path} is not in the batched layout that max_batch > 1 needs (kv_layout "
+                    f"{self.config.get('kv_layout')!r}); convert it with `specrt convert --attention batched`"
+                )
             raise ConfigError(
-                f"{path} holds the batched decoder contract (`specrt convert --attention batched`), which specrt's "
-                "runtime does not run yet; convert the model with --attention gqa (the default)"
+                f"{path} holds the batched decoder contract (`specrt convert --attention batched`), which runs with "
+                "Decoder(max_batch > 1) only; pass max_batch, or convert the model with --attention gqa (the default)"
             )
         self.generation = _read_json(path / "generation_config.json")
         template = path / "chat_template.jinja"
@@ -275,6 +306,13 @@ class Decoder:
         ort_library: absolute path of ``libonnxruntime.so.1.x`` (default: from the installed onnxruntime wheel, or
             ``$SPECRT_ORT_LIBRARY``).
         dtype: precision to pull for model names (``"fp32"``).
+        max_batch: rows decoded together in batched rounds (1..64; default 1 = single-stream decoding). Above 1 the
+            models are the batched layout (``specrt convert --attention batched``; pulled as ``<dtype>-B`` for model
+            names; CPU, float32 activations) with ``max_batch`` KV cache slots each, and :class:`specrt.Scheduler`
+            runs its requests in shared rounds (``stream`` / ``generate`` still run one request at a time). The
+            batched attention reads every slot's whole capacity, so keep ``max_seq_len`` near what requests need.
+        prefill_chunk: with ``max_batch`` > 1, most prompt tokens a joining request prefills per round (the
+            longest the running rows wait).
 
     Raises:
         UnknownModelError, ModelFileError, FileNotFoundError: a model cannot be found or read.
@@ -295,6 +333,8 @@ class Decoder:
         allow_fallback: bool = False,
         ort_library: str | None = None,
         dtype: str = "fp32",
+        max_batch: int = 1,
+        prefill_chunk: int = 256,
     ) -> None:
         from specrt.models import resolve_model
 
@@ -302,12 +342,16 @@ class Decoder:
             raise ConfigError(f"intra_op_threads {intra_op_threads} is invalid (expected >= 1, or None for the cores)")
         if max_seq_len is not None and max_seq_len < 1:
             raise ConfigError(f"max_seq_len {max_seq_len} is invalid (expected >= 1)")
+        _check_int("max_batch", max_batch, 1, 64, "an integer 1 <= max_batch <= 64")
+        _check_int("prefill_chunk", prefill_chunk, 1, 1 << 20, "an integer >= 1")
+        attention = "batched" if max_batch > 1 else "gqa"
 
-        self.target_path = resolve_model(target, dtype)
-        self.draft_path = resolve_model(draft, dtype) if draft is not None else None
-        self._target = _ModelFolder(self.target_path)
+        self.max_batch = max_batch
+        self.target_path = resolve_model(target, dtype, attention=attention)
+        self.draft_path = resolve_model(draft, dtype, attention=attention) if draft is not None else None
+        self._target = _ModelFolder(self.target_path, batched=max_batch > 1)
         if self.draft_path is not None:
-            d = _ModelFolder(self.draft_path)
+            d = _ModelFolder(self.draft_path, batched=max_batch > 1)
             vt, vd = self._target.tokenizer.get_vocab_size(), d.tokenizer.get_vocab_size()
             if vt != vd or self._target.tokenizer.get_vocab() != d.tokenizer.get_vocab():
                 raise VocabError(
@@ -315,16 +359,20 @@ class Decoder:
                     f"tokenizer ({self.target_path / 'tokenizer.json'}, {vt} tokens)"
                 )
         self.tokenizer = self._target.tokenizer
-        self._engine = _specrt.Engine(
-            str(self.target_path),
-            str(self.draft_path) if self.draft_path is not None else None,
-            ort_library=ort_library or find_ort_library(provider),
-            provider=provider,
-            device_id=device_id,
-            max_seq_len=max_seq_len,
-            intra_op_threads=intra_op_threads,
-            allow_fallback=allow_fallback,
-        )
+        models = (str(self.target_path), str(self.draft_path) if self.draft_path is not None else None)
+        common = {
+            "ort_library": ort_library or find_ort_library(provider),
+            "provider": provider,
+            "max_seq_len": max_seq_len,
+            "intra_op_threads": intra_op_threads,
+            "allow_fallback": allow_fallback,
+        }
+        self._batch: Any = None
+        if max_batch > 1:
+            self._batch = _specrt.BatchEngine(*models, max_batch=max_batch, prefill_chunk=prefill_chunk, **common)
+            self._engine: Any = _SoloBatch(self._batch)
+        else:
+            self._engine = _specrt.Engine(*models, device_id=device_id, **common)
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id holding _lock
         gen = self._target.generation
@@ -346,6 +394,8 @@ class Decoder:
     @property
     def providers(self) -> list[str]:
         """ONNX Runtime execution providers in use (preferred first)."""
+        if self._batch is not None:
+            return ["CPUExecutionProvider"]  # the batched layout runs on CPU only
         return list(self._engine.providers)
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
@@ -460,6 +510,47 @@ class Decoder:
             KeyboardInterrupt: stops promptly (between rounds); the decoder stays usable.
             TypeError: a token id that is not an integer.
         """
+        ids, settings, stops = self._prepare(dict(locals()))
+        me = threading.get_ident()
+        if self._owner == me:
+            # Waiting for our own lock would hang this thread for good.
+            raise ConfigError(
+                "this Decoder is already generating in this thread (a stream that is still open); finish or close() "
+                "that stream first, or use another Decoder"
+            )
+        with self._lock:
+            self._owner = me
+            try:
+                yield from self._run(self._engine, ids, settings, stops)
+            finally:
+                self._owner = None
+
+    def _prepare(self, a: dict[str, Any]) -> tuple[list[int], dict[str, Any], list[str]]:
+        """Check :meth:`stream`'s arguments (``a``: name -> value) and turn them into the prompt ids, the engine
+        settings (``RequestConfig`` keywords) and the stop strings. Raises as :meth:`stream` documents."""
+        (
+            prompt,
+            messages,
+            max_new_tokens,
+            num_speculative_tokens,
+            proposer,
+            prompt_lookup_min,
+            prompt_lookup_max,
+            pinned_costs,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repetition_penalty,
+            frequency_penalty,
+            presence_penalty,
+            seed,
+            stop,
+            stop_token_ids,
+            ignore_eos,
+            coupled,
+            _fault,
+        ) = (a[n] for n in _STREAM_ARGS)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stops):
             raise ConfigError("stop strings must be non-empty")
@@ -497,19 +588,17 @@ class Decoder:
         }
         if _fault is not None:
             settings["_fault"] = _fault
-        me = threading.get_ident()
-        if self._owner == me:
-            # Waiting for our own lock would hang this thread for good.
-            raise ConfigError(
-                "this Decoder is already generating in this thread (a stream that is still open); finish or close() "
-                "that stream first, or use another Decoder"
-            )
-        with self._lock:
-            self._owner = me
-            try:
-                yield from self._run(ids, settings, stops)
-            finally:
-                self._owner = None
+        return ids, settings, stops
+
+    def prepare(self, **kwargs: Any) -> tuple[list[int], dict[str, Any], list[str]]:
+        """:meth:`_prepare` from :meth:`stream`'s keyword arguments (for :class:`specrt.Scheduler`).
+
+        Raises:
+            TypeError: an argument :meth:`stream` does not take. (plus what :meth:`stream` raises)
+        """
+        bound = inspect.signature(Decoder.stream).bind(self, **kwargs)
+        bound.apply_defaults()
+        return self._prepare(bound.arguments)
 
     def _speculation(
         self,
@@ -561,57 +650,12 @@ class Decoder:
                 ) from e
         return out
 
-    def _run(self, ids: list[int], settings: dict[str, Any], stops: list[str]) -> Iterator[StreamChunk]:
-        engine = self._engine
-        decode = self.tokenizer.decode
-        engine.start(ids, **settings)
-        tokens: list[int] = []
-        sources: list[str] = []
-        logprobs: list[float] = []
-        sent = 0  # characters of text already yielded
-        text = ""
-        finish: str | None = None
-        while finish is None:
-            out = engine.step()
-            n_before = len(tokens)
-            tokens += out["tokens"]
-            sources += out["sources"]
-            logprobs += out["logprobs"]
-            finish = out["finish_reason"]
-            text = decode(tokens, skip_special_tokens=True)
-            if stops:
-                hit = self._find_stop(tokens, text, stops, sent)
-                if hit is not None:
-                    cut, n_keep = hit
-                    engine.stop_at(n_keep)
-                    del tokens[n_keep:], sources[n_keep:], logprobs[n_keep:]
-                    text = text[:cut]
-                    finish = "stop"
-            if finish is None:
-                # Hold back an incomplete UTF-8 sequence and a possible partial stop string.
-                end = len(text.rstrip("\ufffd"))
-                end -= _longest_partial_stop(text[:end], stops)
-            else:
-                end = len(text)
-            yield StreamChunk(
-                text=text[sent:end],
-                token_ids=tokens[n_before:],
-                sources=sources[n_before:],
-                finish_reason=finish,
-                logprobs=logprobs[n_before:],
-            )
-            sent = max(sent, end)
-        stats = Stats._from_engine(engine.stats())
-        result = GenerationResult(
-            text=text,
-            token_ids=tokens,
-            finish_reason=finish,
-            logprobs=logprobs,
-            sources=sources,
-            stats=stats,
-            prompt_token_ids=ids,
-        )
-        yield StreamChunk(text="", token_ids=[], sources=[], finish_reason=finish, result=result)
+    def _run(self, engine: Any, ids: list[int], settings: dict[str, Any], stops: list[str]) -> Iterator[StreamChunk]:
+        engine.start(ids, _specrt.RequestConfig(**settings))
+        asm = _Assembler(self, ids, stops, engine.stop_at)
+        while asm.finish is None:
+            yield asm.feed(engine.step())
+        yield asm.result_chunk(engine.stats())
 
     def _find_stop(self, tokens: list[int], text: str, stops: list[str], sent: int) -> tuple[int, int] | None:
         """First stop-string match in ``text`` (searching from just before ``sent``): (cut index, tokens to keep)."""
@@ -639,3 +683,100 @@ class Decoder:
 
     def __repr__(self) -> str:
         return f"Decoder(target={str(self.target_path)!r}, draft={str(self.draft_path) if self.draft_path else None!r})"
+
+
+class _Assembler:
+    """One request's committed rounds -> :class:`StreamChunk` s: detokenization, stop strings (cut with
+    ``stop_at(n_keep)``, the engine's), and holding back an incomplete UTF-8 sequence or a possible partial stop
+    string until the next round."""
+
+    def __init__(self, decoder: Decoder, ids: list[int], stops: list[str], stop_at: Callable[[int], None]) -> None:
+        self.decoder, self.ids, self.stops, self.stop_at = decoder, ids, stops, stop_at
+        self.tokens: list[int] = []
+        self.sources: list[str] = []
+        self.logprobs: list[float] = []
+        self.sent = 0  # characters of text already yielded
+        self.text = ""
+        self.finish: str | None = None
+
+    def feed(self, out: dict[str, Any]) -> StreamChunk:
+        """The chunk of one round's engine output (``Engine.step``'s dict)."""
+        n_before = len(self.tokens)
+        self.tokens += out["tokens"]
+        self.sources += out["sources"]
+        self.logprobs += out["logprobs"]
+        self.finish = out["finish_reason"]
+        text = self.decoder.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if self.stops:
+            hit = self.decoder._find_stop(self.tokens, text, self.stops, self.sent)
+            if hit is not None:
+                cut, n_keep = hit
+                self.stop_at(n_keep)
+                del self.tokens[n_keep:], self.sources[n_keep:], self.logprobs[n_keep:]
+                text = text[:cut]
+                self.finish = "stop"
+        if self.finish is None:
+            # Hold back an incomplete UTF-8 sequence and a possible partial stop string.
+            end = len(text.rstrip("\ufffd"))
+            end -= _longest_partial_stop(text[:end], self.stops)
+        else:
+            end = len(text)
+        self.text = text
+        chunk = StreamChunk(
+            text=text[self.sent : end],
+            token_ids=self.tokens[n_before:],
+            sources=self.sources[n_before:],
+            finish_reason=self.finish,
+            logprobs=self.logprobs[n_before:],
+        )
+        self.sent = max(self.sent, end)
+        return chunk
+
+    def result_chunk(self, stats: dict[str, Any]) -> StreamChunk:
+        """The last chunk, carrying the :class:`GenerationResult` (``stats``: the engine's statistics dict)."""
+        assert self.finish is not None
+        result = GenerationResult(
+            text=self.text,
+            token_ids=self.tokens,
+            finish_reason=self.finish,
+            logprobs=self.logprobs,
+            sources=self.sources,
+            stats=Stats._from_engine(stats),
+            prompt_token_ids=self.ids,
+        )
+        return StreamChunk(text="", token_ids=[], sources=[], finish_reason=self.finish, result=result)
+
+
+class _SoloBatch:
+    """``Engine``'s start / step / stop_at / stats over a ``BatchEngine`` running one request at a time:
+    :meth:`Decoder.stream` on a batching decoder (its own request id, apart from :class:`specrt.Scheduler`'s)."""
+
+    _ID = (1 << 64) - 1
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def start(self, ids: list[int], config: Any) -> None:
+        self.batch.cancel(self._ID)  # a stream left early leaves its row behind
+        self.batch.add(self._ID, ids, config)
+
+    def step(self) -> dict[str, Any]:
+        while self.batch.n_running or self.batch.n_waiting:
+            for row in self.batch.step():
+                if row["id"] == self._ID:
+                    if row["error"] is not None:
+                        raise row["error"]
+                    return row
+        raise ConfigError("no generation in progress (call start first)")
+
+    def stop_at(self, n_keep: int) -> None:
+        self.batch.stop_at(self._ID, n_keep)
+
+    def stats(self) -> dict[str, Any]:
+        """The finished request's statistics; its record is dropped."""
+        stats = self.batch.stats(self._ID)
+        self.batch.cancel(self._ID)
+        return stats
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.batch, name)

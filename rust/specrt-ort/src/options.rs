@@ -67,14 +67,21 @@ pub enum KvLayout {
     /// Hugging Face Optimum: `past_key_values.{i}.*` is `[1, kv_heads, past, head_dim]`, `present.{i}.*` is the
     /// concatenation `[1, kv_heads, past + S, head_dim]` and becomes the next past.
     Optimum,
+    /// The batched decoder contract (`specrt convert --attention batched`, ARCHITECTURE.md "Batched rounds"): rows of
+    /// a batch on their own caches, `past_key_values.{i}.key_t` `[B, kv_heads, head_dim, max_seq]` (keys transposed)
+    /// and `past_key_values.{i}.value` `[B, kv_heads, max_seq, head_dim]`, read in place; the pass's new keys and
+    /// values come out as `new.{i}.key` / `new.{i}.value` for the runtime to write. Run by
+    /// [`crate::BatchedOrtBackend`] only ([`crate::OrtBackend`] refuses it).
+    BatchedRows,
 }
 
 impl KvLayout {
-    /// `"shared_buffer"` or `"optimum"` (the `kv_layout` value of `specrt_config.json`).
+    /// `"shared_buffer"`, `"optimum"` or `"batched_rows"` (the `kv_layout` value of `specrt_config.json`).
     pub fn as_str(self) -> &'static str {
         match self {
             KvLayout::SharedBuffer => "shared_buffer",
             KvLayout::Optimum => "optimum",
+            KvLayout::BatchedRows => "batched_rows",
         }
     }
 }
@@ -88,13 +95,15 @@ impl fmt::Display for KvLayout {
 impl FromStr for KvLayout {
     type Err = SpecError;
 
-    /// Parse `"shared_buffer"` / `"optimum"` (also `"concat"` for the latter).
+    /// Parse `"shared_buffer"` / `"optimum"` / `"batched_rows"` (also `"concat"` for Optimum, `"batched"` for
+    /// batched rows).
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "shared_buffer" | "shared" => Ok(KvLayout::SharedBuffer),
             "optimum" | "concat" => Ok(KvLayout::Optimum),
+            "batched_rows" | "batched" => Ok(KvLayout::BatchedRows),
             _ => Err(SpecError::Config(format!(
-                "kv layout {s:?} is invalid (expected one of: \"shared_buffer\", \"optimum\")"
+                "kv layout {s:?} is invalid (expected one of: \"shared_buffer\", \"optimum\", \"batched_rows\")"
             ))),
         }
     }
@@ -321,7 +330,11 @@ mod tests {
 
     #[test]
     fn layout_round_trips() {
-        for layout in [KvLayout::SharedBuffer, KvLayout::Optimum] {
+        for layout in [
+            KvLayout::SharedBuffer,
+            KvLayout::Optimum,
+            KvLayout::BatchedRows,
+        ] {
             assert_eq!(layout.as_str().parse::<KvLayout>().unwrap(), layout);
         }
         assert!("paged".parse::<KvLayout>().is_err());

@@ -4,10 +4,12 @@ use pyo3::prelude::*;
 mod args;
 pub mod arrays;
 mod backend;
+mod batch;
 mod cost;
 mod coupled;
 mod engine;
 pub mod errors;
+mod request;
 mod runtime;
 mod sampling;
 mod verify;
@@ -24,5 +26,7 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     coupled::register(m)?;
     m.add_class::<backend::PyOrtModel>()?;
     m.add_class::<engine::PyEngine>()?;
+    m.add_class::<batch::PyBatchEngine>()?;
+    m.add_class::<request::RequestConfig>()?;
     Ok(())
 }

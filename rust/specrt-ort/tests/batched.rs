@@ -1,0 +1,423 @@
+//! `BatchedOrtBackend` against the batch-1 `OrtBackend`. The tests run only when `SPECRT_ORT_LIBRARY` (absolute path
+//! of libonnxruntime.so.1.x), `SPECRT_TEST_MODEL` (a GQA batch-1 model folder) and `SPECRT_TEST_BATCHED_MODEL` (the
+//! same weights converted with `attention="batched"`) are set, as `make test-rs` does; otherwise they return early.
+
+use std::path::PathBuf;
+
+use specrt_core::backend::{Backend, BatchBackend, BatchRow};
+use specrt_core::SpecError;
+use specrt_ort::{BatchedOrtBackend, OrtBackend, OrtOptions, Provider};
+
+/// Cache length of the batched backend (short, so the capacity edge is cheap to reach).
+const L: usize = 48;
+const MAX_BATCH: usize = 4;
+
+fn env_paths() -> Option<(PathBuf, PathBuf, PathBuf)> {
+    Some((
+        std::env::var_os("SPECRT_ORT_LIBRARY")?.into(),
+        std::env::var_os("SPECRT_TEST_MODEL")?.into(),
+        std::env::var_os("SPECRT_TEST_BATCHED_MODEL")?.into(),
+    ))
+}
+
+fn options(lib: &PathBuf, max_seq_len: usize) -> OrtOptions {
+    let mut options = OrtOptions::new(lib);
+    options.max_seq_len = Some(max_seq_len);
+    options.intra_op_threads = Some(1);
+    options
+}
+
+/// The batched backend, the batch-1 reference, and what each slot's cache holds (its sequence).
+struct Harness {
+    batched: BatchedOrtBackend,
+    reference: OrtBackend,
+    slots: Vec<Vec<u32>>,
+    vocab: usize,
+    /// Row-logit comparisons done (to prove the checks ran).
+    checked: usize,
+}
+
+impl Harness {
+    /// A batched backend with cache length `l` (capped at the model's 256 positions), and the reference.
+    fn new(lib: &PathBuf, gqa: &PathBuf, batched: &PathBuf, l: usize) -> Self {
+        let batched = BatchedOrtBackend::new(batched, &options(lib, l), MAX_BATCH).unwrap();
+        let reference = OrtBackend::new(gqa, &options(lib, l)).unwrap();
+        let vocab = batched.vocab_size();
+        assert_eq!(vocab, reference.vocab_size());
+        assert_eq!(batched.max_seq_len(), reference.max_seq_len());
+        assert_eq!(batched.max_batch(), MAX_BATCH);
+        Harness {
+            batched,
+            reference,
+            slots: vec![Vec::new(); MAX_BATCH],
+            vocab,
+            checked: 0,
+        }
+    }
+
+    /// Run `rows` (`(n_past, tokens)`) on slots `first_slot..`, then check every real token's logits (those among
+    /// the last `n_logits` padded positions) against the batch-1 model run on the slot's whole sequence.
+    fn pass(&mut self, first_slot: usize, rows: &[(usize, Vec<u32>)], n_logits: usize) {
+        let batch: Vec<BatchRow<'_>> = rows
+            .iter()
+            .map(|(n_past, tokens)| BatchRow {
+                tokens,
+                n_past: *n_past,
+            })
+            .collect();
+        let s = rows.iter().map(|(_, t)| t.len()).max().unwrap();
+        let got = self
+            .batched
+            .forward_rows(first_slot, &batch, n_logits)
+            .unwrap()
+            .to_vec();
+        assert_eq!(got.len(), rows.len() * n_logits * self.vocab);
+        let v = self.vocab;
+        for (r, (n_past, tokens)) in rows.iter().enumerate() {
+            let slot = first_slot + r;
+            if tokens.is_empty() {
+                continue; // sat the pass out: its cache must be untouched (checked by later passes)
+            }
+            let seq = &mut self.slots[slot];
+            assert!(*n_past <= seq.len(), "test bug: n_past beyond the slot");
+            seq.truncate(*n_past);
+            seq.extend_from_slice(tokens);
+            let m = tokens.len();
+            assert_eq!(self.batched.cached_len(slot), Some(seq.len()));
+            let want = self.reference.forward(seq, 0, m).unwrap(); // [m, vocab]: the pass's tokens
+            for j in (s - n_logits)..m {
+                let at = (r * n_logits + j - (s - n_logits)) * v;
+                let row = &got[at..at + v];
+                let reference = &want[j * v..(j + 1) * v];
+                let err = row
+                    .iter()
+                    .zip(reference)
+                    .map(|(a, b)| (a - b).abs() - 1e-4 * b.abs())
+                    .fold(f32::MIN, f32::max);
+                assert!(
+                    err <= 1e-4,
+                    "slot {slot} (n_past {n_past}, {m} tokens, s {s}, n_logits {n_logits}), token {j}: \
+                     max |err| - 1e-4 |ref| = {err}"
+                );
+                self.checked += 1;
+            }
+        }
+    }
+
+    fn move_slot(&mut self, from: usize, to: usize, n_valid: usize) {
+        self.batched.move_slot(from, to, n_valid).unwrap();
+        self.slots[to] = self.slots[from][..n_valid].to_vec();
+        assert_eq!(self.batched.cached_len(to), Some(n_valid));
+    }
+
+    fn len(&self, slot: usize) -> usize {
+        self.slots[slot].len()
+    }
+}
+
+fn tokens(seed: u32, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (seed * 131 + i * 37 + 11) % vocab as u32)
+        .collect()
+}
+
+#[test]
+fn ragged_rows_match_their_batch_1_runs() {
+    let Some((lib, gqa, batched)) = env_paths() else {
+        return;
+    };
+    let mut h = Harness::new(&lib, &gqa, &batched, L);
+    let v = h.vocab;
+    let kv = h.batched.kv_buffer_addresses();
+
+    // Prefill, right-padded to 9 (all logits); steps alternate between all logits and the last 2 padded positions.
+    h.pass(
+        0,
+        &[
+            (0, tokens(1, 5, v)),
+            (0, tokens(2, 9, v)),
+            (0, tokens(3, 2, v)),
+        ],
+        9,
+    );
+    // Steps of 1-4 tokens per row; a row sits out (its cache must be left as it is).
+    for (step, sizes) in [[3, 3, 3], [1, 4, 2], [0, 2, 3], [4, 0, 1], [2, 1, 4]]
+        .iter()
+        .enumerate()
+    {
+        let rows: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(slot, &k)| {
+                (
+                    h.len(slot),
+                    tokens(10 + step as u32 * 3 + slot as u32, k, v),
+                )
+            })
+            .collect();
+        let s = *sizes.iter().max().unwrap();
+        h.pass(0, &rows, if step % 2 == 0 { s } else { 2.min(s) });
+    }
+    // Rollback: slot 1 drops its last 7 positions, slot 0 its last one; slot 2 goes on.
+    let rows = vec![
+        (h.len(0) - 1, tokens(40, 3, v)),
+        (h.len(1) - 7, tokens(41, 2, v)),
+        (h.len(2), tokens(42, 1, v)),
+    ];
+    h.pass(0, &rows, 3);
+    h.pass(
+        0,
+        &[
+            (h.len(0), tokens(43, 1, v)),
+            (h.len(1), tokens(44, 1, v)),
+            (h.len(2), tokens(45, 1, v)),
+        ],
+        1,
+    );
+
+    // Slot 0's row leaves: slot 2's row moves into slot 0, a new prompt takes slot 2 (overwriting its start), and
+    // the moved row goes on from its new slot beside slot 1's.
+    let n2 = h.len(2);
+    h.move_slot(2, 0, n2);
+    h.pass(
+        0,
+        &[
+            (n2, tokens(50, 3, v)),
+            (h.len(1), tokens(51, 2, v)),
+            (0, tokens(52, 6, v)),
+        ],
+        6,
+    );
+    // A range that does not start at slot 0, and a single row on the last slot after a move.
+    h.pass(
+        1,
+        &[(h.len(1), tokens(53, 2, v)), (h.len(2), tokens(54, 4, v))],
+        4,
+    );
+    let n1 = h.len(1);
+    h.move_slot(1, 3, n1);
+    h.move_slot(3, 3, n1); // from == to: nothing changes
+    h.pass(3, &[(n1, tokens(55, 3, v))], 3);
+
+    // The capacity edge: slot 3 fills to exactly L while slot 2 takes 4 tokens (slot 3's pads would sit at
+    // positions >= L: they must be neither written nor out of the rotary range), then slot 3 rolls back and
+    // continues (a write past its row would have hit its own keys at positions 0..3 of the next head_dim row).
+    let fill = L - 1 - h.len(3);
+    h.pass(3, &[(h.len(3), tokens(60, fill, v))], 1);
+    assert_eq!(h.len(3), L - 1);
+    h.pass(
+        2,
+        &[(h.len(2), tokens(61, 4, v)), (L - 1, tokens(62, 1, v))],
+        4,
+    );
+    assert_eq!(h.len(3), L);
+    h.pass(2, &[(h.len(2), vec![]), (L - 10, tokens(63, 4, v))], 4);
+    h.pass(
+        0,
+        &[
+            (h.len(0), tokens(64, 2, v)),
+            (h.len(1), vec![]),
+            (h.len(2), tokens(65, 1, v)),
+            (h.len(3), tokens(66, 3, v)),
+        ],
+        3,
+    );
+
+    assert!(h.checked >= 80, "only {} rows were compared", h.checked);
+    assert_eq!(
+        kv,
+        h.batched.kv_buffer_addresses(),
+        "KV buffers must never move"
+    );
+}
+
+/// At the model's last position (`max_position_embeddings` = 256 = the rows of its rotary cache), pads and rows that
+/// sit out must still be fed valid positions: `n_past + j` would index past the rotary cache.
+#[test]
+fn pads_at_the_last_position_stay_in_the_rotary_range() {
+    let Some((lib, gqa, batched)) = env_paths() else {
+        return;
+    };
+    let mut h = Harness::new(&lib, &gqa, &batched, 10_000);
+    let l = h.batched.max_seq_len();
+    assert_eq!(l, 256, "the tiny model has 256 positions");
+    let v = h.vocab;
+    h.pass(0, &[(0, tokens(1, l - 1, v)), (0, tokens(2, 3, v))], 1);
+    h.pass(0, &[(l - 1, tokens(3, 1, v)), (3, tokens(4, 4, v))], 4);
+    h.pass(0, &[(l, vec![]), (7, tokens(5, 2, v))], 2);
+    h.pass(0, &[(l - 2, tokens(6, 2, v)), (9, tokens(7, 3, v))], 3);
+}
+
+#[test]
+fn bad_passes_are_errors_and_leave_the_cache_as_it_was() {
+    let Some((lib, gqa, batched)) = env_paths() else {
+        return;
+    };
+    let mut h = Harness::new(&lib, &gqa, &batched, L);
+    let v = h.vocab;
+    h.pass(0, &[(0, tokens(1, 4, v)), (0, tokens(2, 6, v))], 6);
+    let t = tokens(3, 3, v);
+    let row = |n_past: usize, tokens: &'static [u32]| BatchRow { tokens, n_past };
+    let b = &mut h.batched;
+
+    let two = [
+        BatchRow {
+            tokens: &t,
+            n_past: 4,
+        },
+        BatchRow {
+            tokens: &t,
+            n_past: 6,
+        },
+    ];
+    let err = b.forward_rows(3, &two, 1).unwrap_err();
+    assert!(
+        matches!(err, SpecError::Config(ref m) if m.contains("max_batch 4")),
+        "{err}"
+    );
+    let err = b.forward_rows(usize::MAX, &two, 1).unwrap_err();
+    assert!(matches!(err, SpecError::Config(_)), "{err}");
+    let err = b.forward_rows(0, &[], 1).unwrap_err();
+    assert!(
+        matches!(err, SpecError::Config(ref m) if m.contains("empty")),
+        "{err}"
+    );
+    let err = b
+        .forward_rows(0, &[row(4, &[]), row(6, &[])], 1)
+        .unwrap_err();
+    assert!(
+        matches!(err, SpecError::Config(ref m) if m.contains("empty")),
+        "{err}"
+    );
+    for n_logits in [0, 4] {
+        let err = b.forward_rows(0, &two, n_logits).unwrap_err();
+        assert!(
+            matches!(err, SpecError::Config(ref m) if m.contains(&format!("n_logits {n_logits}")) && m.contains("3")),
+            "{err}"
+        );
+    }
+    let long = tokens(4, L - 4 + 1, v);
+    let err = b
+        .forward_rows(
+            0,
+            &[
+                BatchRow {
+                    tokens: &long,
+                    n_past: 4,
+                },
+                BatchRow {
+                    tokens: &t,
+                    n_past: 6,
+                },
+            ],
+            1,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, SpecError::Length(ref m) if m.contains("max_seq_len 48")),
+        "{err}"
+    );
+    let err = b
+        .forward_rows(
+            0,
+            &[
+                row(4, &[]),
+                BatchRow {
+                    tokens: &t,
+                    n_past: L,
+                },
+            ],
+            1,
+        )
+        .unwrap_err();
+    assert!(matches!(err, SpecError::Length(_)), "{err}");
+    // n_past beyond what the slot holds; a token outside the vocabulary.
+    let err = b
+        .forward_rows(
+            0,
+            &[BatchRow {
+                tokens: &t,
+                n_past: 5,
+            }],
+            1,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, SpecError::Config(ref m) if m.contains("cached in slot 0")),
+        "{err}"
+    );
+    let bad = [1, v as u32];
+    let err = b
+        .forward_rows(
+            0,
+            &[BatchRow {
+                tokens: &bad,
+                n_past: 4,
+            }],
+            1,
+        )
+        .unwrap_err();
+    assert!(matches!(err, SpecError::Vocab(_)), "{err}");
+    // move_slot: slots and n_valid out of range.
+    for (from, to, n) in [(4, 0, 1), (0, 4, 1), (0, 1, L + 1), (0, 1, 5)] {
+        let err = b.move_slot(from, to, n).unwrap_err();
+        assert!(
+            matches!(err, SpecError::Config(_)),
+            "move_slot({from}, {to}, {n}): {err}"
+        );
+    }
+
+    // Nothing above touched the caches.
+    assert_eq!(
+        (b.cached_len(0), b.cached_len(1), b.cached_len(4)),
+        (Some(4), Some(6), None)
+    );
+    h.pass(0, &[(4, tokens(5, 2, v)), (6, tokens(6, 3, v))], 3);
+}
+
+#[test]
+fn wrong_layouts_and_options_are_refused_by_name() {
+    let Some((lib, gqa, batched)) = env_paths() else {
+        return;
+    };
+    let opts = options(&lib, L);
+    let Err(err) = BatchedOrtBackend::new(&gqa, &opts, 2) else {
+        panic!("a GQA model must be refused");
+    };
+    assert!(
+        matches!(err, SpecError::Config(ref m) if m.contains("shared_buffer") && m.contains("--attention batched")),
+        "{err}"
+    );
+    let Err(err) = OrtBackend::new(&batched, &opts) else {
+        panic!("OrtBackend must refuse the batched contract");
+    };
+    assert!(
+        matches!(err, SpecError::Config(ref m) if m.contains("batched")),
+        "{err}"
+    );
+    for max_batch in [0, 65] {
+        let Err(err) = BatchedOrtBackend::new(&batched, &opts, max_batch) else {
+            panic!("max_batch {max_batch} must be refused");
+        };
+        assert!(
+            matches!(err, SpecError::Config(ref m) if m.contains(&format!("max_batch {max_batch}")) && m.contains("64")),
+            "{err}"
+        );
+    }
+    let mut cuda = opts.clone();
+    cuda.provider = Provider::Cuda;
+    let Err(err) = BatchedOrtBackend::new(&batched, &cuda, 2) else {
+        panic!("CUDA must be refused");
+    };
+    assert!(
+        matches!(err, SpecError::Provider(ref m) if m.contains("CPU provider only")),
+        "{err}"
+    );
+    cuda.allow_fallback = true;
+    let backend = BatchedOrtBackend::new(&batched, &cuda, 2).unwrap();
+    assert_eq!(backend.provider(), Provider::Cpu);
+    assert!(backend
+        .fallback_reason()
+        .unwrap()
+        .contains("CPU provider only"));
+}
