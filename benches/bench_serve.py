@@ -2,6 +2,7 @@
 
     python benches/bench_serve.py                                   # SmolLM2 + its 6-layer draft, 16 clients x 200
     python benches/bench_serve.py --clients 16 --requests 200 --json benches/out/serve.json
+    python benches/bench_serve.py --max-batch 8 --max-seq-len 512  # batched rounds (server --max-batch 8)
 
 Starts ``specrt serve`` in its own process, then sends ``--requests`` requests from ``--clients`` concurrent clients
 (httpx, asyncio): completions and chat completions, streamed and not, ``max_tokens`` 8-64, greedy; every 10th stream
@@ -190,13 +191,22 @@ def main() -> int:
     ap.add_argument("-k", default="4", help="server K (default 4)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--max-batch", type=int, default=1, help="server --max-batch (> 1: batched rounds on the batched layout)"
+    )
+    ap.add_argument("--max-seq-len", type=int, default=4096, help="server --max-seq-len (per row when batching)")
     a = ap.parse_args()
-    target = Path(a.target) if a.target else models.pull("smollm2-135m-instruct", progress=False)
-    draft = Path(a.draft) if a.draft else models.truncated("smollm2-135m-instruct", 6, progress=False)
+    att = "batched" if a.max_batch > 1 else "gqa"
+    name = "smollm2-135m-instruct"
+    target = Path(a.target) if a.target else models.pull(name, progress=False, attention=att)
+    draft = Path(a.draft) if a.draft else models.truncated(name, 6, progress=False, attention=att)
+    # Solo references always come from the single-stream (GQA) decoder.
+    ref_target = Path(a.target) if a.target else models.pull(name, progress=False)
+    ref_draft = Path(a.draft) if a.draft else models.truncated(name, 6, progress=False)
     reqs = plan(a.requests, a.seed)
 
     # Solo references, one per (prompt, length), on a local Decoder with the server's settings.
-    dec = specrt.Decoder(target, draft, max_seq_len=4096)
+    dec = specrt.Decoder(ref_target, ref_draft, max_seq_len=4096)
     k: int | str = a.k if a.k == "auto" else int(a.k)
     refs: dict[tuple, str] = {}
     for r in reqs:
@@ -211,6 +221,7 @@ def main() -> int:
     port = _free_port()
     cmd = [sys.executable, "-m", "specrt.cli", "serve", "--target", str(target), "--draft", str(draft)]
     cmd += ["--port", str(port), "-k", str(a.k), "--log-level", "warning", "--model-name", "smollm2"]
+    cmd += ["--max-batch", str(a.max_batch), "--max-seq-len", str(a.max_seq_len)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "python")}
     server = subprocess.Popen(cmd, env=env)
     base = f"http://127.0.0.1:{port}"
@@ -243,6 +254,7 @@ def main() -> int:
         "command": "python benches/bench_serve.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "models": {"target": str(target), "draft": str(draft)},
+        "max_batch": a.max_batch,
         "clients": a.clients,
         "requests": len(results),
         "wall_s": wall,

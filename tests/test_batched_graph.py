@@ -111,19 +111,23 @@ def test_each_row_equals_its_solo_run(models) -> None:
         np.testing.assert_allclose(row, solo[b].run(new[b]), atol=1e-4, rtol=1e-4)
 
 
-def test_each_decoder_kind_refuses_the_other_contract_by_name(tmp_path) -> None:
+def test_the_layouts_are_not_mixed_and_max_batch_needs_the_batched_one(tmp_path) -> None:
     import specrt
     from specrt.errors import ConfigError
 
     gguf = write_tiny_gguf(tmp_path / "t.gguf", arch="qwen2", seed=5, n_layers=1)
-    folder = convert(gguf, tmp_path / "m", progress=False, attention="batched")
-    with pytest.raises(ConfigError, match=r"batched decoder contract .*max_batch > 1.* --attention gqa"):
-        specrt.Decoder(folder)
+    batched = convert(gguf, tmp_path / "m", progress=False, attention="batched")
     gqa = convert(gguf, tmp_path / "g", progress=False)
-    with pytest.raises(
-        ConfigError, match=r"not in the batched layout .*kv_layout 'shared_buffer'.*--attention batched"
-    ):
+    with pytest.raises(ConfigError, match=r"not in the batched layout .*kv_layout 'shared_buffer'.*max_batch > 1"):
         specrt.Decoder(gqa, max_batch=2)
+    with pytest.raises(ConfigError, match=r"g is not in the batched layout .*share one layout"):
+        specrt.Decoder(batched, gqa)
+    with pytest.raises(ConfigError, match=r"m is not in the GQA layout .*share one layout"):
+        specrt.Decoder(gqa, batched)
+    # A batched-layout folder alone runs as a batch of one and gives the GQA decoder's tokens.
+    one = specrt.Decoder(batched, max_seq_len=64)
+    want = specrt.Decoder(gqa, max_seq_len=64).generate([1, 2, 3], max_new_tokens=12, temperature=0)
+    assert one.generate([1, 2, 3], max_new_tokens=12, temperature=0).token_ids == want.token_ids
 
 
 def test_batched_needs_float32_activations_and_a_known_attention(tmp_path) -> None:

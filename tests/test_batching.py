@@ -11,6 +11,7 @@ below ``TIE_BOUND`` (none has been seen on these models)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from pathlib import Path
 
@@ -214,3 +215,41 @@ def test_smollm2_batched_rows_equal_solo_greedy_runs() -> None:
         got = [h.result(timeout=600) for h in [sched.submit(**r) for r in reqs]]
     for i, (g, ref) in enumerate(zip(got, refs, strict=True)):
         assert_equal_or_near_tie(g, ref, solo, f"SmolLM2 request {i}")
+
+
+def test_the_server_batches_concurrent_requests_and_each_equals_its_solo_run(pair, solo) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("prometheus_client")
+    from fastapi.testclient import TestClient
+
+    from specrt.server import create_app
+
+    prompts = ["def add(a, b):", "hello world, hello", "the cat", "x = [1, 2, 3]", "abc abc abc abc", "q"]
+    want = [solo.generate(p, max_new_tokens=16, temperature=0, num_speculative_tokens=3).text for p in prompts]
+    dec = batched(pair, 4)
+    with TestClient(create_app(dec, model_name="tiny", num_speculative_tokens=3)) as client:
+        got: list = [None] * len(prompts)
+
+        def one(i: int) -> None:
+            body = {"model": "tiny", "prompt": prompts[i], "max_tokens": 16, "temperature": 0}
+            if i % 2:  # streamed
+                with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
+                    assert resp.status_code == 200
+                    text = ""
+                    for line in resp.iter_lines():
+                        if line.startswith("data: {"):
+                            text += json.loads(line[6:])["choices"][0]["text"]
+                    got[i] = text
+            else:
+                resp = client.post("/v1/completions", json=body)
+                assert resp.status_code == 200, resp.text
+                got[i] = resp.json()["choices"][0]["text"]
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert got == want
+        metrics = client.get("/metrics").text
+        assert "specrt_running_requests" in metrics

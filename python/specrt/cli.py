@@ -259,7 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--drain-timeout", type=float, default=60.0, help="seconds open streams get at shutdown")
     sv.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider")
     sv.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
-    sv.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model")
+    sv.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model (per row when batching)")
+    sv.add_argument(
+        "--max-batch",
+        type=_positive_int,
+        default=1,
+        help="requests decoded together in batched rounds (1 = one at a time; > 1 uses the batched model layout, "
+        "pulled as <dtype>-B for model names; CPU)",
+    )
     sv.add_argument(
         "--threads", type=_positive_int, default=None, help="ONNX Runtime threads (default: the physical cores)"
     )
@@ -325,6 +332,7 @@ def _decoder(a: argparse.Namespace) -> Any:
         allow_fallback=a.allow_fallback,
         max_seq_len=a.max_seq_len,
         intra_op_threads=a.threads,
+        max_batch=getattr(a, "max_batch", 1),
     )
 
 

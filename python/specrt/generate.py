@@ -196,7 +196,7 @@ def _as_id_list(value: Any) -> list[int]:
 class _ModelFolder:
     """The files of a converted model folder that the Python side needs."""
 
-    def __init__(self, path: Path, batched: bool = False) -> None:
+    def __init__(self, path: Path, batched: bool | None = None) -> None:
         from tokenizers import Tokenizer
 
         self.path = path
@@ -208,15 +208,12 @@ class _ModelFolder:
         except Exception as e:
             raise ModelFileError(f"{tok}: cannot be loaded by tokenizers: {e}") from e
         self.config = _read_json(path / "specrt_config.json")
-        if (self.config.get("kv_layout") == "batched_rows") != batched:
-            if batched:
-                raise ConfigError(
-                    f"{path} is not in the batched layout that max_batch > 1 needs (kv_layout "
-                    f"{self.config.get('kv_layout')!r}); convert it with `specrt convert --attention batched`"
-                )
+        self.batched = self.config.get("kv_layout") == "batched_rows"
+        if batched is not None and self.batched != batched:
+            want = "the batched layout (`specrt convert --attention batched`)" if batched else "the GQA layout"
             raise ConfigError(
-                f"{path} holds the batched decoder contract (`specrt convert --attention batched`), which runs with "
-                "Decoder(max_batch > 1) only; pass max_batch, or convert the model with --attention gqa (the default)"
+                f"{path} is not in {want} that this decoder needs (kv_layout {self.config.get('kv_layout')!r}); "
+                "target and draft must share one layout, and max_batch > 1 needs the batched one"
             )
         self.generation = _read_json(path / "generation_config.json")
         template = path / "chat_template.jinja"
@@ -308,7 +305,8 @@ class Decoder:
         dtype: precision to pull for model names (``"fp32"``).
         max_batch: rows decoded together in batched rounds (1..64; default 1 = single-stream decoding). Above 1 the
             models are the batched layout (``specrt convert --attention batched``; pulled as ``<dtype>-B`` for model
-            names; CPU, float32 activations) with ``max_batch`` KV cache slots each, and :class:`specrt.Scheduler`
+            names; CPU, float32 activations; a batched-layout folder runs this way at any ``max_batch``) with
+            ``max_batch`` KV cache slots each, and :class:`specrt.Scheduler`
             runs its requests in shared rounds (``stream`` / ``generate`` still run one request at a time). The
             batched attention reads every slot's whole capacity, so keep ``max_seq_len`` near what requests need.
         prefill_chunk: with ``max_batch`` > 1, most prompt tokens a joining request prefills per round (the
@@ -349,9 +347,11 @@ class Decoder:
         self.max_batch = max_batch
         self.target_path = resolve_model(target, dtype, attention=attention)
         self.draft_path = resolve_model(draft, dtype, attention=attention) if draft is not None else None
-        self._target = _ModelFolder(self.target_path, batched=max_batch > 1)
+        self._target = _ModelFolder(self.target_path, batched=True if max_batch > 1 else None)
+        # A batched-layout folder runs batched rounds even at max_batch 1 (its own engine).
+        batched = self._target.batched
         if self.draft_path is not None:
-            d = _ModelFolder(self.draft_path, batched=max_batch > 1)
+            d = _ModelFolder(self.draft_path, batched=batched)
             vt, vd = self._target.tokenizer.get_vocab_size(), d.tokenizer.get_vocab_size()
             if vt != vd or self._target.tokenizer.get_vocab() != d.tokenizer.get_vocab():
                 raise VocabError(
@@ -368,7 +368,7 @@ class Decoder:
             "allow_fallback": allow_fallback,
         }
         self._batch: Any = None
-        if max_batch > 1:
+        if batched:
             self._batch = _specrt.BatchEngine(*models, max_batch=max_batch, prefill_chunk=prefill_chunk, **common)
             self._engine: Any = _SoloBatch(self._batch)
         else:

@@ -501,6 +501,7 @@ def pruned(
     num_layers: int | None = None,
     force: bool = False,
     progress: bool = True,
+    attention: str = "gqa",
 ) -> Path:
     """A known model whose output layer scores only its ``vocab_subset`` most frequent tokens (a cheaper draft;
     see :mod:`specrt.convert.vocab_subset`), converted and cached in ``models/<name>/<dtype>-V<N>[-L<layers>]/``.
@@ -512,6 +513,7 @@ def pruned(
         num_layers: also keep only the first blocks (as :func:`truncated`); ``None`` = all.
         force: reconvert even if cached.
         progress: tqdm bars.
+        attention: as for :func:`pull` (``"batched"``: cached with a ``-B`` suffix).
 
     Returns:
         The model folder (with ``vocab_subset.json``).
@@ -523,7 +525,8 @@ def pruned(
     """
     suffix = f"-L{int(num_layers)}" if num_layers is not None else ""
     out = cache_dir() / "models" / name / f"{dtype}-V{int(vocab_subset)}{suffix}"
-    return _pull_into(name, dtype, out, num_layers, force=force, progress=progress, vocab_subset=int(vocab_subset))
+    n = int(vocab_subset)
+    return _pull_into(name, dtype, out, num_layers, force=force, progress=progress, vocab_subset=n, attention=attention)
 
 
 def _pull_into(

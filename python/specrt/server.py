@@ -18,7 +18,8 @@ the field (``param``), an unknown model 404, a full queue 429, a server shutting
 started, so settings the engine refuses are 400s too. A client that disconnects cancels its request (it stops after
 the current round); shutdown stops accepting connections and finishes the admitted requests.
 
-Requests run one at a time, first come first served (batched rounds are not implemented yet).
+Requests run first come first served: one at a time, or with ``specrt serve --max-batch N`` (a ``Decoder(max_batch=N)``)
+up to N together in batched rounds (continuous batching; each request gets the tokens it would get alone).
 """
 
 import asyncio

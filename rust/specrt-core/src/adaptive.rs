@@ -210,6 +210,13 @@ impl KController {
         })
     }
 
+    /// Whether the cost of a target pass over `n` tokens has been timed at least twice (a confirmed measurement),
+    /// or is pinned.
+    #[must_use]
+    pub fn verify_cost_known(&self, n: usize) -> bool {
+        self.cfg.pinned.is_some() || self.c_verify_seen.get(n - 1).is_some_and(|&s| s >= 2)
+    }
+
     /// Current per-token acceptance estimate.
     #[must_use]
     pub fn alpha(&self) -> f64 {

@@ -17,8 +17,9 @@
 //! K for rows with `auto_k`: chosen once per round for the whole batch by a [`KController`] kept per batch size (the
 //! number of slots a pass runs), from the draft and verification costs measured at that batch size and the pooled
 //! acceptance of the batch: at batch size B a round emits about `B E(K)` tokens for `K c_q(B) + c_verify(B, K + 1)`,
-//! whose best K is the controller's choice at those costs. It goes down to K = 0 when speculation does not pay at
-//! that load.
+//! whose best K is the controller's choice at those costs. The first rounds at a new batch size are plain (K = 0)
+//! until a plain pass is timed twice: a plain pass's cost extrapolated from long passes is overstated once a batched
+//! pass is compute-bound. It goes down to K = 0 when speculation does not pay at that load (probing now and then).
 //!
 //! Errors: a backend failure ends every running row (its caches are in an unknown state) and is returned by
 //! [`BatchEngine::step`]; an error of one row's sampling or verification (non-finite logits, ...) ends that row only
@@ -35,6 +36,9 @@ use crate::ngram::NgramProposer;
 use crate::sampling::Sampler;
 use crate::stats::Stats;
 use crate::verify::{Verification, VerifyMode};
+
+/// Most plain rounds run at a new batch size to time a plain pass before auto K chooses.
+const PLAIN_FIRST: usize = 4;
 
 /// Settings of a [`BatchEngine`].
 #[derive(Clone, Debug, PartialEq)]
@@ -115,8 +119,10 @@ pub struct BatchEngine {
     rows: Vec<Row>,
     waiting: VecDeque<Row>,
     finished: Vec<(u64, Request)>,
-    // [max_batch + 1] K controllers by batch size (slots in a pass).
+    // [max_batch + 1] K controllers by batch size (slots in a pass), and the plain rounds each ran to time a plain
+    // pass first.
     controllers: Vec<Option<KController>>,
+    plain_first: Vec<usize>,
     steps: Vec<RowStep>,
 }
 
@@ -161,6 +167,7 @@ impl BatchEngine {
             waiting: VecDeque::new(),
             finished: Vec::new(),
             controllers: vec![None; max_batch + 1],
+            plain_first: vec![0; max_batch + 1],
             steps: Vec::with_capacity(max_batch),
         })
     }
@@ -429,12 +436,29 @@ impl BatchEngine {
             .filter(|r| r.decoding() && r.req.cfg.auto_k.is_some())
             .map(|r| self.k_cap(r).min(r.req.k_max()))
             .max();
+        let backlog = self
+            .rows
+            .iter()
+            .filter(|r| r.decoding() && r.use_draft && r.req.cfg.auto_k.is_some())
+            .map(|r| r.req.tokens.len() - r.req.n_past_dft)
+            .max()
+            .unwrap_or(1);
         let k_auto = match auto_cap {
             Some(cap) => {
                 let c = self.controllers[b].get_or_insert_with(|| {
                     KController::new(self.opts.auto_k.clone()).expect("validated")
                 });
-                c.choose(cap)
+                // A plain round's cost at this batch size is measured first: extrapolated from long passes it is
+                // overstated once a batch pass is compute-bound, and speculation would look better than it is.
+                // (At most `PLAIN_FIRST` rounds: rows with a fixed K in the same batch may lengthen every pass.)
+                let tries = &mut self.plain_first[b];
+                if c.verify_cost_known(1) || *tries >= PLAIN_FIRST {
+                    c.set_draft_backlog(backlog, false);
+                    c.choose(cap)
+                } else {
+                    *tries += 1;
+                    0
+                }
             }
             None => 0,
         };

@@ -392,3 +392,47 @@ fn a_joining_prefill_holds_the_batch_back_by_one_chunk() {
         "row 1 decodes after its 10 chunks"
     );
 }
+
+#[test]
+fn auto_rows_take_the_batch_cost_model_and_stop_speculating_when_it_does_not_pay() {
+    use specrt_core::PinnedCosts;
+    let run = |c_verify: Vec<f64>| -> Vec<u64> {
+        let auto_k = AutoK {
+            k_max: 4,
+            pinned: Some(PinnedCosts {
+                c_draft: 1.0,
+                c_verify,
+            }),
+            ..AutoK::default()
+        };
+        let mut e = BatchEngine::new(
+            Box::new(MockBatchModel::new(&target(), 2)),
+            // A draft equal to the target: every draft accepted, so only the costs decide.
+            Some(Box::new(MockBatchModel::new(&draft(0.0), 2)) as Box<dyn BatchBackend>),
+            BatchOptions {
+                auto_k: auto_k.clone(),
+                ..BatchOptions::default()
+            },
+        )
+        .unwrap();
+        let cfg = GenerationConfig {
+            sampling: SamplingParams::greedy(),
+            max_new_tokens: 40,
+            auto_k: Some(auto_k),
+            ..GenerationConfig::default()
+        };
+        e.add(0, &prompt(1, 4), cfg.clone()).unwrap();
+        e.add(1, &prompt(2, 6), cfg).unwrap();
+        while !e.is_idle() {
+            e.step().unwrap();
+        }
+        e.take_output(0).unwrap().stats.rounds_by_k
+    };
+    // Flat verification (bandwidth-bound): drafting pays, K = 4 in every round but the last.
+    let flat = run(vec![10.0; 5]);
+    assert!(flat[4] + 1 >= flat.iter().sum::<u64>(), "{flat:?}");
+    // Verification cost growing with every token (a compute-bound batch; E(K) / cost(K) < 1 / c_verify(1) even at
+    // full acceptance): plain rounds, drafting only to probe.
+    let steep = run((1..=5).map(|n| 10.0 * f64::from(n)).collect());
+    assert!(steep[0] * 2 > steep.iter().sum::<u64>(), "{steep:?}");
+}
