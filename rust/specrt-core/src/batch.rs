@@ -37,6 +37,10 @@ use crate::sampling::Sampler;
 use crate::stats::Stats;
 use crate::verify::{Verification, VerifyMode};
 
+/// A draft with at most this many committed tokens to read catches up inside its first drafting pass (right-padded
+/// with the other rows); further behind, it catches up in a separate pass first ([`BatchEngine::step`]).
+const CATCHUP_INLINE: usize = 4;
+
 /// Most plain rounds run at a new batch size to time a plain pass before auto K chooses.
 const PLAIN_FIRST: usize = 4;
 
@@ -410,7 +414,9 @@ impl BatchEngine {
             n_past: start,
         }];
         self.target.forward_rows(i, &rows, 1)?;
-        if row.use_draft {
+        // Rows with auto K prefill the draft lazily: only if and when the batch drafts for them (catch-up below),
+        // so a load at which speculation does not pay never pays for the draft's prefill either.
+        if row.use_draft && row.req.cfg.auto_k.is_none() {
             let d = self.draft.as_mut().expect("use_draft");
             d.forward_rows(i, &rows, 1)?;
             row.req.n_past_dft = end;
@@ -494,6 +500,13 @@ impl BatchEngine {
             }
         }
 
+        // Rows whose draft is far behind (lazily prefilled, or after plain rounds) catch up first, in one batched
+        // pass of at most `prefill_chunk` tokens each (logits of one position: none is read); a row still behind
+        // after it sits this round's drafting out.
+        let t_catchup = Instant::now();
+        let catchup_tokens = self.catch_up_drafts()?;
+        let catchup_ms = ms_since(t_catchup);
+
         // Draft passes: pass i feeds every row that drafts more than i tokens (the first pass also the committed
         // tokens the draft has not seen); the other rows sit it out.
         let t_draft = Instant::now();
@@ -555,7 +568,7 @@ impl BatchEngine {
                 }
             }
         }
-        let draft_ms = ms_since(t_draft);
+        let draft_ms = ms_since(t_draft) + catchup_ms;
 
         // Target: one pass over every decoding row's last committed token and drafts.
         let t_target = Instant::now();
@@ -661,10 +674,66 @@ impl BatchEngine {
         }
         if auto_cap.is_some() {
             if let Some(c) = self.controllers[b].as_mut() {
-                c.observe(k_round, &pooled, draft_ms, n_passes, target_ms);
+                if catchup_tokens > 1 {
+                    c.observe_catchup(catchup_ms, catchup_tokens);
+                }
+                c.observe(k_round, &pooled, draft_ms - catchup_ms, n_passes, target_ms);
             }
         }
         Ok(())
+    }
+
+    /// The catch-up pass: every row planning to draft whose draft has more than [`CATCHUP_INLINE`] committed tokens
+    /// to read is fed them (all but the last, which its first drafting pass feeds; auto-K rows at most
+    /// `prefill_chunk`, and one still further behind does not draft this round). Returns the longest row fed (0: no
+    /// pass).
+    fn catch_up_drafts(&mut self) -> Result<usize> {
+        let chunk = self.opts.prefill_chunk;
+        let behind =
+            |r: &Row| r.k_plan > 0 && r.req.tokens.len() - r.req.n_past_dft > CATCHUP_INLINE;
+        if !self.rows.iter().any(behind) {
+            return Ok(0);
+        }
+        let draft = self.draft.as_mut().expect("k_plan > 0 needs a draft");
+        let inputs: Vec<BatchRow<'_>> = self
+            .rows
+            .iter()
+            .map(|r| {
+                if behind(r) {
+                    // Rows with a fixed K catch up fully (they draft every round, as they would alone); auto rows a
+                    // chunk per round.
+                    let start = r.req.n_past_dft;
+                    let last = r.req.tokens.len() - 1;
+                    let end = if r.req.cfg.auto_k.is_some() {
+                        (start + chunk).min(last)
+                    } else {
+                        last
+                    };
+                    BatchRow {
+                        tokens: &r.req.tokens[start..end],
+                        n_past: start,
+                    }
+                } else {
+                    BatchRow {
+                        tokens: &[],
+                        n_past: 0,
+                    }
+                }
+            })
+            .collect();
+        let fed: Vec<usize> = inputs.iter().map(|r| r.tokens.len()).collect();
+        draft.forward_rows(0, &inputs, 1)?;
+        drop(inputs);
+        for (row, &m) in self.rows.iter_mut().zip(&fed) {
+            if m == 0 {
+                continue;
+            }
+            row.req.n_past_dft += m;
+            if row.req.tokens.len() - row.req.n_past_dft > CATCHUP_INLINE {
+                row.k_plan = 0; // still behind: verify its last token alone this round
+            }
+        }
+        Ok(fed.into_iter().max().unwrap_or(0))
     }
 
     /// Most drafts row `r` may propose this round: none past `max_new_tokens`, none without a proposer.
