@@ -62,6 +62,7 @@ def main() -> None:
         "--ngram", action="store_true", help="also run auto K with prompt lookup first (proposer 'ngram+draft')"
     )
     ap.add_argument("--draft-vocab", type=int, default=None, help="use the pruned draft with this many token ids")
+    ap.add_argument("--draft-dtype", default="fp32", choices=["fp32", "int4"], help="weights of the draft model")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-seq-len", type=int, default=640, help="per-row capacity (prompt c is 387 tokens)")
     ap.add_argument("--json", type=Path)
@@ -69,9 +70,9 @@ def main() -> None:
 
     target = models.pull(args.target, attention="batched")
     if args.draft_vocab:
-        draft = models.pruned(args.draft, args.draft_vocab, attention="batched")
+        draft = models.pruned(args.draft, args.draft_vocab, args.draft_dtype, attention="batched")
     else:
-        draft = models.pull(args.draft, attention="batched")
+        draft = models.pull(args.draft, args.draft_dtype, attention="batched")
     prompts = load_prompts(set_name="peers")
     modes: list[tuple[str, dict[str, Any]]] = [
         ("plain", {"num_speculative_tokens": 0}),

@@ -220,24 +220,11 @@ class OrtModel:
 
 # ----- the decode loop (rust/specrt-py/src/engine.rs) -------------------------------------------------------------
 
-class Engine:
-    """The draft/verify loop over a target and an optional draft model; driven round by round by specrt.Decoder."""
+class RequestConfig:
+    """The settings of one generation request (shared by Engine.start and BatchEngine.add)."""
 
     def __init__(
         self,
-        target: str | os.PathLike[str],
-        draft: str | os.PathLike[str] | None = None,
-        *,
-        ort_library: str | os.PathLike[str],
-        provider: str = "cpu",
-        device_id: int = 0,
-        max_seq_len: int | None = None,
-        intra_op_threads: int | None = None,
-        allow_fallback: bool = False,
-    ) -> None: ...
-    def start(
-        self,
-        prompt: Sequence[int],
         *,
         max_new_tokens: int,
         num_speculative_tokens: int = 4,
@@ -261,6 +248,60 @@ class Engine:
         coupled: bool = False,
         _fault: str | None = None,
     ) -> None: ...
+    @property
+    def max_new_tokens(self) -> int: ...
+
+class BatchEngine:
+    """Batched rounds over target / draft models in the batched layout; driven round by round by specrt.Scheduler."""
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str],
+        draft: str | os.PathLike[str] | None = None,
+        *,
+        ort_library: str | os.PathLike[str],
+        max_batch: int = 4,
+        max_seq_len: int | None = None,
+        intra_op_threads: int | None = None,
+        prefill_chunk: int = 256,
+        provider: str = "cpu",
+        allow_fallback: bool = False,
+    ) -> None: ...
+    def add(self, id: int, prompt: Sequence[int], config: RequestConfig) -> None: ...
+    def step(self) -> list[dict[str, Any]]:
+        """One round: per row ``{"id", "tokens", "sources", "logprobs", "n_drafted", "finish_reason", "error"}``."""
+    def cancel(self, id: int) -> bool: ...
+    def stop_at(self, id: int, n_keep: int) -> None: ...
+    def stats(self, id: int) -> dict[str, Any] | None: ...
+    @property
+    def n_running(self) -> int: ...
+    @property
+    def n_waiting(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def has_draft(self) -> bool: ...
+    @property
+    def max_seq_len(self) -> int: ...
+    @property
+    def max_batch(self) -> int: ...
+
+class Engine:
+    """The draft/verify loop over a target and an optional draft model; driven round by round by specrt.Decoder."""
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str],
+        draft: str | os.PathLike[str] | None = None,
+        *,
+        ort_library: str | os.PathLike[str],
+        provider: str = "cpu",
+        device_id: int = 0,
+        max_seq_len: int | None = None,
+        intra_op_threads: int | None = None,
+        allow_fallback: bool = False,
+    ) -> None: ...
+    def start(self, prompt: Sequence[int], config: RequestConfig) -> None: ...
     def step(self) -> dict[str, Any]:
         """One round: ``{"tokens", "sources", "logprobs", "n_drafted", "finish_reason"}``."""
     def stop_at(self, n_keep: int) -> None: ...
