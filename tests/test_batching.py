@@ -274,3 +274,13 @@ def test_the_server_batches_concurrent_requests_and_each_equals_its_solo_run(pai
         assert got == want
         metrics = client.get("/metrics").text
         assert "specrt_running_requests" in metrics
+
+
+def test_a_scheduler_takes_over_a_batching_decoder_left_mid_stream(pair, solo_results) -> None:
+    dec = batched(pair, 2)
+    stream = dec.stream(**REQUESTS[1])
+    next(stream)  # a generation left open: its row stays in the engine until the next start
+    del stream
+    with Scheduler(dec) as sched:
+        got = [h.result(timeout=120) for h in [sched.submit(**r) for r in REQUESTS[:3]]]
+    assert [g.token_ids for g in got] == [r.token_ids for r in solo_results[:3]]

@@ -653,8 +653,12 @@ class Decoder:
     def _run(self, engine: Any, ids: list[int], settings: dict[str, Any], stops: list[str]) -> Iterator[StreamChunk]:
         engine.start(ids, _specrt.RequestConfig(**settings))
         asm = _Assembler(self, ids, stops, engine.stop_at)
-        while asm.finish is None:
-            yield asm.feed(engine.step())
+        try:
+            while asm.finish is None:
+                yield asm.feed(engine.step())
+        finally:
+            if asm.finish is None and isinstance(engine, _SoloBatch):
+                engine.abandon()  # a stream closed early frees its batch row now
         yield asm.result_chunk(engine.stats())
 
     def _find_stop(self, tokens: list[int], text: str, stops: list[str], sent: int) -> tuple[int, int] | None:
@@ -771,6 +775,10 @@ class _SoloBatch:
 
     def stop_at(self, n_keep: int) -> None:
         self.batch.stop_at(self._ID, n_keep)
+
+    def abandon(self) -> None:
+        """Drop the request (a stream closed before it finished)."""
+        self.batch.cancel(self._ID)
 
     def stats(self) -> dict[str, Any]:
         """The finished request's statistics; its record is dropped."""

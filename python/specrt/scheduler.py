@@ -405,15 +405,23 @@ class Scheduler:
                 continue
             for out in outs:
                 rid = out["id"]
+                if rid not in rows:  # a row left by a stream on the decoder before this scheduler took it over
+                    batch.cancel(rid)
+                    continue
                 h, asm = rows[rid]
                 done = True
-                if out["error"] is not None:
-                    h._finish(None, out["error"])
-                else:
-                    chunk = asm.feed(out)
-                    done = _deliver(h, chunk)
-                    if chunk.finish_reason is not None:
-                        done = _deliver(h, asm.result_chunk(batch.stats(rid)))
+                try:
+                    if out["error"] is not None:
+                        h._finish(None, out["error"])
+                    else:
+                        chunk = asm.feed(out)
+                        done = _deliver(h, chunk)
+                        if chunk.finish_reason is not None:
+                            done = _deliver(h, asm.result_chunk(batch.stats(rid)))
+                except Exception as e:  # this request's own failure (e.g. detokenizing): the others go on
+                    if not h.done:
+                        h._finish(None, e)
+                    done = True
                 if done:
                     batch.cancel(rid)  # frees the row (or drops a finished row's record)
                     del rows[rid]
