@@ -284,3 +284,64 @@ def test_a_scheduler_takes_over_a_batching_decoder_left_mid_stream(pair, solo_re
     with Scheduler(dec) as sched:
         got = [h.result(timeout=120) for h in [sched.submit(**r) for r in REQUESTS[:3]]]
     assert [g.token_ids for g in got] == [r.token_ids for r in solo_results[:3]]
+
+
+def _last_round_stop(solo: specrt.Decoder) -> tuple[dict, str]:
+    """A request and a stop string that first appears in the text of its last token (found in the last round)."""
+    for prompt in ["def add(a, b):", "hello world, hello", "x = [1, 2, 3]", "the cat", "q"]:
+        for n in range(3, 12):
+            req = {"prompt": prompt, "max_new_tokens": n, "temperature": 0, "num_speculative_tokens": 0}
+            ref = solo.generate(**req, ignore_eos=True)
+            last = solo.tokenizer.decode(ref.token_ids[-1:], skip_special_tokens=True)
+            if last.strip() and ref.text.find(last) == len(ref.text) - len(last):
+                return {**req, "ignore_eos": True}, last
+    raise AssertionError("no request whose last token starts a stop string")
+
+
+def test_a_stop_string_found_in_the_last_round_ends_the_request_as_alone(pair, solo) -> None:
+    req, stop = _last_round_stop(solo)
+    want = solo.generate(**req, stop=[stop])
+    assert want.finish_reason == "stop"
+    dec = batched(pair, 2)
+    assert dec.generate(**req, stop=[stop]).token_ids == want.token_ids
+    with Scheduler(dec) as sched:
+        handles = [sched.submit(**req, stop=[stop]), sched.submit(**REQUESTS[0])]
+        got = handles[0].result(timeout=60)
+        assert handles[1].result(timeout=60).token_ids == solo.generate(**REQUESTS[0]).token_ids
+    assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, "stop")
+
+
+def test_a_scheduler_owns_a_batching_decoder_until_closed(pair) -> None:
+    dec = batched(pair, 2)
+    sched = Scheduler(dec)
+    with pytest.raises(ConfigError, match="owned by a Scheduler"):
+        dec.generate("hi", max_new_tokens=3)
+    with pytest.raises(ConfigError, match="already has a Scheduler"):
+        Scheduler(dec)
+    assert sched.submit("hi", max_new_tokens=3, temperature=0).result(timeout=60).token_ids
+    assert sched.close(timeout=60)
+    assert dec.generate("hi", max_new_tokens=3, temperature=0).token_ids  # usable again
+    stream = dec.stream("hi", max_new_tokens=3, temperature=0)
+    next(stream)
+    with pytest.raises(ConfigError, match="a stream is open"):
+        Scheduler(dec)
+    stream.close()
+    Scheduler(dec).close()
+
+
+def test_a_queued_request_cancelled_or_expired_ends_without_waiting_for_a_row(pair) -> None:
+    dec = batched(pair, 2)
+    long = {"prompt": "a b", "max_new_tokens": 240, "temperature": 0, "num_speculative_tokens": 0, "ignore_eos": True}
+    with Scheduler(dec) as sched:
+        running = [sched.submit(**long), sched.submit(**long)]  # both rows busy for 240 rounds
+        queued = sched.submit(prompt="x", max_new_tokens=4)
+        expiring = sched.submit(prompt="y", max_new_tokens=4, timeout_s=0.01)
+        queued.cancel()
+        with pytest.raises(GenerationCancelled):
+            queued.result(timeout=60)
+        with pytest.raises(RequestTimeoutError):
+            expiring.result(timeout=60)
+        for h in running:
+            h.result(timeout=300)
+    assert queued.finished_at < min(h.finished_at for h in running)
+    assert expiring.finished_at < min(h.finished_at for h in running)

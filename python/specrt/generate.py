@@ -368,6 +368,7 @@ class Decoder:
             "allow_fallback": allow_fallback,
         }
         self._batch: Any = None
+        self._scheduler: Any = None  # the Scheduler that owns a batching decoder
         if batched:
             self._batch = _specrt.BatchEngine(*models, max_batch=max_batch, prefill_chunk=prefill_chunk, **common)
             self._engine: Any = _SoloBatch(self._batch)
@@ -511,6 +512,7 @@ class Decoder:
             TypeError: a token id that is not an integer.
         """
         ids, settings, stops = self._prepare(dict(locals()))
+        self._check_not_scheduled()
         me = threading.get_ident()
         if self._owner == me:
             # Waiting for our own lock would hang this thread for good.
@@ -519,11 +521,19 @@ class Decoder:
                 "that stream first, or use another Decoder"
             )
         with self._lock:
+            self._check_not_scheduled()  # a Scheduler may have taken the decoder over while this call waited
             self._owner = me
             try:
                 yield from self._run(self._engine, ids, settings, stops)
             finally:
                 self._owner = None
+
+    def _check_not_scheduled(self) -> None:
+        if self._scheduler is not None:
+            raise ConfigError(
+                "this batching Decoder is owned by a Scheduler (its requests share the batch); submit to the "
+                "Scheduler, or close it before calling generate / stream"
+            )
 
     def _prepare(self, a: dict[str, Any]) -> tuple[list[int], dict[str, Any], list[str]]:
         """Check :meth:`stream`'s arguments (``a``: name -> value) and turn them into the prompt ids, the engine

@@ -238,10 +238,50 @@ class Scheduler:
         self._active: list[RequestHandle] = []  # handles generating now
         self._n_running = 0
         self._n = 0
+        self._next_row_id = 0  # batch-engine ids of this scheduler's requests
         batched = getattr(decoder, "_batch", None) is not None
+        if batched:
+            self._take_over(decoder)
         work = self._work_batched if batched else self._work
         self._worker = threading.Thread(target=work, name="specrt-scheduler", daemon=True)
         self._worker.start()
+
+    def _take_over(self, decoder: Decoder) -> None:
+        """Become the only user of a batching decoder (its requests share one batch): direct ``generate`` /
+        ``stream`` calls raise ConfigError until :meth:`close`."""
+        from specrt.errors import ConfigError
+        from specrt.generate import _SoloBatch
+
+        if not decoder._lock.acquire(blocking=False):
+            raise ConfigError(
+                "this Decoder is generating (a stream is open); finish or close it before a Scheduler takes it over"
+            )
+        try:
+            if decoder._scheduler is not None:
+                raise ConfigError(
+                    "this batching Decoder already has a Scheduler (one Scheduler owns its batch); close that one "
+                    "first, or submit to it"
+                )
+            decoder._scheduler = self
+            decoder._batch.cancel(_SoloBatch._ID)  # a stream left unfinished frees its row
+        finally:
+            decoder._lock.release()
+
+    def _sweep_queue(self) -> None:
+        """Finish queued requests that were cancelled or ran past their deadline: they never start, and they leave
+        the queue (and its ``max_queue`` count) now rather than when a row frees."""
+        now = time.perf_counter()
+        with self._cond:
+            gone = [
+                h
+                for h in self._queue
+                if h.cancelled or (h.timeout_s is not None and now >= h.submitted_at + h.timeout_s)
+            ]
+            for h in gone:
+                self._queue.remove(h)
+        for h in gone:
+            _may_start(h)  # finishes it with GenerationCancelled / RequestTimeoutError
+            self._finished(h)
 
     @property
     def queue_length(self) -> int:
@@ -359,6 +399,7 @@ class Scheduler:
             for chunk in stream:
                 if _deliver(h, chunk):
                     return
+                self._sweep_queue()
         except Exception as e:  # the request's own error (bad settings, too long, ...): the scheduler goes on
             h._finish(None, e)
         finally:
@@ -367,72 +408,88 @@ class Scheduler:
 
     def _work_batched(self) -> None:
         """Batched rounds: admit queued requests into free rows, run one round, deliver each row's chunk."""
-        batch = self.decoder._batch
         rows: dict[int, tuple[RequestHandle, _Assembler]] = {}
-        next_id = 0
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._queue or rows or self._closed)
-                if not self._queue and not rows:
-                    return  # closed and drained
-                admitted = []
-                while self._queue and len(rows) + len(admitted) < batch.max_batch:
-                    admitted.append(self._queue.popleft())
-            for h in admitted:
-                if not _may_start(h):
-                    self._finished(h)
-                    continue
-                try:
-                    ids, settings, stops = self.decoder.prepare(**h.kwargs)
-                    batch.add(next_id, ids, _specrt.RequestConfig(**settings))
-                except Exception as e:  # the request's own error: the others go on
-                    h._finish(None, e)
-                    self._finished(h)
-                    continue
-                rows[next_id] = (h, _Assembler(self.decoder, ids, stops, functools.partial(batch.stop_at, next_id)))
-                next_id += 1
+        try:
+            while self._batched_round(rows):
+                pass
+        finally:
+            self.decoder._scheduler = None
+
+    def _batched_round(self, rows: dict[int, tuple[RequestHandle, _Assembler]]) -> bool:
+        """One iteration of the batched worker; False when closed and drained. An unexpected error ends the
+        requests in the batch (with that error), never the worker."""
+        batch = self.decoder._batch
+        with self._cond:
+            self._cond.wait_for(lambda: self._queue or rows or self._closed)
+            if not self._queue and not rows:
+                return False  # closed and drained
+            admitted = []
+            while self._queue and len(rows) + len(admitted) < batch.max_batch:
+                admitted.append(self._queue.popleft())
+        try:
+            self._admit(batch, rows, admitted)
             self._set_active([h for h, _ in rows.values()])
-            if not rows:
+            if rows:
+                self._step(batch, rows)
+            self._sweep_queue()
+        except Exception as e:  # a bug or a model failure: fail what is running, keep serving
+            for rid, (h, _) in list(rows.items()):
+                with contextlib.suppress(Exception):
+                    batch.cancel(rid)
+                if not h.done:
+                    h._finish(None, e)
+                self._finished(h)
+            rows.clear()
+        self._set_active([h for h, _ in rows.values()])
+        return True
+
+    def _admit(self, batch: Any, rows: dict[int, tuple[RequestHandle, _Assembler]], admitted: list) -> None:
+        for h in admitted:
+            if not _may_start(h):
+                self._finished(h)
                 continue
             try:
-                outs = batch.step()
-            except Exception as e:  # a model pass failed: every running row is gone
-                for rid, (h, _) in rows.items():
-                    batch.cancel(rid)
-                    h._finish(None, e)
-                    self._finished(h)
-                rows.clear()
+                ids, settings, stops = self.decoder.prepare(**h.kwargs)
+                batch.add(self._next_row_id, ids, _specrt.RequestConfig(**settings))
+            except Exception as e:  # the request's own error: the others go on
+                h._finish(None, e)
+                self._finished(h)
                 continue
-            for out in outs:
-                rid = out["id"]
-                if rid not in rows:  # a row left by a stream on the decoder before this scheduler took it over
-                    batch.cancel(rid)
-                    continue
-                h, asm = rows[rid]
+            rid = self._next_row_id
+            self._next_row_id += 1
+            rows[rid] = (h, _Assembler(self.decoder, ids, stops, functools.partial(batch.stop_at, rid)))
+
+    def _step(self, batch: Any, rows: dict[int, tuple[RequestHandle, _Assembler]]) -> None:
+        outs = batch.step()  # a failed model pass raises: every running row is gone (handled by the caller)
+        for out in outs:
+            rid = out["id"]
+            if rid not in rows:  # not admitted by this scheduler (cannot happen after _take_over; be safe)
+                batch.cancel(rid)
+                continue
+            h, asm = rows[rid]
+            done = True
+            try:
+                if out["error"] is not None:
+                    h._finish(None, out["error"])
+                else:
+                    chunk = asm.feed(out)
+                    done = _deliver(h, chunk)
+                    if chunk.finish_reason is not None:
+                        done = _deliver(h, asm.result_chunk(batch.stats(rid)))
+            except Exception as e:  # this request's own failure: the others go on
+                if not h.done:
+                    h._finish(None, e)
                 done = True
-                try:
-                    if out["error"] is not None:
-                        h._finish(None, out["error"])
-                    else:
-                        chunk = asm.feed(out)
-                        done = _deliver(h, chunk)
-                        if chunk.finish_reason is not None:
-                            done = _deliver(h, asm.result_chunk(batch.stats(rid)))
-                except Exception as e:  # this request's own failure (e.g. detokenizing): the others go on
-                    if not h.done:
-                        h._finish(None, e)
-                    done = True
-                if done:
-                    batch.cancel(rid)  # frees the row (or drops a finished row's record)
-                    del rows[rid]
-                    self._finished(h)
-            # Cancelled or expired requests that committed nothing this round (prefilling) leave too.
-            for rid, (h, _) in list(rows.items()):
-                if _ended_early(h):
-                    batch.cancel(rid)
-                    del rows[rid]
-                    self._finished(h)
-            self._set_active([h for h, _ in rows.values()])
+            if done:
+                batch.cancel(rid)  # frees the row (or drops a finished row's record)
+                del rows[rid]
+                self._finished(h)
+        # Cancelled or expired requests that committed nothing this round (prefilling) leave too.
+        for rid, (h, _) in list(rows.items()):
+            if _ended_early(h):
+                batch.cancel(rid)
+                del rows[rid]
+                self._finished(h)
 
 
 def _deadline(h: RequestHandle) -> float | None:

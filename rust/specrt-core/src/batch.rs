@@ -291,16 +291,20 @@ impl BatchEngine {
         }
     }
 
-    /// Keep only the first `n_keep` generated tokens of running request `id` and finish it with
-    /// [`crate::FinishReason::Stop`] (the caller matched a stop string); it leaves the batch now.
+    /// Keep only the first `n_keep` generated tokens of request `id` and finish it with
+    /// [`crate::FinishReason::Stop`] (the caller matched a stop string): a running request leaves the batch now; a
+    /// request that finished in the last round (its stop string found in that round's text) is cut back in place.
     ///
-    /// Errors: [`SpecError::Config`] for an unknown id or `n_keep` beyond its generated count.
+    /// Errors: [`SpecError::Config`] for an id neither running nor finished, or `n_keep` beyond its generated count.
     pub fn stop_at(&mut self, id: u64, n_keep: usize) -> Result<()> {
-        let i = self
-            .rows
-            .iter()
-            .position(|r| r.id == id)
-            .ok_or_else(|| SpecError::Config(format!("request id {id} is not running")))?;
+        if let Some((_, req)) = self.finished.iter_mut().find(|(r, _)| *r == id) {
+            return req.stop_at(n_keep, None);
+        }
+        let i = self.rows.iter().position(|r| r.id == id).ok_or_else(|| {
+            SpecError::Config(format!(
+                "request id {id} is neither running nor finished (expected an id given to add)"
+            ))
+        })?;
         let row = &mut self.rows[i];
         row.req.stop_at(n_keep, row.ngram.as_mut())?;
         self.retire(i)

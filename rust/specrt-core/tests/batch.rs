@@ -436,3 +436,38 @@ fn auto_rows_take_the_batch_cost_model_and_stop_speculating_when_it_does_not_pay
     let steep = run((1..=5).map(|n| 10.0 * f64::from(n)).collect());
     assert!(steep[0] * 2 > steep.iter().sum::<u64>(), "{steep:?}");
 }
+
+#[test]
+fn a_stop_string_found_in_the_last_round_cuts_a_finished_row() {
+    // The caller finds a stop string in the text of the round that finished the row (by length): the row has left
+    // the batch, and stop_at still cuts it back, as the solo engine does.
+    let reqs = requests(SamplingParams::greedy());
+    let (p, c) = &reqs[3]; // K = 0, 12 tokens: one token per round
+    let mut e = engine(2, 0.5, 8);
+    e.add(7, p, c.clone()).unwrap();
+    let mut n = 0;
+    loop {
+        let done = e
+            .step()
+            .unwrap()
+            .iter()
+            .any(|s| s.out.finish_reason.is_some());
+        n += 1;
+        if done {
+            break;
+        }
+        assert!(n < 100);
+    }
+    assert_eq!(e.n_running(), 0);
+    e.stop_at(7, 5).unwrap();
+    let out = e.take_output(7).unwrap();
+    let full = solo(p, c, 0.5);
+    assert_eq!(out.tokens, full.tokens[..5]);
+    assert_eq!(out.finish_reason, FinishReason::Stop);
+    assert_eq!(out.stats.n_emitted(), 5);
+    let err = e.stop_at(8, 1).unwrap_err();
+    assert!(
+        matches!(err, SpecError::Config(ref m) if m.contains("id 8")),
+        "{err}"
+    );
+}
