@@ -713,9 +713,20 @@ def _interrupt_after(delay_s: float, how: str) -> threading.Timer:
     return t
 
 
+@pytest.fixture
+def python_sigint_handler():
+    """Python's own Ctrl-C handler for the test: a launcher that started pytest in the background (``cmd &`` in a
+    shell without job control) leaves SIGINT ignored, and Ctrl-C would then never reach the decoder."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("how", ["interrupt_main", "sigint"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_ctrl_c_stops_a_long_generation_promptly_and_leaves_the_decoder_usable(tiny, long_decoder, how, stream):
+def test_ctrl_c_stops_a_long_generation_promptly_and_leaves_the_decoder_usable(
+    tiny, long_decoder, how, stream, python_sigint_handler
+):
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals are delivered to the main thread")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
