@@ -14,6 +14,8 @@ From the shell (Ray's own CLI; ``pip install 'specrt[ray]'``)::
         num_replicas=2
 
 Each replica loads the models itself (they must be in its machine's ``~/.cache/specrt`` or at the given paths).
+``max_batch=4`` (or ``decoder_kwargs={"max_batch": 4}``) runs batched rounds in each replica (the batched model
+layout, see :class:`specrt.Decoder`).
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def app_builder(args: dict[str, str]) -> Any:
 
     known = {
         "target", "draft", "model_name", "num_replicas", "num_cpus", "num_gpus", "max_seq_len", "provider",
-        "max_queue", "request_timeout_s", "num_speculative_tokens",
+        "max_queue", "request_timeout_s", "num_speculative_tokens", "max_batch",
     }  # fmt: skip
     unknown = sorted(set(args) - known)
     if unknown:
@@ -102,6 +104,8 @@ def app_builder(args: dict[str, str]) -> Any:
         dec_kw["max_seq_len"] = int(args["max_seq_len"])
     if "provider" in args:
         dec_kw["provider"] = args["provider"]
+    if "max_batch" in args:  # batched rounds in each replica (Decoder(max_batch=N))
+        dec_kw["max_batch"] = int(args["max_batch"])
     app_kw: dict[str, Any] = {}
     if "max_queue" in args:
         app_kw["max_queue"] = int(args["max_queue"])
