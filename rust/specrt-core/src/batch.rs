@@ -30,7 +30,9 @@ use std::time::Instant;
 
 use crate::adaptive::{AutoK, KController};
 use crate::backend::{BatchBackend, BatchRow};
-use crate::engine::{GenerationConfig, GenerationOutput, Request, StepOutput};
+use crate::engine::{
+    check_draft_vocab, ms_since, GenerationConfig, GenerationOutput, Request, StepOutput,
+};
 use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
 use crate::sampling::Sampler;
@@ -141,14 +143,7 @@ impl BatchEngine {
         opts: BatchOptions,
     ) -> Result<Self> {
         let vocab = target.vocab_size();
-        if let Some(d) = &draft {
-            if d.vocab_size() != vocab {
-                return Err(SpecError::Vocab(format!(
-                    "draft vocab size {} != target vocab size {vocab}",
-                    d.vocab_size()
-                )));
-            }
-        }
+        check_draft_vocab(vocab, draft.as_ref().map(|d| d.vocab_size()))?;
         if opts.prefill_chunk == 0 {
             return Err(SpecError::Config(
                 "prefill_chunk 0 is invalid (expected >= 1)".to_owned(),
@@ -284,7 +279,7 @@ impl BatchEngine {
         }
         match self.rows.iter().position(|r| r.id == id) {
             Some(i) => {
-                self.remove_row(i)?;
+                self.retire(i)?; // a running row has not finished: it is dropped
                 Ok(true)
             }
             None => Ok(false),
@@ -340,7 +335,7 @@ impl BatchEngine {
     }
 
     /// Move row `i` out of the batch: the last row takes its slot (caches copied), and it is kept for
-    /// [`BatchEngine::take_output`] when it finished.
+    /// [`BatchEngine::take_output`] when it finished (a cancelled or failed row is dropped).
     fn retire(&mut self, i: usize) -> Result<()> {
         let last = self.rows.len() - 1;
         let moved = self.remove_row_slot(i, last);
@@ -348,13 +343,6 @@ impl BatchEngine {
         if row.req.finish_reason.is_some() && row.failed.is_none() {
             self.finished.push((row.id, row.req));
         }
-        moved
-    }
-
-    fn remove_row(&mut self, i: usize) -> Result<()> {
-        let last = self.rows.len() - 1;
-        let moved = self.remove_row_slot(i, last);
-        self.rows.swap_remove(i);
         moved
     }
 
@@ -748,8 +736,4 @@ impl BatchEngine {
             0
         }
     }
-}
-
-fn ms_since(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1000.0
 }

@@ -576,14 +576,7 @@ impl Engine {
     /// Errors: [`SpecError::Vocab`] if the draft's vocabulary size differs from the target's (both named).
     pub fn new(target: Box<dyn Backend>, draft: Option<Box<dyn Backend>>) -> Result<Self> {
         let vocab = target.vocab_size();
-        if let Some(d) = &draft {
-            if d.vocab_size() != vocab {
-                return Err(SpecError::Vocab(format!(
-                    "draft vocab size {} != target vocab size {vocab}",
-                    d.vocab_size()
-                )));
-            }
-        }
+        check_draft_vocab(vocab, draft.as_ref().map(|d| d.vocab_size()))?;
         Ok(Self {
             target,
             draft,
@@ -927,6 +920,18 @@ impl Engine {
     }
 }
 
-fn ms_since(t: Instant) -> f64 {
+/// The draft's vocabulary must be the target's.
+///
+/// Errors: [`SpecError::Vocab`] naming both sizes.
+pub(crate) fn check_draft_vocab(target: usize, draft: Option<usize>) -> Result<()> {
+    match draft {
+        Some(d) if d != target => Err(SpecError::Vocab(format!(
+            "draft vocab size {d} != target vocab size {target}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+pub(crate) fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
 }

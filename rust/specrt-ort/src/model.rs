@@ -7,6 +7,22 @@ use specrt_core::{Result, SpecError};
 
 use crate::options::KvLayout;
 
+/// The vocabulary size of a `[.., .., vocab]` logits output: its last dimension, or `vocab_size` from the config when
+/// that dimension is dynamic.
+///
+/// Errors: [`SpecError::Config`] when neither gives it.
+fn logits_width(logits: &TensorDesc, config: &SpecrtConfig) -> Result<usize> {
+    match logits.dim(2) {
+        Some(v) if v > 0 => Ok(usize::try_from(v).expect("positive")),
+        _ => config.vocab_size.ok_or_else(|| {
+            SpecError::Config(format!(
+                "vocab size unknown: logits has shape {:?} and no vocab_size in {CONFIG_FILE}",
+                logits.shape
+            ))
+        }),
+    }
+}
+
 /// The names of `descs`, comma-separated (for error messages).
 fn names(descs: &[TensorDesc]) -> String {
     descs
@@ -385,15 +401,7 @@ pub fn analyze(
                 .into(),
         ));
     }
-    let vocab_size = match logits.dim(2) {
-        Some(v) if v > 0 => usize::try_from(v).expect("positive"),
-        _ => config.vocab_size.ok_or_else(|| {
-            SpecError::Config(format!(
-                "vocab size unknown: logits has shape {:?} and no vocab_size in {CONFIG_FILE}",
-                logits.shape
-            ))
-        })?,
-    };
+    let vocab_size = logits_width(logits, config)?;
     let static_kv_len = match (layout, first.dim(2)) {
         (KvLayout::SharedBuffer, Some(d)) if d > 0 => Some(usize::try_from(d).expect("positive")),
         _ => None,
@@ -556,15 +564,7 @@ pub fn analyze_batched(
             logits.dtype, logits.shape
         )));
     }
-    let vocab_size = match logits.dim(2) {
-        Some(v) if v > 0 => usize::try_from(v).expect("positive"),
-        _ => config.vocab_size.ok_or_else(|| {
-            SpecError::Config(format!(
-                "vocab size unknown: logits has shape {:?} and no vocab_size in {CONFIG_FILE}",
-                logits.shape
-            ))
-        })?,
-    };
+    let vocab_size = logits_width(logits, config)?;
     Ok(BatchedIo {
         n_layers,
         kv_heads: usize::try_from(h).expect("positive"),
