@@ -40,6 +40,9 @@ def run_batch(dec: specrt.Decoder, reqs: list[dict[str, Any]]) -> dict[str, Any]
     wall = time.perf_counter() - t0
     n = sum(len(r.token_ids) for r in results)
     drafted = sum(r.stats.n_drafted for r in results)
+    # Model time per round of the shared passes (every row's Stats hold the batch's pass times; the longest-running
+    # row saw the most full rounds).
+    longest = max(results, key=lambda r: r.stats.n_rounds).stats
     accepted = sum(r.stats.n_accepted for r in results)
     return {
         "wall_s": wall,
@@ -47,6 +50,8 @@ def run_batch(dec: specrt.Decoder, reqs: list[dict[str, Any]]) -> dict[str, Any]
         "tokens_per_s": n / wall,
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_tokens_per_round": n / max(1, sum(r.stats.n_rounds for r in results)),
+        "draft_ms_per_round": longest.draft_ms / max(1, longest.n_rounds),
+        "target_ms_per_round": longest.target_ms / max(1, longest.n_rounds),
         "outputs": [r.token_ids for r in results],
     }
 
@@ -106,6 +111,8 @@ def main() -> None:
                 "acceptance_rate": r["acceptance_rate"],
                 "mean_tokens_per_round": round(r["mean_tokens_per_round"], 2),
                 "outputs_equal_plain": f"{sum(same)}/{len(same)}",
+                "draft_ms_per_round": round(r["draft_ms_per_round"], 1),
+                "target_ms_per_round": round(r["target_ms_per_round"], 1),
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
