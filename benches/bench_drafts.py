@@ -6,6 +6,9 @@ rate, mean tokens per round, c_q (ms per draft pass: draft time / drafted tokens
 speedup (ratio of mean tokens/s over the prompts, the definition of benches/RESULTS.md) and whether greedy output
 equals target-only output token for token.
 
+Draft weights: fp32 and int4 (``--draft-dtypes``; MatMulNBits, 4-bit blocks): an int4 draft of the fp32 target is
+another cheap proposer; the target stays fp32, so greedy output must still equal the fp32 target's token for token.
+
 Pruned drafts keep the ``N`` most frequent tokens (specrt.convert.vocab_subset) of the 0.5B draft's 151,936; their
 ``q`` is zero elsewhere and verification stays exactly lossless (rust/specrt-core/src/subset.rs).
 
@@ -61,7 +64,7 @@ def measure(label: str, draft: Path | None, proposer: str, prompts: list[Any], k
             }
         )
         print(
-            f"  {label:<22} {p.id:<20} target {rows[-1]['target_tokens_per_s']:6.2f} tok/s  spec "
+            f"  {label:<30} {p.id:<20} target {rows[-1]['target_tokens_per_s']:6.2f} tok/s  spec "
             f"{rows[-1]['spec_tokens_per_s']:6.2f} tok/s  a={s.acceptance_rate or 0:.3f}  "
             f"E={s.mean_tokens_per_round or 0:.2f}  same={rows[-1]['identical']}",
             flush=True,
@@ -95,18 +98,22 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens per prompt (default 128)")
     ap.add_argument("-k", default="4", help="K for the model drafts, or 'auto' (default 4)")
     ap.add_argument("--subsets", default="8192,16384,32768", help="pruned-draft sizes N (default 8192,16384,32768)")
+    ap.add_argument("--draft-dtypes", default="fp32,int4", help="weights of the 0.5B drafts (default fp32,int4)")
     ap.add_argument("--truncated", default="4", help="target layers kept for a truncated draft, '' = none (default 4)")
     ap.add_argument("--json", default=None, help="write the results here")
     a = ap.parse_args()
     k: int | str = a.k if a.k == "auto" else int(a.k)
     prompts = load_prompts(set_name=a.prompt_set)
     t0 = time.perf_counter()
-    configs: list[tuple[str, Path | None, str]] = [("draft 0.5B (full vocab)", models.resolve_model(DRAFT), "draft")]
-    for n in [int(x) for x in a.subsets.split(",") if x]:
-        t = time.perf_counter()
-        folder = models.pruned(DRAFT, n, progress=False)
-        print(f"pruned draft N={n}: {folder} ({time.perf_counter() - t:.0f} s)", flush=True)
-        configs.append((f"draft 0.5B pruned N={n}", folder, "draft"))
+    configs: list[tuple[str, Path | None, str]] = []
+    for dtype in [d for d in a.draft_dtypes.split(",") if d]:
+        tag = "" if dtype == "fp32" else f" {dtype}"
+        configs.append((f"draft 0.5B{tag} (full vocab)", models.pull(DRAFT, dtype, progress=False), "draft"))
+        for n in [int(x) for x in a.subsets.split(",") if x]:
+            t = time.perf_counter()
+            folder = models.pruned(DRAFT, n, dtype, progress=False)
+            print(f"pruned draft {dtype} N={n}: {folder} ({time.perf_counter() - t:.0f} s)", flush=True)
+            configs.append((f"draft 0.5B{tag} pruned N={n}", folder, "draft"))
     if a.truncated:
         layers = int(a.truncated)
         configs.append((f"target truncated L={layers}", models.truncated(TARGET, layers, progress=False), "draft"))
@@ -117,13 +124,13 @@ def main() -> int:
         results.append(measure(label, draft, proposer, prompts, k, a.max_new_tokens))
     print()
     print(
-        f"{'proposer':<26} {'accept':>7} {'E':>5} {'c_q ms':>7} {'c_p ms':>7} {'spec/target':>11} {'greedy same':>11}"
+        f"{'proposer':<32} {'accept':>7} {'E':>5} {'c_q ms':>7} {'c_p ms':>7} {'spec/target':>11} {'greedy same':>11}"
     )
     for r in results:
         c_q = f"{r['c_q_ms']:.1f}" if r["c_q_ms"] is not None else "-"
         acc = f"{r['acceptance_rate']:.3f}" if r["acceptance_rate"] is not None else "-"
         print(
-            f"{r['label']:<26} {acc:>7} {r['mean_tokens_per_round']:>5.2f} {c_q:>7} {r['c_p_ms']:>7.1f} "
+            f"{r['label']:<32} {acc:>7} {r['mean_tokens_per_round']:>5.2f} {c_q:>7} {r['c_p_ms']:>7.1f} "
             f"{r['speedup']:>10.2f}x {r['all_identical']!s:>11}"
         )
     report = {

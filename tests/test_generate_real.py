@@ -96,3 +96,29 @@ def test_greedy_ngram_drafting_equals_target_only(decoders, proposer: str) -> No
             print(f"{proposer} {name} k={k}: ngram drafted {s.n_drafted_ngram}, accepted {s.n_accepted_ngram}")
             if name == "repetitive":
                 assert s.n_accepted_ngram > MAX_NEW_TOKENS // 2, "copying the repetition should be accepted"
+
+
+@pytest.mark.model
+def test_greedy_speculative_with_an_int4_draft_of_the_fp32_target_equals_target_only(decoders) -> None:
+    """A quantized copy of the target as the draft (int4 MatMulNBits weights, the fp32 model verifies): a cheap draft
+    that mostly agrees with the target, so accepted and bonus tokens are exercised on a real model. Output is the fp32
+    target's, token for token, and with auto K as well."""
+    target_only, _ = decoders
+    dec = specrt.Decoder(TARGET, TARGET, draft_dtype="int4", max_seq_len=256)  # names: fp32 target, int4 draft
+    assert dec.draft_path is not None and dec.draft_path.name == "int4"
+    n_accepted = 0
+    for name, prompt in _prompts(target_only).items():
+        ref = target_only.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True)
+        for k in (4, "auto"):
+            out = dec.generate(
+                prompt, max_new_tokens=MAX_NEW_TOKENS, temperature=0, num_speculative_tokens=k, ignore_eos=True
+            )
+            first_diff = next(
+                (i for i, (a, b) in enumerate(zip(out.token_ids, ref.token_ids, strict=False)) if a != b), None
+            )
+            assert out.token_ids == ref.token_ids, f"{name} k={k}: first divergence at token {first_diff}"
+            s = out.stats
+            assert s.n_accepted + s.n_recovered + s.n_bonus == MAX_NEW_TOKENS
+            n_accepted += s.n_accepted
+            print(f"{name:10s} k={k}: int4 draft acceptance {s.acceptance_rate:.3f}, {s.n_bonus} bonus")
+    assert n_accepted > MAX_NEW_TOKENS, "an int4 copy of the target should have most drafts accepted"

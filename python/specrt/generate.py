@@ -303,6 +303,9 @@ class Decoder:
         ort_library: absolute path of ``libonnxruntime.so.1.x`` (default: from the installed onnxruntime wheel, or
             ``$SPECRT_ORT_LIBRARY``).
         dtype: precision to pull for model names (``"fp32"``).
+        draft_dtype: precision to pull for a draft model name (default: ``dtype``). An ``"int4"`` draft of an fp32
+            target is a cheap draft: output stays the fp32 target's (verification uses the target alone); only
+            acceptance can drop (benches/RESULTS.md, "Cheap drafts").
         max_batch: rows decoded together in batched rounds (1..64; default 1 = single-stream decoding). Above 1 the
             models are the batched layout (``specrt convert --attention batched``; pulled as ``<dtype>-B`` for model
             names; CPU, float32 activations; a batched-layout folder runs this way at any ``max_batch``) with
@@ -331,6 +334,7 @@ class Decoder:
         allow_fallback: bool = False,
         ort_library: str | None = None,
         dtype: str = "fp32",
+        draft_dtype: str | None = None,
         max_batch: int = 1,
         prefill_chunk: int = 256,
     ) -> None:
@@ -346,7 +350,7 @@ class Decoder:
 
         self.max_batch = max_batch
         self.target_path = resolve_model(target, dtype, attention=attention)
-        self.draft_path = resolve_model(draft, dtype, attention=attention) if draft is not None else None
+        self.draft_path = resolve_model(draft, draft_dtype or dtype, attention=attention) if draft is not None else None
         self._target = _ModelFolder(self.target_path, batched=True if max_batch > 1 else None)
         # A batched-layout folder runs batched rounds even at max_batch 1 (its own engine).
         batched = self._target.batched

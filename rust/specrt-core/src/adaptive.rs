@@ -21,10 +21,14 @@
 //! or plain target steps committed). On a bandwidth-bound CPU model that catch-up pass costs about one pass; on a
 //! compute-bound (int4) one it grows with the backlog. The controller measures the catch-up cost per token and adds
 //! `backlog * c_catchup / CATCHUP_HORIZON` to the cost of any drafting round: the catch-up is paid once and then
-//! serves the following rounds, so it is amortised over [`CATCHUP_HORIZON`] rounds — except with n-gram proposals on,
+//! serves the following rounds, so it is amortised over [`CATCHUP_HORIZON`] rounds (or over the drafting rounds left,
+//! when the caller gives the tokens left to generate and they are more) — except with n-gram proposals on,
 //! where the draft model may not run again soon and the round that needs the catch-up is charged all of it. The
 //! draft's prompt prefill gives the first per-token estimate; probes are skipped while the catch-up would cost more
-//! than [`PROBE_MAX_CATCHUP`] target passes.
+//! than [`PROBE_MAX_CATCHUP`] target passes, or, when the caller says how many tokens are left to generate
+//! ([`KController::set_remaining`]), more than [`PROBE_REMAINING_SHARE`] of the plain decoding left: a draft whose
+//! prompt was never read (a batch that started with plain rounds) is then still tried once when the requests are long
+//! enough to repay it.
 //!
 //! K is chosen before the round draws any random number, so every round is lossless whatever K is. With measured
 //! costs the choice depends on timings (not reproducible run to run); with [`PinnedCosts`] it depends only on the
@@ -38,6 +42,10 @@ pub const CATCHUP_HORIZON: f64 = 8.0;
 
 /// A probe round is skipped while catching the draft model up would cost more than this many target passes.
 pub const PROBE_MAX_CATCHUP: f64 = 4.0;
+
+/// ... or, with the tokens left to generate known, while it would cost more than this share of the plain decoding
+/// left (`remaining * c_verify(1)`).
+pub const PROBE_REMAINING_SHARE: f64 = 0.1;
 
 /// Costs to use instead of measured timings (for runs that must repeat exactly). Units are arbitrary but shared.
 #[derive(Clone, Debug, PartialEq)]
@@ -154,6 +162,8 @@ pub struct KController {
     backlog: usize,
     // Rounds over which the current backlog's catch-up is amortised.
     catchup_horizon: f64,
+    // Tokens the requests still have to generate (plain rounds left); 0 = not known.
+    remaining: usize,
     // n-gram matches declined since the last n-gram round.
     ngram_declined: usize,
     // Observed tokens per ms of n-gram rounds and of draft-model rounds (running averages); None until seen.
@@ -202,6 +212,7 @@ impl KController {
             c_catchup: None,
             backlog: 0,
             catchup_horizon: CATCHUP_HORIZON,
+            remaining: 0,
             ngram_declined: 0,
             tput_ngram: None,
             tput_draft: None,
@@ -273,12 +284,19 @@ impl KController {
         }
     }
 
-    /// Amortised cost of the catch-up pass a drafting round would need now (0 with pinned costs).
-    fn cost_catchup(&self) -> f64 {
+    /// Amortised cost of the catch-up pass a drafting round emitting `e` tokens on average would need now (0 with
+    /// pinned costs): over [`CATCHUP_HORIZON`] rounds, or over the drafting rounds left when more (the tokens left to
+    /// generate, [`Self::set_remaining`], over `e`); with n-gram proposals on, all of it.
+    fn cost_catchup(&self, e: f64) -> f64 {
         if self.cfg.pinned.is_some() || self.backlog == 0 {
             return 0.0;
         }
-        self.catchup_total() / self.catchup_horizon
+        let horizon = if self.catchup_horizon < CATCHUP_HORIZON {
+            self.catchup_horizon
+        } else {
+            self.catchup_horizon.max(self.remaining as f64 / e.max(1.0))
+        };
+        self.catchup_total() / horizon
     }
 
     /// Unamortised cost of catching the draft model up now.
@@ -296,11 +314,17 @@ impl KController {
         self.catchup_horizon = if ngram_active { 1.0 } else { CATCHUP_HORIZON };
     }
 
+    /// Set how many plain rounds the requests have left (the longest remaining `max_new_tokens` budget; 0 = unknown).
+    /// A probe may then pay a catch-up of up to [`PROBE_REMAINING_SHARE`] of that plain decoding.
+    pub fn set_remaining(&mut self, tokens: usize) {
+        self.remaining = tokens;
+    }
+
     /// Predicted tokens per unit time for `k` drafts (with the amortised catch-up cost when `k > 0`).
     #[must_use]
     pub fn rate(&self, k: usize) -> f64 {
         let e = expected_tokens(self.alpha.clamp(0.0, 0.999_999), k).unwrap_or(1.0);
-        let catchup = if k > 0 { self.cost_catchup() } else { 0.0 };
+        let catchup = if k > 0 { self.cost_catchup(e) } else { 0.0 };
         e / (k as f64 * self.cost_draft() + catchup + self.cost_verify(k + 1))
     }
 
@@ -409,11 +433,13 @@ impl KController {
             return best_k;
         }
         self.rounds_since_draft += 1;
-        // Probe: a drafting round (the best K > 0) refreshes the acceptance and draft-cost estimates; not when the
+        // Probe: a drafting round (the best K > 0) refreshes the acceptance and draft-cost estimates (at once while
+        // the draft's cost has never been measured: priors alone should not rule speculation out); not when the
         // draft model is so far behind that catching it up costs more than a few target passes.
-        if self.rounds_since_draft >= self.cfg.probe_every
-            && self.catchup_total() <= PROBE_MAX_CATCHUP * self.cost_verify(1)
-        {
+        let max_catchup = PROBE_MAX_CATCHUP.max(PROBE_REMAINING_SHARE * self.remaining as f64);
+        let due = self.rounds_since_draft >= self.cfg.probe_every
+            || (self.c_draft.is_none() && self.cfg.pinned.is_none());
+        if due && self.catchup_total() <= max_catchup * self.cost_verify(1) {
             self.rounds_since_draft = 0;
             return (1..=k_cap)
                 .max_by(|&a, &b| self.rate(a).total_cmp(&self.rate(b)))
@@ -634,6 +660,12 @@ mod tests {
             0,
             "a 200-token catch-up costs more than drafting gains"
         );
+        // ... over the next 8 rounds; with 2,000 tokens left to generate it is paid once for hundreds of rounds.
+        c.set_remaining(2000);
+        assert!(c.choose(8) > 0, "a long generation repays the catch-up");
+        c.set_remaining(100);
+        assert_eq!(c.choose(8), 0, "100 tokens left do not");
+        c.set_remaining(0);
         // The n-gram choice sees the same alternative: a mediocre match now beats catching the draft up.
         let mut g = measured(
             AutoK {
@@ -701,6 +733,11 @@ mod tests {
         c.set_draft_backlog(10, false); // 18 ms of catch-up <= 4 target passes: probe
         assert_eq!((0..2).map(|_| c.choose(8)).filter(|&k| k > 0).count(), 1);
         c.set_draft_backlog(100, false); // 198 ms > 40 ms: no probe
+        assert!((0..6).all(|_| c.choose(8) == 0));
+        // 400 tokens left to generate = 4,000 ms of plain decoding: 198 ms of catch-up is under a tenth of it.
+        c.set_remaining(400);
+        assert_eq!((0..2).map(|_| c.choose(8)).filter(|&k| k > 0).count(), 1);
+        c.set_remaining(40); // 0.1 x 40 x 10 ms = 40 ms < 198 ms: no probe
         assert!((0..6).all(|_| c.choose(8) == 0));
     }
 

@@ -434,13 +434,21 @@ impl BatchEngine {
             .filter(|r| r.decoding() && r.req.cfg.auto_k.is_some())
             .map(|r| self.k_cap(r).min(r.req.k_max()))
             .max();
-        let backlog = self
+        // The draft's backlog over the auto rows (a catch-up pass's cost grows with the tokens it feeds, summed
+        // over rows), as one row's `unseen` (`set_draft_backlog` counts all but one token).
+        let backlog = 1 + self
             .rows
             .iter()
             .filter(|r| r.decoding() && r.use_draft && r.req.cfg.auto_k.is_some())
-            .map(|r| r.req.tokens.len() - r.req.n_past_dft)
+            .map(|r| (r.req.tokens.len() - r.req.n_past_dft).saturating_sub(1))
+            .sum::<usize>();
+        let remaining = self
+            .rows
+            .iter()
+            .filter(|r| r.decoding() && r.req.cfg.auto_k.is_some())
+            .map(|r| r.req.remaining())
             .max()
-            .unwrap_or(1);
+            .unwrap_or(0);
         let k_auto = match auto_cap {
             Some(cap) => {
                 let c = self.controllers[b].get_or_insert_with(|| {
@@ -452,6 +460,7 @@ impl BatchEngine {
                 let tries = &mut self.plain_first[b];
                 if c.verify_cost_known(1) || *tries >= PLAIN_FIRST {
                     c.set_draft_backlog(backlog, false);
+                    c.set_remaining(remaining);
                     c.choose(cap)
                 } else {
                     *tries += 1;
@@ -677,8 +686,8 @@ impl BatchEngine {
 
     /// The catch-up pass: every row planning to draft whose draft has more than [`CATCHUP_INLINE`] committed tokens
     /// to read is fed them (all but the last, which its first drafting pass feeds; auto-K rows at most
-    /// `prefill_chunk`, and one still further behind does not draft this round). Returns the longest row fed (0: no
-    /// pass).
+    /// `prefill_chunk`, and one still further behind does not draft this round). Returns the tokens fed, summed over
+    /// rows (0: no pass).
     fn catch_up_drafts(&mut self) -> Result<usize> {
         let chunk = self.opts.prefill_chunk;
         let behind =
@@ -714,7 +723,19 @@ impl BatchEngine {
             })
             .collect();
         let fed: Vec<usize> = inputs.iter().map(|r| r.tokens.len()).collect();
-        draft.forward_rows(0, &inputs, 1)?;
+        // One batched pass pads every row to the longest; when that would more than double the positions computed
+        // (one long prompt behind, the other rows in step), each row behind is fed alone instead.
+        let total: usize = fed.iter().sum();
+        let longest = fed.iter().copied().max().unwrap_or(0);
+        if inputs.len() * longest <= 2 * total {
+            draft.forward_rows(0, &inputs, 1)?;
+        } else {
+            for (i, row) in inputs.iter().enumerate() {
+                if !row.tokens.is_empty() {
+                    draft.forward_rows(i, std::slice::from_ref(row), 1)?;
+                }
+            }
+        }
         drop(inputs);
         for (row, &m) in self.rows.iter_mut().zip(&fed) {
             if m == 0 {
@@ -725,7 +746,7 @@ impl BatchEngine {
                 row.k_plan = 0; // still behind: verify its last token alone this round
             }
         }
-        Ok(fed.into_iter().max().unwrap_or(0))
+        Ok(fed.into_iter().sum())
     }
 
     /// Most drafts row `r` may propose this round: none past `max_new_tokens`, none without a proposer.

@@ -730,6 +730,7 @@ impl Engine {
         if let Some(c) = req.controller.as_mut() {
             // What the draft model must read first if it drafts this round (costed by both choices below).
             c.set_draft_backlog(len - req.n_past_dft, req.cfg.ngram.is_some());
+            c.set_remaining(remaining);
         }
         if let (Some(ng), true) = (self.ngram.as_ref(), req.cfg.ngram.is_some() && k_fixed > 0) {
             let offered = ng.propose(k_fixed, &mut self.tokens_dft);
