@@ -115,6 +115,16 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_model_dtypes(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", choices=DTYPES, default="fp32", help=f"weights pulled for model names: {_DTYPE_HELP}")
+    p.add_argument(
+        "--draft-dtype",
+        choices=DTYPES,
+        default=None,
+        help="weights pulled for a draft model name (default: --dtype); int4 makes a cheap draft for an fp32 target",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``specrt`` argument parser: every option's help shows its choices and its default."""
     p = argparse.ArgumentParser(prog="specrt", description="Lossless speculative decoding on ONNX Runtime.")
@@ -132,13 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     g.add_argument("--system", default=None, help="system message, with --chat (default: none)")
     _add_sampling(g)
-    g.add_argument("--dtype", choices=DTYPES, default="fp32", help=f"weights pulled for model names: {_DTYPE_HELP}")
-    g.add_argument(
-        "--draft-dtype",
-        choices=DTYPES,
-        default=None,
-        help="weights pulled for a draft model name (default: --dtype); int4 makes a cheap draft for an fp32 target",
-    )
+    _add_model_dtypes(g)
     g.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider")
     g.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
     g.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model")
@@ -264,13 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--default-max-tokens", type=_positive_int, default=256, help="max_tokens of chat requests")
     sv.add_argument("--drain-timeout", type=float, default=60.0, help="seconds open streams get at shutdown")
-    sv.add_argument("--dtype", choices=DTYPES, default="fp32", help=f"weights pulled for model names: {_DTYPE_HELP}")
-    sv.add_argument(
-        "--draft-dtype",
-        choices=DTYPES,
-        default=None,
-        help="weights pulled for a draft model name (default: --dtype); int4 makes a cheap draft for an fp32 target",
-    )
+    _add_model_dtypes(sv)
     sv.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider")
     sv.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
     sv.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model (per row when batching)")

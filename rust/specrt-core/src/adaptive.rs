@@ -314,6 +314,22 @@ impl KController {
         self.catchup_horizon = if ngram_active { 1.0 } else { CATCHUP_HORIZON };
     }
 
+    /// Start from `other`'s acceptance estimates and its draft-pass and catch-up costs (another batch size serving
+    /// the same requests). The draft cost comes in as a provisional timing, replaced by this controller's first own
+    /// measurement; target-pass costs are not taken (they depend most on the batch size). With pinned costs: no-op.
+    pub fn inherit_estimates(&mut self, other: &KController) {
+        if self.cfg.pinned.is_some() {
+            return;
+        }
+        self.alpha = other.alpha;
+        self.alpha_ngram = other.alpha_ngram;
+        if let Some(c) = other.c_draft {
+            self.c_draft = Some(c);
+            self.c_draft_seen = 1;
+        }
+        self.c_catchup = other.c_catchup;
+    }
+
     /// Set how many plain rounds the requests have left (the longest remaining `max_new_tokens` budget; 0 = unknown).
     /// A probe may then pay a catch-up of up to [`PROBE_REMAINING_SHARE`] of that plain decoding.
     pub fn set_remaining(&mut self, tokens: usize) {
@@ -739,6 +755,22 @@ mod tests {
         assert_eq!((0..2).map(|_| c.choose(8)).filter(|&k| k > 0).count(), 1);
         c.set_remaining(40); // 0.1 x 40 x 10 ms = 40 ms < 198 ms: no probe
         assert!((0..6).all(|_| c.choose(8) == 0));
+    }
+
+    #[test]
+    fn a_new_controller_inherits_acceptance_and_draft_cost_but_not_target_costs() {
+        let mut a = measured(AutoK::default(), |k| 10.0 * (1.0 + 0.1 * k as f64));
+        a.observe(4, &[1.0; 40], 8.0, 4, 14.0);
+        a.observe_catchup(2.0 + 99.0 * 0.5, 100);
+        let mut b = KController::new(AutoK::default()).unwrap();
+        b.inherit_estimates(&a);
+        assert!((b.alpha() - a.alpha()).abs() < 1e-12 && b.alpha() > 0.9);
+        assert_eq!(b.c_draft, Some(2.0));
+        assert_eq!(b.c_catchup, a.c_catchup);
+        assert!(!b.verify_cost_known(1));
+        // The inherited draft cost is provisional: the first own timing replaces it.
+        b.observe(1, &[], 5.0, 1, 10.0);
+        assert_eq!(b.c_draft, Some(5.0));
     }
 
     #[test]

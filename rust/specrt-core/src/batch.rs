@@ -451,9 +451,20 @@ impl BatchEngine {
             .unwrap_or(0);
         let k_auto = match auto_cap {
             Some(cap) => {
-                let c = self.controllers[b].get_or_insert_with(|| {
-                    KController::new(self.opts.auto_k.clone()).expect("validated")
-                });
+                if self.controllers[b].is_none() {
+                    // A new batch size starts from the nearest size's acceptance and draft-cost estimates (the
+                    // requests are the same ones; a pass's cost differs, so those are provisional until re-timed);
+                    // its target-pass costs are measured afresh.
+                    let mut c = KController::new(self.opts.auto_k.clone()).expect("validated");
+                    let nearest = (1..self.controllers.len())
+                        .filter(|&i| self.controllers[i].is_some())
+                        .min_by_key(|&i| i.abs_diff(b));
+                    if let Some(other) = nearest.and_then(|i| self.controllers[i].as_ref()) {
+                        c.inherit_estimates(other);
+                    }
+                    self.controllers[b] = Some(c);
+                }
+                let c = self.controllers[b].as_mut().expect("just set");
                 // A plain round's cost at this batch size is measured first: extrapolated from long passes it is
                 // overstated once a batch pass is compute-bound, and speculation would look better than it is.
                 // (At most `PLAIN_FIRST` rounds: rows with a fixed K in the same batch may lengthen every pass.)
