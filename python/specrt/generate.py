@@ -303,9 +303,9 @@ class Decoder:
         ort_library: absolute path of ``libonnxruntime.so.1.x`` (default: from the installed onnxruntime wheel, or
             ``$SPECRT_ORT_LIBRARY``).
         dtype: precision to pull for model names (``"fp32"``).
-        draft_dtype: precision to pull for a draft model name (default: ``dtype``). An ``"int4"`` draft of an fp32
-            target is a cheap draft: output stays the fp32 target's (verification uses the target alone); only
-            acceptance can drop (benches/RESULTS.md, "Cheap drafts").
+        draft_dtype: precision to pull for a draft model name (default: ``dtype``; a folder is used as it is, like
+            ``dtype``). An ``"int4"`` draft of an fp32 target is a cheap draft: output stays the fp32 target's
+            (verification uses the target alone); only acceptance can drop (benches/RESULTS.md, "Cheap drafts").
         max_batch: rows decoded together in batched rounds (1..64; default 1 = single-stream decoding). Above 1 the
             models are the batched layout (``specrt convert --attention batched``; pulled as ``<dtype>-B`` for model
             names; CPU, float32 activations; a batched-layout folder runs this way at any ``max_batch``) with
