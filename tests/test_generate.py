@@ -197,6 +197,18 @@ def test_bad_input_gives_specific_errors(tiny, tmp_path) -> None:
     assert dec.generate("hi", max_new_tokens=3, temperature=0).stats.n_emitted == 3
 
 
+def test_draft_dtype_that_cannot_apply_is_an_error_not_ignored(tiny) -> None:
+    """draft_dtype picks the weights pulled for a draft model *name*: a bad value, no draft, or a folder draft (loaded
+    as converted) are errors naming draft_dtype, before anything is loaded."""
+    for bad in ("int3", "", 4):
+        with pytest.raises(ConfigError, match=r"draft_dtype .* is invalid \(expected one of fp32, fp16, int4, int8\)"):
+            specrt.Decoder(tiny["target"], "smollm2-135m-instruct", draft_dtype=bad)
+    with pytest.raises(ConfigError, match="draft_dtype 'int4' was given without a draft model"):
+        specrt.Decoder(tiny["target"], draft_dtype="int4")
+    with pytest.raises(ConfigError, match=r"draft_dtype 'int4' applies to model names.*is a folder"):
+        specrt.Decoder(tiny["target"], tiny["draft_close"], draft_dtype="int4")
+
+
 def test_vocab_mismatch_names_both_sizes(tiny, tmp_path) -> None:
     small = _convert_tiny(tmp_path, "small", arch="qwen2", seed=2, n_layers=1, with_tokenizer=True)
     # Same tokenizer but a different logits width is caught by the engine; build one by editing nothing is not

@@ -377,7 +377,8 @@ def _serve(a: argparse.Namespace) -> int:
         num_speculative_tokens=a.num_speculative_tokens,
         default_max_tokens=a.default_max_tokens,
     )
-    print(f"specrt serve: {name} on http://{a.host}:{a.port} (draft: {a.draft or 'none'})", file=sys.stderr)
+    draft = f"{a.draft}, {a.draft_dtype}" if a.draft and a.draft_dtype else a.draft or "none"
+    print(f"specrt serve: {name} on http://{a.host}:{a.port} (draft: {draft})", file=sys.stderr)
     run_server(app, host=a.host, port=a.port, log_level=a.log_level, drain_timeout_s=a.drain_timeout)
     return 0
 

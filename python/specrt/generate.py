@@ -7,7 +7,7 @@ with the GIL released; this module adds tokenization, chat templates, stop strin
 
 Threads: one :class:`Decoder` may be shared between threads; its generations are serialised (a lock held for the
 whole call). Separate decoders run in parallel. Many requests at once share batched rounds through
-:class:`specrt.Scheduler` on a ``Decoder(max_batch=N)``.
+:class:`specrt.scheduler.Scheduler` on a ``Decoder(max_batch=N)``.
 """
 
 from __future__ import annotations
@@ -256,6 +256,24 @@ def _check_ids(name: str, ids: Sequence[Any], vocab: int) -> list[int]:
     return out
 
 
+def _check_draft_dtype(draft: str | os.PathLike[str] | None, draft_dtype: str | None) -> None:
+    """``draft_dtype`` must name a supported dtype and have a draft model *name* to apply to (ConfigError otherwise:
+    a folder is loaded as converted, so a dtype asked for it would be silently ignored)."""
+    if draft_dtype is None:
+        return
+    from specrt.convert import SUPPORTED_DTYPES
+
+    if not isinstance(draft_dtype, str) or draft_dtype not in SUPPORTED_DTYPES:
+        raise ConfigError(f"draft_dtype {draft_dtype!r} is invalid (expected one of {', '.join(SUPPORTED_DTYPES)})")
+    if draft is None:
+        raise ConfigError(f"draft_dtype {draft_dtype!r} was given without a draft model (pass draft=<model name>)")
+    if Path(draft).expanduser().exists():
+        raise ConfigError(
+            f"draft_dtype {draft_dtype!r} applies to model names, but the draft {str(draft)!r} is a folder, loaded as "
+            "it was converted (pass a model name, or the folder converted to that dtype without draft_dtype)"
+        )
+
+
 def _check_int(name: str, value: Any, lo: int, hi: float, expected: str) -> int:
     """``value`` as an int in ``[lo, hi]`` (ConfigError otherwise): guards the integer types of the Rust engine,
     which would otherwise raise OverflowError for values it cannot represent."""
@@ -309,7 +327,7 @@ class Decoder:
         max_batch: rows decoded together in batched rounds (1..64; default 1 = single-stream decoding). Above 1 the
             models are the batched layout (``specrt convert --attention batched``; pulled as ``<dtype>-B`` for model
             names; CPU, float32 activations; a batched-layout folder runs this way at any ``max_batch``) with
-            ``max_batch`` KV cache slots each, and :class:`specrt.Scheduler`
+            ``max_batch`` KV cache slots each, and :class:`specrt.scheduler.Scheduler`
             runs its requests in shared rounds (``stream`` / ``generate`` still run one request at a time). The
             batched attention reads every slot's whole capacity, so keep ``max_seq_len`` near what requests need.
         prefill_chunk: with ``max_batch`` > 1, most prompt tokens a joining request prefills per round (the
@@ -344,6 +362,7 @@ class Decoder:
             raise ConfigError(f"intra_op_threads {intra_op_threads} is invalid (expected >= 1, or None for the cores)")
         if max_seq_len is not None and max_seq_len < 1:
             raise ConfigError(f"max_seq_len {max_seq_len} is invalid (expected >= 1)")
+        _check_draft_dtype(draft, draft_dtype)
         _check_int("max_batch", max_batch, 1, 64, "an integer 1 <= max_batch <= 64")
         _check_int("prefill_chunk", prefill_chunk, 1, 1 << 20, "an integer >= 1")
         attention = "batched" if max_batch > 1 else "gqa"
@@ -605,7 +624,7 @@ class Decoder:
         return ids, settings, stops
 
     def prepare(self, **kwargs: Any) -> tuple[list[int], dict[str, Any], list[str]]:
-        """:meth:`_prepare` from :meth:`stream`'s keyword arguments (for :class:`specrt.Scheduler`).
+        """:meth:`_prepare` from :meth:`stream`'s keyword arguments (for :class:`specrt.scheduler.Scheduler`).
 
         Raises:
             TypeError: an argument :meth:`stream` does not take. (plus what :meth:`stream` raises)
@@ -767,7 +786,8 @@ class _Assembler:
 
 class _SoloBatch:
     """``Engine``'s start / step / stop_at / stats over a ``BatchEngine`` running one request at a time:
-    :meth:`Decoder.stream` on a batching decoder (its own request id, apart from :class:`specrt.Scheduler`'s)."""
+    :meth:`Decoder.stream` on a batching decoder (its own request id, apart from those of
+    :class:`specrt.scheduler.Scheduler`)."""
 
     _ID = (1 << 64) - 1
 

@@ -83,7 +83,8 @@ def deployment(
 def app_builder(args: dict[str, str]) -> Any:
     """For ``serve run specrt.ray_serve:app_builder key=value ...``: ``target`` (required), ``draft``,
     ``model_name``, ``num_replicas``, ``num_cpus``, ``num_gpus``, ``max_seq_len``, ``provider``, ``max_queue``,
-    ``request_timeout_s``, ``num_speculative_tokens`` (an int or ``auto``).
+    ``request_timeout_s``, ``num_speculative_tokens`` (an int or ``auto``), ``max_batch`` (batched rounds in each
+    replica), ``dtype`` and ``draft_dtype`` (weights pulled for model names, as :class:`specrt.Decoder`).
 
     Raises:
         ConfigError: no ``target``, or a key it does not know (named).
@@ -92,7 +93,7 @@ def app_builder(args: dict[str, str]) -> Any:
 
     known = {
         "target", "draft", "model_name", "num_replicas", "num_cpus", "num_gpus", "max_seq_len", "provider",
-        "max_queue", "request_timeout_s", "num_speculative_tokens", "max_batch",
+        "max_queue", "request_timeout_s", "num_speculative_tokens", "max_batch", "dtype", "draft_dtype",
     }  # fmt: skip
     unknown = sorted(set(args) - known)
     if unknown:
@@ -106,6 +107,9 @@ def app_builder(args: dict[str, str]) -> Any:
         dec_kw["provider"] = args["provider"]
     if "max_batch" in args:  # batched rounds in each replica (Decoder(max_batch=N))
         dec_kw["max_batch"] = int(args["max_batch"])
+    for key in ("dtype", "draft_dtype"):
+        if key in args:
+            dec_kw[key] = args[key]
     app_kw: dict[str, Any] = {}
     if "max_queue" in args:
         app_kw["max_queue"] = int(args["max_queue"])

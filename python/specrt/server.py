@@ -514,7 +514,10 @@ def create_app(
         finally:
             if not handle.done:
                 handle.cancel()  # the client went away (the response was cancelled)
-                error = error or GenerationCancelled("client disconnected")
+            if result is None and error is None:
+                # Closed before its result without an error of its own: the client went away (also when the loop
+                # above had already cancelled the request on seeing the disconnect, so the handle is done).
+                error = GenerationCancelled("client disconnected")
             metrics.observe(endpoint, handle, _outcome(error, result), result)
         yield "data: [DONE]\n\n"
 
