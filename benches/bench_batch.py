@@ -114,7 +114,8 @@ def main() -> None:
         plain_prefill = statistics.median(r["prefill_s"] for r in plain_runs)
         for name, _ in modes:
             rs = runs[name]
-            r = min(rs, key=lambda x: abs(x["wall_s"] - statistics.median(y["wall_s"] for y in rs)))
+            wall = statistics.median(x["wall_s"] for x in rs)
+            r = min(rs, key=lambda x: abs(x["wall_s"] - wall))
             paired = [p["wall_s"] / x["wall_s"] for p, x in zip(plain_runs, rs, strict=True)]
             paired_decode = [
                 (p["wall_s"] - plain_prefill) / (x["wall_s"] - plain_prefill)
@@ -131,14 +132,12 @@ def main() -> None:
                 "repeats": len(rs),
                 "tokens": r["tokens"],
                 "wall_s": [round(x["wall_s"], 2) for x in rs],
-                "tokens_per_s": round(r["tokens"] / statistics.median(x["wall_s"] for x in rs), 2),
+                "tokens_per_s": round(r["tokens"] / wall, 2),
                 # Median over repeats of (plain wall / this wall) in the same repeat; min and max beside it.
                 "speedup_vs_plain": round(statistics.median(paired), 3),
                 "speedup_range": [round(min(paired), 3), round(max(paired), 3)],
                 "prefill_s": round(statistics.median(x["prefill_s"] for x in rs), 2),
-                "decode_tokens_per_s": round(
-                    r["tokens"] / (statistics.median(x["wall_s"] for x in rs) - plain_prefill), 2
-                ),
+                "decode_tokens_per_s": round(r["tokens"] / (wall - plain_prefill), 2),
                 "decode_speedup_vs_plain": round(statistics.median(paired_decode), 3),
                 "acceptance_rate": r["acceptance_rate"],
                 "mean_tokens_per_round": round(r["mean_tokens_per_round"], 2),

@@ -33,6 +33,14 @@ pub struct BatchRow<'a> {
     pub n_past: usize,
 }
 
+impl BatchRow<'_> {
+    /// A row that sits the pass out.
+    pub const EMPTY: BatchRow<'static> = BatchRow {
+        tokens: &[],
+        n_past: 0,
+    };
+}
+
 /// A model that runs several sequences ("rows") in one pass, each on its own KV cache slot (ARCHITECTURE.md,
 /// "Batched rounds"). Like [`Backend`], it holds no positions: each call names every row's `n_past`, so a rollback is
 /// a smaller `n_past` on the next call.

@@ -539,10 +539,7 @@ impl BatchEngine {
                             };
                             BatchRow { tokens, n_past }
                         } else {
-                            BatchRow {
-                                tokens: &[],
-                                n_past: 0,
-                            }
+                            BatchRow::EMPTY
                         }
                     })
                     .collect();
@@ -726,10 +723,7 @@ impl BatchEngine {
                         n_past: start,
                     }
                 } else {
-                    BatchRow {
-                        tokens: &[],
-                        n_past: 0,
-                    }
+                    BatchRow::EMPTY
                 }
             })
             .collect();
