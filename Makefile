@@ -22,14 +22,14 @@ run: install ## main job: pull the Qwen2.5-Coder 1.5B target + 0.5B draft (cache
 	$(VENV)/bin/specrt generate --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
 		--chat --prompt "$(PROMPT)" --max-new-tokens 128 --temperature 0 --num-speculative-tokens 4 --stats
 
-test-rs: install ## Rust tests (all crates; the ONNX Runtime tests use the wheel's library and a tiny model, converted for GQA and batched attention)
+test-rs: install ## Rust tests (all crates; the ONNX Runtime tests use the wheel's library and a tiny model, converted for GQA, batched attention and the graph form)
 	$(PY) -c "import pathlib, shutil; from specrt.convert.tiny import write_tiny_gguf; from specrt.convert import convert; \
 	p = pathlib.Path('target/test-model'); shutil.rmtree(p, ignore_errors=True); p.mkdir(parents=True); \
 	g = write_tiny_gguf(p / 't.gguf', arch='qwen2', seed=1); convert(g, p / 'model', progress=False); \
-	convert(g, p / 'batched', progress=False, attention='batched')"
+	convert(g, p / 'batched', progress=False, attention='batched'); convert(g, p / 'graph', progress=False, attention='gqa-graph')"
 	SPECRT_ORT_LIBRARY=$$($(PY) -c 'from specrt._ort import find_ort_library; print(find_ort_library())') \
 	SPECRT_TEST_MODEL=$(CURDIR)/target/test-model/model SPECRT_TEST_BATCHED_MODEL=$(CURDIR)/target/test-model/batched \
-	cargo test --workspace
+	SPECRT_TEST_GRAPH_MODEL=$(CURDIR)/target/test-model/graph cargo test --workspace
 
 test-py: install ## Python tests (pytest; exit code 5 = no tests ran counts as failure)
 	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest ran no tests" >&2; exit 1; fi; exit $$rc

@@ -134,5 +134,7 @@ def test_batched_needs_float32_activations_and_a_known_attention(tmp_path) -> No
     gguf = write_tiny_gguf(tmp_path / "t.gguf", arch="qwen2", seed=5, n_layers=1)
     with pytest.raises(UnsupportedModelError, match="attention 'batched' needs float32 activations"):
         convert(gguf, tmp_path / "a", progress=False, dtype="fp16", attention="batched")
-    with pytest.raises(UnsupportedModelError, match=r"attention 'flash' is invalid \(expected 'gqa' or 'batched'\)"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"attention 'flash' is invalid \(expected one of: 'gqa', 'gqa-graph', 'batched'\)"
+    ):
         convert(gguf, tmp_path / "b", progress=False, attention="flash")

@@ -145,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_dtypes(g)
     g.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider")
     g.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
+    g.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="with --provider cuda: replay each decode step from a CUDA graph (models in the gqa-graph form)",
+    )
     g.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model")
     g.add_argument(
         "--threads",
@@ -199,10 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--attention",
-        choices=["gqa", "batched"],
+        choices=["gqa", "gqa-graph", "batched"],
         default="gqa",
-        help="gqa: the contract specrt runs (batch 1, GroupQueryAttention); batched: rows of a batch on per-row caches "
-        "(ARCHITECTURE.md, 'Batched rounds'; not run by specrt's runtime yet)",
+        help="gqa: the contract specrt runs (batch 1, GroupQueryAttention); gqa-graph: the same with sequence lengths "
+        "and logit positions as input tensors and a device-side argmax output (the form for CUDA graph capture); "
+        "batched: rows of a batch on per-row caches for Decoder(max_batch > 1) (ARCHITECTURE.md, 'Batched rounds')",
     )
 
     k = sub.add_parser("cost", help="the cost model of speculative decoding: expected tokens and speedup per K", **fmt)
@@ -345,6 +351,7 @@ def _decoder(a: argparse.Namespace) -> Any:
         max_seq_len=a.max_seq_len,
         intra_op_threads=a.threads,
         max_batch=getattr(a, "max_batch", 1),
+        cuda_graph=getattr(a, "cuda_graph", False),
         dtype=a.dtype,
         draft_dtype=a.draft_dtype,
     )

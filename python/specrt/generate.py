@@ -50,6 +50,7 @@ _STREAM_ARGS = (
     "stop_token_ids",
     "ignore_eos",
     "coupled",
+    "logprobs",
     "_fault",
 )
 
@@ -144,7 +145,8 @@ class GenerationResult:
         text: the generated text (special tokens skipped; ends before a matched stop string).
         token_ids: the emitted token ids (an EOS or stop token id that ended generation included).
         finish_reason: ``"eos"``, ``"stop"`` (stop string or stop token id) or ``"length"``.
-        logprobs: the target's log-probability (natural log, raw logits) of each emitted token.
+        logprobs: the target's log-probability (natural log, raw logits) of each emitted token; empty when the
+            request passed ``logprobs=False``.
         sources: ``"accepted"``, ``"recovered"`` or ``"bonus"`` for each emitted token.
         stats: counters and timings.
         prompt_token_ids: the prompt as the models saw it.
@@ -318,6 +320,10 @@ class Decoder:
         intra_op_threads: size of the ONNX Runtime thread pool that all models of the process share (default:
             physical cores; the first model loaded in a process decides it).
         allow_fallback: with ``provider="cuda"``, run on CPU instead of raising when CUDA cannot be used.
+        cuda_graph: with ``provider="cuda"``, capture each decode step shape (1 to 16 new tokens) into a CUDA graph
+            and replay it (ONNX Runtime's ``enable_cuda_graph``); model names are pulled in the graph form
+            (``attention="gqa-graph"``, cached as ``<dtype>-G``), folders must be in it. Single-stream only
+            (``max_batch`` 1). Not yet run on a GPU by specrt's own checks (benches/RESULTS.md says what has been).
         ort_library: absolute path of ``libonnxruntime.so.1.x`` (default: from the installed onnxruntime wheel, or
             ``$SPECRT_ORT_LIBRARY``).
         dtype: precision to pull for model names (``"fp32"``).
@@ -350,6 +356,7 @@ class Decoder:
         max_seq_len: int | None = 4096,
         intra_op_threads: int | None = None,
         allow_fallback: bool = False,
+        cuda_graph: bool = False,
         ort_library: str | None = None,
         dtype: str = "fp32",
         draft_dtype: str | None = None,
@@ -365,7 +372,11 @@ class Decoder:
         _check_draft_dtype(draft, draft_dtype)
         _check_int("max_batch", max_batch, 1, 64, "an integer 1 <= max_batch <= 64")
         _check_int("prefill_chunk", prefill_chunk, 1, 1 << 20, "an integer >= 1")
-        attention = "batched" if max_batch > 1 else "gqa"
+        if cuda_graph and provider != "cuda":
+            raise ConfigError(f"cuda_graph needs provider 'cuda' (got {provider!r}): CUDA graphs replay GPU kernels")
+        if cuda_graph and max_batch > 1:
+            raise ConfigError(f"cuda_graph runs single-stream decoding (max_batch 1), got max_batch {max_batch}")
+        attention = "batched" if max_batch > 1 else "gqa-graph" if cuda_graph else "gqa"
 
         self.max_batch = max_batch
         self.target_path = resolve_model(target, dtype, attention=attention)
@@ -396,7 +407,7 @@ class Decoder:
             self._batch = _specrt.BatchEngine(*models, max_batch=max_batch, prefill_chunk=prefill_chunk, **common)
             self._engine: Any = _SoloBatch(self._batch)
         else:
-            self._engine = _specrt.Engine(*models, device_id=device_id, **common)
+            self._engine = _specrt.Engine(*models, device_id=device_id, cuda_graph=cuda_graph, **common)
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id holding _lock
         gen = self._target.generation
@@ -487,6 +498,7 @@ class Decoder:
         stop_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
         coupled: bool = False,
+        logprobs: bool = True,
         _fault: str | None = None,
     ) -> Iterator[StreamChunk]:
         """Generate, yielding text as it is committed.
@@ -521,6 +533,10 @@ class Decoder:
                 model or n-gram proposer. Each position is still an exact sample of the target's processed
                 distribution; drafts are accepted only when they equal the target's choice, which accepts fewer
                 tokens than ``min(1, p/q)`` acceptance (measured in benches/RESULTS.md).
+            logprobs: return the target's log-probability of each token (default true). False returns none
+                (``logprobs`` lists stay empty) and lets greedy decoding without penalties read only the models'
+                argmax ids: with a graph-form model (``attention="gqa-graph"``) on CUDA, K + 1 ids reach the host per
+                round instead of K + 1 rows of logits; NaN logits are then not detected.
             _fault: a deliberate sampler fault, for tests of the tests only (``"residual_from_draft"``).
 
         Yields:
@@ -582,6 +598,7 @@ class Decoder:
             stop_token_ids,
             ignore_eos,
             coupled,
+            logprobs,
             _fault,
         ) = (a[n] for n in _STREAM_ARGS)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -618,6 +635,7 @@ class Decoder:
             "stop_token_ids": stop_ids,
             "ignore_eos": bool(ignore_eos),
             "coupled": bool(coupled),
+            "logprobs": bool(logprobs),
         }
         if _fault is not None:
             settings["_fault"] = _fault

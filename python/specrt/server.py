@@ -570,6 +570,8 @@ def create_app(
         except _BadFieldError as e:
             return _rejected("completions", str(e), e.param)
         kw["prompt"] = req.prompt
+        # Log-probabilities only when asked for: without them a greedy request reads only argmax ids.
+        kw["logprobs"] = req.logprobs is not None
         # OpenAI's default of 16 tokens is a request setting like any other: too long a prompt for it is an error.
         handle = _submit("completions", req, kw, "max_tokens")
         if not isinstance(handle, RequestHandle):
@@ -648,6 +650,7 @@ def create_app(
         except _BadFieldError as e:
             return _rejected("chat_completions", str(e), e.param)
         kw["messages"] = messages
+        kw["logprobs"] = bool(req.logprobs)
         handle = _submit("chat_completions", req, kw, field)
         if not isinstance(handle, RequestHandle):
             return handle

@@ -36,7 +36,7 @@ from specrt.convert.errors import (
     UnsupportedModelError,
 )
 from specrt.convert.gguf_reader import ARCH_INFO, GGUFModel, ModelSpec
-from specrt.convert.graph import WeightPlan
+from specrt.convert.graph import ATTENTION_FORMS, WeightPlan
 from specrt.convert.hf_reader import HFFormatError, HFModel, hf_tokenizer, is_hf_folder
 
 __all__ = [
@@ -265,7 +265,9 @@ def convert(
             ids are written to ``vocab_subset.json``. ``None`` keeps the whole vocabulary.
         vocab_corpus: text files to count tokens in for an int ``vocab_subset`` (default: the Python standard
             library's sources and documentation topics).
-        attention: ``"gqa"`` (default: the decoder contract of ARCHITECTURE.md, which specrt's runtime runs) or
+        attention: ``"gqa"`` (default: the decoder contract of ARCHITECTURE.md, which specrt's runtime runs),
+            ``"gqa-graph"`` (the same decoder with sequence lengths and logit positions as input tensors and a
+            device-side ``argmax`` output: the form for CUDA graph capture; ARCHITECTURE.md "Graph form") or
             ``"batched"`` (rows of a batch on per-row caches, attention in standard ops; ARCHITECTURE.md "Batched
             rounds"; run with ``Decoder(max_batch > 1)``). ``"batched"`` needs float32 activations (fp32 or int4).
 
@@ -301,8 +303,10 @@ def convert(
 
     src, out = Path(src), Path(out)
     plan = plan or plan_for(dtype)
-    if attention not in ("gqa", "batched"):
-        raise UnsupportedModelError(f"attention {attention!r} is invalid (expected 'gqa' or 'batched')")
+    if attention not in ATTENTION_FORMS:
+        raise UnsupportedModelError(
+            f"attention {attention!r} is invalid (expected one of: {', '.join(repr(a) for a in ATTENTION_FORMS)})"
+        )
     if attention == "batched" and plan.dtype != "fp32":
         raise UnsupportedModelError(
             f"attention 'batched' needs float32 activations (dtype fp32 or int4), got dtype {dtype!r}"
@@ -401,7 +405,7 @@ def convert(
                 "dtype": dtype,
                 "kv_dtype": "float16" if plan.dtype == "fp16" else "float32",
                 "weights": dataclasses.asdict(plan),
-                "kv_layout": "shared_buffer" if attention == "gqa" else "batched_rows",
+                "kv_layout": "batched_rows" if attention == "batched" else "shared_buffer",
                 "attention": attention,
                 "bos_token_id": tok_info.bos_token_id,
                 "eos_token_ids": tok_info.eos_token_ids,

@@ -36,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 from specrt.convert.gguf_reader import ModelSpec
 from specrt.convert.quant import BlockQuant, concat_rows, pack_matmul_nbits, quantize_rtn
 
-__all__ = ["IR_VERSION", "OPSET", "ExternalDataWriter", "WeightPlan", "build_decoder", "rope_cache"]
+__all__ = ["ATTENTION_FORMS", "IR_VERSION", "OPSET", "ExternalDataWriter", "WeightPlan", "build_decoder", "rope_cache"]
 
 #: ONNX opset of the default domain (ReduceMean with an ``axes`` input needs 18; ORT 1.20 runs up to 21).
 OPSET = 18
@@ -108,6 +108,8 @@ def rope_cache(theta: float, head_dim: int, max_positions: int) -> tuple[np.ndar
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
+#: Attention forms of :func:`build_decoder`.
+ATTENTION_FORMS = ("gqa", "gqa-graph", "batched")
 _CONTRIB_OPS = {"GroupQueryAttention", "MatMulNBits", "GatherBlockQuantized", "SkipSimplifiedLayerNormalization"}
 #: Matrix storage kinds of a :class:`WeightPlan` and their bit widths (``None``: a float matrix).
 MATRIX_KINDS = {"float": None, "int4": 4, "int8": 8}
@@ -365,8 +367,11 @@ def build_decoder(
         head_rows: ``[N]`` ascending token ids: a pruned-vocabulary head that scores only these ids (logits
             ``[1, n, N]`` in this order; quantized heads are rounded to nearest from the float rows); ``None`` = all.
         attention: ``"gqa"`` (the contract of ARCHITECTURE.md: batch 1, GroupQueryAttention on a shared past/present
-            buffer) or ``"batched"`` (rows of a batch, each on its own cache; see :data:`BATCHED_CONTRACT`; needs
-            float32 activations).
+            buffer), ``"gqa-graph"`` (the same decoder with ``seqlens_k`` ``[1]`` int32, ``total_sequence_length``
+            ``[]`` int32 and ``logits_index`` ``[n]`` int64 as inputs instead of ``attention_mask`` and
+            ``num_logits_to_keep``, and an ``argmax`` ``[1, n]`` int64 output: the form CUDA graph capture needs)
+            or ``"batched"`` (rows of a batch, each on its own cache; see :data:`BATCHED_CONTRACT`; needs float32
+            activations).
 
     Returns:
         The ``ModelProto`` (initializers reference ``writer``'s file; save it next to that file).
@@ -403,9 +408,10 @@ def build_decoder(
         return out
 
     # ----- inputs / outputs ------------------------------------------------------------------------------------
-    if attention not in ("gqa", "batched"):
-        raise ValueError(f"attention {attention!r} is invalid (expected 'gqa' or 'batched')")
+    if attention not in ATTENTION_FORMS:
+        raise ValueError(f"attention {attention!r} is invalid (expected one of: {', '.join(ATTENTION_FORMS)})")
     batched = attention == "batched"
+    graph_form = attention == "gqa-graph"
     if batched and plan.dtype != "fp32":
         raise ValueError(f"attention 'batched' needs float32 activations (dtype fp32 or int4), got {plan.dtype}")
     n_out = spec.vocab_size if head_rows is None else len(head_rows)  # logits width
@@ -427,17 +433,30 @@ def build_decoder(
             outputs.append(helper.make_tensor_value_info(f"new.{i}.value", ft_proto, new_dims))
     else:
         kv_dims = [1, kvh, "max_sequence_length", hd]
-        inputs = [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "sequence_length"]),
-            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total_sequence_length"]),
-            helper.make_tensor_value_info("num_logits_to_keep", TensorProto.INT64, []),
-        ]
+        if graph_form:
+            # Every per-call value is a tensor the runtime writes (no shape-derived values, no host-side nodes),
+            # so each step shape can run from fixed device addresses (CUDA graph capture and replay).
+            inputs = [
+                helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "sequence_length"]),
+                helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+                helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+                helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["num_logits"]),
+            ]
+        else:
+            inputs = [
+                helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "sequence_length"]),
+                helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total_sequence_length"]),
+                helper.make_tensor_value_info("num_logits_to_keep", TensorProto.INT64, []),
+            ]
         outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "num_logits", n_out])]
+        if graph_form:
+            outputs.append(helper.make_tensor_value_info("argmax", TensorProto.INT64, [1, "num_logits"]))
         for i in range(spec.num_layers):
             for kind in ("key", "value"):
                 inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", ft_proto, kv_dims))
                 outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", ft_proto, kv_dims))
-    b.const("num_logits_to_keep", np.array(0, dtype=np.int64))  # initializer default: keep all positions
+    if not graph_form:
+        b.const("num_logits_to_keep", np.array(0, dtype=np.int64))  # initializer default: keep all positions
 
     # ----- constants and attention bookkeeping ---------------------------------------------------------------
     b.const("const_axes_last", np.array([-1], dtype=np.int64))
@@ -450,6 +469,8 @@ def build_decoder(
     b.const("const_shape_logits", np.array([1, -1, n_out], dtype=np.int64))
     if batched:
         masks = b.batched_masks("past_key_values.0.key_t")
+    elif graph_form:
+        seqlens_k, total_len = "seqlens_k", "total_sequence_length"
     else:
         total = b.op1("ReduceSum", ["attention_mask", "const_axes_1"], name="mask/sum", keepdims=0)  # [1] int64
         seqlens_k = b.op1(
@@ -555,9 +576,15 @@ def build_decoder(
     done("output_norm.weight")
     assert branch is not None
     h, _ = b.skip_rms_norm(branch, residual, "output_norm.weight", spec.rms_norm_eps, "output_norm")
-    # Keep the last num_logits_to_keep positions before the lm_head (0 -> starts = 0 -> all of them).
-    starts = b.op1("Unsqueeze", [b.op1("Neg", ["num_logits_to_keep"], name="keep/neg"), "const_axes_0"], name="keep/s")
-    h = b.op1("Slice", [h, starts, "const_int64_max", "const_axes_1"], name="keep/slice")
+    if graph_form:
+        # The positions whose logits are wanted, as a tensor (a device gather: nothing computed on the host).
+        h = b.op1("Gather", [h, "logits_index"], name="keep/gather", axis=1)
+    else:
+        # Keep the last num_logits_to_keep positions before the lm_head (0 -> starts = 0 -> all of them).
+        starts = b.op1(
+            "Unsqueeze", [b.op1("Neg", ["num_logits_to_keep"], name="keep/neg"), "const_axes_0"], name="keep/s"
+        )
+        h = b.op1("Slice", [h, starts, "const_int64_max", "const_axes_1"], name="keep/slice")
     head_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
     head_bits = MATRIX_KINDS[plan.head]
     if head_rows is not None:
@@ -591,6 +618,10 @@ def build_decoder(
         else:
             logits = b.op1("Reshape", [logits2, "const_shape_logits"], name="logits/reshape")
             b.nodes.append(helper.make_node("Cast", [logits], ["logits"], name="logits/cast", to=TensorProto.FLOAT))
+    if graph_form:
+        # Greedy decoding reads only these ids: [1, n] int64, the first maximum of each row (ONNX ArgMax keeps the
+        # first index on ties, as specrt's sampler does).
+        b.nodes.append(helper.make_node("ArgMax", ["logits"], ["argmax"], name="argmax", axis=-1, keepdims=0))
     if not spec.tied_embeddings:
         done("output.weight")
 

@@ -21,6 +21,44 @@ pub trait Backend: Send {
     /// [`crate::SpecError::Config`] if `n_logits` is 0 or above `tokens.len()`, [`crate::SpecError::Backend`] if the
     /// runtime fails.
     fn forward(&mut self, tokens: &[u32], n_past: usize, n_logits: usize) -> Result<&[f32]>;
+
+    /// Run like [`Backend::forward`] and write only the greedy choice of each of the last `n_logits` positions
+    /// into `out` (`[n_logits]` token ids, cleared first): the first maximum of each row, which is what
+    /// [`crate::Sampler::argmax`] picks without penalties. Greedy decoding without penalties or log-probabilities
+    /// needs nothing else (ARCHITECTURE.md, "Graph form").
+    ///
+    /// The default runs [`Backend::forward`] and scans each row, checking it for NaN / inf. A backend whose model
+    /// computes the argmax on its device overrides this so that only the ids leave the device; its rows are then
+    /// not checked.
+    ///
+    /// Errors: as [`Backend::forward`]; [`crate::SpecError::NonFinite`] for a row with NaN, +inf or only -inf
+    /// (default implementation).
+    fn forward_argmax(
+        &mut self,
+        tokens: &[u32],
+        n_past: usize,
+        n_logits: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        argmax_of_forward(self, tokens, n_past, n_logits, out)
+    }
+}
+
+/// [`Backend::forward_argmax`]'s default: [`Backend::forward`], then the first maximum of each row
+/// ([`crate::sampling::argmax_rows`], which checks every row for NaN / inf). For backends that override it and fall
+/// back to it for some models.
+///
+/// Errors: as [`Backend::forward_argmax`].
+pub fn argmax_of_forward<B: Backend + ?Sized>(
+    backend: &mut B,
+    tokens: &[u32],
+    n_past: usize,
+    n_logits: usize,
+    out: &mut Vec<u32>,
+) -> Result<()> {
+    let vocab = backend.vocab_size();
+    let logits = backend.forward(tokens, n_past, n_logits)?;
+    crate::sampling::argmax_rows(logits, vocab, out)
 }
 
 /// One row of a batched pass ([`BatchBackend::forward_rows`]).

@@ -20,7 +20,8 @@ use crate::sampling::{
 };
 use crate::stats::Stats;
 use crate::verify::{
-    verify_coupled_into, verify_into, LastToken, Verification, VerifyMode, MAX_DRAFT_TOKENS,
+    verify_coupled_into, verify_greedy_ids_into, verify_into, LastToken, Verification, VerifyMode,
+    MAX_DRAFT_TOKENS,
 };
 
 /// Settings of one generation request.
@@ -54,6 +55,10 @@ pub struct GenerationConfig {
     /// draft model or n-gram proposer. Each position is still an exact sample of the target's processed
     /// distribution; acceptance is lower than with `min(1, p/q)` acceptance.
     pub coupled: bool,
+    /// Return the target's log-probability of each emitted token (default true). Off, `logprobs` stay empty, and
+    /// a greedy request without penalties needs only the models' argmax ids ([`Backend::forward_argmax`]: on a
+    /// device that computes them, a round copies K + 1 ids to the host instead of K + 1 rows of logits).
+    pub logprobs: bool,
     /// A deliberate sampler fault (tests of the tests only; `None` in any real use).
     #[doc(hidden)]
     pub fault: Option<Fault>,
@@ -82,12 +87,24 @@ impl Default for GenerationConfig {
             ngram: None,
             use_draft_model: true,
             coupled: false,
+            logprobs: true,
             fault: None,
         }
     }
 }
 
 impl GenerationConfig {
+    /// Whether a round needs only argmax ids from the models: greedy, no penalties, no log-probabilities, not
+    /// coupled (and no test fault).
+    #[must_use]
+    pub fn ids_only(&self) -> bool {
+        self.sampling.is_greedy()
+            && !self.sampling.has_penalties()
+            && !self.logprobs
+            && !self.coupled
+            && self.fault.is_none()
+    }
+
     /// Check every setting; errors name the bad value and the allowed range.
     ///
     /// Errors: [`SpecError::Config`].
@@ -164,7 +181,8 @@ pub struct StepOutput {
     pub tokens: Vec<u32>,
     /// `[n]` where each token came from.
     pub sources: Vec<TokenSource>,
-    /// `[n]` the target's log-probability of each token (log-softmax of the raw target logits, natural log).
+    /// `[n]` the target's log-probability of each token (log-softmax of the raw target logits, natural log); empty
+    /// when the request set [`GenerationConfig::logprobs`] false.
     pub logprobs: Vec<f32>,
     /// K used in this round (draft tokens proposed).
     pub n_drafted: usize,
@@ -179,7 +197,7 @@ pub struct GenerationOutput {
     pub tokens: Vec<u32>,
     /// Where each emitted token came from.
     pub sources: Vec<TokenSource>,
-    /// The target's log-probability of each emitted token.
+    /// The target's log-probability of each emitted token (empty with [`GenerationConfig::logprobs`] false).
     pub logprobs: Vec<f32>,
     /// Why generation ended.
     pub finish_reason: FinishReason,
@@ -416,12 +434,16 @@ impl Request {
             } else {
                 TokenSource::Recovered
             };
-            let row = &logits_tgt[i * vocab..(i + 1) * vocab];
-            // The verifier's row normaliser when it computed the plain softmax (T = 1, no penalties/top-k).
-            let logprob = match ver.row_norms.get(i).copied().flatten() {
-                Some(norm) => log_softmax_with(row, tok, norm)
-                    .map_or_else(|| log_softmax_at(row, tok, i), Ok)?,
-                None => log_softmax_at(row, tok, i)?,
+            let logprob = if self.cfg.logprobs {
+                let row = &logits_tgt[i * vocab..(i + 1) * vocab];
+                // The verifier's row normaliser when it computed the plain softmax (T = 1, no penalties/top-k).
+                Some(match ver.row_norms.get(i).copied().flatten() {
+                    Some(norm) => log_softmax_with(row, tok, norm)
+                        .map_or_else(|| log_softmax_at(row, tok, i), Ok)?,
+                    None => log_softmax_at(row, tok, i)?,
+                })
+            } else {
+                None
             };
             match source {
                 TokenSource::Accepted => {
@@ -439,10 +461,12 @@ impl Request {
                 self.penalties.push(tok)?;
             }
             self.sources.push(source);
-            self.logprobs.push(logprob);
+            if let Some(lp) = logprob {
+                self.logprobs.push(lp);
+                out.logprobs.push(lp);
+            }
             out.tokens.push(tok);
             out.sources.push(source);
-            out.logprobs.push(logprob);
             let finish = if !self.cfg.ignore_eos && self.cfg.eos_token_ids.contains(&tok) {
                 Some(FinishReason::Eos)
             } else if self.cfg.stop_token_ids.contains(&tok) {
@@ -561,6 +585,9 @@ pub struct Engine {
     tokens_dft: Vec<u32>,
     // [k + 1] target input of this round: the last committed token then the drafts.
     input_tgt: Vec<u32>,
+    // Argmax ids of a draft pass ([1]) and of the target pass ([k + 1]) in rounds that need only ids.
+    ids_dft: Vec<u32>,
+    ids_tgt: Vec<u32>,
     // Prompt-lookup index over the committed tokens (allocations reused across requests).
     ngram: Option<NgramProposer>,
     // Reused result of the round's verification.
@@ -586,6 +613,8 @@ impl Engine {
             probs_dft: Vec::new(),
             tokens_dft: Vec::with_capacity(MAX_DRAFT_TOKENS),
             input_tgt: Vec::with_capacity(MAX_DRAFT_TOKENS + 1),
+            ids_dft: Vec::with_capacity(1),
+            ids_tgt: Vec::with_capacity(MAX_DRAFT_TOKENS + 1),
             ngram: None,
             ver: Verification::default(),
             request: None,
@@ -709,6 +738,8 @@ impl Engine {
         let len = req.tokens.len();
         let remaining = req.remaining();
         let draft_usable = self.draft.is_some() && req.cfg.use_draft_model;
+        // Greedy without penalties or log-probabilities: the models' argmax ids are all a round reads.
+        let ids_only = req.cfg.ids_only();
         // K is fixed before any random draw of the round, so the round is lossless whatever K is; it never drafts
         // past max_new_tokens.
         let k_cap = if draft_usable || req.cfg.ngram.is_some() {
@@ -769,10 +800,15 @@ impl Engine {
                 for i in 0..k {
                     let input: &[u32] = if i == 0 { &req.tokens[n_past..] } else { &prev };
                     let n_input = input.len();
-                    let logits = draft.forward(input, n_past, 1)?;
+                    let d = if ids_only {
+                        draft.forward_argmax(input, n_past, 1, &mut self.ids_dft)?;
+                        self.ids_dft[0]
+                    } else {
+                        let logits = draft.forward(input, n_past, 1)?;
+                        let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
+                        req.draft_choice(&mut self.sampler_dft, logits, i, q_row)?
+                    };
                     n_past += n_input;
-                    let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
-                    let d = req.draft_choice(&mut self.sampler_dft, logits, i, q_row)?;
                     self.tokens_dft.push(d);
                     prev[0] = d;
                     if i == 0 {
@@ -793,7 +829,13 @@ impl Engine {
         self.input_tgt.clear();
         self.input_tgt.push(req.tokens[len - 1]);
         self.input_tgt.extend_from_slice(&self.tokens_dft);
-        let logits_tgt = self.target.forward(&self.input_tgt, len - 1, k + 1)?;
+        let logits_tgt: &[f32] = if ids_only {
+            self.target
+                .forward_argmax(&self.input_tgt, len - 1, k + 1, &mut self.ids_tgt)?;
+            &[]
+        } else {
+            self.target.forward(&self.input_tgt, len - 1, k + 1)?
+        };
         let target_ms = ms_since(t_target);
 
         let t_core = Instant::now();
@@ -803,14 +845,18 @@ impl Engine {
             &[]
         };
         let ver = &mut self.ver;
-        req.verify(
-            &mut self.sampler_tgt,
-            logits_tgt,
-            probs_dft,
-            &self.tokens_dft,
-            mode,
-            ver,
-        )?;
+        if ids_only {
+            verify_greedy_ids_into(&self.ids_tgt, &self.tokens_dft, vocab, ver)?;
+        } else {
+            req.verify(
+                &mut self.sampler_tgt,
+                logits_tgt,
+                probs_dft,
+                &self.tokens_dft,
+                mode,
+                ver,
+            )?;
+        }
         let n_acc = ver.n_accepted;
         req.n_past_tgt = len + n_acc;
         if n_draft_passes > 0 {

@@ -34,5 +34,6 @@ pub use sampling::{PenaltyContext, Sampler, SamplingParams};
 pub use stats::Stats;
 pub use subset::{SubsetBackend, VocabSubset};
 pub use verify::{
-    verify, verify_coupled_into, LastToken, Verification, VerifyMode, MAX_DRAFT_TOKENS,
+    verify, verify_coupled_into, verify_greedy_ids_into, LastToken, Verification, VerifyMode,
+    MAX_DRAFT_TOKENS,
 };

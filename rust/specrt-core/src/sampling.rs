@@ -445,6 +445,27 @@ fn argmax_from_blocks(x: &[f32], bmax: &[f32], m: f32) -> u32 {
     i
 }
 
+/// Greedy choice of every row of `logits` (`[rows, vocab] float32`, row-major) into `out` (`[rows]`, cleared
+/// first): the first index of each row's maximum, as [`Sampler::argmax`] picks without penalties.
+///
+/// Errors: [`SpecError::Shape`] if `vocab` is 0 or does not divide `logits.len()`; [`SpecError::NonFinite`] for a
+/// row with NaN, +inf or only -inf (named by its row index).
+pub fn argmax_rows(logits: &[f32], vocab: usize, out: &mut Vec<u32>) -> Result<()> {
+    if vocab == 0 || !logits.len().is_multiple_of(vocab) {
+        return Err(SpecError::Shape(format!(
+            "logits have {} values, not a whole number of rows of vocab {vocab}",
+            logits.len()
+        )));
+    }
+    out.clear();
+    let mut bmax = Vec::new();
+    for (r, row) in logits.chunks_exact(vocab).enumerate() {
+        let m = checked_max_blocks(row, r, &mut bmax)?;
+        out.push(argmax_from_blocks(row, &bmax, m));
+    }
+    Ok(())
+}
+
 /// Max of a row, checking for NaN / +inf / all -inf. `row` is used in the error only.
 ///
 /// Errors: [`SpecError::NonFinite`] with the row and the first bad token.

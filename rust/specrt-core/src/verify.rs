@@ -261,6 +261,64 @@ pub fn verify_coupled_into(
     done(out, last?)
 }
 
+/// Greedy verification from the target's argmax ids alone (no logits): accept `d_{i+1}` while it equals
+/// `target_ids[i]`; at the first mismatch emit `target_ids[i]` (recovered); after K accepts emit `target_ids[K]`
+/// (bonus). The same tokens, sources and acceptance record as [`verify_into`] at temperature 0 without penalties
+/// given the rows these ids are the argmax of (`row_norms` are all `None`). No random stream is read.
+///
+/// Inputs: `target_ids` `[k + 1]` (the greedy choice of each target row, [`crate::Backend::forward_argmax`]),
+/// `tokens_dft` `[k]`, `vocab` (ids must be below it).
+///
+/// Errors: [`SpecError::Config`] for k > 64; [`SpecError::Shape`] if `target_ids.len() != k + 1`;
+/// [`SpecError::Vocab`] for an id `>= vocab`.
+pub fn verify_greedy_ids_into(
+    target_ids: &[u32],
+    tokens_dft: &[u32],
+    vocab: usize,
+    out: &mut Verification,
+) -> Result<()> {
+    let k = tokens_dft.len();
+    if k > MAX_DRAFT_TOKENS {
+        return Err(SpecError::Config(format!(
+            "{k} draft tokens is invalid (expected 0 <= k <= {MAX_DRAFT_TOKENS})"
+        )));
+    }
+    if target_ids.len() != k + 1 {
+        return Err(SpecError::Shape(format!(
+            "target ids have {} entries, expected k + 1 = {}",
+            target_ids.len(),
+            k + 1
+        )));
+    }
+    if let Some((i, &t)) = tokens_dft
+        .iter()
+        .chain(target_ids)
+        .enumerate()
+        .find(|(_, &t)| t as usize >= vocab)
+    {
+        return Err(SpecError::Vocab(format!(
+            "token {t} at position {i} of the drafts then the target ids is out of range (expected < vocab size \
+             {vocab})"
+        )));
+    }
+    out.n_draft = k;
+    out.tokens.clear();
+    out.accept_probs.clear();
+    out.row_norms.clear();
+    for (&d, &y) in tokens_dft.iter().zip(target_ids) {
+        out.tokens.push(y);
+        out.row_norms.push(None);
+        if y != d {
+            out.accept_probs.push(0.0);
+            return done(out, LastToken::Recovered);
+        }
+        out.accept_probs.push(1.0);
+    }
+    out.tokens.push(target_ids[k]);
+    out.row_norms.push(None);
+    done(out, LastToken::Bonus)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn verify_rows(
     sampler: &mut Sampler,
@@ -373,6 +431,59 @@ fn draft_prob(probs_dft: &[f32], i: usize, vocab: usize, d: u32) -> Result<f64> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Verification from argmax ids gives exactly what greedy verification of the rows gives (tokens, sources,
+        /// acceptance record), ties included (small integer logits tie often).
+        #[test]
+        fn greedy_ids_verification_equals_greedy_row_verification(
+            vocab in 2usize..9,
+            k in 0usize..6,
+            seed in 0u64..1_000,
+        ) {
+            let mut rng = Rng::seed_from_u64(seed);
+            #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+            let logits: Vec<f32> = (0..(k + 1) * vocab).map(|_| (rng.next_f64() * 3.0).floor() as f32).collect();
+            let mut ids = Vec::new();
+            crate::sampling::argmax_rows(&logits, vocab, &mut ids).unwrap();
+            // Drafts that follow the target for a while, then (maybe) differ.
+            let cut = (seed as usize) % (k + 1);
+            #[allow(clippy::cast_possible_truncation)]
+            let drafts: Vec<u32> = (0..k)
+                .map(|i| if i < cut { ids[i] } else { (ids[i] + 1) % vocab as u32 })
+                .collect();
+            let mut s = Sampler::new(vocab);
+            let mut ctx = PenaltyContext::new(vocab);
+            let want = verify(
+                &mut s, &logits, &[], &drafts, &SamplingParams::greedy(), VerifyMode::Greedy, &mut ctx, &mut rng,
+            )
+            .unwrap();
+            let mut got = Verification::default();
+            verify_greedy_ids_into(&ids, &drafts, vocab, &mut got).unwrap();
+            proptest::prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn greedy_ids_verification_checks_its_inputs() {
+        let mut v = Verification::default();
+        let err = verify_greedy_ids_into(&[1, 2], &[1, 2], 4, &mut v).unwrap_err();
+        assert!(err.to_string().contains("expected k + 1 = 3"), "{err}");
+        let err = verify_greedy_ids_into(&[1, 9], &[1], 4, &mut v).unwrap_err();
+        assert!(err.to_string().contains("token 9"), "{err}");
+        let err = verify_greedy_ids_into(&[0; 66], &[0; 65], 4, &mut v).unwrap_err();
+        assert!(err.to_string().contains("65 draft tokens"), "{err}");
+    }
+
+    #[test]
+    fn argmax_rows_takes_the_first_maximum_and_refuses_nan() {
+        let mut out = Vec::new();
+        crate::sampling::argmax_rows(&[1.0, 3.0, 3.0, 0.0, -1.0, -2.0], 3, &mut out).unwrap();
+        assert_eq!(out, vec![1, 0]);
+        let err = crate::sampling::argmax_rows(&[1.0, f32::NAN, 0.0], 3, &mut out).unwrap_err();
+        assert!(matches!(err, SpecError::NonFinite { .. }), "{err}");
+        assert!(crate::sampling::argmax_rows(&[1.0, 2.0], 3, &mut out).is_err());
+    }
 
     #[test]
     fn k_zero_is_one_target_sample() {

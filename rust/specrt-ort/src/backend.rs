@@ -16,6 +16,7 @@ use ort::{
 use specrt_core::subset::VocabSubset;
 use specrt_core::{backend::Backend, Result, SpecError};
 
+use crate::cuda_graph::{is_graph_shape, no_graph_options, GraphStep, MAX_GRAPH_TOKENS};
 use crate::model::{
     analyze, choose_max_seq_len, past_name, present_name, resolve_model_file, DecoderIo,
     SpecrtConfig, TensorDesc,
@@ -113,9 +114,17 @@ pub(crate) fn overridable_initializers(session: &Session) -> Result<Vec<String>>
 
 /// Register the CUDA execution provider on `builder`, failing loudly (ort's default is to fail silently and run on
 /// the CPU).
-fn register_cuda(builder: SessionBuilder, device_id: i32) -> Result<SessionBuilder> {
+fn register_cuda(
+    builder: SessionBuilder,
+    device_id: i32,
+    cuda_graph: bool,
+) -> Result<SessionBuilder> {
     builder
-        .with_execution_providers([ep::CUDA::default().with_device_id(device_id).build().error_on_failure()])
+        .with_execution_providers([ep::CUDA::default()
+            .with_device_id(device_id)
+            .with_cuda_graph(cuda_graph)
+            .build()
+            .error_on_failure()])
         .map_err(|e| {
             SpecError::Provider(format!(
                 "CUDA execution provider could not be registered (device {device_id}): {} (check the CUDA driver \
@@ -136,7 +145,7 @@ pub fn check_cuda_provider(ort_library: &Path, device_id: i32) -> Result<()> {
     init_runtime(ort_library)?;
     check_cuda_library_present()?;
     let builder = Session::builder().map_err(|e| ort_err("creating session options", &e))?;
-    register_cuda(builder, device_id).map(|_| ())
+    register_cuda(builder, device_id, false).map(|_| ())
 }
 
 fn check_cuda_library_present() -> Result<()> {
@@ -172,7 +181,7 @@ pub(crate) fn build_session(
         .map_err(ctx("setting sequential execution"))?;
     if provider == Provider::Cuda {
         check_cuda_library_present()?;
-        builder = register_cuda(builder, options.device_id)?;
+        builder = register_cuda(builder, options.device_id, options.cuda_graph)?;
     }
     builder.commit_from_file(model_file).map_err(|e| {
         let message = e.message();
@@ -231,6 +240,14 @@ pub struct OrtBackend {
     positions: Box<[i64]>,
     /// `[1]` int64: `num_logits_to_keep`.
     n_keep: Box<[i64]>,
+    /// `[2]` int32: `seqlens_k` then `total_sequence_length` (the graph form's inputs).
+    seq: Box<[i32]>,
+    /// Reused `argmax` output tensors `[1, rows]` int64 in host memory (the graph form), most recent last.
+    argmax: Vec<(usize, Tensor<i64>)>,
+    /// Row count of the argmax tensor bound as output; `None` when `argmax` is unbound or left to ONNX Runtime.
+    argmax_bound_rows: Option<usize>,
+    /// CUDA device ordinal (outputs that are not read are left on this device).
+    device_id: i32,
     _kv_allocator: Option<Allocator>,
     session: Session,
     io: DecoderIo,
@@ -242,6 +259,19 @@ pub struct OrtBackend {
     model_file: PathBuf,
     /// A pruned-vocabulary model: its `[rows, N]` logits are expanded to `[rows, vocab]` (`-inf` outside).
     subset: Option<VocabSubset>,
+    /// CUDA graphs on ([`OrtOptions::cuda_graph`]): the captured step shapes, and the run options of the other
+    /// calls (`gpu_graph_id = -1`).
+    graphs: Option<Graphs>,
+}
+
+/// The CUDA-graph state of a backend.
+struct Graphs {
+    /// `steps[s]`: the step of `s` new tokens, created on first use.
+    steps: Vec<Option<GraphStep>>,
+    /// Run options of calls made without a graph.
+    no_graph: ort::session::RunOptions,
+    /// The step the last call ran from (`None`: the main binding).
+    last: Option<usize>,
 }
 
 impl OrtBackend {
@@ -439,7 +469,29 @@ impl OrtBackend {
         };
         let max_i64 = i64::try_from(max_seq_len)
             .map_err(|_| SpecError::Config("max_seq_len too large".into()))?;
+        if io.has_sequence_inputs && i32::try_from(max_seq_len).is_err() {
+            return Err(SpecError::Config(format!(
+                "max_seq_len {max_seq_len} is too large for the graph form's int32 sequence lengths"
+            )));
+        }
+
         let subset = config.vocab_subset_for(io.vocab_size, model_file)?;
+        let graphs = if options.cuda_graph && provider == Provider::Cuda {
+            if !(io.has_sequence_inputs && io.has_logits_index && io.has_argmax) {
+                return Err(SpecError::Config(format!(
+                    "cuda_graph needs a model in the graph form (seqlens_k, total_sequence_length and logits_index \
+                     inputs, an argmax output); {} is not: convert it with `specrt convert --attention gqa-graph`",
+                    model_file.display()
+                )));
+            }
+            Some(Graphs {
+                steps: (0..=MAX_GRAPH_TOKENS).map(|_| None).collect(),
+                no_graph: no_graph_options()?,
+                last: None,
+            })
+        } else {
+            None
+        };
         let backend = OrtBackend {
             binding,
             kv,
@@ -449,6 +501,10 @@ impl OrtBackend {
             ones: vec![1; max_seq_len].into_boxed_slice(),
             positions: (0..max_i64).collect(),
             n_keep: vec![0].into_boxed_slice(),
+            seq: vec![0; 2].into_boxed_slice(),
+            argmax: Vec::new(),
+            argmax_bound_rows: None,
+            device_id: options.device_id,
             _kv_allocator: kv_allocator,
             session,
             io,
@@ -458,6 +514,7 @@ impl OrtBackend {
             fallback_reason: None,
             model_file: model_file.to_path_buf(),
             subset,
+            graphs,
         };
         Ok(backend)
     }
@@ -693,8 +750,106 @@ impl OrtBackend {
         Ok(())
     }
 
-    fn run(&mut self, tokens: &[u32], n_past: usize, n_logits: usize) -> Result<usize> {
+    /// Bind the `argmax` output to a reused host tensor `[1, rows]` int64.
+    fn bind_argmax(&mut self, rows: usize) -> Result<()> {
+        if let Some(pos) = self.argmax.iter().position(|(r, _)| *r == rows) {
+            let entry = self.argmax.remove(pos);
+            self.argmax.push(entry);
+        } else {
+            if self.argmax.len() == LOGITS_CACHE_ENTRIES {
+                self.argmax.remove(0);
+                self.argmax_bound_rows = None;
+            }
+            let tensor = Tensor::<i64>::new(self.session.allocator(), [1, rows])
+                .map_err(|e| ort_err(&format!("allocating argmax [1, {rows}]"), &e))?;
+            self.argmax.push((rows, tensor));
+        }
+        if self.argmax_bound_rows != Some(rows) {
+            let (_, tensor) = self.argmax.last_mut().expect("pushed above");
+            let alias = tensor
+                .view_mut()
+                .try_upgrade()
+                .map_err(|_| SpecError::Internal("argmax view is not upgradable".into()))?;
+            self.binding
+                .bind_output("argmax", alias)
+                .map_err(|e| ort_err("binding argmax", &e))?;
+            self.argmax_bound_rows = Some(rows);
+        }
+        Ok(())
+    }
+
+    /// Run a decode step from its CUDA graph (created and bound on first use). Returns the rows (`s`).
+    fn run_graph(&mut self, tokens: &[u32], n_past: usize, ids: bool) -> Result<usize> {
         let s = tokens.len();
+        let vocab = self.io.vocab_size;
+        let max_seq_len = self.max_seq_len;
+        let (Some(g), KvState::Shared { buffers }, Some(device)) = (
+            self.graphs.as_mut(),
+            &mut self.kv,
+            self._kv_allocator.as_ref(),
+        ) else {
+            return Err(SpecError::Internal(
+                "CUDA graphs without a shared device KV cache".into(),
+            ));
+        };
+        if g.steps[s].is_none() {
+            g.steps[s] = Some(GraphStep::new(
+                &self.session,
+                device,
+                buffers,
+                s,
+                vocab,
+                max_seq_len,
+            )?);
+        }
+        let step = g.steps[s].as_mut().expect("created above");
+        // The cache rows past n_past are rewritten by this call.
+        self.n_cached = n_past;
+        step.run(&self.session, tokens, n_past, ids)?;
+        g.last = Some(s);
+        self.n_cached = n_past + s;
+        Ok(s)
+    }
+
+    /// Leave output `name` to ONNX Runtime's allocator on the provider's device (it is not read this call), so
+    /// nothing is copied to the host: `logits` of an argmax-only call, `argmax` of a logits call.
+    fn bind_unread(&mut self, name: &str) -> Result<()> {
+        let memory = match self.provider {
+            Provider::Cuda => MemoryInfo::new(
+                AllocationDevice::CUDA,
+                self.device_id,
+                AllocatorType::Device,
+                MemoryType::Default,
+            ),
+            Provider::Cpu => MemoryInfo::new(
+                AllocationDevice::CPU,
+                0,
+                AllocatorType::Device,
+                MemoryType::CPUOutput,
+            ),
+        }
+        .map_err(|e| ort_err("creating the output memory info", &e))?;
+        self.binding
+            .bind_output_to_device(name, &memory)
+            .map_err(|e| ort_err(&format!("binding {name} to the device"), &e))
+    }
+
+    /// One run. `ids`: the caller reads only the `argmax` output (bound to host memory; the logits stay on the
+    /// device); otherwise the logits (bound to host memory). Returns the number of logits rows the graph made.
+    fn run(
+        &mut self,
+        tokens: &[u32],
+        n_past: usize,
+        n_logits: usize,
+        ids_only: bool,
+    ) -> Result<usize> {
+        let s = tokens.len();
+        if let Some(g) = self.graphs.as_mut() {
+            g.last = None;
+            if is_graph_shape(s, n_logits) {
+                return self.run_graph(tokens, n_past, ids_only);
+            }
+        }
         for (dst, &t) in self.ids.iter_mut().zip(tokens) {
             *dst = i64::from(t);
         }
@@ -711,6 +866,23 @@ impl OrtBackend {
                 .bind_input("attention_mask", &mask)
                 .map_err(|e| ort_err("binding attention_mask", &e))?;
         }
+        if self.io.has_sequence_inputs {
+            // GroupQueryAttention's sequence lengths, which the default form derives from attention_mask.
+            let total = n_past + s;
+            self.seq[0] =
+                i32::try_from(total - 1).expect("max_seq_len fits in i32 (checked at load)");
+            self.seq[1] = i32::try_from(total).expect("max_seq_len fits in i32 (checked at load)");
+            let seqlens = TensorRef::from_array_view(([1usize], &self.seq[..1]))
+                .map_err(|e| ort_err("seqlens_k", &e))?;
+            self.binding
+                .bind_input("seqlens_k", &seqlens)
+                .map_err(|e| ort_err("binding seqlens_k", &e))?;
+            let total = TensorRef::from_array_view((Vec::<i64>::new(), &self.seq[1..]))
+                .map_err(|e| ort_err("total_sequence_length", &e))?;
+            self.binding
+                .bind_input("total_sequence_length", &total)
+                .map_err(|e| ort_err("binding total_sequence_length", &e))?;
+        }
         if self.io.has_position_ids {
             let pos = TensorRef::from_array_view(([1, s], &self.positions[n_past..n_past + s]))
                 .map_err(|e| ort_err("position_ids", &e))?;
@@ -726,13 +898,33 @@ impl OrtBackend {
                 .bind_input("num_logits_to_keep", &keep)
                 .map_err(|e| ort_err("binding num_logits_to_keep", &e))?;
             n_logits
+        } else if self.io.has_logits_index {
+            // The last n_logits of the s positions.
+            let index = TensorRef::from_array_view(([n_logits], &self.positions[s - n_logits..s]))
+                .map_err(|e| ort_err("logits_index", &e))?;
+            self.binding
+                .bind_input("logits_index", &index)
+                .map_err(|e| ort_err("binding logits_index", &e))?;
+            n_logits
         } else {
             s
         };
         if self.io.layout == KvLayout::Optimum {
             self.bind_optimum_pasts(n_past)?;
         }
-        self.bind_logits(rows)?;
+        // An output bound to a device is allocated by the run and then stays bound at that shape: bind the unread
+        // output afresh on every call, or a call with another row count fails on the shape.
+        if ids_only {
+            self.bind_argmax(rows)?;
+            self.logits_bound_rows = None;
+            self.bind_unread("logits")?;
+        } else {
+            self.bind_logits(rows)?;
+            if self.io.has_argmax {
+                self.argmax_bound_rows = None;
+                self.bind_unread("argmax")?;
+            }
+        }
         if self.provider == Provider::Cuda {
             // Host inputs are copied to the device when bound; make sure those copies are done.
             self.binding
@@ -762,10 +954,14 @@ impl OrtBackend {
             // `run_binding`'s GetBoundOutputValues (a new OrtValue wrapper + type query per output, per call).
             // SAFETY: valid session and binding pointers (the binding was created from this session); a null
             // run-options pointer is allowed. ort's `run_binding` makes the same call.
+            let run_options = self
+                .graphs
+                .as_ref()
+                .map_or(std::ptr::null(), |g| g.no_graph.ptr());
             let status = unsafe {
                 (ort::api().RunWithBinding)(
                     self.session.ptr().cast_mut(),
-                    std::ptr::null(),
+                    run_options,
                     self.binding.ptr(),
                 )
             };
@@ -799,17 +995,66 @@ impl Backend for OrtBackend {
     /// [`SpecError::Config`] for an `n_past` beyond the positions cached by previous calls.
     fn forward(&mut self, tokens: &[u32], n_past: usize, n_logits: usize) -> Result<&[f32]> {
         self.validate(tokens, n_past, n_logits)?;
-        let rows = self.run(tokens, n_past, n_logits)?;
+        let rows = self.run(tokens, n_past, n_logits, false)?;
         let vocab = self.io.vocab_size;
-        let (_, tensor) = self.logits.last().expect("bound in run");
-        // SAFETY: the tensor holds `rows * vocab` f32 in host memory (the session's CPU allocator; on CUDA the
-        // outputs were synchronised above) and lives in `self` until the next call.
-        let all =
-            unsafe { std::slice::from_raw_parts(tensor.data_ptr().cast::<f32>(), rows * vocab) };
+        let all = match self.graphs.as_ref().and_then(|g| g.last.map(|s| (g, s))) {
+            Some((g, s)) => g.steps[s].as_ref().expect("ran").logits(vocab),
+            None => {
+                let (_, tensor) = self.logits.last().expect("bound in run");
+                // SAFETY: the tensor holds `rows * vocab` f32 in host memory (the session's CPU allocator; on CUDA
+                // the outputs were synchronised above) and lives in `self` until the next call.
+                unsafe { std::slice::from_raw_parts(tensor.data_ptr().cast::<f32>(), rows * vocab) }
+            }
+        };
         let kept = &all[(rows - n_logits) * vocab..];
         match self.subset.as_mut() {
             Some(subset) => subset.expand(kept, n_logits),
             None => Ok(kept),
         }
+    }
+
+    /// See [`Backend::forward_argmax`]. A model with an `argmax` output (the graph form) computes the ids in the
+    /// graph, on the provider's device, and only `[n_logits]` int64 reach the host (its logits are not checked for
+    /// NaN); other models take the default (logits to the host, checked, scanned here).
+    fn forward_argmax(
+        &mut self,
+        tokens: &[u32],
+        n_past: usize,
+        n_logits: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        if !(self.io.has_argmax && (self.io.has_logits_index || self.io.has_num_logits_to_keep)) {
+            return specrt_core::backend::argmax_of_forward(self, tokens, n_past, n_logits, out);
+        }
+        self.validate(tokens, n_past, n_logits)?;
+        let rows = self.run(tokens, n_past, n_logits, true)?;
+        debug_assert_eq!(rows, n_logits);
+        let ids = match self.graphs.as_ref().and_then(|g| g.last.map(|s| (g, s))) {
+            Some((g, s)) => g.steps[s].as_ref().expect("ran").argmax(),
+            None => {
+                let (_, tensor) = self.argmax.last().expect("bound in run");
+                // SAFETY: the tensor holds `rows` i64 in host memory (the session's CPU allocator; on CUDA the
+                // outputs were synchronised in `run`) and lives in `self`.
+                unsafe { std::slice::from_raw_parts(tensor.data_ptr().cast::<i64>(), rows) }
+            }
+        };
+        let width = self.io.vocab_size;
+        out.clear();
+        for &i in ids {
+            let i = usize::try_from(i)
+                .ok()
+                .filter(|&i| i < width)
+                .ok_or_else(|| {
+                    SpecError::Internal(format!(
+                        "argmax output {i} is outside the logits width {width}"
+                    ))
+                })?;
+            #[allow(clippy::cast_possible_truncation)]
+            out.push(match &self.subset {
+                Some(subset) => subset.ids()[i],
+                None => i as u32,
+            });
+        }
+        Ok(())
     }
 }

@@ -61,6 +61,7 @@
 
 mod backend;
 mod batched;
+mod cuda_graph;
 pub mod discover;
 pub mod model;
 pub mod options;
@@ -69,6 +70,7 @@ pub mod runtime;
 
 pub use backend::{check_cuda_provider, OrtBackend};
 pub use batched::{BatchedOrtBackend, MAX_BATCH};
+pub use cuda_graph::MAX_GRAPH_TOKENS;
 pub use discover::find_ort_library;
 pub use options::{
     physical_cores, KvLayout, Memory, MemoryPlan, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN,

@@ -245,6 +245,13 @@ pub struct DecoderIo {
     pub has_position_ids: bool,
     /// `num_logits_to_keep` can be fed (graph input or overridable initializer).
     pub has_num_logits_to_keep: bool,
+    /// The graph form (`specrt convert --attention gqa-graph`): `seqlens_k` (int32 `[1]`) and
+    /// `total_sequence_length` (int32 scalar) are inputs, fed instead of `attention_mask`.
+    pub has_sequence_inputs: bool,
+    /// `logits_index` (int64 `[n]`, the positions whose logits are returned) is an input.
+    pub has_logits_index: bool,
+    /// An `argmax` output (int64 `[1, n]`, the first maximum of each logits row) exists.
+    pub has_argmax: bool,
     /// Static length of the shared KV buffer, when the graph fixes it.
     pub static_kv_len: Option<usize>,
 }
@@ -394,10 +401,30 @@ pub fn analyze(
             KvLayout::Optimum
         });
     let has_attention_mask = input("attention_mask").is_some();
-    if layout == KvLayout::SharedBuffer && !has_attention_mask {
+    // Whether an optional tensor is there, checking its type when it is.
+    let optional = |d: Option<&TensorDesc>, dtype: &str, kind: &str| -> Result<bool> {
+        match d {
+            Some(d) if d.dtype != dtype => Err(SpecError::Config(format!(
+                "{kind} {} has type {} (expected {dtype})",
+                d.name, d.dtype
+            ))),
+            Some(_) => Ok(true),
+            None => Ok(false),
+        }
+    };
+    let has_seqlens = optional(input("seqlens_k"), "int32", "input")?;
+    let has_total = optional(input("total_sequence_length"), "int32", "input")?;
+    if has_seqlens != has_total {
+        return Err(SpecError::Config(
+            "model has only one of seqlens_k / total_sequence_length (the graph form has both inputs)".into(),
+        ));
+    }
+    let has_logits_index = optional(input("logits_index"), "int64", "input")?;
+    let has_argmax = optional(output("argmax"), "int64", "output")?;
+    if layout == KvLayout::SharedBuffer && !has_attention_mask && !has_seqlens {
         return Err(SpecError::Config(
             "shared-buffer model has no attention_mask input (the contract derives seqlens_k and \
-             total_sequence_length from it)"
+             total_sequence_length from it) and no seqlens_k / total_sequence_length inputs (the graph form)"
                 .into(),
         ));
     }
@@ -416,6 +443,9 @@ pub fn analyze(
         has_attention_mask,
         has_position_ids: input("position_ids").is_some(),
         has_num_logits_to_keep: has_nltk,
+        has_sequence_inputs: has_seqlens,
+        has_logits_index,
+        has_argmax,
         static_kv_len,
     })
 }
@@ -675,6 +705,57 @@ mod tests {
         .unwrap();
         assert_eq!(io.layout, KvLayout::SharedBuffer);
         assert!(io.has_num_logits_to_keep);
+    }
+
+    /// The graph form's interface: sequence lengths and logit positions as inputs, an argmax output.
+    fn graph_form() -> (Vec<TensorDesc>, Vec<TensorDesc>) {
+        let (mut i, mut o) = decoder("max_seq", "max_seq", &[]);
+        i.retain(|d| d.name != "attention_mask");
+        i.push(desc("seqlens_k", "int32", &[1], &[""]));
+        i.push(desc("total_sequence_length", "int32", &[], &[]));
+        i.push(desc("logits_index", "int64", &[-1], &["n"]));
+        o.push(desc("argmax", "int64", &[1, -1], &["", "n"]));
+        (i, o)
+    }
+
+    #[test]
+    fn the_graph_form_is_a_shared_buffer_with_sequence_inputs_and_argmax() {
+        let (i, o) = graph_form();
+        let io = analyze(&i, &o, &[], &SpecrtConfig::default(), None).unwrap();
+        assert_eq!(io.layout, KvLayout::SharedBuffer);
+        assert!(io.has_sequence_inputs && io.has_logits_index && io.has_argmax);
+        assert!(!io.has_attention_mask && !io.has_num_logits_to_keep);
+        // The default form has none of them.
+        let (i, o) = decoder("max_seq", "max_seq", &[]);
+        let io = analyze(&i, &o, &[], &SpecrtConfig::default(), None).unwrap();
+        assert!(!io.has_sequence_inputs && !io.has_logits_index && !io.has_argmax);
+    }
+
+    #[test]
+    fn a_malformed_graph_form_is_refused_by_name() {
+        let (mut i, o) = graph_form();
+        i.retain(|d| d.name != "total_sequence_length");
+        let err = analyze(&i, &o, &[], &SpecrtConfig::default(), None).unwrap_err();
+        assert!(err.to_string().contains("only one of seqlens_k"), "{err}");
+        let (mut i, o) = graph_form();
+        i.iter_mut().find(|d| d.name == "seqlens_k").unwrap().dtype = "int64".into();
+        let err = analyze(&i, &o, &[], &SpecrtConfig::default(), None).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("input seqlens_k has type int64 (expected int32)"),
+            "{err}"
+        );
+        let (i, mut o) = graph_form();
+        o.iter_mut().find(|d| d.name == "argmax").unwrap().dtype = "int32".into();
+        let err = analyze(&i, &o, &[], &SpecrtConfig::default(), None).unwrap_err();
+        assert!(
+            err.to_string().contains("output argmax has type int32"),
+            "{err}"
+        );
+        let (mut i, o) = graph_form();
+        i.retain(|d| d.name != "total_sequence_length" && d.name != "seqlens_k");
+        let err = analyze(&i, &o, &[], &SpecrtConfig::default(), None).unwrap_err();
+        assert!(err.to_string().contains("no attention_mask input"), "{err}");
     }
 
     #[test]

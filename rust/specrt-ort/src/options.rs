@@ -188,6 +188,10 @@ pub struct OrtOptions {
     pub allow_fallback: bool,
     /// Force a KV layout instead of detecting it (see [`crate::OrtBackend::layout`]).
     pub layout: Option<KvLayout>,
+    /// CUDA graphs (default false): capture the decode steps (1 to [`crate::MAX_GRAPH_TOKENS`] new tokens, logits of
+    /// all of them) into CUDA graphs and replay them (`crate::cuda_graph`). Needs the CUDA provider and a model in
+    /// the graph form (`specrt convert --attention gqa-graph`).
+    pub cuda_graph: bool,
 }
 
 impl OrtOptions {
@@ -202,6 +206,7 @@ impl OrtOptions {
             max_seq_len: None,
             allow_fallback: false,
             layout: None,
+            cuda_graph: false,
         }
     }
 
@@ -236,6 +241,12 @@ impl OrtOptions {
             return Err(SpecError::Config(
                 "max_seq_len 0 is invalid (expected >= 1)".into(),
             ));
+        }
+        if self.cuda_graph && self.provider != Provider::Cuda {
+            return Err(SpecError::Config(format!(
+                "cuda_graph needs provider cuda (got {}): CUDA graphs replay GPU kernels",
+                self.provider
+            )));
         }
         if self.device_id < 0 {
             return Err(SpecError::Config(format!(
@@ -376,6 +387,10 @@ mod tests {
             },
             OrtOptions {
                 device_id: -1,
+                ..base.clone()
+            },
+            OrtOptions {
+                cuda_graph: true,
                 ..base.clone()
             },
         ];

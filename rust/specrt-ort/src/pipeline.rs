@@ -381,6 +381,9 @@ pub struct GenerationRequest {
     /// Coupled sampling (default false): the choice at each position depends on `(seed, position)` alone, so the
     /// text is the same with or without speculation ([`specrt_core::coupled`]).
     pub coupled: bool,
+    /// Return the target's log-probability of each token (default true); off, a greedy request without penalties
+    /// reads only argmax ids ([`specrt_core::GenerationConfig::logprobs`]).
+    pub logprobs: bool,
 }
 
 impl Default for GenerationRequest {
@@ -403,6 +406,7 @@ impl Default for GenerationRequest {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             coupled: false,
+            logprobs: true,
         }
     }
 }
@@ -587,6 +591,7 @@ impl Pipeline {
             ngram,
             use_draft_model: proposer.uses_draft_model(),
             coupled: request.coupled,
+            logprobs: request.logprobs,
             fault: None,
         };
         cfg.validate()?;

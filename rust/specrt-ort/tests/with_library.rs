@@ -50,6 +50,87 @@ fn chunked_prefill_and_rollback_match_full_prefill() {
     );
 }
 
+/// The graph form (`--attention gqa-graph`, `SPECRT_TEST_GRAPH_MODEL`, converted from the same GGUF as
+/// `SPECRT_TEST_MODEL`) gives the default form's logits through prefill, a multi-token step, a rollback and 1-token
+/// steps, and `forward_argmax` returns the first maximum of each row from the graph's `argmax` output without
+/// writing the host logits.
+#[test]
+fn graph_form_matches_the_default_form_and_returns_argmax_ids() {
+    let (Some((lib, model)), Some(graph)) =
+        (env_paths(), std::env::var_os("SPECRT_TEST_GRAPH_MODEL"))
+    else {
+        return;
+    };
+    let mut options = OrtOptions::new(&lib);
+    options.max_seq_len = Some(48);
+    let mut want = OrtBackend::new(&model, &options).unwrap();
+    let mut got = OrtBackend::new(PathBuf::from(graph), &options).unwrap();
+    let io = got.decoder_io();
+    assert!(io.has_sequence_inputs && io.has_logits_index && io.has_argmax);
+    assert!(!want.decoder_io().has_argmax);
+    let vocab = want.vocab_size();
+    assert_eq!(got.vocab_size(), vocab);
+    let toks = |n: usize, salt: usize| -> Vec<u32> {
+        (0..n).map(|i| ((i * 7 + salt) % vocab) as u32).collect()
+    };
+    // (tokens, n_past, n_logits): prefill, a 4-token step, a rollback to 9 with 3 tokens, 1-token steps.
+    let steps = [
+        (toks(10, 3), 0, 1),
+        (toks(4, 5), 10, 4),
+        (toks(3, 11), 9, 3),
+        (toks(1, 2), 12, 1),
+        (toks(1, 9), 13, 1),
+    ];
+    let mut ids = Vec::new();
+    for (i, (tokens, n_past, n)) in steps.iter().enumerate() {
+        let a = want.forward(tokens, *n_past, *n).unwrap().to_vec();
+        if i % 2 == 0 {
+            // Argmax only: the host logits tensor is never written (none was bound before the first such call).
+            let before = got.logits_address();
+            got.forward_argmax(tokens, *n_past, *n, &mut ids).unwrap();
+            assert_eq!(got.logits_address(), before);
+            let mut expected = Vec::new();
+            specrt_core::sampling::argmax_rows(&a, vocab, &mut expected).unwrap();
+            assert_eq!(ids, expected, "step {i}");
+        } else {
+            let b = got.forward(tokens, *n_past, *n).unwrap();
+            let max_err = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(max_err < 1e-4, "step {i}: max |err| {max_err}");
+        }
+    }
+    assert!(got.logits_address() != 0, "forward bound the host logits");
+    // Argmax-only calls back to back with different row counts (each leaves its logits on the device).
+    for (tokens, n_past, n) in [
+        (toks(3, 4), 14, 3),
+        (toks(2, 6), 17, 1),
+        (toks(1, 8), 19, 1),
+    ] {
+        let a = want.forward(&tokens, n_past, n).unwrap().to_vec();
+        got.forward_argmax(&tokens, n_past, n, &mut ids).unwrap();
+        let mut expected = Vec::new();
+        specrt_core::sampling::argmax_rows(&a, vocab, &mut expected).unwrap();
+        assert_eq!(ids, expected, "{n} rows after {n_past}");
+    }
+}
+
+#[test]
+fn cuda_graph_needs_the_cuda_provider() {
+    let Some((lib, model)) = env_paths() else {
+        return;
+    };
+    let mut options = OrtOptions::new(&lib);
+    options.cuda_graph = true;
+    let err = OrtBackend::new(&model, &options).err().unwrap();
+    assert!(
+        matches!(err, SpecError::Config(ref m) if m.contains("cuda_graph needs provider cuda (got cpu)")),
+        "{err}"
+    );
+}
+
 #[test]
 fn cuda_on_the_cpu_wheel_is_a_provider_error() {
     let Some((lib, model)) = env_paths() else {
@@ -76,6 +157,10 @@ fn cuda_on_the_cpu_wheel_is_a_provider_error() {
     let backend = OrtBackend::new(&model, &options).unwrap();
     assert_eq!(backend.provider(), Provider::Cpu);
     assert!(backend.fallback_reason().unwrap().contains("CUDA"));
+    // Asked-for CUDA graphs fall back with the provider (the caller allowed it), on any model form.
+    options.cuda_graph = true;
+    let backend = OrtBackend::new(&model, &options).unwrap();
+    assert_eq!(backend.provider(), Provider::Cpu);
 }
 
 /// Per-call time of a 1-token decode step in Rust alone (no Python). Run with

@@ -161,6 +161,7 @@ pub fn ort_options(
     max_seq_len: Option<usize>,
     intra_op_threads: Option<usize>,
     allow_fallback: bool,
+    cuda_graph: bool,
 ) -> OrtOptions {
     let mut options = OrtOptions::new(ort_library);
     options.provider = provider;
@@ -168,5 +169,6 @@ pub fn ort_options(
     options.max_seq_len = max_seq_len;
     options.intra_op_threads = intra_op_threads;
     options.allow_fallback = allow_fallback;
+    options.cuda_graph = cuda_graph;
     options
 }

@@ -119,6 +119,7 @@ impl PyOrtModel {
             max_seq_len,
             intra_op_threads,
             allow_fallback,
+            false,
         );
         options.layout = layout
             .map(str::parse::<KvLayout>)

@@ -84,6 +84,7 @@ impl PyBatchEngine {
             max_seq_len,
             intra_op_threads,
             allow_fallback,
+            false,
         );
         let engine = run_kernel(py, move || {
             let t = BatchedOrtBackend::new(&target, &options, max_batch)?;

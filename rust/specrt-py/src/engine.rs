@@ -92,7 +92,7 @@ impl PyEngine {
     #[new]
     #[pyo3(signature = (
         target, draft=None, *, ort_library, provider="cpu", device_id=0, max_seq_len=None,
-        intra_op_threads=None, allow_fallback=false
+        intra_op_threads=None, allow_fallback=false, cuda_graph=false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -105,6 +105,7 @@ impl PyEngine {
         max_seq_len: Option<usize>,
         intra_op_threads: Option<usize>,
         allow_fallback: bool,
+        cuda_graph: bool,
     ) -> PyResult<Self> {
         let provider: Provider = provider.parse().map_err(to_pyerr)?;
         let options = ort_options(
@@ -114,6 +115,7 @@ impl PyEngine {
             max_seq_len,
             intra_op_threads,
             allow_fallback,
+            cuda_graph,
         );
         let (engine, providers) = run_kernel(py, move || {
             let t = OrtBackend::new(&target, &options)?;

@@ -29,6 +29,8 @@ impl RequestConfig {
     ///     use_draft_model: draft with the draft model (when attached).
     ///     coupled: coupled sampling: the choice at each position depends on (seed, position) alone, so the output
     ///         equals target-only coupled decoding with the same seed for every K and proposer.
+    ///     logprobs: return the target's log-probability of each emitted token (off: none are returned, and a
+    ///         greedy request without penalties reads only the models' argmax ids).
     ///
     /// Raises:
     ///     ConfigError: a setting out of range, or pinned costs given by halves.
@@ -37,7 +39,8 @@ impl RequestConfig {
         *, max_new_tokens, num_speculative_tokens=4, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, seed=0, eos_token_ids=vec![],
         stop_token_ids=vec![], ignore_eos=false, auto_k=false, pinned_c_draft=None, pinned_c_verify=None,
-        prompt_lookup_min=None, prompt_lookup_max=None, use_draft_model=true, coupled=false, _fault=None
+        prompt_lookup_min=None, prompt_lookup_max=None, use_draft_model=true, coupled=false, logprobs=true,
+        _fault=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -61,6 +64,7 @@ impl RequestConfig {
         prompt_lookup_max: Option<usize>,
         use_draft_model: bool,
         coupled: bool,
+        logprobs: bool,
         _fault: Option<&str>,
     ) -> PyResult<Self> {
         // Validated with the rest of the config by the engine.
@@ -107,6 +111,7 @@ impl RequestConfig {
             },
             use_draft_model,
             coupled,
+            logprobs,
             fault: match _fault {
                 None => None,
                 Some("residual_from_draft") => Some(Fault::ResidualFromDraft),
