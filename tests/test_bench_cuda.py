@@ -204,6 +204,10 @@ def test_random_models_are_cached_and_rebuilt_when_the_recipe_changes(cache, tmp
         rm.ensure_random_models("huge", "fp32")
     with pytest.raises(FileNotFoundError, match=r"has no tokenizer\.json"):
         rm.ensure_random_models("tiny", "fp32", tokenizer=tmp_path)
+    # The graph form (for --cuda-graph) is cached beside the default form, under its own name.
+    graph = rm.ensure_random_models("tiny", "fp32", attention="gqa-graph")
+    assert graph.root.name == "tiny-fp32-G" and graph.recipe["attention"] == "gqa-graph"
+    assert json.loads((graph.draft / "specrt_config.json").read_text())["attention"] == "gqa-graph"
 
 
 # ----- the bench on random weights (CPU) ---------------------------------------------------------------------------
@@ -339,6 +343,7 @@ def test_invalid_provider_settings_fail_before_anything_runs(capsys) -> None:
         (bench.BenchConfig(acceptance=1.5), r"acceptance 1.5 is invalid"),
         (bench.BenchConfig(verify_ns=(0, 4)), r"verify ns \[0\] are invalid"),
         (bench.BenchConfig(provider="cuda", peers=("genai",)), r"run on CPU with the real models only"),
+        (bench.BenchConfig(cuda_graph=True), r"cuda graphs need provider 'cuda' \(got 'cpu'\)"),
     ]
     for cfg, pattern in cases:
         with pytest.raises(ValueError, match=pattern):

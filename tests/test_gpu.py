@@ -211,3 +211,58 @@ def test_no_device_allocation_per_round_in_steady_state(tiny: dict[str, Path]) -
     assert out.stats.n_rounds >= 100, out.stats
     # nvidia-smi reports whole MiB; NVML bytes. Any growth of the arena is at least one 2 MiB chunk.
     assert after - before < 1 << 20, f"device memory grew by {after - before} bytes over {out.stats.n_rounds} rounds"
+
+
+@pytest.fixture(scope="module")
+def tiny_graph(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny model of ``tiny`` (same GGUF seed) in fp16, default form and graph form (``gqa-graph``)."""
+    from specrt.convert import convert
+    from specrt.convert.tiny import write_tiny_gguf
+
+    root = tmp_path_factory.mktemp("tiny-gpu-graph")
+    gguf = write_tiny_gguf(root / "t.gguf", arch="qwen2", seed=3, context=1024)
+    return {
+        "gqa": convert(gguf, root / "gqa", dtype="fp16", progress=False),
+        "graph": convert(gguf, root / "graph", dtype="fp16", progress=False, attention="gqa-graph"),
+    }
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["no-graph", "cuda-graph"])
+def test_graph_form_on_cuda_gives_the_default_forms_greedy_tokens(
+    tiny_graph: dict[str, Path], cuda_graph: bool
+) -> None:
+    """The graph form on CUDA, with argmax-only rounds (``logprobs=False``: K + 1 ids reach the host) and with
+    log-probabilities, and with each decode step replayed from a CUDA graph: the default form's greedy tokens (fp16
+    kernels of different shapes may flip a near-tie: the first divergence is reported with its top-2 gap)."""
+    import specrt
+
+    prompt = list(range(1, 9))
+    ref = _decoder(tiny_graph["gqa"], tiny_graph["gqa"]).generate(
+        prompt, max_new_tokens=64, temperature=0, num_speculative_tokens=0, ignore_eos=True
+    )
+    dec = specrt.Decoder(
+        tiny_graph["graph"],
+        draft=tiny_graph["graph"],
+        provider="cuda",
+        ort_library=LIB,
+        max_seq_len=1024,
+        cuda_graph=cuda_graph,
+    )
+    for k in (0, 1, 4):
+        for logprobs in (False, True):
+            out = dec.generate(
+                prompt, max_new_tokens=64, temperature=0, num_speculative_tokens=k, ignore_eos=True, logprobs=logprobs
+            )
+            if out.token_ids != ref.token_ids:
+                i = next(j for j, (a, b) in enumerate(zip(out.token_ids, ref.token_ids, strict=False)) if a != b)
+                gap = _top2_gap(tiny_graph["gqa"], prompt + ref.token_ids[:i])
+                assert gap < 0.05, f"K={k} logprobs={logprobs}: first divergence at {i}, top-2 gap {gap:.4f}"
+            assert (out.logprobs == []) is not logprobs
+
+
+def test_cuda_graph_needs_the_graph_form(tiny: dict[str, Path]) -> None:
+    import specrt
+    from specrt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="attention gqa-graph"):
+        specrt.Decoder(tiny["fp16"], provider="cuda", ort_library=LIB, max_seq_len=256, cuda_graph=True)

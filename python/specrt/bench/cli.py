@@ -83,6 +83,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "as 1-16 or 1,2,4,8 (default: 1-16 with --provider cuda, only the Ks used on cpu)",
     )
     p.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="with --provider cuda: models in the graph form (gqa-graph), each decode step replayed from a CUDA "
+        "graph (Decoder(cuda_graph=True)); greedy rounds read only argmax ids either way",
+    )
+    p.add_argument(
         "--random-shapes",
         choices=list(SHAPE_PAIRS),
         default=None,
@@ -182,6 +188,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         "provider": a.provider,
         "verify_ns": a.verify_ns,
         "random_shapes": a.random_shapes,
+        "cuda_graph": a.cuda_graph,
         "random_tokenizer": a.random_tokenizer,
         "acceptance": a.acceptance,
         "prompts_file": a.prompts_file,

@@ -24,6 +24,7 @@ class BenchConfig:
     dtype: str | None = None
     provider: str = "cpu"
     random_shapes: str | None = None
+    cuda_graph: bool = False
     random_tokenizer: str | None = None
     acceptance: float | None = None
     verify_ns: tuple[int, ...] = ()
@@ -143,6 +144,8 @@ def validate_config(cfg: BenchConfig) -> None:
             f"dtype {cfg.dtype!r} is invalid with provider 'cuda' (expected 'fp16': the CUDA path runs float16 "
             "models; leave --dtype out to get it)"
         )
+    if cfg.cuda_graph and cfg.provider != "cuda":
+        raise ValueError(f"cuda graphs need provider 'cuda' (got {cfg.provider!r})")
     if cfg.random_shapes is not None and cfg.random_shapes not in SHAPE_PAIRS:
         raise ValueError(f"random shapes {cfg.random_shapes!r} are unknown (expected one of: {', '.join(SHAPE_PAIRS)})")
     if cfg.acceptance is not None and not 0.0 <= cfg.acceptance <= 1.0:

@@ -328,6 +328,7 @@ def ensure_random_models(
     root: str | os.PathLike[str] | None = None,
     force: bool = False,
     log: Callable[[str], None] | None = None,
+    attention: str = "gqa",
 ) -> RandomModels:
     """The random-weight target, draft and truncated draft of shape pair ``name`` in ``dtype``, written if absent.
 
@@ -344,6 +345,7 @@ def ensure_random_models(
         root: where the folders go.
         force: rebuild even when the cached folders match.
         log: called with a line before each slow step.
+        attention: ``"gqa"`` or ``"gqa-graph"`` (the graph form, for CUDA graphs; cached with a ``-G`` suffix).
 
     Raises:
         ValueError: unknown ``name`` (the known ones are listed).
@@ -355,7 +357,8 @@ def ensure_random_models(
         raise ValueError(f"random shapes {name!r} are unknown (expected one of: {', '.join(SHAPE_PAIRS)})")
     pair = SHAPE_PAIRS[name]
     target_shape, draft_shape = SHAPES[pair.target], SHAPES[pair.draft]
-    root = Path(root) if root is not None else random_dir() / f"{name}-{dtype}"
+    suffix = "-G" if attention == "gqa-graph" else ""
+    root = Path(root) if root is not None else random_dir() / f"{name}-{dtype}{suffix}"
     say = log or (lambda _line: None)
     tok_src = Path(tokenizer) if tokenizer is not None else find_tokenizer(pair)
     if tok_src is not None and not (tok_src / "tokenizer.json").is_file():
@@ -366,6 +369,7 @@ def ensure_random_models(
             "format": RECIPE_FORMAT,
             "name": name,
             "dtype": dtype,
+            "attention": attention,
             "seed": seed,
             "weight_std": WEIGHT_STD,
             "target_layer_scale": TARGET_LAYER_SCALE,
@@ -409,6 +413,7 @@ def ensure_random_models(
                     provenance=provenance,
                     progress=False,
                     num_layers=layers,
+                    attention=attention,
                 )
             shutil.rmtree(hf)
 

@@ -147,7 +147,8 @@ def _generate(
     ignore_eos: bool,
     **extra: Any,
 ) -> Run:
-    """One timed ``dec.generate`` call; ``extra`` = further generate options (proposer, prompt_lookup_min, ...)."""
+    """One timed ``dec.generate`` call; ``extra`` = further generate options (proposer, prompt_lookup_min, ...).
+    No log-probabilities are asked for: greedy rounds then read only argmax ids, as a service would run them."""
     kwargs = prompt.generate_kwargs() | extra
     t0 = time.perf_counter()
     res = dec.generate(
@@ -157,6 +158,7 @@ def _generate(
         num_speculative_tokens=k,
         seed=seed,
         ignore_eos=ignore_eos,
+        logprobs=False,
     )
     wall_ms = (time.perf_counter() - t0) * 1e3
     return Run(
@@ -449,13 +451,23 @@ def _run_pair(
     spec_dec = base_dec = None
     try:
         spec_dec = specrt.Decoder(
-            target_path, draft_path, provider=cfg.provider, max_seq_len=max_seq, intra_op_threads=cfg.threads
+            target_path,
+            draft_path,
+            provider=cfg.provider,
+            max_seq_len=max_seq,
+            intra_op_threads=cfg.threads,
+            cuda_graph=cfg.cuda_graph,
         )
         base_dec = (
             spec_dec
             if cfg.baseline == "k0"
             else specrt.Decoder(
-                target_path, None, provider=cfg.provider, max_seq_len=max_seq, intra_op_threads=cfg.threads
+                target_path,
+                None,
+                provider=cfg.provider,
+                max_seq_len=max_seq,
+                intra_op_threads=cfg.threads,
+                cuda_graph=cfg.cuda_graph,
             )
         )
         all_prompts = {p.id: p for p in [*prompts, *sweep_prompts]}
@@ -535,12 +547,14 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             cfg.dtype,
             tokenizer=cfg.random_tokenizer,
             log=lambda line: print(f"specrt bench: {line}", file=sys.stderr),
+            attention="gqa-graph" if cfg.cuda_graph else "gqa",
         )
         target_path, draft_path = rand.target, rand.draft
         phase_done("random_models")
     else:
-        target_path = resolve_model(cfg.target, cfg.dtype)
-        draft_path = resolve_model(cfg.draft, cfg.dtype)
+        attention = "gqa-graph" if cfg.cuda_graph else "gqa"
+        target_path = resolve_model(cfg.target, cfg.dtype, attention=attention)
+        draft_path = resolve_model(cfg.draft, cfg.dtype, attention=attention)
     folder = _ModelFolder(target_path)
 
     def render(p: Prompt) -> str:
