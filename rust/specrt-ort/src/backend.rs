@@ -179,6 +179,11 @@ pub(crate) fn build_session(
         .map_err(ctx("setting inter-op threads"))?
         .with_parallel_execution(false)
         .map_err(ctx("setting sequential execution"))?;
+    if let Some(prefix) = &options.profile {
+        builder = builder
+            .with_profiling(prefix)
+            .map_err(ctx("enabling the profiler"))?;
+    }
     if provider == Provider::Cuda {
         check_cuda_library_present()?;
         builder = register_cuda(builder, options.device_id, options.cuda_graph)?;
@@ -248,6 +253,8 @@ pub struct OrtBackend {
     argmax_bound_rows: Option<usize>,
     /// CUDA device ordinal (outputs that are not read are left on this device).
     device_id: i32,
+    /// ONNX Runtime's profiler is on and not yet ended.
+    profiling: bool,
     _kv_allocator: Option<Allocator>,
     session: Session,
     io: DecoderIo,
@@ -505,6 +512,7 @@ impl OrtBackend {
             argmax: Vec::new(),
             argmax_bound_rows: None,
             device_id: options.device_id,
+            profiling: options.profile.is_some(),
             _kv_allocator: kv_allocator,
             session,
             io,
@@ -580,6 +588,23 @@ impl OrtBackend {
                 })
                 .collect(),
         }
+    }
+
+    /// End ONNX Runtime's profiling ([`OrtOptions::profile`]) and return the trace file it wrote.
+    ///
+    /// Errors: [`SpecError::Config`] if the backend was created without `profile`; [`SpecError::Backend`] if ONNX
+    /// Runtime fails to write the file.
+    pub fn end_profiling(&mut self) -> Result<PathBuf> {
+        if !self.profiling {
+            return Err(SpecError::Config(
+                "profiling is off for this model (create it with the profile option)".into(),
+            ));
+        }
+        self.profiling = false;
+        self.session
+            .end_profiling()
+            .map(PathBuf::from)
+            .map_err(|e| ort_err("ending the profiler", &e))
     }
 
     /// Address of the logits data returned by the last call (0 before any call). For tests and diagnostics.

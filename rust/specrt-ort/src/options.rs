@@ -192,6 +192,10 @@ pub struct OrtOptions {
     /// all of them) into CUDA graphs and replay them (`crate::cuda_graph`). Needs the CUDA provider and a model in
     /// the graph form (`specrt convert --attention gqa-graph`).
     pub cuda_graph: bool,
+    /// ONNX Runtime's profiler (default off): write a Chrome-trace JSON of every run (a `model_run` event per run,
+    /// a `Node` event per kernel) to a file named from this prefix (ONNX Runtime appends a timestamp); the file is
+    /// complete after [`crate::OrtBackend::end_profiling`].
+    pub profile: Option<PathBuf>,
 }
 
 impl OrtOptions {
@@ -207,6 +211,7 @@ impl OrtOptions {
             allow_fallback: false,
             layout: None,
             cuda_graph: false,
+            profile: None,
         }
     }
 

@@ -66,6 +66,8 @@ fn extract_tokens(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 ///     intra_op_threads: ONNX Runtime intra-op threads; default: number of physical cores.
 ///     allow_fallback: if CUDA cannot be used, run on CPU (see ``fallback_reason``) instead of raising.
 ///     layout: force ``"shared_buffer"`` or ``"optimum"`` instead of detecting it.
+///     profile: turn ONNX Runtime's profiler on, writing a Chrome-trace JSON named from this prefix (ONNX Runtime
+///         appends a timestamp); :meth:`end_profiling` finishes it and returns its path.
 ///
 /// Raises:
 ///     ModelFileNotFoundError: model file or ONNX Runtime library missing (a ``FileNotFoundError``).
@@ -83,7 +85,7 @@ impl PyOrtModel {
     #[new]
     #[pyo3(signature = (
         path, *, ort_library=None, provider="cpu", device_id=0, max_seq_len=None, intra_op_threads=None,
-        allow_fallback=false, layout=None
+        allow_fallback=false, layout=None, profile=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -96,6 +98,7 @@ impl PyOrtModel {
         intra_op_threads: Option<usize>,
         allow_fallback: bool,
         layout: Option<&str>,
+        profile: Option<PathBuf>,
     ) -> PyResult<Self> {
         let provider: Provider = provider.parse().map_err(spec_err)?;
         let ort_library = match ort_library {
@@ -125,6 +128,7 @@ impl PyOrtModel {
             .map(str::parse::<KvLayout>)
             .transpose()
             .map_err(spec_err)?;
+        options.profile = profile;
         let backend = run_kernel(py, || OrtBackend::new(&path, &options))?;
         Ok(PyOrtModel {
             inner: Mutex::new(backend),
@@ -168,6 +172,39 @@ impl PyOrtModel {
                 .map(|rows| (rows.to_vec(), vocab))
         })?;
         PyArray1::from_vec(py, logits).reshape([n_logits, vocab])
+    }
+
+    /// Like :meth:`forward`, but only the greedy choice of each of the last ``n_logits`` positions: the first
+    /// maximum of each row (a graph-form model computes it in the graph and returns only the ids; others scan the
+    /// logits, checked for NaN / inf).
+    ///
+    /// Returns:
+    ///     ``[n_logits]`` token ids (a list of ints).
+    ///
+    /// Raises: as :meth:`forward`; NonFiniteLogitsError for a NaN / inf row (models without an argmax output).
+    #[pyo3(signature = (tokens, n_past, n_logits=1))]
+    fn forward_argmax(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        n_past: usize,
+        n_logits: usize,
+    ) -> PyResult<Vec<u32>> {
+        let tokens = extract_tokens(tokens)?;
+        run_kernel(py, || {
+            let mut out = Vec::with_capacity(n_logits);
+            self.lock().forward_argmax(&tokens, n_past, n_logits, &mut out)?;
+            Ok(out)
+        })
+    }
+
+    /// End ONNX Runtime's profiling (the model was created with ``profile``) and return the trace file's path.
+    ///
+    /// Raises:
+    ///     ConfigError: the model was created without ``profile``, or profiling already ended.
+    ///     BackendError: ONNX Runtime failed to write the file.
+    fn end_profiling(&self, py: Python<'_>) -> PyResult<PathBuf> {
+        run_kernel(py, || self.lock().end_profiling())
     }
 
     /// Logits width.
