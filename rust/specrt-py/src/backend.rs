@@ -193,7 +193,8 @@ impl PyOrtModel {
         let tokens = extract_tokens(tokens)?;
         run_kernel(py, || {
             let mut out = Vec::with_capacity(n_logits);
-            self.lock().forward_argmax(&tokens, n_past, n_logits, &mut out)?;
+            self.lock()
+                .forward_argmax(&tokens, n_past, n_logits, &mut out)?;
             Ok(out)
         })
     }
