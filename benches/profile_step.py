@@ -85,6 +85,7 @@ def profile(
             max_seq_len=context + k + 2,
             intra_op_threads=threads,
             profile=str(Path(tmp) / "trace"),
+            device_argmax=True,  # the graph's argmax output, also on the CPU (where the engine scans the logits)
         )
         rng = np.random.default_rng(0)
         vocab = m.vocab_size
@@ -147,16 +148,29 @@ def _has_argmax(model: Path) -> bool:
     return cfg.is_file() and json.loads(cfg.read_text()).get("attention") == "gqa-graph"
 
 
+def _at_least_one(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} is invalid (expected an integer >= 1)")
+    return v
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", help="model folder (specrt convert output)")
     ap.add_argument("--provider", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--context", type=int, default=512, help="cached positions before each step (default 512)")
-    ap.add_argument("--k", type=int, default=4, help="K: the verification step has K + 1 tokens (default 4)")
-    ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    ap.add_argument(
+        "--context", type=_at_least_one, default=512, help="cached positions before each step (default 512)"
+    )
+    ap.add_argument("--k", type=_at_least_one, default=4, help="K: the verification step has K + 1 tokens (default 4)")
+    ap.add_argument("--repeats", type=_at_least_one, default=20)
+    ap.add_argument("--threads", type=_at_least_one, default=2, help="intra-op threads (default 2)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    cfg = Path(a.model) / "specrt_config.json"
+    limit = json.loads(cfg.read_text()).get("max_position_embeddings") if cfg.is_file() else None
+    if limit is not None and a.context + a.k + 2 > limit:
+        ap.error(f"--context {a.context} + --k {a.k} + 2 exceeds the model's max_position_embeddings {limit}")
     rep = profile(a.model, provider=a.provider, context=a.context, k=a.k, repeats=a.repeats, threads=a.threads)
     print(
         f"{'tokens':>6} {'returns':>7} {'wall ms':>8} {'run ms':>8} {'nodes ms':>9} {'gpu ms':>7} {'outside':>8}",

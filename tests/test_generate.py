@@ -20,9 +20,9 @@ from specrt.convert.tiny import write_tiny_gguf
 from specrt.errors import ConfigError, SequenceLengthError, VocabError
 
 
-def _convert_tiny(root: Path, name: str, **kw) -> Path:
+def _convert_tiny(root: Path, name: str, attention: str = "gqa", **kw) -> Path:
     gguf = write_tiny_gguf(root / f"{name}.gguf", **kw)
-    return convert(gguf, root / name, progress=False)
+    return convert(gguf, root / name, progress=False, attention=attention)
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "draft_close": _convert_tiny(root, "draft_close", arch="qwen2", seed=1, n_layers=1),
         "draft_other": _convert_tiny(root, "draft_other", arch="qwen2", seed=7, n_layers=1),
         "llama": _convert_tiny(root, "llama", arch="llama", seed=3, n_layers=2, n_heads=4, n_kv_heads=1),
+        # The graph form (sequence lengths and logit positions as inputs; ARCHITECTURE.md "Graph form").
+        "target_graph": _convert_tiny(root, "target_graph", "gqa-graph", arch="qwen2", seed=1, n_layers=2),
+        "draft_other_graph": _convert_tiny(root, "draft_other_graph", "gqa-graph", arch="qwen2", seed=7, n_layers=1),
     }
 
 
@@ -71,9 +74,11 @@ def test_greedy_parity_on_llama_layout_with_self_draft(tiny) -> None:
     assert out.stats.mean_tokens_per_round == pytest.approx(30 / out.stats.n_rounds)
 
 
-def test_first_token_at_temperature_one_follows_the_target_distribution(tiny) -> None:
-    # Exact target distribution of the first generated token, from the target's logits.
-    dec = specrt.Decoder(tiny["target"], tiny["draft_other"], max_seq_len=64)
+@pytest.mark.parametrize("form", ["", "_graph"], ids=["gqa", "gqa-graph"])
+def test_first_token_at_temperature_one_follows_the_target_distribution(tiny, form: str) -> None:
+    # Exact target distribution of the first generated token, from the target's logits (of the default form: the
+    # graph form must sample it too).
+    dec = specrt.Decoder(tiny["target" + form], tiny["draft_other" + form], max_seq_len=64)
     ids = dec.encode("hello", None)
     model = _specrt.OrtModel(str(tiny["target"]), ort_library=find_ort_library(), max_seq_len=64)
     logits = model.forward(np.array(ids, dtype=np.int64), 0, 1)[0].astype(np.float64)

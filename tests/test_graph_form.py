@@ -148,11 +148,41 @@ def test_logprobs_off_applies_to_sampled_requests_too(pairs: dict) -> None:
     assert b.token_ids == a.token_ids and b.logprobs == [] and len(a.logprobs) == len(a.token_ids)
 
 
-def test_cuda_graph_needs_the_cuda_provider_and_single_stream() -> None:
+def test_cuda_graph_needs_the_cuda_provider_and_single_stream(capsys: pytest.CaptureFixture[str]) -> None:
     import specrt
+    from specrt import cli
     from specrt.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cuda_graph needs provider 'cuda' \\(got 'cpu'\\)"):
         specrt.Decoder("does-not-matter", cuda_graph=True)
+    with pytest.raises(ConfigError, match="provider 'tpu' is invalid \\(expected one of: 'cpu', 'cuda'\\)"):
+        specrt.Decoder("does-not-matter", provider="tpu", cuda_graph=True)
     with pytest.raises(ConfigError, match="single-stream decoding \\(max_batch 1\\), got max_batch 4"):
         specrt.Decoder("does-not-matter", provider="cuda", cuda_graph=True, max_batch=4)
+    # The CLI names its own flags.
+    assert cli.main(["generate", "--target", "does-not-matter", "--prompt", "x", "--cuda-graph"]) != 0
+    assert "--cuda-graph needs --provider cuda (got --provider cpu)" in capsys.readouterr().err
+
+
+def test_nan_logits_are_still_detected_on_the_cpu_in_argmax_only_rounds(tmp_path) -> None:
+    """On the CPU a graph-form model's argmax-only rounds take the ids from the logits, checked for NaN as always
+    (the device argmax, which skips the check, is used on CUDA only)."""
+    import onnx
+    from onnx import numpy_helper
+
+    import specrt
+    from specrt.errors import NonFiniteLogitsError
+
+    gguf = write_tiny_gguf(tmp_path / "t.gguf", arch="qwen2", seed=3, n_layers=1)
+    folder = convert(gguf, tmp_path / "m", progress=False, attention="gqa-graph")
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=True)
+    for init in model.graph.initializer:
+        if init.name == "output_norm.weight":
+            init.CopyFrom(
+                numpy_helper.from_array(np.full(numpy_helper.to_array(init).shape, np.nan, np.float32), init.name)
+            )
+    onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
+    dec = specrt.Decoder(folder, folder, max_seq_len=64)
+    for k in (0, 3):
+        with pytest.raises(NonFiniteLogitsError):
+            dec.generate([1, 2, 3], max_new_tokens=5, temperature=0, num_speculative_tokens=k, logprobs=False)

@@ -167,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("name", help="registry model name (specrt models list shows them)")
     pull.add_argument("--dtype", choices=DTYPES, default="fp32", help=f"weights to convert to: {_DTYPE_HELP}")
     pull.add_argument("--force", action="store_true", help="reconvert even if cached")
+    pull.add_argument(
+        "--attention",
+        choices=["gqa", "gqa-graph", "batched"],
+        default="gqa",
+        help="model form: gqa (default), gqa-graph (for CUDA graphs; cached as <dtype>-G), batched (for "
+        "--max-batch > 1; cached as <dtype>-B)",
+    )
     msub.add_parser("list", help="known models and what is cached", **fmt)
     rm = msub.add_parser("rm", help="remove a cached model", **fmt)
     rm.add_argument("name", help="registry model name whose cached folders (every dtype) are removed")
@@ -277,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_dtypes(sv)
     sv.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider")
     sv.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
+    sv.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="with --provider cuda: replay each decode step from a CUDA graph (models in the gqa-graph form; "
+        "single-stream, --max-batch 1)",
+    )
     sv.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model (per row when batching)")
     sv.add_argument(
         "--max-batch",
@@ -341,7 +354,11 @@ def _print_stats(res: Any) -> None:
 
 def _decoder(a: argparse.Namespace) -> Any:
     """The Decoder of ``generate`` / ``serve`` arguments (target, draft, provider, fallback, length, threads)."""
+    from specrt.errors import ConfigError
     from specrt.generate import Decoder
+
+    if getattr(a, "cuda_graph", False) and a.provider != "cuda":
+        raise ConfigError(f"--cuda-graph needs --provider cuda (got --provider {a.provider})")
 
     return Decoder(
         a.target,
@@ -403,6 +420,7 @@ def _generate(a: argparse.Namespace) -> int:
         prompt = a.prompt
     dec = _decoder(a)
     kwargs = _sampling_kwargs(a)
+    kwargs["logprobs"] = bool(a.json)  # printed only with --json; without them greedy rounds read only argmax ids
     if a.chat:
         messages = ([{"role": "system", "content": a.system}] if a.system else []) + [
             {"role": "user", "content": prompt}
@@ -460,7 +478,7 @@ def _models(a: argparse.Namespace) -> int:
     from specrt import models
 
     if a.models_command == "pull":
-        path = models.pull(a.name, a.dtype, force=a.force)
+        path = models.pull(a.name, a.dtype, force=a.force, attention=a.attention)
         print(path)
     elif a.models_command == "list":
         rows = models.list_models()

@@ -372,8 +372,14 @@ class Decoder:
         _check_draft_dtype(draft, draft_dtype)
         _check_int("max_batch", max_batch, 1, 64, "an integer 1 <= max_batch <= 64")
         _check_int("prefill_chunk", prefill_chunk, 1, 1 << 20, "an integer >= 1")
-        if cuda_graph and provider != "cuda":
-            raise ConfigError(f"cuda_graph needs provider 'cuda' (got {provider!r}): CUDA graphs replay GPU kernels")
+        if cuda_graph:
+            name = str(provider).strip().lower()
+            if name not in ("cpu", "cuda", "gpu", "cpuexecutionprovider", "cudaexecutionprovider"):
+                raise ConfigError(f"provider {provider!r} is invalid (expected one of: 'cpu', 'cuda')")
+            if name in ("cpu", "cpuexecutionprovider"):
+                raise ConfigError(
+                    f"cuda_graph needs provider 'cuda' (got {provider!r}): CUDA graphs replay GPU kernels"
+                )
         if cuda_graph and max_batch > 1:
             raise ConfigError(f"cuda_graph runs single-stream decoding (max_batch 1), got max_batch {max_batch}")
         attention = "batched" if max_batch > 1 else "gqa-graph" if cuda_graph else "gqa"
@@ -534,9 +540,11 @@ class Decoder:
                 distribution; drafts are accepted only when they equal the target's choice, which accepts fewer
                 tokens than ``min(1, p/q)`` acceptance (measured in benches/RESULTS.md).
             logprobs: return the target's log-probability of each token (default true). False returns none
-                (``logprobs`` lists stay empty) and lets greedy decoding without penalties read only the models'
-                argmax ids: with a graph-form model (``attention="gqa-graph"``) on CUDA, K + 1 ids reach the host per
-                round instead of K + 1 rows of logits; NaN logits are then not detected.
+                (``logprobs`` lists stay empty) and lets greedy decoding without penalties or coupled sampling read
+                only the models' argmax ids: with a graph-form model (``attention="gqa-graph"``) on CUDA, K + 1 ids
+                reach the host per round instead of K + 1 rows of logits, and NaN logits are then not detected
+                there (no ``NonFiniteLogitsError``); on the CPU the ids come from the logits, checked as always.
+                Batched decoding (``max_batch`` > 1) reads the logits either way.
             _fault: a deliberate sampler fault, for tests of the tests only (``"residual_from_draft"``).
 
         Yields:
@@ -546,7 +554,8 @@ class Decoder:
             ConfigError: a setting out of range (named, with the allowed range).
             SequenceLengthError: prompt + max_new_tokens exceeds ``max_seq_len``.
             VocabError: a prompt or stop token id outside ``0 <= id < vocab_size``.
-            NonFiniteLogitsError: a model produced NaN/inf logits (position named).
+            NonFiniteLogitsError: a model produced NaN/inf logits (position named; not detected in argmax-only
+                rounds of a graph-form model on CUDA, see ``logprobs``).
             KeyboardInterrupt: stops promptly (between rounds); the decoder stays usable.
             TypeError: a token id that is not an integer.
         """

@@ -145,7 +145,7 @@ def validate_config(cfg: BenchConfig) -> None:
             "models; leave --dtype out to get it)"
         )
     if cfg.cuda_graph and cfg.provider != "cuda":
-        raise ValueError(f"cuda graphs need provider 'cuda' (got {cfg.provider!r})")
+        raise ValueError(f"cuda graphs (--cuda-graph) need provider 'cuda' (--provider cuda), got {cfg.provider!r}")
     if cfg.random_shapes is not None and cfg.random_shapes not in SHAPE_PAIRS:
         raise ValueError(f"random shapes {cfg.random_shapes!r} are unknown (expected one of: {', '.join(SHAPE_PAIRS)})")
     if cfg.acceptance is not None and not 0.0 <= cfg.acceptance <= 1.0:

@@ -214,6 +214,15 @@ pub(crate) fn build_session(
     })
 }
 
+/// A CPU fallback's reason, noting that CUDA graphs went with the CUDA provider when they were asked for.
+fn with_graph_note(reason: String, options: &OrtOptions) -> String {
+    if options.cuda_graph {
+        format!("{reason} (cuda_graph is off: CUDA graphs need the CUDA provider)")
+    } else {
+        reason
+    }
+}
+
 /// State of the KV cache, per layout.
 enum KvState {
     /// One `[1, kv_heads, max_seq_len, head_dim]` buffer per past/present pair, in `[l0.key, l0.value, l1.key, ...]`
@@ -253,8 +262,10 @@ pub struct OrtBackend {
     argmax_bound_rows: Option<usize>,
     /// CUDA device ordinal (outputs that are not read are left on this device).
     device_id: i32,
-    /// ONNX Runtime's profiler is on and not yet ended.
-    profiling: bool,
+    /// ONNX Runtime's profiler: `None` off, `Some(true)` on, `Some(false)` ended.
+    profiling: Option<bool>,
+    /// `forward_argmax` reads the model's `argmax` output ([`OrtOptions::device_argmax`] resolved).
+    use_argmax_output: bool,
     _kv_allocator: Option<Allocator>,
     session: Session,
     io: DecoderIo,
@@ -309,6 +320,8 @@ impl OrtBackend {
                 ),
                 Err(e) => return Err(e),
             };
+        // A fallback says what it dropped.
+        let fallback_reason = fallback_reason.map(|r| with_graph_note(r, options));
         match Self::with_session(session, &model_file, &config, options, provider) {
             Err(SpecError::Provider(reason))
                 if options.allow_fallback && provider == Provider::Cuda =>
@@ -316,7 +329,7 @@ impl OrtBackend {
                 let session = build_session(&model_file, options, Provider::Cpu)?;
                 let mut backend =
                     Self::with_session(session, &model_file, &config, options, Provider::Cpu)?;
-                backend.fallback_reason = Some(reason);
+                backend.fallback_reason = Some(with_graph_note(reason, options));
                 Ok(backend)
             }
             Ok(mut backend) => {
@@ -483,14 +496,15 @@ impl OrtBackend {
         }
 
         let subset = config.vocab_subset_for(io.vocab_size, model_file)?;
+        // Checked on every provider, so that a CPU fallback does not hide a model CUDA graphs cannot run.
+        if options.cuda_graph && !(io.has_sequence_inputs && io.has_logits_index && io.has_argmax) {
+            return Err(SpecError::Config(format!(
+                "cuda_graph needs a model in the graph form (seqlens_k, total_sequence_length and logits_index \
+                 inputs, an argmax output); {} is not: convert it with `specrt convert --attention gqa-graph`",
+                model_file.display()
+            )));
+        }
         let graphs = if options.cuda_graph && provider == Provider::Cuda {
-            if !(io.has_sequence_inputs && io.has_logits_index && io.has_argmax) {
-                return Err(SpecError::Config(format!(
-                    "cuda_graph needs a model in the graph form (seqlens_k, total_sequence_length and logits_index \
-                     inputs, an argmax output); {} is not: convert it with `specrt convert --attention gqa-graph`",
-                    model_file.display()
-                )));
-            }
             Some(Graphs {
                 steps: (0..=MAX_GRAPH_TOKENS).map(|_| None).collect(),
                 no_graph: no_graph_options()?,
@@ -499,6 +513,9 @@ impl OrtBackend {
         } else {
             None
         };
+        let use_argmax_output = io.has_argmax
+            && (io.has_logits_index || io.has_num_logits_to_keep)
+            && options.device_argmax.unwrap_or(provider == Provider::Cuda);
         let backend = OrtBackend {
             binding,
             kv,
@@ -512,7 +529,8 @@ impl OrtBackend {
             argmax: Vec::new(),
             argmax_bound_rows: None,
             device_id: options.device_id,
-            profiling: options.profile.is_some(),
+            profiling: options.profile.as_ref().map(|_| true),
+            use_argmax_output,
             _kv_allocator: kv_allocator,
             session,
             io,
@@ -595,16 +613,32 @@ impl OrtBackend {
     /// Errors: [`SpecError::Config`] if the backend was created without `profile`; [`SpecError::Backend`] if ONNX
     /// Runtime fails to write the file.
     pub fn end_profiling(&mut self) -> Result<PathBuf> {
-        if !self.profiling {
-            return Err(SpecError::Config(
-                "profiling is off for this model (create it with the profile option)".into(),
-            ));
+        match self.profiling {
+            None => {
+                return Err(SpecError::Config(
+                    "profiling is off for this model (create it with the profile option)".into(),
+                ))
+            }
+            Some(false) => {
+                return Err(SpecError::Config(
+                    "profiling already ended for this model (end_profiling is called once)".into(),
+                ))
+            }
+            Some(true) => self.profiling = Some(false),
         }
-        self.profiling = false;
-        self.session
+        let path = self
+            .session
             .end_profiling()
             .map(PathBuf::from)
-            .map_err(|e| ort_err("ending the profiler", &e))
+            .map_err(|e| ort_err("ending the profiler", &e))?;
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(SpecError::Backend {
+                code: "NoSuchFile".into(),
+                message: format!("ONNX Runtime's profiler did not write {}", path.display()),
+            })
+        }
     }
 
     /// Address of the logits data returned by the last call (0 before any call). For tests and diagnostics.
@@ -1038,9 +1072,10 @@ impl Backend for OrtBackend {
         }
     }
 
-    /// See [`Backend::forward_argmax`]. A model with an `argmax` output (the graph form) computes the ids in the
-    /// graph, on the provider's device, and only `[n_logits]` int64 reach the host (its logits are not checked for
-    /// NaN); other models take the default (logits to the host, checked, scanned here).
+    /// See [`Backend::forward_argmax`]. On the CUDA provider (or with [`OrtOptions::device_argmax`]) a model with
+    /// an `argmax` output (the graph form) computes the ids in the graph, on the device, and only `[n_logits]` int64
+    /// reach the host (its logits are not checked for NaN); otherwise the default (logits to the host, checked,
+    /// scanned).
     fn forward_argmax(
         &mut self,
         tokens: &[u32],
@@ -1048,7 +1083,7 @@ impl Backend for OrtBackend {
         n_logits: usize,
         out: &mut Vec<u32>,
     ) -> Result<()> {
-        if !(self.io.has_argmax && (self.io.has_logits_index || self.io.has_num_logits_to_keep)) {
+        if !self.use_argmax_output {
             return specrt_core::backend::argmax_of_forward(self, tokens, n_past, n_logits, out);
         }
         self.validate(tokens, n_past, n_logits)?;

@@ -196,6 +196,11 @@ pub struct OrtOptions {
     /// a `Node` event per kernel) to a file named from this prefix (ONNX Runtime appends a timestamp); the file is
     /// complete after [`crate::OrtBackend::end_profiling`].
     pub profile: Option<PathBuf>,
+    /// Whether [`specrt_core::Backend::forward_argmax`] reads a graph-form model's `argmax` output: `None` (default)
+    /// = on the CUDA provider only, where it saves copying the logits to the host; on the CPU the logits are in host
+    /// memory anyway, and scanning them keeps the NaN / inf check. `Some(true)` = always (tests, profiles),
+    /// `Some(false)` = never.
+    pub device_argmax: Option<bool>,
 }
 
 impl OrtOptions {
@@ -212,6 +217,7 @@ impl OrtOptions {
             layout: None,
             cuda_graph: false,
             profile: None,
+            device_argmax: None,
         }
     }
 
@@ -246,6 +252,22 @@ impl OrtOptions {
             return Err(SpecError::Config(
                 "max_seq_len 0 is invalid (expected >= 1)".into(),
             ));
+        }
+        if let Some(prefix) = &self.profile {
+            if prefix.as_os_str().is_empty() {
+                return Err(SpecError::Config(
+                    "profile prefix is empty (expected a file name prefix such as /tmp/specrt-trace)".into(),
+                ));
+            }
+            if let Some(dir) = prefix.parent().filter(|d| !d.as_os_str().is_empty()) {
+                if !dir.is_dir() {
+                    return Err(SpecError::Io(format!(
+                        "profile directory {} does not exist (the trace of profile prefix {} goes there)",
+                        dir.display(),
+                        prefix.display()
+                    )));
+                }
+            }
         }
         if self.cuda_graph && self.provider != Provider::Cuda {
             return Err(SpecError::Config(format!(

@@ -64,6 +64,8 @@ fn graph_form_matches_the_default_form_and_returns_argmax_ids() {
     let mut options = OrtOptions::new(&lib);
     options.max_seq_len = Some(48);
     let mut want = OrtBackend::new(&model, &options).unwrap();
+    // The graph's argmax output is read on the CUDA provider by default; here it is forced on the CPU.
+    options.device_argmax = Some(true);
     let mut got = OrtBackend::new(PathBuf::from(graph), &options).unwrap();
     let io = got.decoder_io();
     assert!(io.has_sequence_inputs && io.has_logits_index && io.has_argmax);
@@ -117,6 +119,77 @@ fn graph_form_matches_the_default_form_and_returns_argmax_ids() {
     }
 }
 
+/// On the CPU provider a graph-form model's `forward_argmax` scans the logits by default, so NaN logits are still
+/// an error; with the device argmax forced they are not seen.
+#[test]
+fn on_the_cpu_argmax_ids_come_from_checked_logits_by_default() {
+    let (Some((lib, _)), Some(graph)) = (env_paths(), std::env::var_os("SPECRT_TEST_GRAPH_MODEL"))
+    else {
+        return;
+    };
+    let mut options = OrtOptions::new(&lib);
+    options.max_seq_len = Some(16);
+    let mut backend = OrtBackend::new(PathBuf::from(&graph), &options).unwrap();
+    let mut ids = Vec::new();
+    backend.forward_argmax(&[1, 2, 3], 0, 2, &mut ids).unwrap();
+    assert_ne!(
+        backend.logits_address(),
+        0,
+        "the default path reads the logits"
+    );
+    let vocab = backend.vocab_size();
+    let mut want = Vec::new();
+    specrt_core::sampling::argmax_rows(
+        backend.forward(&[1, 2, 3], 0, 2).unwrap(),
+        vocab,
+        &mut want,
+    )
+    .unwrap();
+    assert_eq!(ids, want);
+}
+
+#[test]
+fn profiling_writes_a_trace_once_and_checks_its_prefix() {
+    let Some((lib, model)) = env_paths() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("specrt-profile-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut options = OrtOptions::new(&lib);
+    options.max_seq_len = Some(16);
+    options.profile = Some(dir.join("trace"));
+    let mut backend = OrtBackend::new(&model, &options).unwrap();
+    backend.forward(&[1, 2, 3], 0, 1).unwrap();
+    let trace = backend.end_profiling().unwrap();
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(
+        text.contains("model_run"),
+        "{}",
+        &text[..text.len().min(200)]
+    );
+    let err = backend.end_profiling().unwrap_err();
+    assert!(err.to_string().contains("already ended"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    options.profile = Some(dir.join("trace"));
+    let err = OrtBackend::new(&model, &options).err().unwrap();
+    assert!(
+        matches!(err, SpecError::Io(ref m) if m.contains("does not exist")),
+        "{err}"
+    );
+    options.profile = Some(PathBuf::new());
+    let err = OrtBackend::new(&model, &options).err().unwrap();
+    assert!(
+        matches!(err, SpecError::Config(ref m) if m.contains("profile prefix is empty")),
+        "{err}"
+    );
+    options.profile = None;
+    let err = OrtBackend::new(&model, &options)
+        .unwrap()
+        .end_profiling()
+        .unwrap_err();
+    assert!(err.to_string().contains("profiling is off"), "{err}");
+}
+
 #[test]
 fn cuda_graph_needs_the_cuda_provider() {
     let Some((lib, model)) = env_paths() else {
@@ -157,10 +230,22 @@ fn cuda_on_the_cpu_wheel_is_a_provider_error() {
     let backend = OrtBackend::new(&model, &options).unwrap();
     assert_eq!(backend.provider(), Provider::Cpu);
     assert!(backend.fallback_reason().unwrap().contains("CUDA"));
-    // Asked-for CUDA graphs fall back with the provider (the caller allowed it), on any model form.
+    // Asked-for CUDA graphs fall back with the provider (the caller allowed it) and the reason says so; a model
+    // that CUDA graphs could not run is refused even then.
     options.cuda_graph = true;
-    let backend = OrtBackend::new(&model, &options).unwrap();
-    assert_eq!(backend.provider(), Provider::Cpu);
+    let err = OrtBackend::new(&model, &options).err().unwrap();
+    assert!(
+        matches!(err, SpecError::Config(ref m) if m.contains("gqa-graph")),
+        "{err}"
+    );
+    if let Some(graph) = std::env::var_os("SPECRT_TEST_GRAPH_MODEL") {
+        let backend = OrtBackend::new(PathBuf::from(graph), &options).unwrap();
+        assert_eq!(backend.provider(), Provider::Cpu);
+        assert!(backend
+            .fallback_reason()
+            .unwrap()
+            .contains("cuda_graph is off"));
+    }
 }
 
 /// Per-call time of a 1-token decode step in Rust alone (no Python). Run with

@@ -67,7 +67,9 @@ fn extract_tokens(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 ///     allow_fallback: if CUDA cannot be used, run on CPU (see ``fallback_reason``) instead of raising.
 ///     layout: force ``"shared_buffer"`` or ``"optimum"`` instead of detecting it.
 ///     profile: turn ONNX Runtime's profiler on, writing a Chrome-trace JSON named from this prefix (ONNX Runtime
-///         appends a timestamp); :meth:`end_profiling` finishes it and returns its path.
+///         appends a timestamp) in an existing folder; :meth:`end_profiling` finishes it and returns its path.
+///     device_argmax: whether :meth:`forward_argmax` reads a graph-form model's ``argmax`` output (``None``: on CUDA
+///         only; on the CPU the logits are scanned, which keeps the NaN / inf check).
 ///
 /// Raises:
 ///     ModelFileNotFoundError: model file or ONNX Runtime library missing (a ``FileNotFoundError``).
@@ -85,7 +87,7 @@ impl PyOrtModel {
     #[new]
     #[pyo3(signature = (
         path, *, ort_library=None, provider="cpu", device_id=0, max_seq_len=None, intra_op_threads=None,
-        allow_fallback=false, layout=None, profile=None
+        allow_fallback=false, layout=None, profile=None, device_argmax=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -99,6 +101,7 @@ impl PyOrtModel {
         allow_fallback: bool,
         layout: Option<&str>,
         profile: Option<PathBuf>,
+        device_argmax: Option<bool>,
     ) -> PyResult<Self> {
         let provider: Provider = provider.parse().map_err(spec_err)?;
         let ort_library = match ort_library {
@@ -129,6 +132,7 @@ impl PyOrtModel {
             .transpose()
             .map_err(spec_err)?;
         options.profile = profile;
+        options.device_argmax = device_argmax;
         let backend = run_kernel(py, || OrtBackend::new(&path, &options))?;
         Ok(PyOrtModel {
             inner: Mutex::new(backend),
