@@ -132,7 +132,9 @@ def test_greedy_decoding_from_argmax_ids_equals_the_default_form(pairs: dict, k:
     want = pairs["gqa"].generate(prompt, **kw)
     ids_only = pairs["gqa-graph"].generate(prompt, **kw, logprobs=False)
     assert ids_only.token_ids == want.token_ids
-    assert ids_only.logprobs == [] and ids_only.sources == want.sources
+    assert ids_only.logprobs == []
+    if k != "auto":  # auto K's block lengths follow timings: the tokens are the same, their sources may not be
+        assert ids_only.sources == want.sources
     with_logprobs = pairs["gqa-graph"].generate(prompt, **kw)
     assert with_logprobs.token_ids == want.token_ids
     np.testing.assert_allclose(with_logprobs.logprobs, want.logprobs, rtol=0, atol=1e-4)

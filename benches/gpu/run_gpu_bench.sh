@@ -7,13 +7,14 @@
 # python/ (its extension from the pieces when the tree has none), tests/, benches/prompts.json. Extra arguments go to
 # `specrt bench`.
 #
-# Writes $OUT/pytest.log, $OUT/bench.log, $OUT/gpu-bench.json (the report: README "GPU bench" says what is in it).
+# Writes $OUT/pytest.log, $OUT/bench.log, $OUT/gpu-bench.json (the report: README "GPU bench" says what is in it),
+# then $OUT/profile.log and $OUT/profile-{target,draft}.json (benches/profile_step.py on the bench's models).
 # Exit status: 0 when the tests and the bench passed, else the first failure's.
 #
 # Environment: OUT (default /tmp/gpu-out), GPU_PIECES, PYTHON (default python3), SPECRT_CACHE_DIR (default
-# /tmp/specrt-cache: the random-weight models stay there while the machine is up), GPU_TEST_S / GPU_BENCH_S (time
-# limits, default 150 / 420 s), GPU_BENCH_DRY=1 (a dry run of the same steps on this machine's CPU: no pieces, tiny
-# shapes, --quick; checks the script, not the GPU).
+# /tmp/specrt-cache: the random-weight models stay there while the machine is up), GPU_TEST_S / GPU_BENCH_S /
+# GPU_PROFILE_S (time limits, default 150 / 420 / 60 s per model), GPU_BENCH_DRY=1 (a dry run of the same steps on
+# this machine's CPU: no pieces, tiny shapes, --quick; checks the script, not the GPU).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 T=${GPU_PIECES:-/tmp/c}
@@ -65,6 +66,17 @@ timeout "${GPU_BENCH_S:-420}" "$PY" benches/bench_e2e.py "${bench_args[@]}" --pr
   --out-dir "$OUT" --name "${GPU_BENCH_NAME:-gpu-bench}" --no-progress "$@" 2>&1 | tee "$OUT/bench.log"
 rc=${PIPESTATUS[0]}
 if [[ $rc != 0 && $status == 0 ]]; then status=$rc; fi
+
+# "Profile first" (the speed issue): where one step of the bench's random-weight target and draft goes (wall vs ONNX
+# Runtime's run vs kernel events; 1 and K + 1 tokens on a 512-token cache), in the form the bench used.
+if [[ ${GPU_BENCH_DRY:-0} == 1 ]]; then shapes=tiny-fp32 prov=cpu ctx=64; else shapes=qwen2.5-coder-fp16 prov=cuda ctx=512; fi
+[[ " $* " == *" --cuda-graph "* ]] && shapes=$shapes-G
+for m in target draft; do
+  timeout "${GPU_PROFILE_S:-60}" "$PY" benches/profile_step.py "$SPECRT_CACHE_DIR/random/$shapes/$m" --provider "$prov" \
+    --context "$ctx" --repeats 20 --json "$OUT/profile-$m.json" 2>&1 | tee -a "$OUT/profile.log"
+  rc=${PIPESTATUS[0]}
+  if [[ $rc != 0 && $status == 0 ]]; then status=$rc; fi
+done
 ls -la "$OUT"
-echo "run_gpu_bench.sh: exit status $status (tests, then bench; 124 = a time limit)"
+echo "run_gpu_bench.sh: exit status $status (tests, bench, then profiles; 124 = a time limit)"
 exit "$status"
