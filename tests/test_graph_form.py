@@ -188,3 +188,16 @@ def test_nan_logits_are_still_detected_on_the_cpu_in_argmax_only_rounds(tmp_path
     for k in (0, 3):
         with pytest.raises(NonFiniteLogitsError):
             dec.generate([1, 2, 3], max_new_tokens=5, temperature=0, num_speculative_tokens=k, logprobs=False)
+
+
+def test_flags_must_be_bools_named_in_the_error(pairs: dict) -> None:
+    import specrt
+    from specrt.errors import ConfigError
+
+    dec = pairs["gqa"]
+    for name, value in [("logprobs", "false"), ("coupled", 1), ("ignore_eos", None)]:
+        with pytest.raises(ConfigError, match=f"{name} {value!r} is invalid \\(expected True or False\\)"):
+            dec.generate([1, 2, 3], max_new_tokens=2, **{name: value})
+    for name in ("cuda_graph", "allow_fallback"):
+        with pytest.raises(ConfigError, match=f"{name} 1 is invalid \\(expected True or False\\)"):
+            specrt.Decoder("does-not-matter", **{name: 1})

@@ -276,6 +276,14 @@ def _check_draft_dtype(draft: str | os.PathLike[str] | None, draft_dtype: str | 
         )
 
 
+def _check_bool(name: str, value: Any) -> bool:
+    """``value`` must be a bool (ConfigError naming ``name`` otherwise): a string such as ``"false"`` would be
+    truthy, and the Rust side would raise a TypeError that names no parameter."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} {value!r} is invalid (expected True or False)")
+    return value
+
+
 def _check_int(name: str, value: Any, lo: int, hi: float, expected: str) -> int:
     """``value`` as an int in ``[lo, hi]`` (ConfigError otherwise): guards the integer types of the Rust engine,
     which would otherwise raise OverflowError for values it cannot represent."""
@@ -370,6 +378,8 @@ class Decoder:
         if max_seq_len is not None and max_seq_len < 1:
             raise ConfigError(f"max_seq_len {max_seq_len} is invalid (expected >= 1)")
         _check_draft_dtype(draft, draft_dtype)
+        _check_bool("allow_fallback", allow_fallback)
+        _check_bool("cuda_graph", cuda_graph)
         _check_int("max_batch", max_batch, 1, 64, "an integer 1 <= max_batch <= 64")
         _check_int("prefill_chunk", prefill_chunk, 1, 1 << 20, "an integer >= 1")
         if cuda_graph:
@@ -642,9 +652,9 @@ class Decoder:
             "seed": int(seed),
             "eos_token_ids": list(self.eos_token_ids),
             "stop_token_ids": stop_ids,
-            "ignore_eos": bool(ignore_eos),
-            "coupled": bool(coupled),
-            "logprobs": bool(logprobs),
+            "ignore_eos": _check_bool("ignore_eos", ignore_eos),
+            "coupled": _check_bool("coupled", coupled),
+            "logprobs": _check_bool("logprobs", logprobs),
         }
         if _fault is not None:
             settings["_fault"] = _fault
