@@ -66,6 +66,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "fp16": convert(gguf, root / "fp16", dtype="fp16", progress=False),
         "fp32": convert(gguf, root / "fp32", dtype="fp32", progress=False),
+        # The graph form (ARCHITECTURE.md "Graph form") of the same fp16 model.
+        "fp16_graph": convert(gguf, root / "fp16-graph", dtype="fp16", progress=False, attention="gqa-graph"),
     }
 
 
@@ -213,36 +215,20 @@ def test_no_device_allocation_per_round_in_steady_state(tiny: dict[str, Path]) -
     assert after - before < 1 << 20, f"device memory grew by {after - before} bytes over {out.stats.n_rounds} rounds"
 
 
-@pytest.fixture(scope="module")
-def tiny_graph(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny model of ``tiny`` (same GGUF seed) in fp16, default form and graph form (``gqa-graph``)."""
-    from specrt.convert import convert
-    from specrt.convert.tiny import write_tiny_gguf
-
-    root = tmp_path_factory.mktemp("tiny-gpu-graph")
-    gguf = write_tiny_gguf(root / "t.gguf", arch="qwen2", seed=3, context=1024)
-    return {
-        "gqa": convert(gguf, root / "gqa", dtype="fp16", progress=False),
-        "graph": convert(gguf, root / "graph", dtype="fp16", progress=False, attention="gqa-graph"),
-    }
-
-
 @pytest.mark.parametrize("cuda_graph", [False, True], ids=["no-graph", "cuda-graph"])
-def test_graph_form_on_cuda_gives_the_default_forms_greedy_tokens(
-    tiny_graph: dict[str, Path], cuda_graph: bool
-) -> None:
+def test_graph_form_on_cuda_gives_the_default_forms_greedy_tokens(tiny: dict[str, Path], cuda_graph: bool) -> None:
     """The graph form on CUDA, with argmax-only rounds (``logprobs=False``: K + 1 ids reach the host) and with
     log-probabilities, and with each decode step replayed from a CUDA graph: the default form's greedy tokens (fp16
     kernels of different shapes may flip a near-tie: the first divergence is reported with its top-2 gap)."""
     import specrt
 
     prompt = list(range(1, 9))
-    ref = _decoder(tiny_graph["gqa"], tiny_graph["gqa"]).generate(
+    ref = _decoder(tiny["fp16"], tiny["fp16"]).generate(
         prompt, max_new_tokens=64, temperature=0, num_speculative_tokens=0, ignore_eos=True
     )
     dec = specrt.Decoder(
-        tiny_graph["graph"],
-        draft=tiny_graph["graph"],
+        tiny["fp16_graph"],
+        draft=tiny["fp16_graph"],
         provider="cuda",
         ort_library=LIB,
         max_seq_len=1024,
@@ -255,7 +241,7 @@ def test_graph_form_on_cuda_gives_the_default_forms_greedy_tokens(
             )
             if out.token_ids != ref.token_ids:
                 i = next(j for j, (a, b) in enumerate(zip(out.token_ids, ref.token_ids, strict=False)) if a != b)
-                gap = _top2_gap(tiny_graph["gqa"], prompt + ref.token_ids[:i])
+                gap = _top2_gap(tiny["fp16"], prompt + ref.token_ids[:i])
                 assert gap < 0.05, f"K={k} logprobs={logprobs}: first divergence at {i}, top-2 gap {gap:.4f}"
             assert (out.logprobs == []) is not logprobs
 

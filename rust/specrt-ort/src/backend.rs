@@ -10,7 +10,10 @@ use ort::{
     ep,
     memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType},
     session::{builder::GraphOptimizationLevel, builder::SessionBuilder, IoBinding, Session},
-    value::{DynTensor, DynValue, Tensor, TensorElementType, TensorRef, ValueType},
+    value::{
+        DynTensor, DynValue, IntoShape, PrimitiveTensorElementType, Tensor, TensorElementType,
+        TensorRef, ValueType,
+    },
     AsPointer,
 };
 use specrt_core::subset::VocabSubset;
@@ -214,6 +217,56 @@ pub(crate) fn build_session(
     })
 }
 
+/// How an output of the main binding is bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bound {
+    /// Not bound, or bound to a reused tensor that has since been evicted: bind before the next run.
+    No,
+    /// To the reused host tensor of this many rows.
+    Host(usize),
+    /// Left to ONNX Runtime on the provider's device, allocated at this many rows by the last run.
+    Device(usize),
+}
+
+/// Bind output `name` to the reused host tensor of `rows` rows in `cache` (allocated with `shape` from `alloc` on
+/// first use, most recently used last, the least recently used evicted beyond [`LOGITS_CACHE_ENTRIES`]), unless
+/// `bound` says it is bound already.
+fn bind_host_output<T: PrimitiveTensorElementType + std::fmt::Debug>(
+    binding: &mut IoBinding,
+    alloc: &Allocator,
+    cache: &mut Vec<(usize, Tensor<T>)>,
+    bound: &mut Bound,
+    name: &str,
+    rows: usize,
+    shape: impl IntoShape,
+) -> Result<()> {
+    if let Some(pos) = cache.iter().position(|(r, _)| *r == rows) {
+        let entry = cache.remove(pos);
+        cache.push(entry);
+    } else {
+        if cache.len() == LOGITS_CACHE_ENTRIES {
+            // The evicted tensor may be the bound one: rebind below in any case.
+            cache.remove(0);
+            *bound = Bound::No;
+        }
+        let tensor = Tensor::<T>::new(alloc, shape)
+            .map_err(|e| ort_err(&format!("allocating {name} with {rows} rows"), &e))?;
+        cache.push((rows, tensor));
+    }
+    if *bound != Bound::Host(rows) {
+        let (_, tensor) = cache.last_mut().expect("pushed above");
+        let alias = tensor
+            .view_mut()
+            .try_upgrade()
+            .map_err(|_| SpecError::Internal(format!("{name} view is not upgradable")))?;
+        binding
+            .bind_output(name, alias)
+            .map_err(|e| ort_err(&format!("binding {name}"), &e))?;
+        *bound = Bound::Host(rows);
+    }
+    Ok(())
+}
+
 /// A CPU fallback's reason, noting that CUDA graphs went with the CUDA provider when they were asked for.
 fn with_graph_note(reason: String, options: &OrtOptions) -> String {
     if options.cuda_graph {
@@ -244,8 +297,8 @@ pub struct OrtBackend {
     kv: KvState,
     /// Reused logits tensors `[1, rows, vocab]` f32 in plain host memory (all providers), most recent last.
     logits: Vec<(usize, Tensor<f32>)>,
-    /// Row count of the logits tensor currently bound (`None` before the first call).
-    logits_bound_rows: Option<usize>,
+    /// How `logits` is bound.
+    logits_bound: Bound,
     /// `[max_seq_len]` int64: the current call's token ids in the first S entries.
     ids: Box<[i64]>,
     /// `[max_seq_len]` int64 ones; the attention mask is a view of the first `n_past + S`.
@@ -258,8 +311,8 @@ pub struct OrtBackend {
     seq: Box<[i32]>,
     /// Reused `argmax` output tensors `[1, rows]` int64 in host memory (the graph form), most recent last.
     argmax: Vec<(usize, Tensor<i64>)>,
-    /// Row count of the argmax tensor bound as output; `None` when `argmax` is unbound or left to ONNX Runtime.
-    argmax_bound_rows: Option<usize>,
+    /// How `argmax` is bound.
+    argmax_bound: Bound,
     /// CUDA device ordinal (outputs that are not read are left on this device).
     device_id: i32,
     /// ONNX Runtime's profiler: `None` off, `Some(true)` on, `Some(false)` ended.
@@ -520,14 +573,14 @@ impl OrtBackend {
             binding,
             kv,
             logits: Vec::new(),
-            logits_bound_rows: None,
+            logits_bound: Bound::No,
             ids: vec![0; max_seq_len].into_boxed_slice(),
             ones: vec![1; max_seq_len].into_boxed_slice(),
             positions: (0..max_i64).collect(),
             n_keep: vec![0].into_boxed_slice(),
             seq: vec![0; 2].into_boxed_slice(),
             argmax: Vec::new(),
-            argmax_bound_rows: None,
+            argmax_bound: Bound::No,
             device_id: options.device_id,
             profiling: options.profile.as_ref().map(|_| true),
             use_argmax_output,
@@ -690,35 +743,17 @@ impl OrtBackend {
 
     /// Bind the logits output to a reused `[1, rows, vocab]` tensor; returns its index in `self.logits`.
     fn bind_logits(&mut self, rows: usize) -> Result<()> {
-        let vocab = self.io.vocab_size;
-        if let Some(pos) = self.logits.iter().position(|(r, _)| *r == rows) {
-            // Most recent last, so eviction drops the least recently used.
-            let entry = self.logits.remove(pos);
-            self.logits.push(entry);
-        } else {
-            if self.logits.len() == LOGITS_CACHE_ENTRIES {
-                // The evicted tensor may be the bound one: rebind below in any case.
-                self.logits.remove(0);
-                self.logits_bound_rows = None;
-            }
-            // `MemoryPlan::logits` is host memory for every provider: the session's CPU allocator.
-            let alloc = self.session.allocator();
-            let tensor = Tensor::<f32>::new(alloc, [1, rows, vocab])
-                .map_err(|e| ort_err(&format!("allocating logits [1, {rows}, {vocab}]"), &e))?;
-            self.logits.push((rows, tensor));
-        }
-        if self.logits_bound_rows != Some(rows) {
-            let (_, tensor) = self.logits.last_mut().expect("pushed above");
-            let alias = tensor
-                .view_mut()
-                .try_upgrade()
-                .map_err(|_| SpecError::Internal("logits view is not upgradable".into()))?;
-            self.binding
-                .bind_output("logits", alias)
-                .map_err(|e| ort_err("binding logits", &e))?;
-            self.logits_bound_rows = Some(rows);
-        }
-        Ok(())
+        // `MemoryPlan::logits` is host memory for every provider: the session's CPU allocator.
+        let shape = [1, rows, self.io.vocab_size];
+        bind_host_output(
+            &mut self.binding,
+            self.session.allocator(),
+            &mut self.logits,
+            &mut self.logits_bound,
+            "logits",
+            rows,
+            shape,
+        )
     }
 
     /// Copy the first `n_past` positions of an Optimum present `[1, H, n_cached, D]` into a new contiguous
@@ -811,30 +846,15 @@ impl OrtBackend {
 
     /// Bind the `argmax` output to a reused host tensor `[1, rows]` int64.
     fn bind_argmax(&mut self, rows: usize) -> Result<()> {
-        if let Some(pos) = self.argmax.iter().position(|(r, _)| *r == rows) {
-            let entry = self.argmax.remove(pos);
-            self.argmax.push(entry);
-        } else {
-            if self.argmax.len() == LOGITS_CACHE_ENTRIES {
-                self.argmax.remove(0);
-                self.argmax_bound_rows = None;
-            }
-            let tensor = Tensor::<i64>::new(self.session.allocator(), [1, rows])
-                .map_err(|e| ort_err(&format!("allocating argmax [1, {rows}]"), &e))?;
-            self.argmax.push((rows, tensor));
-        }
-        if self.argmax_bound_rows != Some(rows) {
-            let (_, tensor) = self.argmax.last_mut().expect("pushed above");
-            let alias = tensor
-                .view_mut()
-                .try_upgrade()
-                .map_err(|_| SpecError::Internal("argmax view is not upgradable".into()))?;
-            self.binding
-                .bind_output("argmax", alias)
-                .map_err(|e| ort_err("binding argmax", &e))?;
-            self.argmax_bound_rows = Some(rows);
-        }
-        Ok(())
+        bind_host_output(
+            &mut self.binding,
+            self.session.allocator(),
+            &mut self.argmax,
+            &mut self.argmax_bound,
+            "argmax",
+            rows,
+            [1, rows],
+        )
     }
 
     /// Run a decode step from its CUDA graph (created and bound on first use). Returns the rows (`s`).
@@ -871,8 +891,19 @@ impl OrtBackend {
     }
 
     /// Leave output `name` to ONNX Runtime's allocator on the provider's device (it is not read this call), so
-    /// nothing is copied to the host: `logits` of an argmax-only call, `argmax` of a logits call.
-    fn bind_unread(&mut self, name: &str) -> Result<()> {
+    /// nothing is copied to the host: `logits` of an argmax-only call, `argmax` of a logits call. ONNX Runtime keeps
+    /// the output its run allocates bound at that run's shape: `bound` records the row count, and a call with
+    /// another row count binds afresh (the same row count reuses the allocation).
+    fn bind_unread(&mut self, name: &str, rows: usize) -> Result<()> {
+        let bound = if name == "logits" {
+            &mut self.logits_bound
+        } else {
+            &mut self.argmax_bound
+        };
+        if *bound == Bound::Device(rows) {
+            return Ok(());
+        }
+        *bound = Bound::Device(rows);
         let memory = match self.provider {
             Provider::Cuda => MemoryInfo::new(
                 AllocationDevice::CUDA,
@@ -971,17 +1002,13 @@ impl OrtBackend {
         if self.io.layout == KvLayout::Optimum {
             self.bind_optimum_pasts(n_past)?;
         }
-        // An output bound to a device is allocated by the run and then stays bound at that shape: bind the unread
-        // output afresh on every call, or a call with another row count fails on the shape.
         if ids_only {
             self.bind_argmax(rows)?;
-            self.logits_bound_rows = None;
-            self.bind_unread("logits")?;
+            self.bind_unread("logits", rows)?;
         } else {
             self.bind_logits(rows)?;
             if self.io.has_argmax {
-                self.argmax_bound_rows = None;
-                self.bind_unread("argmax")?;
+                self.bind_unread("argmax", rows)?;
             }
         }
         if self.provider == Provider::Cuda {
