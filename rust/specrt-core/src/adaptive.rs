@@ -64,8 +64,14 @@ pub struct AutoK {
     pub prior_acceptance: f64,
     /// Acceptance rate of n-gram proposals assumed before the first n-gram round (0..1).
     pub prior_acceptance_ngram: f64,
-    /// Weight of the newest observation in the running averages (0..=1); larger = recent rounds count more.
+    /// Weight of the newest observation in the running averages of timings and throughput (0..=1); larger = recent
+    /// rounds count more.
     pub ewma_weight: f64,
+    /// Evaluated draft positions the acceptance estimate averages over (the most recent ones; 1..=4096).
+    pub acceptance_window: usize,
+    /// Pseudo-count of the prior acceptance in that average (>= 0): the estimate is `(sum of the window's min(1,
+    /// p/q) + w0 prior) / (n + w0)`, so the first observations move it quickly and a full window dominates it.
+    pub prior_weight: f64,
     /// While K = 0 is chosen, run a round with drafts every this many rounds (>= 1).
     pub probe_every: usize,
     /// Use these costs instead of measuring.
@@ -79,6 +85,8 @@ impl Default for AutoK {
             prior_acceptance: 0.7,
             prior_acceptance_ngram: 0.6,
             ewma_weight: 0.15,
+            acceptance_window: 32,
+            prior_weight: 2.0,
             probe_every: 16,
             pinned: None,
         }
@@ -114,6 +122,18 @@ impl AutoK {
                 self.ewma_weight
             )));
         }
+        if !(1..=4096).contains(&self.acceptance_window) {
+            return Err(SpecError::Config(format!(
+                "auto K acceptance_window {} is invalid (expected 1..=4096)",
+                self.acceptance_window
+            )));
+        }
+        if !(self.prior_weight.is_finite() && self.prior_weight >= 0.0) {
+            return Err(SpecError::Config(format!(
+                "auto K prior_weight {} is invalid (expected a finite value >= 0)",
+                self.prior_weight
+            )));
+        }
         if self.probe_every == 0 {
             return Err(SpecError::Config(
                 "auto K probe_every 0 is invalid (expected >= 1)".to_owned(),
@@ -139,14 +159,61 @@ impl AutoK {
     }
 }
 
+/// Per-token acceptance: the mean of `min(1, p/q)` over the last `window` evaluated draft positions, with the prior
+/// counted as `prior_weight` pseudo-observations.
+///
+/// An exponential average (weight 0.15) of values that are 0 or 1 at temperature 0 moved by 0.15 on every rejection:
+/// a stream that accepted 97% of its drafts read as 0.83 after each rejection, and chose short blocks for the next
+/// rounds (auto K 12% behind the best fixed K on such a prompt). Over a window of 32 one rejection moves the
+/// estimate by 1/32; a change of regime is followed within the window.
+#[derive(Clone, Debug)]
+struct AcceptanceEstimate {
+    prior: f64,
+    prior_weight: f64,
+    window: std::collections::VecDeque<f32>,
+    capacity: usize,
+    sum: f64,
+}
+
+impl AcceptanceEstimate {
+    fn new(prior: f64, prior_weight: f64, capacity: usize) -> Self {
+        Self {
+            prior,
+            prior_weight,
+            window: std::collections::VecDeque::with_capacity(capacity),
+            capacity,
+            sum: 0.0,
+        }
+    }
+
+    fn push(&mut self, a: f32) {
+        if self.window.len() == self.capacity {
+            if let Some(old) = self.window.pop_front() {
+                self.sum -= f64::from(old);
+            }
+        }
+        self.window.push_back(a);
+        self.sum += f64::from(a);
+    }
+
+    fn value(&self) -> f64 {
+        // A running f64 sum of values in [0, 1]: its rounding drift stays far below anything the choice can see.
+        let n = self.window.len() as f64;
+        if n + self.prior_weight <= 0.0 {
+            return self.prior; // nothing observed and no weight on the prior: the prior still stands
+        }
+        ((self.sum + self.prior_weight * self.prior) / (n + self.prior_weight)).clamp(0.0, 1.0)
+    }
+}
+
 /// Running estimates and the per-round choice of K.
 #[derive(Clone, Debug)]
 pub struct KController {
     cfg: AutoK,
     // Per-token acceptance estimate (mean of min(1, p/q) over evaluated draft positions).
-    alpha: f64,
+    alpha: AcceptanceEstimate,
     // The same for n-gram proposals (p(x) per evaluated position: q is a point mass).
-    alpha_ngram: f64,
+    alpha_ngram: AcceptanceEstimate,
     // ms per draft pass; None until measured.
     c_draft: Option<f64>,
     c_draft_seen: u32,
@@ -202,7 +269,11 @@ impl KController {
         cfg.validate()?;
         let n = cfg.k_max + 1;
         Ok(Self {
-            alpha: cfg.prior_acceptance,
+            alpha: AcceptanceEstimate::new(
+                cfg.prior_acceptance,
+                cfg.prior_weight,
+                cfg.acceptance_window,
+            ),
             c_draft: None,
             c_draft_seen: 0,
             c_verify: vec![None; n],
@@ -215,7 +286,11 @@ impl KController {
             ngram_declined: 0,
             tput_ngram: None,
             tput_draft: None,
-            alpha_ngram: cfg.prior_acceptance_ngram,
+            alpha_ngram: AcceptanceEstimate::new(
+                cfg.prior_acceptance_ngram,
+                cfg.prior_weight,
+                cfg.acceptance_window,
+            ),
             cfg,
         })
     }
@@ -230,13 +305,13 @@ impl KController {
     /// Current per-token acceptance estimate.
     #[must_use]
     pub fn alpha(&self) -> f64 {
-        self.alpha
+        self.alpha.value()
     }
 
     /// Current per-token acceptance estimate of n-gram proposals.
     #[must_use]
     pub fn alpha_ngram(&self) -> f64 {
-        self.alpha_ngram
+        self.alpha_ngram.value()
     }
 
     fn cost_draft(&self) -> f64 {
@@ -318,8 +393,8 @@ impl KController {
         if self.cfg.pinned.is_some() {
             return;
         }
-        self.alpha = other.alpha;
-        self.alpha_ngram = other.alpha_ngram;
+        self.alpha = other.alpha.clone();
+        self.alpha_ngram = other.alpha_ngram.clone();
         if let Some(c) = other.c_draft {
             self.c_draft = Some(c);
             self.c_draft_seen = 1;
@@ -336,7 +411,7 @@ impl KController {
     /// Predicted tokens per unit time for `k` drafts (with the amortised catch-up cost when `k > 0`).
     #[must_use]
     pub fn rate(&self, k: usize) -> f64 {
-        let e = expected_tokens(self.alpha.clamp(0.0, 0.999_999), k).unwrap_or(1.0);
+        let e = expected_tokens(self.alpha().min(0.999_999), k).unwrap_or(1.0);
         let catchup = if k > 0 { self.cost_catchup() } else { 0.0 };
         e / (k as f64 * self.cost_draft() + catchup + self.cost_verify(k + 1))
     }
@@ -364,7 +439,7 @@ impl KController {
     /// Predicted tokens per unit time for verifying `k` n-gram tokens (no draft pass).
     #[must_use]
     pub fn rate_ngram(&self, k: usize) -> f64 {
-        let e = expected_tokens(self.alpha_ngram.clamp(0.0, 0.999_999), k).unwrap_or(1.0);
+        let e = expected_tokens(self.alpha_ngram().min(0.999_999), k).unwrap_or(1.0);
         e / self.cost_verify(k + 1)
     }
 
@@ -423,9 +498,8 @@ impl KController {
     /// Record a finished n-gram round: `k` tokens verified, their acceptance probabilities `p(x)` (one per evaluated
     /// position) and the target pass over `k + 1` tokens (ms).
     pub fn observe_ngram(&mut self, k: usize, accept_probs: &[f32], target_ms: f64) {
-        let w = self.cfg.ewma_weight;
         for &a in accept_probs {
-            self.alpha_ngram += w * (f64::from(a) - self.alpha_ngram);
+            self.alpha_ngram.push(a);
         }
         self.observe(k, &[], 0.0, 0, target_ms);
     }
@@ -473,7 +547,7 @@ impl KController {
     ) {
         let w = self.cfg.ewma_weight;
         for &a in accept_probs {
-            self.alpha += w * (f64::from(a) - self.alpha);
+            self.alpha.push(a);
         }
         if n_draft_passes > 0 {
             let c = draft_ms / n_draft_passes as f64;
@@ -533,16 +607,58 @@ mod tests {
     #[test]
     fn acceptance_estimate_follows_observations() {
         let mut c = KController::new(pinned(1.0, 0.0)).unwrap();
+        // Window 32, prior 0.7 counted twice: (sum + 1.4) / (n + 2).
+        let w0 = 2.0 * 0.7;
+        c.observe(4, &[1.0, 1.0, 1.0, 1.0], 4.0, 4, 10.0);
+        assert!((c.alpha() - (4.0 + w0) / 6.0).abs() < 1e-12);
         for _ in 0..50 {
             c.observe(4, &[1.0, 1.0, 1.0, 1.0], 4.0, 4, 10.0);
         }
-        assert!(c.alpha() > 0.99);
+        let full = (32.0 + w0) / 34.0;
+        assert!((c.alpha() - full).abs() < 1e-12, "{}", c.alpha());
         assert_eq!(c.choose(8), 8);
-        for _ in 0..50 {
+        // One rejection in a full window moves the estimate by 1/34, not by an EWMA weight: K stays long.
+        c.observe(4, &[1.0, 1.0, 0.0], 4.0, 4, 10.0);
+        assert!((c.alpha() - (31.0 + w0) / 34.0).abs() < 1e-12);
+        assert_eq!(c.choose(8), 8);
+        // A change of regime is followed within the window.
+        for _ in 0..32 {
             c.observe(4, &[0.0], 4.0, 4, 10.0);
         }
-        assert!(c.alpha() < 0.01);
+        assert!((c.alpha() - w0 / 34.0).abs() < 1e-12);
         assert_eq!(c.choose(8), 0);
+    }
+
+    #[test]
+    fn acceptance_window_and_prior_weight_are_validated() {
+        for bad in [0, 4097] {
+            let e = KController::new(AutoK {
+                acceptance_window: bad,
+                ..AutoK::default()
+            })
+            .unwrap_err();
+            assert!(
+                e.to_string().contains(&format!("acceptance_window {bad}")),
+                "{e}"
+            );
+        }
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
+            let e = KController::new(AutoK {
+                prior_weight: bad,
+                ..AutoK::default()
+            })
+            .unwrap_err();
+            assert!(e.to_string().contains("prior_weight"), "{e}");
+        }
+        // prior_weight 0: the mean of the window alone (the prior only until the first observation).
+        let mut c = KController::new(AutoK {
+            prior_weight: 0.0,
+            ..pinned(1.0, 0.0)
+        })
+        .unwrap();
+        assert!((c.alpha() - 0.7).abs() < 1e-12);
+        c.observe(2, &[1.0, 0.5], 2.0, 2, 10.0);
+        assert!((c.alpha() - 0.75).abs() < 1e-12);
     }
 
     #[test]
@@ -577,7 +693,8 @@ mod tests {
         for _ in 0..60 {
             c.observe_ngram(8, &[1.0; 8], 10.0);
         }
-        assert!(c.alpha_ngram() > 0.99 && (c.alpha() - 0.9).abs() < 1e-12);
+        let full = (32.0 + 2.0 * 0.2) / 34.0; // a full window of 1s, the prior 0.2 counted twice
+        assert!((c.alpha_ngram() - full).abs() < 1e-12 && (c.alpha() - 0.9).abs() < 1e-12);
         assert_eq!(c.choose_ngram(8, 8), 8);
         assert_eq!(c.choose_ngram(3, 8), 3, "never more than offered");
     }
