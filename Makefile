@@ -25,8 +25,8 @@ run: install ## main job: pull the Qwen2.5-Coder 1.5B target + 0.5B draft (cache
 test-rs: install ## Rust tests (all crates; the ONNX Runtime tests use the wheel's library and a tiny model, converted for GQA, batched attention and the graph form)
 	$(PY) -c "import pathlib, shutil; from specrt.convert.tiny import write_tiny_gguf; from specrt.convert import convert; \
 	p = pathlib.Path('target/test-model'); shutil.rmtree(p, ignore_errors=True); p.mkdir(parents=True); \
-	g = write_tiny_gguf(p / 't.gguf', arch='qwen2', seed=1); convert(g, p / 'model', progress=False); \
-	convert(g, p / 'batched', progress=False, attention='batched'); convert(g, p / 'graph', progress=False, attention='gqa-graph')"
+	g = write_tiny_gguf(p / 't.gguf', arch='qwen2', seed=1); convert(g, p / 'model', progress=False, prefill_graph=True); \
+	convert(g, p / 'batched', progress=False, attention='batched', prefill_graph=True); convert(g, p / 'graph', progress=False, attention='gqa-graph')"
 	SPECRT_ORT_LIBRARY=$$($(PY) -c 'from specrt._ort import find_ort_library; print(find_ort_library())') \
 	SPECRT_TEST_MODEL=$(CURDIR)/target/test-model/model SPECRT_TEST_BATCHED_MODEL=$(CURDIR)/target/test-model/batched \
 	SPECRT_TEST_GRAPH_MODEL=$(CURDIR)/target/test-model/graph cargo test --workspace

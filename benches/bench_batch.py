@@ -77,6 +77,9 @@ def main() -> None:
     )
     ap.add_argument("--draft-vocab", type=int, default=None, help="use the pruned draft with this many token ids")
     ap.add_argument("--draft-dtype", default="fp32", choices=["fp32", "int4"], help="weights of the draft model")
+    ap.add_argument(
+        "--draft-folder", type=Path, default=None, help="a converted draft folder (batched layout) instead of --draft"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-seq-len", type=int, default=640, help="per-row capacity (prompt c is 387 tokens)")
     ap.add_argument("--repeats", type=int, default=1, help="runs of every mode, interleaved (default 1)")
@@ -84,7 +87,9 @@ def main() -> None:
     args = ap.parse_args()
 
     target = models.pull(args.target, attention="batched")
-    if args.draft_vocab:
+    if args.draft_folder:
+        draft = args.draft_folder
+    elif args.draft_vocab:
         draft = models.pruned(args.draft, args.draft_vocab, args.draft_dtype, attention="batched")
     else:
         draft = models.pull(args.draft, args.draft_dtype, attention="batched")

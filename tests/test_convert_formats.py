@@ -215,6 +215,7 @@ def test_int4_graph_uses_matmulnbits_everywhere_and_records_the_plan(tmp_path: P
         "dtype": "fp32",
         "attn": "int4",
         "mlp": "int4",
+        "down": None,
         "head": "int4",
         "embed": "int8",
         "accuracy_level": 4,

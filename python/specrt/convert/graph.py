@@ -110,9 +110,17 @@ def rope_cache(theta: float, head_dim: int, max_positions: int) -> tuple[np.ndar
 
 #: Attention forms of :func:`build_decoder`.
 ATTENTION_FORMS = ("gqa", "gqa-graph", "batched")
-_CONTRIB_OPS = {"GroupQueryAttention", "MatMulNBits", "GatherBlockQuantized", "SkipSimplifiedLayerNormalization"}
-#: Matrix storage kinds of a :class:`WeightPlan` and their bit widths (``None``: a float matrix).
-MATRIX_KINDS = {"float": None, "int4": 4, "int8": 8}
+_CONTRIB_OPS = {
+    "GroupQueryAttention",
+    "MatMulNBits",
+    "GatherBlockQuantized",
+    "SkipSimplifiedLayerNormalization",
+    "DynamicQuantizeMatMul",
+}
+#: Matrix storage kinds of a :class:`WeightPlan` and their bit widths (``None``: a float matrix). ``qint8``: int8
+#: weights with one symmetric scale per output channel, run by ``DynamicQuantizeMatMul`` (activations quantized to
+#: uint8 per call, one scale per tensor; ONNX Runtime's integer GEMM): matrices only, not the embedding.
+MATRIX_KINDS = {"float": None, "int4": 4, "int8": 8, "qint8": 8}
 FLOAT_DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
 
 
@@ -125,6 +133,8 @@ class WeightPlan:
         attn: q|k|v and o projections: ``"float"``, ``"int4"`` or ``"int8"`` (MatMulNBits, block 32 or the GGUF's
             exact block).
         mlp: gate|up and down projections, same choices.
+        down: the down projection when it differs from ``mlp`` (``None``: as ``mlp``): its input carries the
+            largest activation outliers, which per-tensor int8 activations (``qint8``) lose.
         head: the lm_head, same choices.
         embed: the token embedding: ``"float"`` (Gather) or ``"int4"`` / ``"int8"`` (GatherBlockQuantized).
         accuracy_level: MatMulNBits ``accuracy_level``: 4 = int8 activations (the fast CPU path), 1 = fp32.
@@ -134,6 +144,7 @@ class WeightPlan:
     dtype: str = "fp32"
     attn: str = "float"
     mlp: str = "float"
+    down: str | None = None
     head: str = "float"
     embed: str = "float"
     accuracy_level: int = 4
@@ -142,17 +153,21 @@ class WeightPlan:
     def __post_init__(self) -> None:
         if self.dtype not in FLOAT_DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is invalid (expected one of: {', '.join(FLOAT_DTYPES)})")
-        for kind in ("attn", "mlp", "head", "embed"):
+        for kind in ("attn", "mlp", "down", "head", "embed"):
             value = getattr(self, kind)
+            if value is None and kind == "down":
+                continue
             if value not in MATRIX_KINDS:
                 raise ValueError(f"{kind} storage {value!r} is invalid (expected one of: {', '.join(MATRIX_KINDS)})")
+            if kind in ("embed", "head") and value == "qint8":
+                raise ValueError(f"{kind} storage 'qint8' is invalid there (expected one of: float, int4, int8)")
             if value != "float" and self.dtype != "fp32":
                 raise ValueError(f"quantized {kind} ({value}) needs dtype fp32 (float32 activations), got {self.dtype}")
 
     @property
     def quantized(self) -> bool:
         """Whether any matrix is block-quantized."""
-        return any(getattr(self, k) != "float" for k in ("attn", "mlp", "head", "embed"))
+        return any(getattr(self, k) not in ("float", None) for k in ("attn", "mlp", "down", "head", "embed"))
 
 
 class _Builder:
@@ -319,6 +334,20 @@ class _Builder:
         o = self.op1("Transpose", [o], name=f"{p}/ot", perm=[0, 3, 1, 2, 4])  # [B, S, kvh, g, hd]
         return self.op1("Reshape", [o, "const_shape_attn"], name=f"{p}/attn")
 
+    def dynamic_quantize_matmul(self, x: str, w: np.ndarray, name: str) -> str:
+        """``x @ w.T`` with ``w`` float ``[N, K]`` stored as int8 ``[K, N]`` with one symmetric scale per output
+        channel (``max |w[n]| / 127``); ONNX Runtime quantizes ``x`` to uint8 per call (one scale per tensor)."""
+        amax = np.abs(w).max(axis=1).astype(np.float32)
+        scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+        q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+        ins = [
+            x,
+            self.raw(f"{name}.qweight", np.ascontiguousarray(q.T)),
+            self.raw(f"{name}.scale", scale),
+            self.raw(f"{name}.zero_point", np.zeros(w.shape[0], dtype=np.int8)),
+        ]
+        return self.op1("DynamicQuantizeMatMul", ins, name=name)
+
     def matmul_nbits(self, x: str, bq: BlockQuant, name: str, accuracy_level: int) -> str:
         """``x @ W.T`` for a block-quantized ``W`` ``[N, K]``; ``x`` float32 ``[..., K]`` -> ``[..., N]``."""
         b, scales, zp = pack_matmul_nbits(bq)
@@ -393,8 +422,13 @@ def build_decoder(
 
     def linear(x: str, parts: list[str], kind: str, name: str) -> str:
         """``x @ concat(parts).T``: a float MatMul or a MatMulNBits, per the plan's storage for ``kind``."""
-        bits = MATRIX_KINDS[getattr(plan, kind)]
-        if bits is None:
+        storage = getattr(plan, kind) or plan.mlp  # down: None = as mlp
+        bits = MATRIX_KINDS[storage]
+        if storage == "qint8":
+            mat = np.concatenate([w(p) for p in parts], axis=0)  # [out, in]
+            out = b.dynamic_quantize_matmul(x, mat, name)
+            del mat
+        elif bits is None:
             mat = np.concatenate([w(p) for p in parts], axis=0).T  # [in, out]
             b.weight(f"{name}.weight", mat)
             del mat
@@ -569,7 +603,7 @@ def build_decoder(
         gate, up = b.op("Split", [gu], n_out=2, name=f"{p}/split", axis=-1, num_outputs=2)
         act = b.op1("Mul", [gate, b.op1("Sigmoid", [gate], name=f"{p}/sigmoid")], name=f"{p}/silu")
         act = b.op1("Mul", [act, up], name=f"{p}/swiglu")
-        branch = linear(act, [f"{p}.ffn_down.weight"], "mlp", f"{p}.ffn_down")
+        branch = linear(act, [f"{p}.ffn_down.weight"], "down", f"{p}.ffn_down")
 
     # ----- head --------------------------------------------------------------------------------------------------
     b.weight("output_norm.weight", w("output_norm.weight"))

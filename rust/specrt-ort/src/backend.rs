@@ -217,6 +217,94 @@ pub(crate) fn build_session(
     })
 }
 
+/// A CPU session of the prefill graph `file` named by a model's `specrt_config.json` ([`SpecError::Io`] naming it when
+/// it is missing).
+pub(crate) fn prefill_session(file: &Path, options: &OrtOptions) -> Result<Session> {
+    if !file.is_file() {
+        return Err(SpecError::Io(format!(
+            "the prefill graph {} named by specrt_config.json is missing",
+            file.display()
+        )));
+    }
+    build_session(file, options, Provider::Cpu)
+}
+
+/// Bind the shared KV `buffers` (`[l0.key, l0.value, l1.key, ...]`) as the past inputs and the present outputs of
+/// `binding` (the same memory: GroupQueryAttention appends in place).
+pub(crate) fn bind_kv_buffers(binding: &mut IoBinding, buffers: &mut [DynTensor]) -> Result<()> {
+    for (i, buffer) in buffers.iter_mut().enumerate() {
+        let (layer, kind) = (i / 2, if i % 2 == 0 { "key" } else { "value" });
+        binding
+            .bind_input(past_name(layer, kind), &*buffer)
+            .map_err(|e| ort_err("binding a past KV input", &e))?;
+        let alias = buffer
+            .view_mut()
+            .try_upgrade()
+            .map_err(|_| SpecError::Internal("KV buffer view is not upgradable".into()))?;
+        binding
+            .bind_output(present_name(layer, kind), alias)
+            .map_err(|e| ort_err("binding a present KV output", &e))?;
+    }
+    Ok(())
+}
+
+/// Load a model's prefill graph (CPU) and bind the model's shared KV `buffers` as its past and present: it must have
+/// the model's contract (layers, KV shape and type, logits width, the same inputs).
+fn load_prefill_graph(
+    file: &Path,
+    min_tokens: usize,
+    options: &OrtOptions,
+    config: &SpecrtConfig,
+    io: &DecoderIo,
+    buffers: &mut [DynTensor],
+) -> Result<PrefillGraph> {
+    let session = prefill_session(file, options)?;
+    let found = analyze(
+        &describe(session.inputs()),
+        &describe(session.outputs()),
+        &overridable_initializers(&session)?,
+        config,
+        options.layout,
+    )
+    .map_err(|e| SpecError::Config(format!("prefill graph {}: {e}", file.display())))?;
+    let shape = |x: &DecoderIo| {
+        (
+            x.layout,
+            x.n_layers,
+            x.kv_heads,
+            x.head_dim,
+            x.kv_dtype.clone(),
+            x.vocab_size,
+            (
+                x.has_attention_mask,
+                x.has_position_ids,
+                x.has_num_logits_to_keep,
+            ),
+        )
+    };
+    if shape(&found) != shape(io) {
+        return Err(SpecError::Config(format!(
+            "prefill graph {}: its interface {:?} differs from the model's {:?}",
+            file.display(),
+            shape(&found),
+            shape(io)
+        )));
+    }
+    let mut binding = session
+        .create_binding()
+        .map_err(|e| ort_err("creating the prefill graph's IO binding", &e))?;
+    bind_kv_buffers(&mut binding, buffers)?;
+    Ok(PrefillGraph {
+        binding,
+        logits: Vec::new(),
+        logits_bound: Bound::No,
+        argmax: Vec::new(),
+        argmax_bound: Bound::No,
+        session,
+        min_tokens,
+    })
+}
+
 /// How an output of the main binding is bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Bound {
@@ -289,10 +377,27 @@ enum KvState {
     },
 }
 
+/// A model's prefill graph ([`OrtOptions::prefill_graph`]) with its own binding over the model's KV buffers, and
+/// its own output tensors. While a long pass runs, these fields are swapped with the backend's (see
+/// [`OrtBackend::swap_prefill`]), so one code path binds and runs either graph.
+///
+/// Field order is drop order: the binding goes first, the session last.
+struct PrefillGraph {
+    binding: IoBinding,
+    logits: Vec<(usize, Tensor<f32>)>,
+    logits_bound: Bound,
+    argmax: Vec<(usize, Tensor<i64>)>,
+    argmax_bound: Bound,
+    session: Session,
+    /// Passes of at least this many new tokens run on it.
+    min_tokens: usize,
+}
+
 /// One decoder model in one ONNX Runtime session (see the crate docs for the layouts).
 ///
-/// Field order is drop order: the binding (which references the buffers) goes first, the session last.
+/// Field order is drop order: the bindings (which reference the buffers) go first, the session last.
 pub struct OrtBackend {
+    prefill: Option<PrefillGraph>,
     binding: IoBinding,
     kv: KvState,
     /// Reused logits tensors `[1, rows, vocab]` f32 in plain host memory (all providers), most recent last.
@@ -461,7 +566,7 @@ impl OrtBackend {
             .create_binding()
             .map_err(|e| ort_err("creating the IO binding", &e))?;
         let kv_shape = [1, io.kv_heads, max_seq_len, io.head_dim];
-        let kv = match io.layout {
+        let mut kv = match io.layout {
             KvLayout::SharedBuffer => {
                 let alloc = kv_allocator.as_ref().unwrap_or_else(|| session.allocator());
                 // One zeroed host tensor of the KV shape, copied into each device buffer once (CUDA only).
@@ -569,7 +674,22 @@ impl OrtBackend {
         let use_argmax_output = io.has_argmax
             && (io.has_logits_index || io.has_num_logits_to_keep)
             && options.device_argmax.unwrap_or(provider == Provider::Cuda);
+        // The prefill graph: CPU, the shared-buffer default form (what `specrt convert --prefill-graph` writes).
+        let prefill = match (&config.prefill_graph, &mut kv) {
+            (Some((file, min)), KvState::Shared { buffers })
+                if options.prefill_graph
+                    && provider == Provider::Cpu
+                    && !io.has_sequence_inputs
+                    && graphs.is_none() =>
+            {
+                Some(load_prefill_graph(
+                    file, *min, options, config, &io, buffers,
+                )?)
+            }
+            _ => None,
+        };
         let backend = OrtBackend {
+            prefill,
             binding,
             kv,
             logits: Vec::new(),
@@ -739,6 +859,55 @@ impl OrtBackend {
             )));
         }
         Ok(())
+    }
+
+    /// Whether the model's prefill graph is loaded, and the fewest new tokens a pass needs to run on it.
+    pub fn prefill_graph(&self) -> Option<usize> {
+        self.prefill.as_ref().map(|p| p.min_tokens)
+    }
+
+    /// Exchange the session, binding and output tensors with the prefill graph's (a second call swaps back).
+    fn swap_prefill(&mut self) {
+        if let Some(p) = self.prefill.as_mut() {
+            std::mem::swap(&mut self.session, &mut p.session);
+            std::mem::swap(&mut self.binding, &mut p.binding);
+            std::mem::swap(&mut self.logits, &mut p.logits);
+            std::mem::swap(&mut self.logits_bound, &mut p.logits_bound);
+            std::mem::swap(&mut self.argmax, &mut p.argmax);
+            std::mem::swap(&mut self.argmax_bound, &mut p.argmax_bound);
+        }
+    }
+
+    /// [`Self::run`] on the prefill graph when one is loaded and the pass has at least its `min_tokens` new tokens.
+    /// The output tensors it wrote stay alive (in the prefill graph's fields) until its next pass.
+    fn run_maybe_prefill(
+        &mut self,
+        tokens: &[u32],
+        n_past: usize,
+        n_logits: usize,
+        ids_only: bool,
+    ) -> Result<(usize, *const f32)> {
+        let prefill = self
+            .prefill
+            .as_ref()
+            .is_some_and(|p| tokens.len() >= p.min_tokens);
+        if prefill {
+            self.swap_prefill();
+        }
+        let result = self.run(tokens, n_past, n_logits, ids_only).map(|rows| {
+            let data = if ids_only {
+                std::ptr::null()
+            } else {
+                self.logits
+                    .last()
+                    .map_or(std::ptr::null(), |(_, t)| t.data_ptr().cast::<f32>())
+            };
+            (rows, data)
+        });
+        if prefill {
+            self.swap_prefill();
+        }
+        result
     }
 
     /// Bind the logits output to a reused `[1, rows, vocab]` tensor; returns its index in `self.logits`.
@@ -1081,15 +1250,16 @@ impl Backend for OrtBackend {
     /// [`SpecError::Config`] for an `n_past` beyond the positions cached by previous calls.
     fn forward(&mut self, tokens: &[u32], n_past: usize, n_logits: usize) -> Result<&[f32]> {
         self.validate(tokens, n_past, n_logits)?;
-        let rows = self.run(tokens, n_past, n_logits, false)?;
+        let (rows, data) = self.run_maybe_prefill(tokens, n_past, n_logits, false)?;
         let vocab = self.io.vocab_size;
         let all = match self.graphs.as_ref().and_then(|g| g.last.map(|s| (g, s))) {
             Some((g, s)) => g.steps[s].as_ref().expect("ran").logits(vocab),
             None => {
-                let (_, tensor) = self.logits.last().expect("bound in run");
-                // SAFETY: the tensor holds `rows * vocab` f32 in host memory (the session's CPU allocator; on CUDA
-                // the outputs were synchronised above) and lives in `self` until the next call.
-                unsafe { std::slice::from_raw_parts(tensor.data_ptr().cast::<f32>(), rows * vocab) }
+                assert!(!data.is_null(), "logits bound in run");
+                // SAFETY: `data` is the logits tensor the run wrote (the model's or the prefill graph's, bound in
+                // `run`): `rows * vocab` f32 in host memory (the session's CPU allocator; on CUDA the outputs were
+                // synchronised in `run`), owned by `self` until the next call.
+                unsafe { std::slice::from_raw_parts(data, rows * vocab) }
             }
         };
         let kept = &all[(rows - n_logits) * vocab..];

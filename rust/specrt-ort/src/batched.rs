@@ -21,7 +21,7 @@ use specrt_core::backend::{BatchBackend, BatchRow};
 use specrt_core::subset::VocabSubset;
 use specrt_core::{Result, SpecError};
 
-use crate::backend::{build_session, describe, overridable_initializers};
+use crate::backend::{build_session, describe, overridable_initializers, prefill_session};
 use crate::model::{
     analyze_batched, batched_new_name, batched_past_name, choose_max_seq_len, resolve_model_file,
     BatchedIo, SpecrtConfig,
@@ -63,6 +63,33 @@ fn bind_output_view(
     unsafe { ort::Error::result_from_status(status) }.map_err(|e| ort_err(&what(), &e))
 }
 
+/// Load a batched model's prefill graph and check that it has the model's contract (layers, KV shape, logits width).
+fn load_prefill_graph(
+    file: &Path,
+    options: &OrtOptions,
+    config: &SpecrtConfig,
+    io: &BatchedIo,
+) -> Result<Session> {
+    let session = prefill_session(file, options)?;
+    let found = analyze_batched(
+        &describe(session.inputs()),
+        &describe(session.outputs()),
+        &overridable_initializers(&session)?,
+        config,
+    )
+    .map_err(|e| SpecError::Config(format!("prefill graph {}: {e}", file.display())))?;
+    let shape = |x: &BatchedIo| (x.n_layers, x.kv_heads, x.head_dim, x.vocab_size);
+    if shape(&found) != shape(io) {
+        return Err(SpecError::Config(format!(
+            "prefill graph {}: (layers, kv heads, head dim, logits width) {:?} differ from the model's {:?}",
+            file.display(),
+            shape(&found),
+            shape(io)
+        )));
+    }
+    Ok(session)
+}
+
 fn c_name(name: String) -> Result<CString> {
     CString::new(name)
         .map_err(|e| SpecError::Internal(format!("a model name holds a NUL byte: {e}")))
@@ -77,6 +104,8 @@ fn c_name(name: String) -> Result<CString> {
 /// Field order is drop order: the binding (which references the buffers) goes first, the session last.
 pub struct BatchedOrtBackend {
     binding: IoBinding,
+    /// The prefill graph's binding (see [`OrtOptions::prefill_graph`]); bound afresh for each pass it runs.
+    prefill_binding: Option<IoBinding>,
     /// Per layer `[max_batch, kv_heads, head_dim, max_seq_len]` float32: the keys, transposed.
     key_t: Vec<Box<[f32]>>,
     /// Per layer `[max_batch, kv_heads, max_seq_len, head_dim]` float32: the values.
@@ -98,6 +127,9 @@ pub struct BatchedOrtBackend {
     /// Per slot: positions with valid KV (written by a pass or [`BatchBackend::move_slot`]).
     cached: Box<[usize]>,
     names: Vec<LayerNames>,
+    /// Passes with at least this many new tokens per row run on the prefill graph (when loaded).
+    prefill_min_tokens: usize,
+    prefill_session: Option<Session>,
     session: Session,
     io: BatchedIo,
     max_seq_len: usize,
@@ -186,6 +218,19 @@ impl BatchedOrtBackend {
             )));
         }
         let subset = config.vocab_subset_for(io.vocab_size, &model_file)?;
+        let (prefill_session, prefill_min_tokens) = match &config.prefill_graph {
+            Some((file, min)) if options.prefill_graph => {
+                (Some(load_prefill_graph(file, options, &config, &io)?), *min)
+            }
+            _ => (None, usize::MAX),
+        };
+        let prefill_binding = prefill_session
+            .as_ref()
+            .map(|s| {
+                s.create_binding()
+                    .map_err(|e| ort_err("creating the prefill graph's IO binding", &e))
+            })
+            .transpose()?;
         let slot_len = io
             .kv_heads
             .checked_mul(io.head_dim)
@@ -219,6 +264,7 @@ impl BatchedOrtBackend {
             .map_err(|e| ort_err("creating the IO binding", &e))?;
         Ok(BatchedOrtBackend {
             binding,
+            prefill_binding,
             key_t,
             value,
             new_key: vec![Vec::new(); io.n_layers],
@@ -230,6 +276,8 @@ impl BatchedOrtBackend {
             n_keep: vec![0].into_boxed_slice(),
             cached: vec![0; max_batch].into_boxed_slice(),
             names,
+            prefill_min_tokens,
+            prefill_session,
             session,
             io,
             max_seq_len,
@@ -258,6 +306,13 @@ impl BatchedOrtBackend {
     /// The model file this backend runs.
     pub fn model_file(&self) -> &Path {
         &self.model_file
+    }
+
+    /// Whether the model's prefill graph is loaded, and the fewest new tokens per row a pass needs to run on it.
+    pub fn prefill_graph(&self) -> Option<usize> {
+        self.prefill_session
+            .as_ref()
+            .map(|_| self.prefill_min_tokens)
     }
 
     /// Positions with valid KV in `slot` (written by [`BatchBackend::forward_rows`] or
@@ -342,13 +397,15 @@ impl BatchedOrtBackend {
         Ok(s)
     }
 
-    /// Fill and bind the inputs and outputs of a pass over `rows.len()` rows padded to `s`.
+    /// Fill and bind the inputs and outputs of a pass over `rows.len()` rows padded to `s` (to the prefill graph's
+    /// binding when `prefill`).
     fn bind(
         &mut self,
         first_slot: usize,
         rows: &[BatchRow<'_>],
         s: usize,
         n_logits: usize,
+        prefill: bool,
     ) -> Result<()> {
         let b = rows.len();
         let (kvh, hd, l) = (self.io.kv_heads, self.io.head_dim, self.max_seq_len);
@@ -375,28 +432,32 @@ impl BatchedOrtBackend {
         }
         self.n_keep[0] = to_i64(n_logits);
 
+        let binding = match self.prefill_binding.as_mut() {
+            Some(b) if prefill => b,
+            _ => &mut self.binding,
+        };
         let bind_err = |what: &str| {
             let what = what.to_string();
             move |e: ort::Error| ort_err(&format!("binding {what}"), &e)
         };
         let ids = TensorRef::from_array_view(([b, s], &self.ids[..n]))
             .map_err(|e| ort_err("input_ids", &e))?;
-        self.binding
+        binding
             .bind_input("input_ids", &ids)
             .map_err(bind_err("input_ids"))?;
         let positions = TensorRef::from_array_view(([b, s], &self.positions[..n]))
             .map_err(|e| ort_err("positions", &e))?;
-        self.binding
+        binding
             .bind_input("positions", &positions)
             .map_err(bind_err("positions"))?;
         let lens = TensorRef::from_array_view(([b], &self.past_lengths[..b]))
             .map_err(|e| ort_err("past_lengths", &e))?;
-        self.binding
+        binding
             .bind_input("past_lengths", &lens)
             .map_err(bind_err("past_lengths"))?;
         let keep = TensorRef::from_array_view((Vec::<i64>::new(), &self.n_keep[..]))
             .map_err(|e| ort_err("num_logits_to_keep", &e))?;
-        self.binding
+        binding
             .bind_input("num_logits_to_keep", &keep)
             .map_err(bind_err("num_logits_to_keep"))?;
 
@@ -408,13 +469,13 @@ impl BatchedOrtBackend {
             let key_t =
                 TensorRef::from_array_view(([b, kvh, hd, l], &self.key_t[i][range.clone()]))
                     .map_err(|e| ort_err("a key_t view", &e))?;
-            self.binding
+            binding
                 .bind_input(names.key_t.as_str(), &key_t)
                 .map_err(bind_err(&names.key_t))?;
             let value =
                 TensorRef::from_array_view(([b, kvh, l, hd], &self.value[i][range.clone()]))
                     .map_err(|e| ort_err("a value view", &e))?;
-            self.binding
+            binding
                 .bind_input(names.value.as_str(), &value)
                 .map_err(bind_err(&names.value))?;
             for (buf, name) in [
@@ -424,7 +485,7 @@ impl BatchedOrtBackend {
                 if buf.len() < n_new {
                     buf.resize(n_new, 0.0);
                 }
-                bind_output_view(&mut self.binding, name, &[b, kvh, s, hd], &mut buf[..n_new])?;
+                bind_output_view(binding, name, &[b, kvh, s, hd], &mut buf[..n_new])?;
             }
         }
         let width = self.io.vocab_size;
@@ -433,7 +494,7 @@ impl BatchedOrtBackend {
             self.logits.resize(n_out, 0.0);
         }
         bind_output_view(
-            &mut self.binding,
+            binding,
             c"logits",
             &[b, n_logits, width],
             &mut self.logits[..n_out],
@@ -503,17 +564,18 @@ impl BatchBackend for BatchedOrtBackend {
         n_logits: usize,
     ) -> Result<&[f32]> {
         let s = self.validate(first_slot, rows, n_logits)?;
-        self.bind(first_slot, rows, s, n_logits)?;
+        let prefill = s >= self.prefill_min_tokens && self.prefill_session.is_some();
+        self.bind(first_slot, rows, s, n_logits, prefill)?;
+        let (session, binding) = match (&self.prefill_session, &self.prefill_binding) {
+            (Some(session), Some(binding)) if prefill => (session, binding),
+            _ => (&self.session, &self.binding),
+        };
         // Every output is preallocated and read from our own buffers: call RunWithBinding directly (no
         // GetBoundOutputValues per call).
         // SAFETY: valid session and binding pointers (the binding was created from this session); a null run-options
         // pointer is allowed. Every bound input/output views memory owned by `self` and bound just above.
         let status = unsafe {
-            (ort::api().RunWithBinding)(
-                self.session.ptr().cast_mut(),
-                std::ptr::null(),
-                self.binding.ptr(),
-            )
+            (ort::api().RunWithBinding)(session.ptr().cast_mut(), std::ptr::null(), binding.ptr())
         };
         // SAFETY: `status` was just returned by ONNX Runtime.
         unsafe { ort::Error::result_from_status(status) }

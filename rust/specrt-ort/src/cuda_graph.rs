@@ -22,7 +22,7 @@ use ort::{
 };
 use specrt_core::{Result, SpecError};
 
-use crate::model::{past_name, present_name};
+use crate::backend::bind_kv_buffers;
 use crate::runtime::ort_err;
 
 /// Longest step (new tokens) run from a CUDA graph; longer calls (prefill chunks) run without one.
@@ -82,19 +82,7 @@ impl GraphStep {
         let mut binding = session
             .create_binding()
             .map_err(|e| ort_err("creating a graph step's IO binding", &e))?;
-        for (i, buffer) in kv.iter_mut().enumerate() {
-            let (layer, kind) = (i / 2, if i % 2 == 0 { "key" } else { "value" });
-            binding
-                .bind_input(past_name(layer, kind), &*buffer)
-                .map_err(bind_err("binding a past KV input"))?;
-            let alias = buffer
-                .view_mut()
-                .try_upgrade()
-                .map_err(|_| SpecError::Internal("KV buffer view is not upgradable".into()))?;
-            binding
-                .bind_output(present_name(layer, kind), alias)
-                .map_err(bind_err("binding a present KV output"))?;
-        }
+        bind_kv_buffers(&mut binding, kv)?;
         let ids_dev = Tensor::<i64>::new(device, [1, s]).map_err(alloc_err("input_ids"))?;
         let seqlens_dev = Tensor::<i32>::new(device, [1_usize]).map_err(alloc_err("seqlens_k"))?;
         let mut index_dev = Tensor::<i64>::new(device, [s]).map_err(alloc_err("logits_index"))?;

@@ -73,7 +73,15 @@ pub struct SpecrtConfig {
     /// (`full_vocab_size`) and the `N` ascending token ids its logits score, in order (read from the file named by
     /// `vocab_subset`, a JSON object with `token_ids`).
     pub vocab_subset: Option<(usize, Vec<u32>)>,
+    /// A second graph of the same contract for passes of many tokens (prompt prefill, a draft's catch-up), written by
+    /// `specrt convert --prefill-graph`: `prefill_graph` (a file name beside the model) and the fewest new tokens per
+    /// row a pass must have to run on it (`prefill_min_tokens`, default [`DEFAULT_PREFILL_MIN_TOKENS`]). Used by a
+    /// draft model only ([`crate::OrtOptions::prefill_graph`]).
+    pub prefill_graph: Option<(PathBuf, usize)>,
 }
+
+/// Fewest new tokens per row for which a pass runs on the prefill graph when `specrt_config.json` does not say.
+pub const DEFAULT_PREFILL_MIN_TOKENS: usize = 16;
 
 impl SpecrtConfig {
     /// The pruned-vocabulary subset of a model whose logits score `model_vocab` tokens (`None` for a full model).
@@ -152,11 +160,31 @@ impl SpecrtConfig {
                 )))
             }
         };
+        let prefill_graph = match obj.get("prefill_graph") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(file)) if !file.is_empty() => {
+                let min = usize_field("prefill_min_tokens")?.unwrap_or(DEFAULT_PREFILL_MIN_TOKENS);
+                if min == 0 {
+                    return Err(SpecError::Io(format!(
+                        "{}: prefill_min_tokens = 0 is invalid (expected >= 1)",
+                        origin.display()
+                    )));
+                }
+                Some((origin.with_file_name(file), min))
+            }
+            Some(v) => {
+                return Err(SpecError::Io(format!(
+                    "{}: prefill_graph = {v} is invalid (expected a file name)",
+                    origin.display()
+                )))
+            }
+        };
         Ok(SpecrtConfig {
             vocab_size: usize_field("vocab_size")?,
             max_position_embeddings: usize_field("max_position_embeddings")?,
             kv_layout,
             vocab_subset,
+            prefill_graph,
         })
     }
 

@@ -421,3 +421,105 @@ fn wrong_layouts_and_options_are_refused_by_name() {
         .unwrap()
         .contains("CPU provider only"));
 }
+
+/// The batched test model is converted with `prefill_graph=True` (`make test-rs`): with
+/// `OrtOptions::prefill_graph` a pass of at least `prefill_min_tokens` tokens per row runs on `prefill.onnx` (its
+/// logits equal the prefill graph's own, bit for bit, and differ from the main graph's: int8 matrices), a shorter one
+/// on `model.onnx`; without the option the prefill graph is never loaded.
+#[test]
+fn long_passes_run_on_the_prefill_graph_when_asked() {
+    let Some((lib, _, batched)) = env_paths() else {
+        return;
+    };
+    let with = BatchedOrtBackend::new(
+        &batched,
+        &OrtOptions {
+            prefill_graph: true,
+            ..options(&lib, L)
+        },
+        1,
+    )
+    .unwrap();
+    let min = with.prefill_graph().expect(
+        "the test model has a prefill graph (make test-rs converts it with prefill_graph=True)",
+    );
+    assert_eq!(min, 16);
+    let main = BatchedOrtBackend::new(&batched, &options(&lib, L), 1).unwrap();
+    assert_eq!(main.prefill_graph(), None, "not loaded without the option");
+    let prefill_only =
+        BatchedOrtBackend::new(batched.join("prefill.onnx"), &options(&lib, L), 1).unwrap();
+    let mut models = [with, main, prefill_only];
+    let vocab = models[0].vocab_size();
+    for n in [min - 1, min, min + 5] {
+        let toks = tokens(7, n, vocab);
+        let row = [BatchRow {
+            tokens: &toks,
+            n_past: 0,
+        }];
+        let out: Vec<Vec<f32>> = models
+            .iter_mut()
+            .map(|m| m.forward_rows(0, &row, 2).unwrap().to_vec())
+            .collect();
+        let diff = out[1]
+            .iter()
+            .zip(&out[2])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            diff > 0.0,
+            "the two graphs compute the same logits: the test could not tell them apart"
+        );
+        if n >= min {
+            assert_eq!(
+                out[0], out[2],
+                "{n} tokens: expected the prefill graph's logits"
+            );
+        } else {
+            assert_eq!(
+                out[0], out[1],
+                "{n} tokens: expected the main graph's logits"
+            );
+        }
+    }
+    // Decode steps after a prefill-graph pass run on the main graph and read the cache that pass wrote.
+    let toks = tokens(9, 1, vocab);
+    let step = [BatchRow {
+        tokens: &toks,
+        n_past: min + 5,
+    }];
+    let a = models[0].forward_rows(0, &step, 1).unwrap().to_vec();
+    let c = models[2].forward_rows(0, &step, 1).unwrap().to_vec();
+    assert_ne!(a, c, "a 1-token step ran on the prefill graph");
+}
+
+/// A config naming a prefill graph that is not there is an I/O error naming the file (only when it is asked for).
+#[test]
+fn a_missing_prefill_graph_is_an_error_naming_it() {
+    let Some((lib, _, batched)) = env_paths() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("specrt-prefill-missing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["model.onnx", "model.onnx.data"] {
+        std::fs::copy(batched.join(f), dir.join(f)).unwrap();
+    }
+    let cfg = std::fs::read_to_string(batched.join("specrt_config.json")).unwrap();
+    let cfg = cfg.replace("\"prefill.onnx\"", "\"gone.onnx\"");
+    assert!(cfg.contains("gone.onnx"));
+    std::fs::write(dir.join("specrt_config.json"), cfg).unwrap();
+    let err = BatchedOrtBackend::new(
+        &dir,
+        &OrtOptions {
+            prefill_graph: true,
+            ..options(&lib, L)
+        },
+        1,
+    )
+    .err()
+    .expect("a missing prefill graph must be refused");
+    assert!(matches!(err, SpecError::Io(_)), "{err}");
+    assert!(err.to_string().contains("gone.onnx"), "{err}");
+    // Not asked for: the model loads.
+    BatchedOrtBackend::new(&dir, &options(&lib, L), 1).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+}

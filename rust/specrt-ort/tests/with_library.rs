@@ -275,3 +275,71 @@ fn decode_step_time() {
     let per_call_us = t0.elapsed().as_secs_f64() / f64::from(calls) * 1e6;
     println!("decode step (vocab {vocab}): {per_call_us:.1} us/call");
 }
+
+/// The test model is converted with `prefill_graph=True` (`make test-rs`): with `OrtOptions::prefill_graph` a pass of
+/// at least `prefill_min_tokens` tokens runs on `prefill.onnx` (its logits equal the prefill graph's own, bit for
+/// bit, and differ from the main graph's), a shorter pass and every later step on `model.onnx`, over one KV cache
+/// (the steps read what the prefill graph wrote); without the option it is never loaded.
+#[test]
+fn long_passes_run_on_the_prefill_graph_when_asked() {
+    let Some((lib, model)) = env_paths() else {
+        return;
+    };
+    let options = |prefill_graph: bool| {
+        let mut o = OrtOptions::new(&lib);
+        o.max_seq_len = Some(64);
+        o.prefill_graph = prefill_graph;
+        o
+    };
+    let mut with = OrtBackend::new(&model, &options(true)).unwrap();
+    let min = with.prefill_graph().expect(
+        "the test model has a prefill graph (make test-rs converts it with prefill_graph=True)",
+    );
+    let mut main = OrtBackend::new(&model, &options(false)).unwrap();
+    assert_eq!(main.prefill_graph(), None, "not loaded without the option");
+    let mut pre = OrtBackend::new(model.join("prefill.onnx"), &options(false)).unwrap();
+    let vocab = with.vocab_size();
+    let tokens: Vec<u32> = (0..min + 6)
+        .map(|i| (i as u32 * 7 + 3) % vocab as u32)
+        .collect();
+    let kv = with.kv_buffer_addresses();
+    for n in [min - 1, min] {
+        let a = with.forward(&tokens[..n], 0, 2).unwrap().to_vec();
+        let b = main.forward(&tokens[..n], 0, 2).unwrap().to_vec();
+        let c = pre.forward(&tokens[..n], 0, 2).unwrap().to_vec();
+        assert_ne!(
+            b, c,
+            "the two graphs compute the same logits: the test could not tell them apart"
+        );
+        if n >= min {
+            assert_eq!(a, c, "{n} tokens: expected the prefill graph's logits");
+        } else {
+            assert_eq!(a, b, "{n} tokens: expected the main graph's logits");
+        }
+    }
+    // Steps after a prefill-graph pass run on the model over the cache that pass wrote: as the prefill-only
+    // backend's cache would give with the model's weights, i.e. a model step on top of the prefill graph's KV. Its
+    // logits differ from both single-graph backends' and stay close to them.
+    let a = with
+        .forward(&tokens[min..min + 2], min, 2)
+        .unwrap()
+        .to_vec();
+    let b = main
+        .forward(&tokens[min..min + 2], min, 2)
+        .unwrap()
+        .to_vec();
+    let c = pre.forward(&tokens[min..min + 2], min, 2).unwrap().to_vec();
+    assert_ne!(a, c, "a 2-token step ran on the prefill graph");
+    assert_ne!(a, b, "the step did not read the prefill graph's cache");
+    let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let gap = a
+        .iter()
+        .zip(&b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(gap < 0.5 * scale, "gap {gap} at logit scale {scale}");
+    assert_eq!(
+        with.kv_buffer_addresses(),
+        kv,
+        "one KV cache for both graphs"
+    );
+}
