@@ -78,6 +78,11 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=None, help="use the pruned draft with this many token ids")
     ap.add_argument("--draft-dtype", default="fp32", choices=["fp32", "int4"], help="weights of the draft model")
     ap.add_argument(
+        "--no-draft-prefill-graph",
+        action="store_true",
+        help="an int4 draft without its int8 prefill graph (by default it has one, as Decoder(draft_dtype='int4'))",
+    )
+    ap.add_argument(
         "--draft-folder", type=Path, default=None, help="a converted draft folder (batched layout) instead of --draft"
     )
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -92,7 +97,12 @@ def main() -> None:
     elif args.draft_vocab:
         draft = models.pruned(args.draft, args.draft_vocab, args.draft_dtype, attention="batched")
     else:
-        draft = models.pull(args.draft, args.draft_dtype, attention="batched")
+        draft = models.pull(
+            args.draft,
+            args.draft_dtype,
+            attention="batched",
+            prefill_graph=args.draft_dtype == "int4" and not args.no_draft_prefill_graph,
+        )
     prompts = load_prompts(set_name="peers")
     modes: list[tuple[str, dict[str, Any]]] = [
         ("plain", {"num_speculative_tokens": 0}),

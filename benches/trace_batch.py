@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     a = ap.parse_args()
     target = models.pull(a.target, attention="batched")
-    draft = models.pull(a.draft, a.draft_dtype, attention="batched")
+    draft = models.pull(a.draft, a.draft_dtype, attention="batched", prefill_graph=a.draft_dtype == "int4")
     prompts = load_prompts(set_name="peers")
     dec = specrt.Decoder(target, draft, max_batch=a.batch_size, max_seq_len=640)
     reqs = [

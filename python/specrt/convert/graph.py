@@ -220,11 +220,12 @@ class _Builder:
         self.nodes[-1].output[2] = ""
         return outs[0], outs[3]
 
-    def batched_masks(self, first_past_kt: str) -> dict[str, str]:
-        """Masks shared by every layer of the batched contract: ``past`` ``[B, 1, 1, 1, L]`` (0 where the cache
-        position is below the row's ``past_lengths``, -inf beyond), ``causal`` ``[S, S]`` (0 on and below the
-        diagonal), the split sizes ``[L, S]`` of the joint softmax, and cos / sin at each token's position
-        ``[B, 1, S, hd / 2]`` (keys) and ``[B, 1, 1, S, hd / 2]`` (queries)."""
+    def batched_masks(self, first_past_kt: str, group: int) -> dict[str, str]:
+        """Masks shared by every layer of the batched contract: ``past`` ``[B, 1, 1, L]`` (0 where the cache position
+        is below the row's ``past_lengths``, -inf beyond), ``causal`` ``[group S, S]`` (0 on and below the diagonal of
+        each of the ``group`` stacked ``[S, S]`` blocks: the query rows of a KV head's group, folded), the split sizes
+        ``[L, S]`` of the joint softmax, and cos / sin at each token's position ``[B, 1, S, hd / 2]`` (keys) and
+        ``[B, 1, 1, S, hd / 2]`` (queries)."""
         self.const("const_zero_f", np.array(0.0, dtype=self.ft))
         self.const("const_neg_inf", np.array(-np.inf, dtype=self.ft))
         self.const("const_zero_i64", np.array(0, dtype=np.int64))
@@ -236,8 +237,7 @@ class _Builder:
         lens = self.op1("Unsqueeze", ["past_lengths", "const_axes_last"], name="batch/lens")  # [B, 1]
         valid = self.op1("Less", [arange, lens], name="batch/valid")  # [B, L]
         past = self.op1("Where", [valid, "const_zero_f", "const_neg_inf"], name="batch/past_mask2")
-        past = self.op1("Unsqueeze", [past, "const_axes_12"], name="batch/past_mask4")  # [B, 1, 1, L]
-        past = self.op1("Unsqueeze", [past, "const_axes_2"], name="batch/past_mask")  # [B, 1, 1, 1, L]
+        past = self.op1("Unsqueeze", [past, "const_axes_12"], name="batch/past_mask")  # [B, 1, 1, L]
         seq = self.op1("Shape", ["input_ids"], name="batch/seq", start=1, end=2)  # [1]: S
         ones = self.op1(
             "ConstantOfShape", [seq], name="batch/ones", value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1])
@@ -246,7 +246,9 @@ class _Builder:
         row = self.op1("Unsqueeze", [ones, "const_axes_0"], name="batch/row")  # [1, S]
         tril = self.op1("Trilu", [self.op1("Mul", [col, row], name="batch/square")], name="batch/tril", upper=0)
         tril = self.op1("Cast", [tril], name="batch/tril_bool", to=TensorProto.BOOL)
-        causal = self.op1("Where", [tril, "const_zero_f", "const_neg_inf"], name="batch/causal")
+        causal = self.op1("Where", [tril, "const_zero_f", "const_neg_inf"], name="batch/causal1")
+        self.const("const_causal_repeats", np.array([group, 1], dtype=np.int64))
+        causal = self.op1("Tile", [causal, "const_causal_repeats"], name="batch/causal")  # [group S, S]
         split = self.op1("Concat", [cap, seq], name="batch/split_sizes", axis=0)
         out = {"past": past, "causal": causal, "split": split}
         for name in ("cos", "sin"):
@@ -283,6 +285,8 @@ class _Builder:
             self.const("const_shape_q5", np.array([0, 0, kvh, g, hd], dtype=np.int64))
             self.const("const_shape_kv4", np.array([0, 0, kvh, hd], dtype=np.int64))
             self.const("const_shape_attn", np.array([0, 0, nh * hd], dtype=np.int64))
+            self.const("const_shape_fold", np.array([0, 0, -1, hd], dtype=np.int64))
+            self.const("const_shape_unfold", np.array([0, 0, g, -1, hd], dtype=np.int64))
             self.const("const_scale", np.array(1.0 / np.sqrt(hd), dtype=self.ft))
         q, k, v = self.op("Split", [qkv, f"const_split_qkv_{nh}_{kvh}_{hd}"], n_out=3, name=f"{p}/split", axis=-1)
         q = self.op1(
@@ -304,33 +308,31 @@ class _Builder:
         k_rot = self._rotary(k, masks["cos_k"], masks["sin_k"], f"{p}/rope_k")
         self.nodes.append(helper.make_node("Identity", [k_rot], [f"new.{layer}.key"], name=f"{p}/new_key"))
         q = self.op1("Mul", [q, "const_scale"], name=f"{p}/q_scaled")
-        kt_past = self.op1("Unsqueeze", [f"past_key_values.{layer}.key_t", "const_axes_2"], name=f"{p}/kt_past")
+        # A KV head's g query heads fold into its rows: one [g S, hd] x [hd, L] product per (row, KV head) instead of
+        # g broadcast [S, hd] x [hd, L] products (fewer, larger kernel calls; measured in benches/RESULTS.md).
+        q = self.op1("Reshape", [q, "const_shape_fold"], name=f"{p}/q_fold")  # [B, kvh, g S, hd]
         s_past = self.op1(
-            "Add", [self.op1("MatMul", [q, kt_past], name=f"{p}/s_past0"), masks["past"]], name=f"{p}/s_past"
-        )  # [B, kvh, g, S, L]
-        kt_new = self.op1(
-            "Transpose",
-            [self.op1("Unsqueeze", [f"new.{layer}.key", "const_axes_2"], name=f"{p}/k5")],
-            name=f"{p}/kt_new",
-            perm=[0, 1, 2, 4, 3],
-        )  # [B, kvh, 1, hd, S]
+            "Add",
+            [self.op1("MatMul", [q, f"past_key_values.{layer}.key_t"], name=f"{p}/s_past0"), masks["past"]],
+            name=f"{p}/s_past",
+        )  # [B, kvh, g S, L]
+        kt_new = self.op1("Transpose", [f"new.{layer}.key"], name=f"{p}/kt_new", perm=[0, 1, 3, 2])  # [B, kvh, hd, S]
         s_new = self.op1(
             "Add", [self.op1("MatMul", [q, kt_new], name=f"{p}/s_new0"), masks["causal"]], name=f"{p}/s_new"
-        )  # [B, kvh, g, S, S]
+        )  # [B, kvh, g S, S]
         probs = self.op1(
             "Softmax", [self.op1("Concat", [s_past, s_new], name=f"{p}/scores", axis=-1)], name=f"{p}/probs", axis=-1
         )
         p_past, p_new = self.op("Split", [probs, masks["split"]], n_out=2, name=f"{p}/psplit", axis=-1)
-        v_past = self.op1("Unsqueeze", [f"past_key_values.{layer}.value", "const_axes_2"], name=f"{p}/v_past")
-        v_new = self.op1("Unsqueeze", [v, "const_axes_2"], name=f"{p}/v_new")
         o = self.op1(
             "Add",
             [
-                self.op1("MatMul", [p_past, v_past], name=f"{p}/o_past"),
-                self.op1("MatMul", [p_new, v_new], name=f"{p}/o_new"),
+                self.op1("MatMul", [p_past, f"past_key_values.{layer}.value"], name=f"{p}/o_past"),
+                self.op1("MatMul", [p_new, v], name=f"{p}/o_new"),
             ],
             name=f"{p}/o",
-        )
+        )  # [B, kvh, g S, hd]
+        o = self.op1("Reshape", [o, "const_shape_unfold"], name=f"{p}/o_unfold")  # [B, kvh, g, S, hd]
         o = self.op1("Transpose", [o], name=f"{p}/ot", perm=[0, 3, 1, 2, 4])  # [B, S, kvh, g, hd]
         return self.op1("Reshape", [o, "const_shape_attn"], name=f"{p}/attn")
 
@@ -502,7 +504,7 @@ def build_decoder(
     b.const("const_shape_2d", np.array([-1, H], dtype=np.int64))
     b.const("const_shape_logits", np.array([1, -1, n_out], dtype=np.int64))
     if batched:
-        masks = b.batched_masks("past_key_values.0.key_t")
+        masks = b.batched_masks("past_key_values.0.key_t", nh // kvh)
     elif graph_form:
         seqlens_k, total_len = "seqlens_k", "total_sequence_length"
     else:
