@@ -68,6 +68,8 @@ def test_prefill_graph_is_refused_for_fp16_and_qint8_only_for_matrices(tmp_path:
     with pytest.raises(UnsupportedModelError, match="prefill_graph needs float32 activations"):
         convert(g, tmp_path / "h", dtype="fp16", prefill_graph=True, progress=False)
     assert not (tmp_path / "h").exists()
+    with pytest.raises(UnsupportedModelError, match="graph form 'gqa-graph' is for CUDA"):
+        convert(g, tmp_path / "gf", attention="gqa-graph", prefill_graph=True, progress=False)
     for kind in ("embed", "head"):
         with pytest.raises(ValueError, match=f"{kind} storage 'qint8' is invalid"):
             WeightPlan(**{kind: "qint8"})

@@ -336,6 +336,10 @@ def convert(
         raise UnsupportedModelError(
             f"prefill_graph needs float32 activations (dtype fp32, int4 or int8), got dtype {dtype!r}"
         )
+    if prefill_graph and attention == "gqa-graph":
+        raise UnsupportedModelError(
+            "prefill_graph is for the CPU forms (attention 'gqa' or 'batched'); the graph form 'gqa-graph' is for CUDA"
+        )
     # The down projection keeps the model's own storage (PREFILL_PLAN's docs).
     prefill_plan = (
         dataclasses.replace(plan, attn=PREFILL_PLAN.attn, mlp=PREFILL_PLAN.mlp, down=plan.down or plan.mlp)
