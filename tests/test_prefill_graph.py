@@ -77,6 +77,18 @@ def test_prefill_graph_is_refused_for_fp16_and_qint8_only_for_matrices(tmp_path:
         WeightPlan(dtype="fp16", mlp="qint8")
 
 
+@pytest.mark.parametrize(("dtype", "attention"), [("fp16", "gqa"), ("int4", "gqa-graph")])
+def test_models_pull_refuses_a_prefill_graph_before_downloading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, attention: str
+) -> None:
+    from specrt import models
+
+    monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(UnsupportedModelError, match=f"got dtype '{dtype}', attention '{attention}'"):
+        models.pull("smollm2-135m-instruct", dtype, attention=attention, prefill_graph=True, progress=False)
+    assert not list(tmp_path.rglob("*.gguf")), "nothing may be downloaded for a refused request"
+
+
 def test_the_prefill_graph_is_the_same_model_and_its_cache_serves_the_model(tmp_path: Path) -> None:
     # The GQA form, driven as specrt-ort drives it: a prefill on prefill.onnx, then steps on model.onnx reading the
     # cache the prefill graph wrote, against model.onnx alone. A tiny random model has outsized activations

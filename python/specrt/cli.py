@@ -121,7 +121,8 @@ def _add_model_dtypes(p: argparse.ArgumentParser) -> None:
         "--draft-dtype",
         choices=DTYPES,
         default=None,
-        help="weights pulled for a draft model name (default: --dtype); int4 makes a cheap draft for an fp32 target",
+        help="weights pulled for a draft model name (default: --dtype); int4 makes a cheap draft for an fp32 target "
+        "(int4 / int8 drafts are pulled with their int8 prefill graph, as <dtype>-P[-B])",
     )
 
 
@@ -177,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument(
         "--prefill-graph",
         action="store_true",
-        help="also write the int8 prefill graph a draft runs its prompt prefill on (cached as <dtype>-P[-B])",
+        help="also write the int8 prefill graph a draft runs its prompt prefill on (cached as <dtype>-P[-B]; "
+        "fp32, int4 or int8 with --attention gqa or batched)",
     )
     msub.add_parser("list", help="known models and what is cached", **fmt)
     rm = msub.add_parser("rm", help="remove a cached model", **fmt)
@@ -226,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefill-graph",
         action="store_true",
         help="also write prefill.onnx, the same decoder with int8 matrices on ONNX Runtime's integer GEMM: a draft "
-        "runs its prompt prefill and catch-up passes on it (about 2x faster on a CPU; the output stays the "
+        "runs its prompt prefill and catch-up passes on it (about 1.7x faster on a CPU; the output stays the "
         "target's); CPU, batched layout or the default gqa form",
     )
 

@@ -12,7 +12,7 @@ Cache layout (``$SPECRT_CACHE_DIR``, default ``~/.cache/specrt``)::
     models/<name>/<dtype>-L<N>/       the model cut to its first N layers (:func:`truncated`, a self-draft)
     models/<name>/<dtype>[-L<N>]-B/   the same in the batched attention layout (``attention="batched"``)
     models/<name>/<dtype>[-L<N>]-G/   the same in the graph form (``attention="gqa-graph"``, for CUDA graphs)
-    models/<name>/<dtype>-P-B/        batched, with the int8 prefill graph a draft runs its long passes on
+    models/<name>/<dtype>-P[-B]/      with the int8 prefill graph a draft runs its long passes on (``prefill_graph``)
 
 Every step writes into a temporary name and renames at the end: an interrupted pull leaves nothing that looks
 complete. Provenance and licenses: ``models/README.md`` in the repository.
@@ -574,6 +574,12 @@ def _pull_into(
     if attention not in ATTENTION_SUFFIX:
         raise UnsupportedModelError(
             f"attention {attention!r} is invalid (expected one of: {', '.join(repr(a) for a in ATTENTION_SUFFIX)})"
+        )
+    if prefill_graph and (dtype == "fp16" or attention == "gqa-graph"):
+        # Refused before anything is downloaded (convert would refuse it after).
+        raise UnsupportedModelError(
+            f"prefill_graph is for the CPU forms: dtype fp32, int4 or int8 with attention 'gqa' or 'batched' (got "
+            f"dtype {dtype!r}, attention {attention!r})"
         )
     out = out.with_name(out.name + ("-P" if prefill_graph else "") + ATTENTION_SUFFIX[attention])
     src = _source(name)

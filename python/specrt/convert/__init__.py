@@ -284,12 +284,11 @@ def convert(
             rounds"; run with ``Decoder(max_batch > 1)``). ``"batched"`` needs float32 activations (fp32 or int4).
         prefill_graph: also write ``prefill.onnx`` (+ ``prefill.onnx.data``): the same decoder with its attention
             and MLP matrices in int8 with one scale per output channel, run by ONNX Runtime's integer GEMM
-            (``DynamicQuantizeMatMul``; :data:`PREFILL_PLAN`), about 2x faster than the int4 kernel on a pass of
-            hundreds of tokens on a CPU and no faster on a decode step. A *draft* model runs its passes of at least
-            ``prefill_min_tokens`` (:data:`PREFILL_MIN_TOKENS`) tokens per row on it (a prompt's prefill, a
-            catch-up): that changes its proposals slightly, never the output, which the target verifies. Needs
-            float32 activations (not fp16). Used on the CPU, in the batched layout and the default GQA form (not the
-            graph form).
+            (``DynamicQuantizeMatMul``; :data:`PREFILL_PLAN`), about 1.7x faster than the int4 kernel on a pass of
+            hundreds of tokens on a CPU and no faster on a decode step. A *draft* model runs on it every pass whose
+            longest row has at least ``prefill_min_tokens`` (:data:`PREFILL_MIN_TOKENS`) new tokens (a prompt's
+            prefill, a catch-up): that changes its proposals slightly, never the output, which the target
+            verifies. Needs float32 activations (not fp16) and attention ``"gqa"`` or ``"batched"`` (run on the CPU).
 
     Returns:
         ``Path(out)``.

@@ -166,7 +166,7 @@ impl SpecrtConfig {
                 let min = usize_field("prefill_min_tokens")?.unwrap_or(DEFAULT_PREFILL_MIN_TOKENS);
                 if min == 0 {
                     return Err(SpecError::Io(format!(
-                        "{}: prefill_min_tokens = 0 is invalid (expected >= 1)",
+                        "{}: prefill_min_tokens = 0 is invalid (expected an integer >= 1)",
                         origin.display()
                     )));
                 }

@@ -201,8 +201,8 @@ pub struct OrtOptions {
     /// memory anyway, and scanning them keeps the NaN / inf check. `Some(true)` = always (tests, profiles),
     /// `Some(false)` = never.
     pub device_argmax: Option<bool>,
-    /// Run passes of many new tokens (a prompt's prefill, a draft's catch-up) on the model's prefill graph when its
-    /// folder has one (`specrt convert --prefill-graph`: the same decoder with int8 matrices on ONNX Runtime's
+    /// Run passes of many new tokens (a prompt's prefill, a draft's catch-up; in a batched pass, the longest row's
+    /// count decides) on the model's prefill graph when its folder has one (`specrt convert --prefill-graph`: the same decoder with int8 matrices on ONNX Runtime's
     /// integer GEMM, 2x faster than the int4 kernel on hundreds of tokens on a CPU). Default false; the engines set
     /// it for draft models only: the prefill graph computes slightly different keys and values, which changes a
     /// draft's proposals but never the output (verification is the target's), and would change a target's output.
