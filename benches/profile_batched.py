@@ -28,7 +28,7 @@ PAST = [60, 100, 420, 80, 200, 50, 300, 120]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model", type=Path, help="model folder (model.onnx inside)")
+    ap.add_argument("model", type=Path, help="model folder (model.onnx inside), or an .onnx file (e.g. prefill.onnx)")
     ap.add_argument("--batch", type=int, default=4, help="rows (batched layout; 1 for a GQA model)")
     ap.add_argument("--tokens", type=int, default=1, help="new tokens per row")
     ap.add_argument("--logits", type=int, default=0, help="num_logits_to_keep (0 = all positions)")
@@ -45,7 +45,8 @@ def main() -> None:
         so.enable_profiling = True
         so.profile_file_prefix = str(Path(tmp) / "trace")
         so.log_severity_level = 3
-        sess = ort.InferenceSession(str(a.model / "model.onnx"), so, providers=["CPUExecutionProvider"])
+        model_file = a.model if a.model.suffix == ".onnx" else a.model / "model.onnx"
+        sess = ort.InferenceSession(str(model_file), so, providers=["CPUExecutionProvider"])
         past = np.array(PAST[:b], dtype=np.int64)
         rng = np.random.default_rng(0)
         feeds: dict[str, np.ndarray] = {}

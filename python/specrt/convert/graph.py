@@ -170,6 +170,22 @@ class WeightPlan:
         return any(getattr(self, k) not in ("float", None) for k in ("attn", "mlp", "down", "head", "embed"))
 
 
+def quantize_per_channel_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 with one scale per output channel, as ``DynamicQuantizeMatMul`` takes it.
+
+    Args:
+        w: float ``[N, K]``.
+
+    Returns:
+        ``(q, scale)``: int8 ``[K, N]`` (transposed: the operator's B) and float32 ``[N]`` = ``max |w[n]| / 127`` (1
+        for an all-zero row), so that ``q.T * scale[:, None]`` is within ``scale / 2`` of ``w``.
+    """
+    amax = np.abs(w).max(axis=1).astype(np.float32)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    return np.ascontiguousarray(q.T), scale
+
+
 class _Builder:
     def __init__(self, writer: ExternalDataWriter, float_dtype: type = np.float32) -> None:
         self.writer = writer
@@ -339,12 +355,10 @@ class _Builder:
     def dynamic_quantize_matmul(self, x: str, w: np.ndarray, name: str) -> str:
         """``x @ w.T`` with ``w`` float ``[N, K]`` stored as int8 ``[K, N]`` with one symmetric scale per output
         channel (``max |w[n]| / 127``); ONNX Runtime quantizes ``x`` to uint8 per call (one scale per tensor)."""
-        amax = np.abs(w).max(axis=1).astype(np.float32)
-        scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-        q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+        qt, scale = quantize_per_channel_int8(w)
         ins = [
             x,
-            self.raw(f"{name}.qweight", np.ascontiguousarray(q.T)),
+            self.raw(f"{name}.qweight", qt),
             self.raw(f"{name}.scale", scale),
             self.raw(f"{name}.zero_point", np.zeros(w.shape[0], dtype=np.int8)),
         ]

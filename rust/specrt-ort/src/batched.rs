@@ -564,7 +564,7 @@ impl BatchBackend for BatchedOrtBackend {
         n_logits: usize,
     ) -> Result<&[f32]> {
         let s = self.validate(first_slot, rows, n_logits)?;
-        let prefill = s >= self.prefill_min_tokens && self.prefill_session.is_some();
+        let prefill = s >= self.prefill_min_tokens; // usize::MAX without a prefill graph
         self.bind(first_slot, rows, s, n_logits, prefill)?;
         let (session, binding) = match (&self.prefill_session, &self.prefill_binding) {
             (Some(session), Some(binding)) if prefill => (session, binding),
