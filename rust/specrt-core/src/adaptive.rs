@@ -221,6 +221,9 @@ pub struct KController {
     c_verify: Vec<Option<f64>>,
     // [k_max + 1] how many passes of each length were timed.
     c_verify_seen: Vec<u32>,
+    // [k_max + 1] whether a length's cost was taken from a larger batch size's confirmed timing (see
+    // `inherit_target_costs`): used as confirmed, replaced outright by the first own timing.
+    c_verify_inherited: Vec<bool>,
     rounds_since_draft: usize,
     // ms per extra token fed to a draft catch-up pass; None until measured.
     c_catchup: Option<f64>,
@@ -278,6 +281,7 @@ impl KController {
             c_draft_seen: 0,
             c_verify: vec![None; n],
             c_verify_seen: vec![0; n],
+            c_verify_inherited: vec![false; n],
             rounds_since_draft: 0,
             c_catchup: None,
             backlog: 0,
@@ -299,7 +303,12 @@ impl KController {
     /// or is pinned.
     #[must_use]
     pub fn verify_cost_known(&self, n: usize) -> bool {
-        self.cfg.pinned.is_some() || self.c_verify_seen.get(n - 1).is_some_and(|&s| s >= 2)
+        self.cfg.pinned.is_some() || (n >= 1 && n <= self.c_verify.len() && self.confirmed(n - 1))
+    }
+
+    /// Whether the cost of a target pass over `index + 1` tokens is confirmed: timed twice or more, or inherited.
+    fn confirmed(&self, index: usize) -> bool {
+        self.c_verify_seen[index] >= 2 || self.c_verify_inherited[index]
     }
 
     /// Current per-token acceptance estimate.
@@ -336,10 +345,9 @@ impl KController {
         }
         // Confirmed timings (a shape timed twice or more) decide; a lone first timing may be a warm-up outlier, so
         // it stands in only where nothing is confirmed yet (and is replaced when the shape runs again).
-        let confirmed = |i: usize| self.c_verify_seen[i] >= 2;
-        let any_confirmed = (0..self.c_verify.len()).any(confirmed);
+        let any_confirmed = (0..self.c_verify.len()).any(|i| self.confirmed(i));
         let usable = |i: usize| -> Option<f64> {
-            if !any_confirmed || confirmed(i) {
+            if !any_confirmed || self.confirmed(i) {
                 self.c_verify[i]
             } else {
                 None
@@ -400,6 +408,27 @@ impl KController {
             self.c_draft_seen = 1;
         }
         self.c_catchup = other.c_catchup;
+    }
+
+    /// Start from a *larger* batch size's confirmed target-pass costs (`other` served more rows of the same requests).
+    /// They stand as confirmed until this size's own first timing of each length replaces them, so a batch that
+    /// shrinks (rows finishing) keeps its choice instead of timing plain passes again. Sound in that direction
+    /// only: a pass over fewer rows costs no more, and a smaller batch gains more from speculation (RESULTS, the
+    /// crossover batch size), so the inherited costs err towards the choice the larger batch made. Taking a
+    /// smaller size's costs would understate a compute-bound pass, which the plain-first rule guards against. With
+    /// pinned costs: no-op.
+    pub fn inherit_target_costs(&mut self, other: &KController) {
+        if self.cfg.pinned.is_some() {
+            return;
+        }
+        let n = self.c_verify.len().min(other.c_verify.len());
+        for i in 0..n {
+            if other.confirmed(i) && self.c_verify_seen[i] == 0 {
+                self.c_verify[i] = other.c_verify[i];
+                self.c_verify_seen[i] = 1;
+                self.c_verify_inherited[i] = true;
+            }
+        }
     }
 
     /// Set how many plain rounds the requests have left (the longest remaining `max_new_tokens` budget; 0 = unknown).
@@ -555,7 +584,13 @@ impl KController {
         }
         if let (Some(slot), Some(seen)) = (self.c_verify.get_mut(k), self.c_verify_seen.get_mut(k))
         {
-            fold_timing(slot, seen, target_ms, w);
+            if std::mem::take(&mut self.c_verify_inherited[k]) {
+                // This size's own first timing replaces the inherited one (and counts as confirmed).
+                *slot = Some(target_ms);
+                *seen = 2;
+            } else {
+                fold_timing(slot, seen, target_ms, w);
+            }
         }
     }
 }
@@ -883,6 +918,41 @@ mod tests {
         // The inherited draft cost is provisional: the first own timing replaces it.
         b.observe(1, &[], 5.0, 1, 10.0);
         assert_eq!(b.c_draft, Some(5.0));
+    }
+
+    #[test]
+    fn a_smaller_batch_starts_from_the_larger_ones_target_costs_until_it_times_its_own() {
+        // Batch size 4: plain passes 200 ms, 3-token passes 280 ms (both confirmed), draft 30 ms.
+        let mut big = KController::new(AutoK::default()).unwrap();
+        for _ in 0..2 {
+            big.observe(0, &[], 0.0, 0, 200.0);
+            big.observe(2, &[1.0; 8], 60.0, 2, 280.0);
+        }
+        big.observe(4, &[], 0.0, 0, 400.0); // timed once: provisional, not passed on
+        let mut small = KController::new(AutoK::default()).unwrap();
+        small.inherit_estimates(&big);
+        assert!(!small.verify_cost_known(1));
+        small.inherit_target_costs(&big);
+        assert!(small.verify_cost_known(1) && small.verify_cost_known(3));
+        assert!(!small.verify_cost_known(5));
+        assert_eq!(small.c_verify[0], Some(200.0));
+        assert_eq!(small.c_verify[4], None);
+        // The same choice as the larger size made from the same costs and acceptance.
+        assert_eq!(small.choose(4), big.clone().choose(4));
+        // Its own first timing of a length replaces the inherited cost outright and is confirmed.
+        small.observe(2, &[1.0; 2], 30.0, 2, 150.0);
+        assert_eq!(small.c_verify[2], Some(150.0));
+        assert!(small.verify_cost_known(3));
+        // Later timings average in as usual.
+        small.observe(2, &[1.0; 2], 30.0, 2, 250.0);
+        let c = small.c_verify[2].unwrap();
+        assert!(c > 150.0 && c < 250.0, "{c}");
+        // Own timings are never overwritten by a later inheritance; pinned controllers ignore it.
+        small.inherit_target_costs(&big);
+        assert_eq!(small.c_verify[2], Some(c));
+        let mut p = KController::new(pinned(1.0, 0.0)).unwrap();
+        p.inherit_target_costs(&big);
+        assert!(p.c_verify.iter().all(Option::is_none));
     }
 
     #[test]

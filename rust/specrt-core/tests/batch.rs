@@ -41,6 +41,19 @@ fn engine(max_batch: usize, noise: f32, prefill_chunk: usize) -> BatchEngine {
     .unwrap()
 }
 
+/// Two slots, the batch's K controllers set by `auto_k`.
+fn auto_engine(noise: f32, auto_k: &AutoK) -> BatchEngine {
+    BatchEngine::new(
+        Box::new(MockBatchModel::new(&target(), 2)),
+        Some(Box::new(MockBatchModel::new(&draft(noise), 2)) as Box<dyn BatchBackend>),
+        BatchOptions {
+            auto_k: auto_k.clone(),
+            ..BatchOptions::default()
+        },
+    )
+    .unwrap()
+}
+
 fn prompt(seed: u32, len: usize) -> Vec<u32> {
     (0..len as u32)
         .map(|i| (i * 17 + seed * 5 + 3) % VOCAB as u32)
@@ -405,16 +418,8 @@ fn auto_rows_take_the_batch_cost_model_and_stop_speculating_when_it_does_not_pay
             }),
             ..AutoK::default()
         };
-        let mut e = BatchEngine::new(
-            Box::new(MockBatchModel::new(&target(), 2)),
-            // A draft equal to the target: every draft accepted, so only the costs decide.
-            Some(Box::new(MockBatchModel::new(&draft(0.0), 2)) as Box<dyn BatchBackend>),
-            BatchOptions {
-                auto_k: auto_k.clone(),
-                ..BatchOptions::default()
-            },
-        )
-        .unwrap();
+        // A draft equal to the target: every draft accepted, so only the costs decide.
+        let mut e = auto_engine(0.0, &auto_k);
         let cfg = GenerationConfig {
             sampling: SamplingParams::greedy(),
             max_new_tokens: 40,
@@ -435,6 +440,44 @@ fn auto_rows_take_the_batch_cost_model_and_stop_speculating_when_it_does_not_pay
     // full acceptance): plain rounds, drafting only to probe.
     let steep = run((1..=5).map(|n| 10.0 * f64::from(n)).collect());
     assert!(steep[0] * 2 > steep.iter().sum::<u64>(), "{steep:?}");
+}
+
+#[test]
+fn a_batch_that_shrinks_keeps_its_target_costs_instead_of_timing_plain_passes_again() {
+    // Two auto-K rows; the short one finishes and the batch goes from 2 slots to 1. The size-1 controller starts
+    // from size 2's confirmed target costs, so its first round needs no plain pass to time one.
+    let auto_k = AutoK {
+        k_max: 4,
+        ..AutoK::default()
+    };
+    let mut e = auto_engine(0.3, &auto_k);
+    let cfg = |n: usize| GenerationConfig {
+        sampling: SamplingParams::greedy(),
+        max_new_tokens: n,
+        auto_k: Some(auto_k.clone()),
+        ..GenerationConfig::default()
+    };
+    e.add(0, &prompt(1, 4), cfg(12)).unwrap();
+    e.add(1, &prompt(2, 6), cfg(120)).unwrap();
+    while e.take_output(0).is_none() {
+        e.step().unwrap();
+    }
+    assert!(
+        e.controller(2).unwrap().verify_cost_known(1),
+        "size 2 timed its plain pass"
+    );
+    assert!(e.controller(1).is_none());
+    e.step().unwrap(); // the first round at size 1
+    let c = e.controller(1).expect("size 1 ran a round");
+    assert!(
+        c.verify_cost_known(1),
+        "inherited from size 2, or re-timed by this round"
+    );
+    while !e.is_idle() {
+        e.step().unwrap();
+    }
+    let solo_out = solo(&prompt(2, 6), &cfg(120), 0.3);
+    assert_eq!(e.take_output(1).unwrap().tokens, solo_out.tokens);
 }
 
 #[test]
