@@ -203,16 +203,20 @@ def test_a_bad_or_expired_request_ends_alone(pair, solo_results) -> None:
 
 
 @pytest.mark.model
-def test_smollm2_batched_rows_equal_solo_greedy_runs() -> None:
-    """SmolLM2-135M with its 6-layer truncated draft: four chat prompts decoded together at B = 4, each equal to its
-    single-stream greedy run (the issue's CI check on a real model)."""
+@pytest.mark.parametrize("sampling", ["greedy", "coupled"])
+def test_smollm2_batched_rows_equal_solo_runs(sampling: str) -> None:
+    """SmolLM2-135M with its int4 copy as draft (it accepts about half the drafts, so the rounds really speculate):
+    four chat prompts decoded together at B = 4 with K = 1, 3, 4, 8, each equal to its single-stream run, greedy and
+    with coupled sampling at temperature 1 (the issue's CI check on a real model). Plain seeded sampling is not
+    compared: the batched layout's logits differ from the single-stream layout's by ~1e-6, which moves inverse-CDF
+    sampling in the low-probability tail (README, batching)."""
     from specrt import models
 
-    target, draft = "smollm2-135m-instruct", 6
-    solo = specrt.Decoder(models.pull(target, progress=False), models.truncated(target, draft, progress=False))
+    target = "smollm2-135m-instruct"
+    solo = specrt.Decoder(models.pull(target, progress=False), models.pull(target, "int4", progress=False))
     dec = specrt.Decoder(
         models.pull(target, progress=False, attention="batched"),
-        models.truncated(target, draft, progress=False, attention="batched"),
+        models.pull(target, "int4", progress=False, attention="batched"),
         max_batch=4,
         max_seq_len=512,
     )
@@ -222,12 +226,13 @@ def test_smollm2_batched_rows_equal_solo_greedy_runs() -> None:
         "List three uses of a hash map.",
         "Explain recursion to a child.",
     ]
+    settings = {"temperature": 0} if sampling == "greedy" else {"temperature": 1.0, "seed": 7, "coupled": True}
     reqs = [
         {
             "messages": [{"role": "user", "content": q}],
             "max_new_tokens": 48,
-            "temperature": 0,
             "num_speculative_tokens": k,
+            **settings,
         }
         for q, k in zip(questions, (1, 3, 4, 8), strict=True)
     ]
@@ -235,7 +240,13 @@ def test_smollm2_batched_rows_equal_solo_greedy_runs() -> None:
     with Scheduler(dec) as sched:
         got = [h.result(timeout=600) for h in [sched.submit(**r) for r in reqs]]
     for i, (g, ref) in enumerate(zip(got, refs, strict=True)):
-        assert_equal_or_near_tie(g, ref, solo, f"SmolLM2 request {i}")
+        if sampling == "greedy":
+            assert_equal_or_near_tie(g, ref, solo, f"SmolLM2 request {i}")
+        else:
+            assert g.token_ids == ref.token_ids, f"SmolLM2 request {i}"
+    accepted = sum(g.stats.n_accepted for g in got)
+    drafted = sum(g.stats.n_drafted for g in got)
+    assert drafted > 0 and accepted / drafted > 0.2, (accepted, drafted)
 
 
 def test_the_server_batches_concurrent_requests_and_each_equals_its_solo_run(pair, solo) -> None:

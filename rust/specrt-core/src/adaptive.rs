@@ -221,9 +221,9 @@ pub struct KController {
     c_verify: Vec<Option<f64>>,
     // [k_max + 1] how many passes of each length were timed.
     c_verify_seen: Vec<u32>,
-    // [k_max + 1] whether a length's cost was taken from a larger batch size's confirmed timing (see
-    // `inherit_target_costs`): used as confirmed, replaced outright by the first own timing.
-    c_verify_inherited: Vec<bool>,
+    // [k_max + 1] a larger batch size's confirmed costs (see `inherit_target_costs`), kept apart from this
+    // controller's own timings; None where nothing was inherited.
+    c_verify_inherited: Vec<Option<f64>>,
     rounds_since_draft: usize,
     // ms per extra token fed to a draft catch-up pass; None until measured.
     c_catchup: Option<f64>,
@@ -281,7 +281,7 @@ impl KController {
             c_draft_seen: 0,
             c_verify: vec![None; n],
             c_verify_seen: vec![0; n],
-            c_verify_inherited: vec![false; n],
+            c_verify_inherited: vec![None; n],
             rounds_since_draft: 0,
             c_catchup: None,
             backlog: 0,
@@ -303,12 +303,66 @@ impl KController {
     /// or is pinned.
     #[must_use]
     pub fn verify_cost_known(&self, n: usize) -> bool {
-        self.cfg.pinned.is_some() || (n >= 1 && n <= self.c_verify.len() && self.confirmed(n - 1))
+        self.cfg.pinned.is_some()
+            || (n >= 1
+                && n <= self.c_verify.len()
+                && (self.confirmed(n - 1) || self.c_verify_inherited[n - 1].is_some()))
     }
 
-    /// Whether the cost of a target pass over `index + 1` tokens is confirmed: timed twice or more, or inherited.
+    /// Whether this controller's own cost of a target pass over `index + 1` tokens is confirmed (timed twice).
     fn confirmed(&self, index: usize) -> bool {
-        self.c_verify_seen[index] >= 2 || self.c_verify_inherited[index]
+        self.c_verify_seen[index] >= 2
+    }
+
+    /// The inherited cost of a pass over `index + 1` tokens, brought to this batch size: scaled by the mean ratio of
+    /// this size's own confirmed costs to the inherited costs at the same lengths (interpolated between inherited
+    /// lengths; lengths beyond them only when no own confirmed length lies among them; 1 while there is none), and
+    /// never above this size's own confirmed cost of a longer pass (a pass over more tokens costs no less).
+    fn inherited_cost(&self, index: usize) -> Option<f64> {
+        let raw = self.c_verify_inherited[index]?;
+        let points: Vec<(usize, f64)> = self
+            .c_verify_inherited
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.map(|c| (i, c)))
+            .collect();
+        let (lo, hi) = (points[0].0, points[points.len() - 1].0);
+        // The inherited cost curve at length index j + 1: linear between inherited lengths, flat beyond them.
+        let curve = |j: usize| -> f64 {
+            let below = points.iter().rev().find(|p| p.0 <= j).copied();
+            let above = points.iter().find(|p| p.0 >= j).copied();
+            match (below, above) {
+                (Some((i0, c0)), Some((i1, c1))) if i1 > i0 => {
+                    c0 + (c1 - c0) * (j - i0) as f64 / (i1 - i0) as f64
+                }
+                (Some((_, c)), _) | (None, Some((_, c))) => c,
+                (None, None) => raw,
+            }
+        };
+        let own: Vec<usize> = (0..self.c_verify.len())
+            .filter(|&j| self.confirmed(j))
+            .collect();
+        let inside: Vec<usize> = own
+            .iter()
+            .copied()
+            .filter(|&j| lo <= j && j <= hi)
+            .collect();
+        let basis = if inside.is_empty() { &own } else { &inside };
+        let ratios: Vec<f64> = basis
+            .iter()
+            .filter_map(|&j| self.c_verify[j].map(|c| c / curve(j)))
+            .collect();
+        let scale = if ratios.is_empty() {
+            1.0
+        } else {
+            ratios.iter().sum::<f64>() / ratios.len() as f64
+        };
+        let cap = own
+            .iter()
+            .filter(|&&j| j > index)
+            .filter_map(|&j| self.c_verify[j])
+            .fold(f64::INFINITY, f64::min);
+        Some((raw * scale).min(cap))
     }
 
     /// Current per-token acceptance estimate.
@@ -345,9 +399,16 @@ impl KController {
         }
         // Confirmed timings (a shape timed twice or more) decide; a lone first timing may be a warm-up outlier, so
         // it stands in only where nothing is confirmed yet (and is replaced when the shape runs again).
-        let any_confirmed = (0..self.c_verify.len()).any(|i| self.confirmed(i));
+        // A larger batch size's costs (inherited, scaled to this size) stand in where this size has no confirmed
+        // timing of its own.
+        let any_confirmed = (0..self.c_verify.len())
+            .any(|i| self.confirmed(i) || self.c_verify_inherited[i].is_some());
         let usable = |i: usize| -> Option<f64> {
-            if !any_confirmed || self.confirmed(i) {
+            if self.confirmed(i) {
+                self.c_verify[i]
+            } else if let Some(c) = self.inherited_cost(i) {
+                Some(c)
+            } else if !any_confirmed {
                 self.c_verify[i]
             } else {
                 None
@@ -410,24 +471,27 @@ impl KController {
         self.c_catchup = other.c_catchup;
     }
 
-    /// Start from a *larger* batch size's confirmed target-pass costs (`other` served more rows of the same requests).
-    /// They stand as confirmed until this size's own first timing of each length replaces them, so a batch that
-    /// shrinks (rows finishing) keeps its choice instead of timing plain passes again. Sound in that direction
-    /// only: a pass over fewer rows costs no more, and a smaller batch gains more from speculation (RESULTS, the
-    /// crossover batch size), so the inherited costs err towards the choice the larger batch made. Taking a
-    /// smaller size's costs would understate a compute-bound pass, which the plain-first rule guards against. With
-    /// pinned costs: no-op.
+    /// Start from a *larger* batch size's confirmed target-pass costs (`other` runs more rows per pass), so a batch
+    /// that shrinks (rows finishing) keeps its choice instead of timing plain passes again. They are kept apart from
+    /// this controller's own timings and stand in for a length until this size has confirmed its own cost of it
+    /// (two timings, as for any new shape: a first timing may carry warm-up), scaled by the ratio of this size's
+    /// confirmed costs to the larger size's at the lengths both have, and capped by this size's confirmed cost of
+    /// any longer pass. So the plain pass's cost, which is not re-timed while this size speculates, follows this
+    /// size's level, and a plain round runs (and is timed) once the scaled costs say speculation does not pay.
+    /// Sound in this direction only: a pass over fewer rows costs no more, and a smaller batch gains more from
+    /// speculation (RESULTS, the crossover batch size); a smaller size's costs would understate a compute-bound
+    /// pass, which the plain-first rule guards against. With pinned costs: no-op.
     pub fn inherit_target_costs(&mut self, other: &KController) {
         if self.cfg.pinned.is_some() {
             return;
         }
         let n = self.c_verify.len().min(other.c_verify.len());
         for i in 0..n {
-            if other.confirmed(i) && self.c_verify_seen[i] == 0 {
-                self.c_verify[i] = other.c_verify[i];
-                self.c_verify_seen[i] = 1;
-                self.c_verify_inherited[i] = true;
-            }
+            self.c_verify_inherited[i] = if other.confirmed(i) {
+                other.c_verify[i]
+            } else {
+                other.inherited_cost(i)
+            };
         }
     }
 
@@ -584,13 +648,7 @@ impl KController {
         }
         if let (Some(slot), Some(seen)) = (self.c_verify.get_mut(k), self.c_verify_seen.get_mut(k))
         {
-            if std::mem::take(&mut self.c_verify_inherited[k]) {
-                // This size's own first timing replaces the inherited one (and counts as confirmed).
-                *slot = Some(target_ms);
-                *seen = 2;
-            } else {
-                fold_timing(slot, seen, target_ms, w);
-            }
+            fold_timing(slot, seen, target_ms, w);
         }
     }
 }
@@ -920,39 +978,100 @@ mod tests {
         assert_eq!(b.c_draft, Some(5.0));
     }
 
-    #[test]
-    fn a_smaller_batch_starts_from_the_larger_ones_target_costs_until_it_times_its_own() {
-        // Batch size 4: plain passes 200 ms, 3-token passes 280 ms (both confirmed), draft 30 ms.
+    /// A size-4 controller: plain passes 200 ms and 3-token passes 280 ms (both confirmed), a 5-token pass timed
+    /// once (provisional), draft passes 30 ms, everything accepted.
+    fn larger_batch() -> KController {
         let mut big = KController::new(AutoK::default()).unwrap();
         for _ in 0..2 {
             big.observe(0, &[], 0.0, 0, 200.0);
             big.observe(2, &[1.0; 8], 60.0, 2, 280.0);
         }
-        big.observe(4, &[], 0.0, 0, 400.0); // timed once: provisional, not passed on
+        big.observe(4, &[], 0.0, 0, 400.0);
+        big
+    }
+
+    #[test]
+    fn a_smaller_batch_starts_from_the_larger_ones_target_costs_until_it_times_its_own() {
+        let big = larger_batch();
         let mut small = KController::new(AutoK::default()).unwrap();
         small.inherit_estimates(&big);
         assert!(!small.verify_cost_known(1));
         small.inherit_target_costs(&big);
+        // Confirmed costs are inherited, the provisional one is not; own timings stay empty.
         assert!(small.verify_cost_known(1) && small.verify_cost_known(3));
         assert!(!small.verify_cost_known(5));
-        assert_eq!(small.c_verify[0], Some(200.0));
-        assert_eq!(small.c_verify[4], None);
-        // The same choice as the larger size made from the same costs and acceptance.
+        assert!(small.c_verify.iter().all(Option::is_none));
+        assert_eq!(small.cost_verify(1), 200.0);
+        assert_eq!(small.cost_verify(3), 280.0);
         assert_eq!(small.choose(4), big.clone().choose(4));
-        // Its own first timing of a length replaces the inherited cost outright and is confirmed.
-        small.observe(2, &[1.0; 2], 30.0, 2, 150.0);
-        assert_eq!(small.c_verify[2], Some(150.0));
-        assert!(small.verify_cost_known(3));
-        // Later timings average in as usual.
-        small.observe(2, &[1.0; 2], 30.0, 2, 250.0);
-        let c = small.c_verify[2].unwrap();
-        assert!(c > 150.0 && c < 250.0, "{c}");
-        // Own timings are never overwritten by a later inheritance; pinned controllers ignore it.
-        small.inherit_target_costs(&big);
-        assert_eq!(small.c_verify[2], Some(c));
+        // A first own timing is provisional (it may carry warm-up): the inherited cost still stands.
+        small.observe(2, &[1.0; 2], 30.0, 2, 2000.0);
+        assert_eq!(small.cost_verify(3), 280.0);
+        // The second confirms this size's cost, and the inherited ones follow it: 140 / 280 = half the larger
+        // size's, so its plain pass is priced at 100 ms (it is not re-timed while this size speculates).
+        small.observe(2, &[1.0; 2], 30.0, 2, 140.0);
+        assert_eq!(small.cost_verify(3), 140.0);
+        assert!((small.cost_verify(1) - 100.0).abs() < 1e-9);
+        // Pinned controllers ignore inheritance.
         let mut p = KController::new(pinned(1.0, 0.0)).unwrap();
         p.inherit_target_costs(&big);
-        assert!(p.c_verify.iter().all(Option::is_none));
+        assert!(p.c_verify_inherited.iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn inherited_costs_never_price_a_pass_above_a_longer_own_one_and_let_plain_rounds_return() {
+        // Size 4's costs inherited; this size really costs 60 + 10 ms per token, and its drafts are almost always
+        // rejected (acceptance 0.1), so plain rounds are best. Its first drafting rounds time a pass the larger size
+        // never ran (no common length to scale by): the inherited costs are capped by it, and the controller goes
+        // back to plain rounds, re-times the plain pass, and stays there (probing now and then).
+        let big = larger_batch();
+        let mut c = KController::new(AutoK::default()).unwrap();
+        c.inherit_estimates(&big);
+        c.inherit_target_costs(&big);
+        let mut ks = Vec::new();
+        for _ in 0..100 {
+            let k = c.choose(8);
+            let accepted = vec![0.1_f32; k];
+            c.observe(
+                k,
+                &accepted,
+                5.0 * k as f64,
+                k,
+                60.0 + 10.0 * (k + 1) as f64,
+            );
+            ks.push(k);
+            if ks.len() == 2 {
+                // Two rounds of K = 8 (the 9-token pass priced at the longest inherited one): 150 ms confirmed, and
+                // no shorter pass is priced above it.
+                assert_eq!(ks, [8, 8]);
+                assert!((1..=9).all(|n| c.cost_verify(n) <= 150.0 + 1e-9));
+            }
+        }
+        assert!(c.confirmed(0), "the plain pass was re-timed: {ks:?}");
+        assert!((c.cost_verify(1) - 70.0).abs() < 1.0);
+        let plain = ks[50..].iter().filter(|&&k| k == 0).count();
+        assert!(
+            plain >= 40,
+            "mostly plain rounds once acceptance is known: {ks:?}"
+        );
+    }
+
+    #[test]
+    fn a_smaller_batch_passes_inherited_costs_on() {
+        // 4 -> 3 -> 2: size 2 inherits size 3's costs, which are size 4's (scaled, when size 3 has its own).
+        let big = larger_batch();
+        let mut three = KController::new(AutoK::default()).unwrap();
+        three.inherit_target_costs(&big);
+        let mut two = KController::new(AutoK::default()).unwrap();
+        two.inherit_target_costs(&three);
+        assert_eq!(two.cost_verify(1), 200.0);
+        for _ in 0..2 {
+            three.observe(2, &[1.0; 2], 30.0, 2, 210.0);
+        }
+        let mut two = KController::new(AutoK::default()).unwrap();
+        two.inherit_target_costs(&three);
+        assert_eq!(two.cost_verify(3), 210.0);
+        assert!((two.cost_verify(1) - 150.0).abs() < 1e-9);
     }
 
     #[test]

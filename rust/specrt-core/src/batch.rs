@@ -19,9 +19,9 @@
 //! acceptance of the batch: at batch size B a round emits about `B E(K)` tokens for `K c_q(B) + c_verify(B, K + 1)`,
 //! whose best K is the controller's choice at those costs. The first rounds at a new batch size are plain (K = 0)
 //! until a plain pass is timed twice: a plain pass's cost extrapolated from long passes is overstated once a batched
-//! pass is compute-bound. A batch that shrinks (rows finishing) skips those plain rounds: its new size starts from
-//! the larger size's target costs until it has timed its own. It goes down to K = 0 when speculation does not pay at
-//! that load (probing now and then).
+//! pass is compute-bound. A size first reached below a larger one (rows finishing) skips those plain rounds: it starts
+//! from the larger size's target costs, scaled to its own as it times them. It goes down to K = 0 when speculation
+//! does not pay at that load (probing now and then).
 //!
 //! Errors: a backend failure ends every running row (its caches are in an unknown state) and is returned by
 //! [`BatchEngine::step`]; an error of one row's sampling or verification (non-finite logits, ...) ends that row only
@@ -454,19 +454,19 @@ impl BatchEngine {
         let k_auto = match auto_cap {
             Some(cap) => {
                 if self.controllers[b].is_none() {
-                    // A new batch size starts from the nearest size's acceptance and draft-cost estimates (the
-                    // requests are the same ones; a pass's cost differs, so those are provisional until re-timed);
-                    // its target-pass costs are measured afresh.
+                    // A new batch size starts from the nearest size's acceptance and draft-cost estimates (a
+                    // pass's cost differs, so the draft cost is provisional until re-timed), the larger one on a
+                    // tie. Its target-pass costs are measured afresh (a plain pass first), unless the nearest size is
+                    // larger (rows finished): then that size's costs stand in, scaled to this size as it times its
+                    // own (`KController::inherit_target_costs`), and no plain round is needed first.
                     let mut c = KController::new(self.opts.auto_k.clone()).expect("validated");
                     let nearest = (1..self.controllers.len())
                         .filter(|&i| self.controllers[i].is_some())
-                        .min_by_key(|&i| i.abs_diff(b));
+                        .min_by_key(|&i| (i.abs_diff(b), std::cmp::Reverse(i)));
                     if let Some(i) = nearest {
                         let other = self.controllers[i].as_ref().expect("filtered");
                         c.inherit_estimates(other);
                         if i > b {
-                            // Rows finished: the larger size's target costs stand until re-timed here (no plain
-                            // rounds to time a plain pass first; see `KController::inherit_target_costs`).
                             c.inherit_target_costs(other);
                         }
                     }

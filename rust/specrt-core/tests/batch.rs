@@ -41,17 +41,36 @@ fn engine(max_batch: usize, noise: f32, prefill_chunk: usize) -> BatchEngine {
     .unwrap()
 }
 
-/// Two slots, the batch's K controllers set by `auto_k`.
-fn auto_engine(noise: f32, auto_k: &AutoK) -> BatchEngine {
+/// `max_batch` slots, the batch's K controllers set by `auto_k`.
+fn auto_engine(max_batch: usize, noise: f32, auto_k: &AutoK) -> BatchEngine {
     BatchEngine::new(
-        Box::new(MockBatchModel::new(&target(), 2)),
-        Some(Box::new(MockBatchModel::new(&draft(noise), 2)) as Box<dyn BatchBackend>),
+        Box::new(MockBatchModel::new(&target(), max_batch)),
+        Some(Box::new(MockBatchModel::new(&draft(noise), max_batch)) as Box<dyn BatchBackend>),
         BatchOptions {
             auto_k: auto_k.clone(),
             ..BatchOptions::default()
         },
     )
     .unwrap()
+}
+
+/// An `auto_engine` with K up to 4, and greedy auto-K requests of a given `max_new_tokens` for it.
+fn greedy_auto_k4(
+    max_batch: usize,
+    noise: f32,
+) -> (BatchEngine, impl Fn(usize) -> GenerationConfig) {
+    let auto_k = AutoK {
+        k_max: 4,
+        ..AutoK::default()
+    };
+    let e = auto_engine(max_batch, noise, &auto_k);
+    let cfg = move |n: usize| GenerationConfig {
+        sampling: SamplingParams::greedy(),
+        max_new_tokens: n,
+        auto_k: Some(auto_k.clone()),
+        ..GenerationConfig::default()
+    };
+    (e, cfg)
 }
 
 fn prompt(seed: u32, len: usize) -> Vec<u32> {
@@ -419,7 +438,7 @@ fn auto_rows_take_the_batch_cost_model_and_stop_speculating_when_it_does_not_pay
             ..AutoK::default()
         };
         // A draft equal to the target: every draft accepted, so only the costs decide.
-        let mut e = auto_engine(0.0, &auto_k);
+        let mut e = auto_engine(2, 0.0, &auto_k);
         let cfg = GenerationConfig {
             sampling: SamplingParams::greedy(),
             max_new_tokens: 40,
@@ -446,17 +465,7 @@ fn auto_rows_take_the_batch_cost_model_and_stop_speculating_when_it_does_not_pay
 fn a_batch_that_shrinks_keeps_its_target_costs_instead_of_timing_plain_passes_again() {
     // Two auto-K rows; the short one finishes and the batch goes from 2 slots to 1. The size-1 controller starts
     // from size 2's confirmed target costs, so its first round needs no plain pass to time one.
-    let auto_k = AutoK {
-        k_max: 4,
-        ..AutoK::default()
-    };
-    let mut e = auto_engine(0.3, &auto_k);
-    let cfg = |n: usize| GenerationConfig {
-        sampling: SamplingParams::greedy(),
-        max_new_tokens: n,
-        auto_k: Some(auto_k.clone()),
-        ..GenerationConfig::default()
-    };
+    let (mut e, cfg) = greedy_auto_k4(2, 0.3);
     e.add(0, &prompt(1, 4), cfg(12)).unwrap();
     e.add(1, &prompt(2, 6), cfg(120)).unwrap();
     while e.take_output(0).is_none() {
@@ -478,6 +487,31 @@ fn a_batch_that_shrinks_keeps_its_target_costs_instead_of_timing_plain_passes_ag
     }
     let solo_out = solo(&prompt(2, 6), &cfg(120), 0.3);
     assert_eq!(e.take_output(1).unwrap().tokens, solo_out.tokens);
+}
+
+#[test]
+fn a_size_between_a_smaller_and_a_larger_one_inherits_from_the_larger() {
+    // One request alone (size 1), three join (size 4), then they finish one by one (sizes 3 and 2). Size 2 is as near
+    // to size 1 as to size 3 and takes size 3's costs: no plain rounds there. A draft equal to the target accepts
+    // every draft, so all rows gain K + 1 tokens a round and finish in the order of their budgets.
+    let (mut e, cfg) = greedy_auto_k4(4, 0.0);
+    e.add(0, &prompt(1, 4), cfg(200)).unwrap();
+    for _ in 0..4 {
+        e.step().unwrap();
+    }
+    for (id, n) in [(1, 4), (2, 40), (3, 120)] {
+        e.add(id, &prompt(id as u32 + 1, 5), cfg(n)).unwrap();
+    }
+    while e.take_output(2).is_none() {
+        e.step().unwrap();
+    }
+    assert!(e.take_output(1).is_some() && e.controller(3).is_some());
+    assert!(e.controller(2).is_none());
+    e.step().unwrap(); // the first round at size 2
+    assert!(
+        e.controller(2).unwrap().verify_cost_known(1),
+        "size 2 took size 3's costs, not size 1's estimates alone"
+    );
 }
 
 #[test]
