@@ -319,18 +319,15 @@ impl KController {
     /// lengths; lengths beyond them only when no own confirmed length lies among them; 1 while there is none), and
     /// never above this size's own confirmed cost of a longer pass (a pass over more tokens costs no less).
     fn inherited_cost(&self, index: usize) -> Option<f64> {
-        let raw = self.c_verify_inherited[index]?;
-        let points: Vec<(usize, f64)> = self
-            .c_verify_inherited
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| c.map(|c| (i, c)))
-            .collect();
-        let (lo, hi) = (points[0].0, points[points.len() - 1].0);
+        let inherited = &self.c_verify_inherited;
+        let raw = inherited[index]?;
+        let lo = inherited.iter().position(Option::is_some)?;
+        let hi = inherited.iter().rposition(Option::is_some)?;
+        let point = |i: usize| inherited[i].map(|c| (i, c));
         // The inherited cost curve at length index j + 1: linear between inherited lengths, flat beyond them.
         let curve = |j: usize| -> f64 {
-            let below = points.iter().rev().find(|p| p.0 <= j).copied();
-            let above = points.iter().find(|p| p.0 >= j).copied();
+            let below = (0..=j.min(hi)).rev().find_map(point);
+            let above = (j.max(lo)..=hi).find_map(point);
             match (below, above) {
                 (Some((i0, c0)), Some((i1, c1))) if i1 > i0 => {
                     c0 + (c1 - c0) * (j - i0) as f64 / (i1 - i0) as f64
@@ -339,28 +336,18 @@ impl KController {
                 (None, None) => raw,
             }
         };
-        let own: Vec<usize> = (0..self.c_verify.len())
-            .filter(|&j| self.confirmed(j))
-            .collect();
-        let inside: Vec<usize> = own
-            .iter()
-            .copied()
-            .filter(|&j| lo <= j && j <= hi)
-            .collect();
-        let basis = if inside.is_empty() { &own } else { &inside };
-        let ratios: Vec<f64> = basis
-            .iter()
-            .filter_map(|&j| self.c_verify[j].map(|c| c / curve(j)))
-            .collect();
-        let scale = if ratios.is_empty() {
-            1.0
-        } else {
-            ratios.iter().sum::<f64>() / ratios.len() as f64
-        };
-        let cap = own
-            .iter()
-            .filter(|&&j| j > index)
-            .filter_map(|&j| self.c_verify[j])
+        // This size's confirmed costs; those among the inherited lengths when there are any.
+        let own = |j: &usize| self.confirmed(*j);
+        let any_inside = (lo..=hi).any(|j| own(&j));
+        let (sum, n) = (0..self.c_verify.len())
+            .filter(own)
+            .filter(|j| !any_inside || (lo..=hi).contains(j))
+            .filter_map(|j| self.c_verify[j].map(|c| c / curve(j)))
+            .fold((0.0, 0u32), |(s, n), r| (s + r, n + 1));
+        let scale = if n == 0 { 1.0 } else { sum / f64::from(n) };
+        let cap = (index + 1..self.c_verify.len())
+            .filter(own)
+            .filter_map(|j| self.c_verify[j])
             .fold(f64::INFINITY, f64::min);
         Some((raw * scale).min(cap))
     }

@@ -218,15 +218,27 @@ pub(crate) fn build_session(
 }
 
 /// A CPU session of the prefill graph `file` named by a model's `specrt_config.json` ([`SpecError::Io`] naming it when
-/// it is missing).
-pub(crate) fn prefill_session(file: &Path, options: &OrtOptions) -> Result<Session> {
+/// it is missing), with its contract as read by `analyze` from its inputs, outputs and overridable initializers (an
+/// error of `analyze` becomes a [`SpecError::Config`] naming the file).
+pub(crate) fn prefill_session<T>(
+    file: &Path,
+    options: &OrtOptions,
+    analyze: impl FnOnce(&[TensorDesc], &[TensorDesc], &[String]) -> Result<T>,
+) -> Result<(Session, T)> {
     if !file.is_file() {
         return Err(SpecError::Io(format!(
             "the prefill graph {} named by specrt_config.json is missing",
             file.display()
         )));
     }
-    build_session(file, options, Provider::Cpu)
+    let session = build_session(file, options, Provider::Cpu)?;
+    let found = analyze(
+        &describe(session.inputs()),
+        &describe(session.outputs()),
+        &overridable_initializers(&session)?,
+    )
+    .map_err(|e| SpecError::Config(format!("prefill graph {}: {e}", file.display())))?;
+    Ok((session, found))
 }
 
 /// Bind the shared KV `buffers` (`[l0.key, l0.value, l1.key, ...]`) as the past inputs and the present outputs of
@@ -258,15 +270,9 @@ fn load_prefill_graph(
     io: &DecoderIo,
     buffers: &mut [DynTensor],
 ) -> Result<PrefillGraph> {
-    let session = prefill_session(file, options)?;
-    let found = analyze(
-        &describe(session.inputs()),
-        &describe(session.outputs()),
-        &overridable_initializers(&session)?,
-        config,
-        options.layout,
-    )
-    .map_err(|e| SpecError::Config(format!("prefill graph {}: {e}", file.display())))?;
+    let (session, found) = prefill_session(file, options, |inputs, outputs, overridable| {
+        analyze(inputs, outputs, overridable, config, options.layout)
+    })?;
     let shape = |x: &DecoderIo| {
         (
             x.layout,

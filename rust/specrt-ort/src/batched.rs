@@ -70,14 +70,9 @@ fn load_prefill_graph(
     config: &SpecrtConfig,
     io: &BatchedIo,
 ) -> Result<Session> {
-    let session = prefill_session(file, options)?;
-    let found = analyze_batched(
-        &describe(session.inputs()),
-        &describe(session.outputs()),
-        &overridable_initializers(&session)?,
-        config,
-    )
-    .map_err(|e| SpecError::Config(format!("prefill graph {}: {e}", file.display())))?;
+    let (session, found) = prefill_session(file, options, |inputs, outputs, overridable| {
+        analyze_batched(inputs, outputs, overridable, config)
+    })?;
     let shape = |x: &BatchedIo| (x.n_layers, x.kv_heads, x.head_dim, x.vocab_size);
     if shape(&found) != shape(io) {
         return Err(SpecError::Config(format!(
