@@ -16,7 +16,11 @@ $(PY):
 venv: $(PY) ## create the virtual environment .venv
 
 install: $(PY) ## build the Rust extension and install specrt (editable) with test extras into .venv
-	$(PY) -m pip install -q -e '.[cpu,test]'
+	@echo "specrt: installing into $(VENV): downloads, then the Rust extension's build (the first time about 5 minutes on 2 cores); progress below, the whole log in target/install.log"
+	@mkdir -p target
+	@set -o pipefail; $(PY) -m pip install -v -e '.[cpu,test]' 2>&1 | tee target/install.log \
+		| { grep --line-buffered -E '^(Collecting|Downloading) |^ *(Compiling|Finished|Built wheel for) |^Successfully installed' || true; } \
+		|| { echo "specrt: pip install failed; the end of target/install.log:" >&2; tail -n 40 target/install.log >&2; exit 1; }
 
 run: install ## main job: pull the Qwen2.5-Coder 1.5B target + 0.5B draft (cached) and generate with speculation
 	$(VENV)/bin/specrt generate --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \

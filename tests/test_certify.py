@@ -120,3 +120,33 @@ def test_certify_cli_exit_codes(pair: dict[str, str], tmp_path: Path, capsys: py
     assert (tmp_path / "r.json").is_file()
     assert main([*args, "--ignore-eos", "--fault", "residual_from_draft"]) == 1
     assert "FAILED" in capsys.readouterr().out
+
+
+def test_certify_checks_settings_before_loading_and_reports_progress_once_loaded(
+    pair: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import specrt.generate
+    from specrt.cli import main
+
+    loads = []
+    real = specrt.generate.Decoder
+    monkeypatch.setattr(specrt.generate, "Decoder", lambda *a, **k: loads.append(a) or real(*a, **k))
+    # A bad setting is refused before any model loads (a model name would be pulled first).
+    with pytest.raises(ConfigError, match=r"top_p 1\.5 is invalid"):
+        certify(CertifyConfig(pair["target"], pair["draft"], settings={"top_p": 1.5}))
+    with pytest.raises(TypeError, match=r"certify\(\) got an unexpected keyword argument 'max_tokens'"):
+        certify(CertifyConfig(pair["target"], pair["draft"], settings={"max_tokens": 4}))
+    assert loads == []
+    # The CLI says what it loads first; the progress starts at 0 once the models are loaded, before any token.
+    calls: list[tuple[int, int]] = []
+    r = certify(
+        CertifyConfig(pair["target"], pair["draft"], settings={"temperature": 1.0}, n=200, parity=False),
+        progress=lambda done, total: calls.append((done, total)),
+    )
+    assert r.n >= 200 and len(loads) == 1 and calls[0] == (0, 200) and calls[-1] == (200, 200)
+    assert main(["certify", "--target", pair["target"], "--draft", pair["draft"], "--n", "100", "--no-parity"]) == 0
+    err = capsys.readouterr().err
+    assert err.index("specrt certify: loading") < err.index("generating: 0/100 positions")
+    # --draft-dtype applies to model names only: a folder with it is a clear error (from the Decoder).
+    with pytest.raises(ConfigError, match="draft_dtype 'int4' applies to model names"):
+        certify(CertifyConfig(pair["target"], pair["draft"], draft_dtype="int4", n=100))

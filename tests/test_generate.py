@@ -7,6 +7,7 @@ stops (EOS, stop token, stop string, max_new_tokens), streaming, statistics and 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -237,3 +238,41 @@ def test_vocab_mismatch_names_both_sizes(tiny, tmp_path) -> None:
     (small / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(VocabError, match=r"266 tokens.*265 tokens"):
         specrt.Decoder(tiny["target"], small)
+
+
+def test_an_unknown_argument_is_a_type_error_naming_the_called_function(target_only: specrt.Decoder) -> None:
+    with pytest.raises(TypeError, match=r"^Decoder\.generate\(\) got an unexpected keyword argument 'max_tokens'") as e:
+        target_only.generate("hi", max_tokens=4)
+    assert "did you mean 'max_new_tokens'" in str(e.value)
+    with pytest.raises(TypeError, match=r"Decoder\.generate\(\) got an unexpected keyword argument 'colour'") as e:
+        target_only.generate("hi", colour=True)
+    assert "did you mean" not in str(e.value)
+    # stream() is a Python function: its own TypeError names stream (raised at the call, before any round).
+    with pytest.raises(TypeError, match="stream"):
+        target_only.stream("hi", max_tokens=4)
+
+
+def test_request_settings_are_checked_without_a_model(capsys: pytest.CaptureFixture[str]) -> None:
+    from specrt import _specrt
+    from specrt.cli import main
+    from specrt.generate import check_request
+
+    check_request(has_draft=False, max_new_tokens=4, temperature=0.5, top_p=0.9)  # fine: returns None
+    for kw, msg in [
+        ({"temperature": -1.0}, "temperature -1 is invalid"),
+        ({"top_p": 0.0}, "top_p 0 is invalid"),
+        ({"min_p": 2.0}, "min_p 2 is invalid"),
+        ({"max_new_tokens": 0}, "max_new_tokens 0 is invalid"),
+        ({"num_speculative_tokens": 65}, "num_speculative_tokens 65 is invalid"),
+        ({"proposer": "draft"}, "needs a draft model"),
+        ({"stop": [""]}, "stop strings must be non-empty"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(msg)):
+            check_request(has_draft=False, **kw)
+    # The engine's request type checks in full when it is made (one definition: GenerationConfig::validate).
+    with pytest.raises(ConfigError, match="repetition_penalty 0 is invalid"):
+        _specrt.RequestConfig(max_new_tokens=4, repetition_penalty=0.0)
+    # The CLI refuses a bad setting before it resolves (pulls, converts, loads) the model.
+    assert main(["generate", "--target", "no-such-model-anywhere", "--prompt", "x", "--temperature", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "temperature -1 is invalid" in err and "no-such-model-anywhere" not in err

@@ -140,6 +140,8 @@ class CertifyConfig:
 
     Attributes:
         target, draft: model folders or registry names (draft ``None`` with ``proposer="ngram"``).
+        draft_dtype: the draft name's dtype when it differs from the target's (``Decoder(draft_dtype=...)``; e.g.
+            ``"int4"``: a model drafted by its own int4 copy).
         settings: sampling settings passed to ``Decoder.generate`` (temperature, top_k, top_p, min_p,
             repetition_penalty, frequency_penalty, presence_penalty, num_speculative_tokens, proposer,
             prompt_lookup_min/max, coupled).
@@ -152,6 +154,7 @@ class CertifyConfig:
     target: str
     draft: str | None
     settings: dict[str, Any] = field(default_factory=dict)
+    draft_dtype: str | None = None
     prompts: Sequence[str] = DEFAULT_PROMPTS
     chat: bool = False
     n: int = 12_000
@@ -246,7 +249,7 @@ def certify(cfg: CertifyConfig, *, progress: Any = None) -> CertifyReport:
     from specrt import _specrt
     from specrt._ort import find_ort_library
     from specrt.errors import ConfigError
-    from specrt.generate import Decoder
+    from specrt.generate import Decoder, check_request
 
     if cfg.n < 100:
         raise ConfigError(f"n {cfg.n} is invalid (expected >= 100 pooled positions)")
@@ -254,10 +257,15 @@ def certify(cfg: CertifyConfig, *, progress: Any = None) -> CertifyReport:
         raise ConfigError(f"alpha {cfg.alpha} is invalid (expected 0 < alpha < 1)")
     if cfg.max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens {cfg.max_new_tokens} is invalid (expected >= 1 tokens per run)")
+    settings = dict(cfg.settings)
+    extra = {"_fault": cfg.fault} if cfg.fault else {}
+    # The settings are checked before the models load (pulling and converting can take minutes).
+    check_request("certify", has_draft=cfg.draft is not None, max_new_tokens=cfg.max_new_tokens, **settings, **extra)
     t0 = time.perf_counter()
     notes: list[str] = []
-    settings = dict(cfg.settings)
-    dec = Decoder(cfg.target, cfg.draft, max_seq_len=cfg.max_seq_len)
+    dec = Decoder(cfg.target, cfg.draft, max_seq_len=cfg.max_seq_len, draft_dtype=cfg.draft_dtype)
+    if progress:
+        progress(0, cfg.n)  # the models are loaded; the first run's tokens come next
     processing = _processing(dec, settings)
     greedy = processing["temperature"] == 0
     if greedy and not cfg.parity:
@@ -276,7 +284,6 @@ def certify(cfg: CertifyConfig, *, progress: Any = None) -> CertifyReport:
     pooled = 0
     run = 0
     max_runs = 20 * math.ceil(cfg.n / cfg.max_new_tokens) + len(prompts)
-    extra = {"_fault": cfg.fault} if cfg.fault else {}
     while not greedy and pooled < cfg.n and run < max_runs:
         ids = prompts[run % len(prompts)]
         res = dec.generate(ids, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + run, **settings, **extra)

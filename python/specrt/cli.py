@@ -257,6 +257,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--target", required=True, help="model name (specrt models list) or converted model folder")
     v.add_argument("--draft", default=None, help="draft model name or folder (default: none, for --proposer ngram)")
     v.add_argument(
+        "--draft-dtype",
+        choices=DTYPES,
+        default=None,
+        help="the draft name's dtype when it differs from the target's, e.g. int4: a model drafted by its int4 copy "
+        "(default: the target's)",
+    )
+    v.add_argument(
         "--prompt", action="append", default=None, help="prompt text, repeatable (default: six built-in prompts)"
     )
     v.add_argument("--chat", action="store_true", help="render each prompt as a user message in the chat template")
@@ -432,9 +439,12 @@ def _generate(a: argparse.Namespace) -> int:
             raise ConfigError(f"cannot read --prompt-file {a.prompt_file}: {e}") from e
     else:
         prompt = a.prompt
-    dec = _decoder(a)
+    from specrt.generate import check_request
+
     kwargs = _sampling_kwargs(a)
-    kwargs["logprobs"] = bool(a.json)  # printed only with --json; without them greedy rounds read only argmax ids
+    kwargs["logprobs"] = bool(a.json)
+    check_request("specrt generate", has_draft=a.draft is not None, **kwargs)  # before the models load
+    dec = _decoder(a)  # printed only with --json; without them greedy rounds read only argmax ids
     if a.chat:
         messages = ([{"role": "system", "content": a.system}] if a.system else []) + [
             {"role": "user", "content": prompt}
@@ -557,6 +567,7 @@ def _certify(a: argparse.Namespace) -> int:
     cfg = CertifyConfig(
         target=a.target,
         draft=a.draft,
+        draft_dtype=a.draft_dtype,
         settings=settings,
         prompts=tuple(a.prompt) if a.prompt else DEFAULT_PROMPTS,
         chat=a.chat,
@@ -572,6 +583,12 @@ def _certify(a: argparse.Namespace) -> int:
     def progress(done: int, total: int) -> None:
         print(f"\rgenerating: {done}/{total} positions", end="", file=sys.stderr, flush=True)
 
+    print(
+        f"specrt certify: loading {a.target} and {a.draft or 'no draft'} (a model name is pulled and converted on "
+        "first use)",
+        file=sys.stderr,
+        flush=True,
+    )
     report = certify(cfg, progress=progress)
     print(file=sys.stderr)
     print(render_report(report))

@@ -12,6 +12,7 @@ whole call). Separate decoders run in parallel. Many requests at once share batc
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -25,34 +26,9 @@ from specrt import _specrt
 from specrt._ort import find_ort_library
 from specrt.errors import ConfigError, ModelFileError, SequenceLengthError, VocabError
 
-__all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk"]
+__all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk", "check_request"]
 
 _SOURCES = ("accepted", "recovered", "bonus")
-# stream()'s parameters in order (Decoder._prepare reads them by name).
-_STREAM_ARGS = (
-    "prompt",
-    "messages",
-    "max_new_tokens",
-    "num_speculative_tokens",
-    "proposer",
-    "prompt_lookup_min",
-    "prompt_lookup_max",
-    "pinned_costs",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "seed",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "coupled",
-    "logprobs",
-    "_fault",
-)
 
 
 @dataclass(frozen=True)
@@ -305,6 +281,155 @@ def _longest_partial_stop(text: str, stops: Sequence[str]) -> int:
     return best
 
 
+# OpenAI's and llama.cpp's names for stream()'s parameters: a TypeError for one of them says which name to use.
+_ALIASES = {"max_tokens": "max_new_tokens", "n_predict": "max_new_tokens", "stop_sequences": "stop"}
+
+
+@functools.cache
+def _stream_signature() -> inspect.Signature:
+    """:meth:`Decoder.stream`'s signature (computed once)."""
+    return inspect.signature(Decoder.stream)
+
+
+def _bind_stream_args(caller: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """:meth:`Decoder.stream`'s arguments (name -> value, defaults filled in) from ``kwargs``.
+
+    Raises:
+        TypeError: an argument stream() does not take, naming ``caller`` (the function the user called) and, for
+            another API's name (``max_tokens``), the name to use.
+    """
+    try:
+        bound = _stream_signature().bind(None, **kwargs)
+    except TypeError as e:
+        hint = next((f" (did you mean {new!r}?)" for old, new in _ALIASES.items() if repr(old) in str(e)), "")
+        raise TypeError(f"{caller}() {e}{hint}") from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def check_request(caller: str = "Decoder.generate", *, has_draft: bool, **kwargs: Any) -> None:
+    """Check a request's settings (:meth:`Decoder.stream`'s keyword arguments) without loading a model, as the
+    CLI does before it loads one. What needs the model (the prompt's token ids against the vocabulary, the sequence
+    length, generation_config.json's defaults) is checked when the request runs.
+
+    Raises:
+        TypeError: an argument stream() does not take (naming ``caller``).
+        ConfigError: a setting out of range (named, with the allowed range).
+    """
+    a = _bind_stream_args(caller, kwargs)
+    settings, _ = _request_settings(a, has_draft=has_draft, defaults={}, eos_token_ids=[])
+    settings["stop_token_ids"] = [
+        _check_int("stop_token_ids", t, 0, (1 << 32) - 1, "token ids >= 0") for t in settings["stop_token_ids"]
+    ]
+    _specrt.RequestConfig(**settings)  # the engine's own checks (GenerationConfig::validate)
+
+
+def _request_settings(
+    a: dict[str, Any], *, has_draft: bool, defaults: dict[str, Any], eos_token_ids: list[int]
+) -> tuple[dict[str, Any], list[str]]:
+    """The engine settings (``RequestConfig`` keywords) and stop strings of :meth:`Decoder.stream`'s arguments
+    ``a`` (name -> value), with ``defaults`` (generation_config.json's) for the sampling values left ``None``. Needs
+    no model: prompt and token ids are checked against the vocabulary by :meth:`Decoder._prepare`.
+
+    Raises:
+        ConfigError: a setting out of range (named, with the allowed range).
+    """
+    stop = a["stop"]
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(not s for s in stops):
+        raise ConfigError("stop strings must be non-empty")
+    # Integers the Rust engine cannot represent are errors here, not OverflowError there.
+    max_new_tokens = _check_int("max_new_tokens", a["max_new_tokens"], 1, float("inf"), "an integer >= 1")
+    seed = _check_int("seed", a["seed"], 0, (1 << 64) - 1, "an integer 0 <= seed < 2**64")
+    top_k = a["top_k"]
+    if top_k is not None:
+        _check_int("top_k", top_k, 0, (1 << 32) - 1, "an integer 0 <= top_k < 2**32; 0 = off")
+    d = defaults
+    spec = _speculation(
+        has_draft,
+        a["num_speculative_tokens"],
+        a["proposer"],
+        a["prompt_lookup_min"],
+        a["prompt_lookup_max"],
+        a["pinned_costs"],
+    )
+
+    def pick(name: str, off: float) -> Any:
+        return d.get(name, off) if a[name] is None else a[name]
+
+    settings = {
+        "max_new_tokens": max_new_tokens,
+        **spec,
+        "temperature": float(pick("temperature", 1.0)),
+        "top_k": int(pick("top_k", 0)),
+        "top_p": float(pick("top_p", 1.0)),
+        "min_p": float(pick("min_p", 0.0)),
+        "repetition_penalty": float(pick("repetition_penalty", 1.0)),
+        "frequency_penalty": float(a["frequency_penalty"]),
+        "presence_penalty": float(a["presence_penalty"]),
+        "seed": int(seed),
+        "eos_token_ids": list(eos_token_ids),
+        "stop_token_ids": [] if a["stop_token_ids"] is None else list(a["stop_token_ids"]),
+        "ignore_eos": _check_bool("ignore_eos", a["ignore_eos"]),
+        "coupled": _check_bool("coupled", a["coupled"]),
+        "logprobs": _check_bool("logprobs", a["logprobs"]),
+    }
+    if a["_fault"] is not None:
+        settings["_fault"] = a["_fault"]
+    return settings, stops
+
+
+def _speculation(
+    has_draft: bool,
+    k: int | str,
+    proposer: str | None,
+    lookup_min: int,
+    lookup_max: int,
+    pinned: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Engine settings for K and the proposer (validated here where the engine cannot name the Python value);
+    ``has_draft``: whether the decoder has a draft model."""
+    if proposer is None:
+        proposer = "draft" if has_draft else "none"
+    allowed = ("draft", "ngram", "ngram+draft", "none")
+    if proposer not in allowed:
+        raise ConfigError(f"proposer {proposer!r} is invalid (expected one of: {', '.join(map(repr, allowed))})")
+    if "draft" in proposer and not has_draft:
+        raise ConfigError(f"proposer {proposer!r} needs a draft model; this Decoder has none")
+    auto = isinstance(k, str)
+    if auto and k != "auto":
+        raise ConfigError(f"num_speculative_tokens {k!r} is invalid (expected an integer 0..64 or 'auto')")
+    if not auto and (isinstance(k, bool) or not isinstance(k, int)):
+        raise ConfigError(f"num_speculative_tokens {k!r} is invalid (expected an integer 0..64 or 'auto')")
+    if not auto and not 0 <= k <= 64:
+        raise ConfigError(f"num_speculative_tokens {k} is invalid (expected 0 <= K <= 64, or 'auto')")
+    if pinned is not None and not auto:
+        raise ConfigError("pinned_costs only apply with num_speculative_tokens='auto'")
+    out: dict[str, Any] = {
+        "num_speculative_tokens": 8 if auto else (0 if proposer == "none" else k),
+        "auto_k": auto and proposer != "none",
+        "use_draft_model": "draft" in proposer,
+    }
+    if "ngram" in proposer:
+        ints = all(isinstance(n, int) and not isinstance(n, bool) for n in (lookup_min, lookup_max))
+        if not (ints and 1 <= lookup_min <= lookup_max <= 32):
+            raise ConfigError(
+                f"n-gram lengths prompt_lookup_min = {lookup_min!r}, prompt_lookup_max = {lookup_max!r} are "
+                "invalid (expected integers 1 <= prompt_lookup_min <= prompt_lookup_max <= 32)"
+            )
+        out["prompt_lookup_min"] = lookup_min
+        out["prompt_lookup_max"] = lookup_max
+    if pinned is not None:
+        try:
+            out["pinned_c_draft"] = float(pinned["c_draft"])
+            out["pinned_c_verify"] = [float(c) for c in pinned["c_verify"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(
+                f"pinned_costs {pinned!r} is invalid (expected {{'c_draft': float, 'c_verify': [floats]}}): {e!r}"
+            ) from e
+    return out
+
+
 class Decoder:
     """A target model and an optional draft model, ready to generate.
 
@@ -497,7 +622,13 @@ class Decoder:
         return ids
 
     def generate(self, prompt: str | Sequence[int] | None = None, **kwargs: Any) -> GenerationResult:
-        """Generate a completion; see :meth:`stream` for the arguments. Returns a :class:`GenerationResult`."""
+        """Generate a completion; see :meth:`stream` for the arguments. Returns a :class:`GenerationResult`.
+
+        Raises:
+            TypeError: an argument :meth:`stream` does not take (naming ``generate``). (plus what :meth:`stream`
+                raises)
+        """
+        _bind_stream_args("Decoder.generate", {"prompt": prompt, **kwargs})
         result = None
         for chunk in self.stream(prompt, **kwargs):
             result = chunk.result
@@ -609,68 +740,16 @@ class Decoder:
     def _prepare(self, a: dict[str, Any]) -> tuple[list[int], dict[str, Any], list[str]]:
         """Check :meth:`stream`'s arguments (``a``: name -> value) and turn them into the prompt ids, the engine
         settings (``RequestConfig`` keywords) and the stop strings. Raises as :meth:`stream` documents."""
-        (
-            prompt,
-            messages,
-            max_new_tokens,
-            num_speculative_tokens,
-            proposer,
-            prompt_lookup_min,
-            prompt_lookup_max,
-            pinned_costs,
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            repetition_penalty,
-            frequency_penalty,
-            presence_penalty,
-            seed,
-            stop,
-            stop_token_ids,
-            ignore_eos,
-            coupled,
-            logprobs,
-            _fault,
-        ) = (a[n] for n in _STREAM_ARGS)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not s for s in stops):
-            raise ConfigError("stop strings must be non-empty")
-        ids = _check_ids("prompt", self.encode(prompt, messages), self.vocab_size)
-        # Integers the Rust engine cannot represent are errors here, not OverflowError there.
-        _check_int("max_new_tokens", max_new_tokens, 1, float("inf"), "an integer >= 1")
-        if max_new_tokens >= 1 << 63:
+        settings, stops = _request_settings(
+            a, has_draft=self.draft_path is not None, defaults=self.defaults, eos_token_ids=self.eos_token_ids
+        )
+        ids = _check_ids("prompt", self.encode(a["prompt"], a["messages"]), self.vocab_size)
+        if settings["max_new_tokens"] >= 1 << 63:
             raise SequenceLengthError(
-                f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} = {len(ids) + max_new_tokens} exceeds "
-                f"the maximum sequence length {self.max_seq_len}"
+                f"prompt of {len(ids)} tokens + max_new_tokens {settings['max_new_tokens']} = "
+                f"{len(ids) + settings['max_new_tokens']} exceeds the maximum sequence length {self.max_seq_len}"
             )
-        _check_int("seed", seed, 0, (1 << 64) - 1, "an integer 0 <= seed < 2**64")
-        if top_k is not None:
-            _check_int("top_k", top_k, 0, (1 << 32) - 1, "an integer 0 <= top_k < 2**32; 0 = off")
-        stop_ids = _check_ids("stop_token_ids", [] if stop_token_ids is None else stop_token_ids, self.vocab_size)
-        d = self.defaults
-        spec = self._speculation(num_speculative_tokens, proposer, prompt_lookup_min, prompt_lookup_max, pinned_costs)
-        settings = {
-            "max_new_tokens": max_new_tokens,
-            **spec,
-            "temperature": float(d.get("temperature", 1.0) if temperature is None else temperature),
-            "top_k": int(d.get("top_k", 0) if top_k is None else top_k),
-            "top_p": float(d.get("top_p", 1.0) if top_p is None else top_p),
-            "min_p": float(d.get("min_p", 0.0) if min_p is None else min_p),
-            "repetition_penalty": float(
-                d.get("repetition_penalty", 1.0) if repetition_penalty is None else repetition_penalty
-            ),
-            "frequency_penalty": float(frequency_penalty),
-            "presence_penalty": float(presence_penalty),
-            "seed": int(seed),
-            "eos_token_ids": list(self.eos_token_ids),
-            "stop_token_ids": stop_ids,
-            "ignore_eos": _check_bool("ignore_eos", ignore_eos),
-            "coupled": _check_bool("coupled", coupled),
-            "logprobs": _check_bool("logprobs", logprobs),
-        }
-        if _fault is not None:
-            settings["_fault"] = _fault
+        settings["stop_token_ids"] = _check_ids("stop_token_ids", settings["stop_token_ids"], self.vocab_size)
         return ids, settings, stops
 
     def prepare(self, **kwargs: Any) -> tuple[list[int], dict[str, Any], list[str]]:
@@ -679,59 +758,7 @@ class Decoder:
         Raises:
             TypeError: an argument :meth:`stream` does not take. (plus what :meth:`stream` raises)
         """
-        bound = inspect.signature(Decoder.stream).bind(self, **kwargs)
-        bound.apply_defaults()
-        return self._prepare(bound.arguments)
-
-    def _speculation(
-        self,
-        k: int | str,
-        proposer: str | None,
-        lookup_min: int,
-        lookup_max: int,
-        pinned: dict[str, Any] | None,
-    ) -> dict[str, Any]:
-        """Engine settings for K and the proposer (validated here where the engine cannot name the Python value)."""
-        has_draft = self.draft_path is not None
-        if proposer is None:
-            proposer = "draft" if has_draft else "none"
-        allowed = ("draft", "ngram", "ngram+draft", "none")
-        if proposer not in allowed:
-            raise ConfigError(f"proposer {proposer!r} is invalid (expected one of: {', '.join(map(repr, allowed))})")
-        if "draft" in proposer and not has_draft:
-            raise ConfigError(f"proposer {proposer!r} needs a draft model; this Decoder has none")
-        auto = isinstance(k, str)
-        if auto and k != "auto":
-            raise ConfigError(f"num_speculative_tokens {k!r} is invalid (expected an integer 0..64 or 'auto')")
-        if not auto and (isinstance(k, bool) or not isinstance(k, int)):
-            raise ConfigError(f"num_speculative_tokens {k!r} is invalid (expected an integer 0..64 or 'auto')")
-        if not auto and not 0 <= k <= 64:
-            raise ConfigError(f"num_speculative_tokens {k} is invalid (expected 0 <= K <= 64, or 'auto')")
-        if pinned is not None and not auto:
-            raise ConfigError("pinned_costs only apply with num_speculative_tokens='auto'")
-        out: dict[str, Any] = {
-            "num_speculative_tokens": 8 if auto else (0 if proposer == "none" else k),
-            "auto_k": auto and proposer != "none",
-            "use_draft_model": "draft" in proposer,
-        }
-        if "ngram" in proposer:
-            ints = all(isinstance(n, int) and not isinstance(n, bool) for n in (lookup_min, lookup_max))
-            if not (ints and 1 <= lookup_min <= lookup_max <= 32):
-                raise ConfigError(
-                    f"n-gram lengths prompt_lookup_min = {lookup_min!r}, prompt_lookup_max = {lookup_max!r} are "
-                    "invalid (expected integers 1 <= prompt_lookup_min <= prompt_lookup_max <= 32)"
-                )
-            out["prompt_lookup_min"] = lookup_min
-            out["prompt_lookup_max"] = lookup_max
-        if pinned is not None:
-            try:
-                out["pinned_c_draft"] = float(pinned["c_draft"])
-                out["pinned_c_verify"] = [float(c) for c in pinned["c_verify"]]
-            except (KeyError, TypeError, ValueError) as e:
-                raise ConfigError(
-                    f"pinned_costs {pinned!r} is invalid (expected {{'c_draft': float, 'c_verify': [floats]}}): {e!r}"
-                ) from e
-        return out
+        return self._prepare(_bind_stream_args("Scheduler.submit", kwargs))
 
     def _run(self, engine: Any, ids: list[int], settings: dict[str, Any], stops: list[str]) -> Iterator[StreamChunk]:
         engine.start(ids, _specrt.RequestConfig(**settings))

@@ -24,6 +24,7 @@ up to N together in batched rounds (continuous batching; each request gets the t
 
 import asyncio
 import json
+import math
 import re
 import secrets
 import time
@@ -117,7 +118,12 @@ class _Metrics:
         self.generation_tokens = Counter("specrt_generation_tokens", "Tokens generated (finished requests)", registry=r)
         self.drafted = Counter("specrt_draft_tokens", "Draft tokens proposed and verified", registry=r)
         self.accepted = Counter("specrt_accepted_tokens", "Draft tokens the target accepted", registry=r)
-        self.acceptance = Gauge("specrt_acceptance_rate", "Accepted / drafted tokens since start", registry=r)
+        self.acceptance = Gauge(
+            "specrt_acceptance_rate", "Accepted / drafted tokens since start (NaN until a token is drafted)", registry=r
+        )
+        # NaN, not 0, while nothing was drafted (a server without a draft, or before the first round): responses say
+        # `null` there, and 0 would read as a draft that is always rejected.
+        self.acceptance.set_function(lambda: self._accepted / self._drafted if self._drafted else math.nan)
         self.tokens_per_s = Gauge("specrt_decode_tokens_per_second", "Decode tokens/s of the last request", registry=r)
         self.mean_tokens_per_round = Gauge(
             "specrt_mean_tokens_per_round", "Emitted tokens / rounds of the last request", registry=r
@@ -158,8 +164,6 @@ class _Metrics:
             self.accepted.inc(s.n_accepted)
             self._drafted += s.n_drafted
             self._accepted += s.n_accepted
-            if self._drafted:
-                self.acceptance.set(self._accepted / self._drafted)
             if s.decode_tokens_per_s is not None:
                 self.tokens_per_s.set(s.decode_tokens_per_s)
             if s.mean_tokens_per_round is not None:
@@ -564,6 +568,7 @@ def create_app(
     async def completions(request: Request) -> Any:
         req = await _parse(request, schemas["completion"])
         if not isinstance(req, schemas["completion"]):
+            metrics.requests.labels("completions", "invalid").inc()  # refused by the request schema
             return req
         try:
             kw = _kwargs(req, req.max_tokens or 16)
@@ -625,6 +630,7 @@ def create_app(
     async def chat_completions(request: Request) -> Any:
         req = await _parse(request, schemas["chat"])
         if not isinstance(req, schemas["chat"]):
+            metrics.requests.labels("chat_completions", "invalid").inc()  # refused by the request schema
             return req
         messages = []
         for i, m in enumerate(req.messages):

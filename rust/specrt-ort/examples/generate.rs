@@ -10,7 +10,8 @@
 //!
 //! Model folders come from `specrt models pull NAME` / `specrt convert` (Python). The ONNX Runtime library is found
 //! by [`specrt_ort::find_ort_library`] (`--ort-library`, `$SPECRT_ORT_LIBRARY`, `$ORT_DYLIB_PATH`, the onnxruntime
-//! wheel of `python3`, a system install). The prompt is encoded as plain text (no chat template; render one
+//! wheel of `$SPECRT_PYTHON`, else of the active venv, the `.venv` of the current folder or one above (`make
+//! install`'s, so this runs right after `make run` in a checkout) or `python3`, a system install). The prompt is encoded as plain text (no chat template; render one
 //! yourself and pass the result), and there are no stop strings: generation ends at an EOS id of the target
 //! folder, a `--stop-token-id`, or `--max-new-tokens`.
 

@@ -8,9 +8,12 @@
 //! 1. the explicit path (a `--ort-library` flag), if given;
 //! 2. `$SPECRT_ORT_LIBRARY` ([`ORT_LIBRARY_ENV`]);
 //! 3. `$ORT_DYLIB_PATH` ([`ORT_DYLIB_PATH_ENV`], the variable the `ort` crate itself reads);
-//! 4. the copy inside the `onnxruntime` / `onnxruntime-gpu` wheel of a Python interpreter (`$SPECRT_PYTHON`
-//!    ([`PYTHON_ENV`]), else `python3` on `PATH`): the newest `capi/libonnxruntime.so.1*` of the package folder,
-//!    found with `importlib.util.find_spec` (onnxruntime is not imported);
+//! 4. the copy inside the `onnxruntime` / `onnxruntime-gpu` wheel of a Python interpreter: the newest
+//!    `capi/libonnxruntime.so.1*` of the package folder, found with `importlib.util.find_spec` (onnxruntime is
+//!    not imported). The interpreter is `$SPECRT_PYTHON` ([`PYTHON_ENV`]) alone when it is set; otherwise the first
+//!    of these that has the wheel: the active virtual environment's (`$VIRTUAL_ENV/bin/python`), the
+//!    `.venv/bin/python` of the current folder or the nearest folder above it (the one `make install` makes in a
+//!    checkout, so `cargo run` there finds it), then `python3` on `PATH` ([`python_candidates`]);
 //! 5. a system install: the newest `libonnxruntime.so*` in one of [`SYSTEM_LIBRARY_DIRS`].
 //!
 //! A path given in steps 1-3 must exist: a wrong setting is an error naming it, never silently skipped. Empty
@@ -25,8 +28,11 @@ use specrt_core::{Result, SpecError};
 pub const ORT_LIBRARY_ENV: &str = "SPECRT_ORT_LIBRARY";
 /// Environment variable of the `ort` crate naming the library file (honoured after [`ORT_LIBRARY_ENV`]).
 pub const ORT_DYLIB_PATH_ENV: &str = "ORT_DYLIB_PATH";
-/// Environment variable naming the Python interpreter whose onnxruntime wheel is searched (default `python3`).
+/// Environment variable naming the Python interpreter whose onnxruntime wheel is searched (when unset: the
+/// interpreters of [`python_candidates`]).
 pub const PYTHON_ENV: &str = "SPECRT_PYTHON";
+/// The virtual environment folder of an activated venv (set by its `activate` script).
+pub const VIRTUAL_ENV_ENV: &str = "VIRTUAL_ENV";
 /// Folders searched for a system install of ONNX Runtime, in order (release tarballs unpacked into
 /// `/opt/onnxruntime`, or copied into the usual library folders).
 pub const SYSTEM_LIBRARY_DIRS: [&str; 4] = [
@@ -70,7 +76,7 @@ fn find_in(explicit: Option<&Path>, system_dirs: &[PathBuf]) -> Result<PathBuf> 
     }
     match wheel_library() {
         Ok(path) => return Ok(path),
-        Err(why) => searched.push(why),
+        Err(why) => searched.extend(why),
     }
     for dir in system_dirs {
         match newest_matching(dir, "libonnxruntime.so") {
@@ -105,15 +111,52 @@ fn existing_file(path: &Path, origin: &str) -> Result<PathBuf> {
     }
 }
 
-/// The newest `capi/libonnxruntime.so.1*` of the onnxruntime wheel of `$SPECRT_PYTHON` / `python3`; on failure,
-/// the line for the "searched" list saying why.
-fn wheel_library() -> std::result::Result<PathBuf, String> {
-    let python = std::env::var_os(PYTHON_ENV)
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| "python3".into());
-    let shown = Path::new(&python).display().to_string();
-    let what = format!("the onnxruntime wheel of `{shown}` (${PYTHON_ENV}, default python3)");
-    let out = Command::new(&python)
+/// The interpreters whose onnxruntime wheel is searched, in order: `$SPECRT_PYTHON` alone when set; otherwise
+/// `$VIRTUAL_ENV/bin/python` (when set), the `.venv/bin/python` of `cwd` or of the nearest folder above it that has
+/// one, then `python3` (on `PATH`). Each comes with where it came from, for the "searched" list.
+#[must_use]
+pub fn python_candidates(cwd: &Path) -> Vec<(PathBuf, String)> {
+    if let Some(p) = std::env::var_os(PYTHON_ENV).filter(|v| !v.is_empty()) {
+        return vec![(PathBuf::from(p), format!("${PYTHON_ENV}"))];
+    }
+    let mut out = Vec::new();
+    if let Some(venv) = std::env::var_os(VIRTUAL_ENV_ENV).filter(|v| !v.is_empty()) {
+        out.push((
+            Path::new(&venv).join("bin/python"),
+            format!("${VIRTUAL_ENV_ENV}/bin/python"),
+        ));
+    }
+    if let Some(p) = cwd
+        .ancestors()
+        .map(|d| d.join(".venv/bin/python"))
+        .find(|p| p.exists())
+    {
+        out.push((p, "the .venv of this folder or one above it".to_owned()));
+    }
+    out.push((PathBuf::from("python3"), "python3 on PATH".to_owned()));
+    out
+}
+
+/// The newest `capi/libonnxruntime.so.1*` of the onnxruntime wheel of the first of [`python_candidates`] that has
+/// one; on failure, the lines for the "searched" list saying why each candidate failed.
+fn wheel_library() -> std::result::Result<PathBuf, Vec<String>> {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let mut why = Vec::new();
+    for (python, origin) in python_candidates(&cwd) {
+        match wheel_library_of(&python, &origin) {
+            Ok(path) => return Ok(path),
+            Err(line) => why.push(line),
+        }
+    }
+    Err(why)
+}
+
+/// The newest `capi/libonnxruntime.so.1*` of the onnxruntime wheel of `python`; on failure, the line for the
+/// "searched" list saying why.
+fn wheel_library_of(python: &Path, origin: &str) -> std::result::Result<PathBuf, String> {
+    let shown = python.display().to_string();
+    let what = format!("the onnxruntime wheel of `{shown}` ({origin})");
+    let out = Command::new(python)
         .args(["-c", FIND_SPEC_SCRIPT])
         .output()
         .map_err(|e| format!("{what}: cannot run {shown}: {e}"))?;
@@ -227,6 +270,46 @@ mod tests {
             (ORT_DYLIB_PATH_ENV, None),
             (PYTHON_ENV, Some(python.as_os_str())),
         ])
+    }
+
+    #[test]
+    fn interpreters_are_specrt_python_alone_else_venv_then_checkout_venv_then_python3() {
+        let tmp = tempfile::tempdir().unwrap();
+        let checkout = tmp.path().join("repo");
+        touch(&checkout.join(".venv/bin/python"));
+        let deep = checkout.join("rust/specrt-ort");
+        std::fs::create_dir_all(&deep).unwrap();
+        let names = |c: Vec<(PathBuf, String)>| c.into_iter().map(|(p, _)| p).collect::<Vec<_>>();
+        {
+            let _env = EnvGuard::new(&[
+                (PYTHON_ENV, None),
+                (VIRTUAL_ENV_ENV, Some("/venvs/a".as_ref())),
+            ]);
+            assert_eq!(
+                names(python_candidates(&deep)),
+                vec![
+                    PathBuf::from("/venvs/a/bin/python"),
+                    checkout.join(".venv/bin/python"),
+                    PathBuf::from("python3")
+                ]
+            );
+            // No .venv above: the active venv, then python3.
+            assert_eq!(
+                names(python_candidates(tmp.path())),
+                vec![
+                    PathBuf::from("/venvs/a/bin/python"),
+                    PathBuf::from("python3")
+                ]
+            );
+        }
+        let _env = EnvGuard::new(&[
+            (PYTHON_ENV, Some("/opt/py".as_ref())),
+            (VIRTUAL_ENV_ENV, None),
+        ]);
+        assert_eq!(
+            names(python_candidates(&deep)),
+            vec![PathBuf::from("/opt/py")]
+        );
     }
 
     #[test]

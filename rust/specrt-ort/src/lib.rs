@@ -34,8 +34,8 @@
 //!
 //! A service that embeds specrt without Python uses two more pieces:
 //! - [`find_ort_library`] ([`discover`]) finds `libonnxruntime.so`: an explicit path (a `--ort-library` flag),
-//!   `$SPECRT_ORT_LIBRARY`, `$ORT_DYLIB_PATH`, the `onnxruntime` / `onnxruntime-gpu` wheel of `$SPECRT_PYTHON` or
-//!   `python3`, then a system install (`/usr/local/lib`, `/usr/lib`, `/usr/lib/x86_64-linux-gnu`,
+//!   `$SPECRT_ORT_LIBRARY`, `$ORT_DYLIB_PATH`, the `onnxruntime` / `onnxruntime-gpu` wheel of `$SPECRT_PYTHON`, else
+//!   of the active venv, the checkout's `.venv` (current folder or above) or `python3`, then a system install (`/usr/local/lib`, `/usr/lib`, `/usr/lib/x86_64-linux-gnu`,
 //!   `/opt/onnxruntime/lib`). Without any of them: `pip install onnxruntime` (CPU) or
 //!   `pip install 'onnxruntime-gpu[cuda,cudnn]'` (CUDA), or unpack an ONNX Runtime release (>= 1.20) and pass its
 //!   `lib/libonnxruntime.so.1.x`.

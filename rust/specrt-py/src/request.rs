@@ -13,7 +13,7 @@ pub struct RequestConfig(pub GenerationConfig);
 
 #[pymethods]
 impl RequestConfig {
-    /// Settings of one request (checked here where Python values need a name; the rest by the engine).
+    /// Settings of one request, checked in full (``GenerationConfig::validate``); needs no model.
     ///
     /// Args:
     ///     max_new_tokens: most tokens to emit (>= 1).
@@ -67,7 +67,6 @@ impl RequestConfig {
         logprobs: bool,
         _fault: Option<&str>,
     ) -> PyResult<Self> {
-        // Validated with the rest of the config by the engine.
         let sampling = SamplingArgs {
             temperature,
             top_k,
@@ -122,6 +121,9 @@ impl RequestConfig {
                 }
             },
         };
+        // Checked here, so a bad setting is refused before a request queues or a model loads (the engines check
+        // again at start: one definition, `GenerationConfig::validate`).
+        cfg.validate().map_err(to_pyerr)?;
         Ok(Self(cfg))
     }
 
