@@ -276,3 +276,101 @@ def test_request_settings_are_checked_without_a_model(capsys: pytest.CaptureFixt
     assert main(["generate", "--target", "no-such-model-anywhere", "--prompt", "x", "--temperature", "-1"]) == 2
     err = capsys.readouterr().err
     assert "temperature -1 is invalid" in err and "no-such-model-anywhere" not in err
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_top_logprobs_are_the_targets_teacher_forced_log_softmax_with_or_without_a_draft(
+    tiny: dict[str, Path], temperature: float
+) -> None:
+    from specrt import _specrt
+    from specrt._ort import find_ort_library
+
+    model = _specrt.OrtModel(str(tiny["target"]), ort_library=find_ort_library(), max_seq_len=256)
+    for draft, k in [(None, 0), (tiny["draft_close"], 3), (tiny["draft_other"], 4)]:
+        dec = specrt.Decoder(tiny["target"], draft, max_seq_len=256)
+        res = dec.generate(
+            "def add(a, b):",
+            max_new_tokens=12,
+            temperature=temperature,
+            seed=3,
+            num_speculative_tokens=k,
+            top_logprobs=5,
+            ignore_eos=True,
+        )
+        assert len(res.top_logprobs) == len(res.token_ids) == 12
+        # Teacher-forced: one target pass over prompt + output, the rows that predicted each output token.
+        seq = res.prompt_token_ids + res.token_ids
+        rows = model.forward(np.array(seq[:-1]), 0, len(res.token_ids)).astype(np.float64)
+        logsm = rows - rows.max(axis=1, keepdims=True)
+        logsm -= np.log(np.exp(logsm).sum(axis=1, keepdims=True))
+        for i, alts in enumerate(res.top_logprobs):
+            ids = [t for t, _ in alts]
+            order = sorted(range(logsm.shape[1]), key=lambda j: (-rows[i, j], j))[:5]
+            assert ids == order, (draft, i)
+            np.testing.assert_allclose([lp for _, lp in alts], logsm[i, ids], atol=1e-4)
+            assert res.logprobs[i] == pytest.approx(logsm[i, res.token_ids[i]], abs=1e-4)
+            if temperature == 0:
+                assert ids[0] == res.token_ids[i], "greedy picks the first alternative"
+        # Streamed chunks carry the same alternatives, in order.
+        chunks = list(
+            dec.stream(
+                "def add(a, b):",
+                max_new_tokens=12,
+                temperature=temperature,
+                seed=3,
+                num_speculative_tokens=k,
+                top_logprobs=5,
+                ignore_eos=True,
+            )
+        )
+        assert [a for c in chunks for a in c.top_logprobs] == res.top_logprobs
+    for bad, match in [(21, "top_logprobs 21 is invalid"), (-1, "top_logprobs -1 is invalid"), (2.5, "top_logprobs")]:
+        with pytest.raises(ConfigError, match=match):
+            dec.generate("x", max_new_tokens=2, top_logprobs=bad)
+    assert dec.generate("x", max_new_tokens=2).top_logprobs == []
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_prompt_logprobs_equal_a_teacher_forced_target_pass(
+    tiny: dict[str, Path], tmp_path: Path, max_batch: int
+) -> None:
+    from specrt import _specrt
+    from specrt._ort import find_ort_library
+
+    model = _specrt.OrtModel(str(tiny["target"]), ort_library=find_ort_library(), max_seq_len=256)
+    if max_batch == 1:
+        dec = specrt.Decoder(tiny["target"], tiny["draft_close"], max_seq_len=256)
+    else:  # the batched layout, its prompt prefilled (and scored) in chunks of 64
+        t, d = (
+            _convert_tiny(tmp_path, name, "batched", arch="qwen2", seed=1, n_layers=n)
+            for name, n in (("t", 2), ("d", 1))
+        )
+        dec = specrt.Decoder(t, d, max_seq_len=256, max_batch=max_batch, prefill_chunk=64)
+    prompt = [1 + (7 * i) % 250 for i in range(200)]
+    rows = model.forward(np.array(prompt[:-1]), 0, len(prompt) - 1).astype(np.float64)
+    logsm = rows - rows.max(axis=1, keepdims=True)
+    logsm -= np.log(np.exp(logsm).sum(axis=1, keepdims=True))
+    plain = dec.generate(prompt, max_new_tokens=6, temperature=0, num_speculative_tokens=3)
+    res = dec.generate(prompt, max_new_tokens=6, temperature=0, num_speculative_tokens=3, prompt_logprobs=3)
+    assert res.token_ids == plain.token_ids and plain.prompt_logprobs == []
+    assert len(res.prompt_logprobs) == len(res.prompt_top_logprobs) == len(prompt)
+    assert res.prompt_logprobs[0] is None and res.prompt_top_logprobs[0] == []
+    want = [logsm[j - 1, prompt[j]] for j in range(1, len(prompt))]
+    np.testing.assert_allclose(res.prompt_logprobs[1:], want, atol=1e-4)
+    for j in range(1, len(prompt)):
+        alts = res.prompt_top_logprobs[j]
+        assert [t for t, _ in alts] == sorted(range(logsm.shape[1]), key=lambda v: (-rows[j - 1, v], v))[:3]
+        np.testing.assert_allclose([lp for _, lp in alts], logsm[j - 1, [t for t, _ in alts]], atol=1e-4)
+    # Through the Scheduler (batched rounds on a batching decoder) too.
+    if max_batch > 1:
+        from specrt.scheduler import Scheduler
+
+        with Scheduler(dec) as sched:
+            handles = [sched.submit(prompt, max_new_tokens=4, temperature=0, prompt_logprobs=0) for _ in range(2)]
+            for h in handles:
+                r = h.result(timeout=120)
+                np.testing.assert_allclose(r.prompt_logprobs[1:], want, atol=1e-4)
+                assert all(a == [] for a in r.prompt_top_logprobs)
+    else:
+        with pytest.raises(ConfigError, match="prompt_logprobs 21 is invalid"):
+            dec.generate("x", max_new_tokens=2, prompt_logprobs=21)

@@ -123,6 +123,13 @@ class GenerationResult:
         finish_reason: ``"eos"``, ``"stop"`` (stop string or stop token id) or ``"length"``.
         logprobs: the target's log-probability (natural log, raw logits) of each emitted token; empty when the
             request passed ``logprobs=False``.
+        top_logprobs: per emitted token, the request's ``top_logprobs`` most likely tokens of the target's
+            verification row of its position as ``(token id, log-probability)``, most likely first (the first is the
+            greedy choice); empty when the request asked for none.
+        prompt_logprobs: with ``prompt_logprobs=k``, one entry per prompt token: ``None`` for the first (no
+            position before it), then the target's log-probability of each from the prefill pass (the row of the
+            position before it); empty otherwise. ``prompt_top_logprobs``: each position's ``k`` alternatives
+            (``[]`` for the first).
         sources: ``"accepted"``, ``"recovered"`` or ``"bonus"`` for each emitted token.
         stats: counters and timings.
         prompt_token_ids: the prompt as the models saw it.
@@ -135,6 +142,9 @@ class GenerationResult:
     sources: list[str]
     stats: Stats
     prompt_token_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+    prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,7 @@ class StreamChunk:
     finish_reason: str | None = None
     result: GenerationResult | None = None
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -373,7 +384,14 @@ def _request_settings(
         "ignore_eos": _check_bool("ignore_eos", a["ignore_eos"]),
         "coupled": _check_bool("coupled", a["coupled"]),
         "logprobs": _check_bool("logprobs", a["logprobs"]),
+        # The range (0..=20) is the engine's check (GenerationConfig::validate); the type is checked here so that a
+        # wrong one is a ConfigError naming the parameter.
+        "top_logprobs": _check_int("top_logprobs", a["top_logprobs"], 0, (1 << 32) - 1, "a non-negative integer"),
     }
+    if a["prompt_logprobs"] is not None:
+        settings["prompt_logprobs"] = _check_int(
+            "prompt_logprobs", a["prompt_logprobs"], 0, (1 << 32) - 1, "a non-negative integer or None"
+        )
     if a["_fault"] is not None:
         settings["_fault"] = a["_fault"]
     return settings, stops
@@ -587,8 +605,16 @@ class Decoder:
             return ["CPUExecutionProvider"]  # the batched layout runs on CPU only
         return list(self._engine.providers)
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
         """Render chat ``messages`` (``[{"role": ..., "content": ...}]``) with the model folder's template.
+
+        ``tools`` (OpenAI's ``[{"type": "function", "function": {...}}]``) reach the template as ``tools``, None when
+        not given, as in transformers' ``apply_chat_template``; the template decides how they are shown.
 
         Raises:
             ConfigError: the model has no chat template, or the template rejects the messages.
@@ -599,6 +625,7 @@ class Decoder:
             self._target.chat_template,
             messages,
             add_generation_prompt,
+            tools=None if tools is None else list(tools),
             bos_token=self._target.config.get("bos_token", ""),
             eos_token=self._target.config.get("eos_token", ""),
         )
@@ -659,6 +686,8 @@ class Decoder:
         ignore_eos: bool = False,
         coupled: bool = False,
         logprobs: bool = True,
+        top_logprobs: int = 0,
+        prompt_logprobs: int | None = None,
         _fault: str | None = None,
     ) -> Iterator[StreamChunk]:
         """Generate, yielding text as it is committed.
@@ -699,6 +728,15 @@ class Decoder:
                 reach the host per round instead of K + 1 rows of logits, and NaN logits are then not detected
                 there (no ``NonFiniteLogitsError``); on the CPU the ids come from the logits, checked as always.
                 Batched decoding (``max_batch`` > 1) reads the logits either way.
+            top_logprobs: alternatives per emitted token (0..20; default 0 = none): the most likely tokens of the
+                target's verification row of the token's position with their log-probabilities (raw logits, as
+                ``logprobs``), in :attr:`GenerationResult.top_logprobs` and each chunk's ``top_logprobs``. They are
+                the target's own values with or without speculation (equal to a target-only pass up to the pass
+                shape's rounding: ~1e-6 in fp32). Above 0, rounds read the models' logits.
+            prompt_logprobs: score the prompt (None = off): the target's log-probability of every prompt token and
+                this many alternatives per position (0..20), from the prefill pass, in
+                :attr:`GenerationResult.prompt_logprobs` (OpenAI's ``echo`` with ``logprobs``, vLLM's
+                ``prompt_logprobs``). The prefill then reads every position's logits (in chunks of 256 positions).
             _fault: a deliberate sampler fault, for tests of the tests only (``"residual_from_draft"``).
 
         Yields:
@@ -762,14 +800,14 @@ class Decoder:
 
     def _run(self, engine: Any, ids: list[int], settings: dict[str, Any], stops: list[str]) -> Iterator[StreamChunk]:
         engine.start(ids, _specrt.RequestConfig(**settings))
-        asm = _Assembler(self, ids, stops, engine.stop_at)
+        asm = _Assembler(self, ids, stops, engine.stop_at, settings.get("prompt_logprobs") is not None)
         try:
             while asm.finish is None:
                 yield asm.feed(engine.step())
         finally:
             if asm.finish is None and isinstance(engine, _SoloBatch):
                 engine.abandon()  # a stream closed early frees its batch row now
-        yield asm.result_chunk(engine.stats())
+        yield asm.result_chunk(engine.stats(), engine.prompt_logprobs())
 
     def _find_stop(self, tokens: list[int], text: str, stops: list[str], sent: int) -> tuple[int, int] | None:
         """First stop-string match in ``text`` (searching from just before ``sent``): (cut index, tokens to keep)."""
@@ -804,11 +842,20 @@ class _Assembler:
     ``stop_at(n_keep)``, the engine's), and holding back an incomplete UTF-8 sequence or a possible partial stop
     string until the next round."""
 
-    def __init__(self, decoder: Decoder, ids: list[int], stops: list[str], stop_at: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        decoder: Decoder,
+        ids: list[int],
+        stops: list[str],
+        stop_at: Callable[[int], None],
+        prompt_scored: bool = False,
+    ) -> None:
         self.decoder, self.ids, self.stops, self.stop_at = decoder, ids, stops, stop_at
+        self.prompt_scored = prompt_scored  # the request asked for prompt_logprobs
         self.tokens: list[int] = []
         self.sources: list[str] = []
         self.logprobs: list[float] = []
+        self.top_logprobs: list[list[tuple[int, float]]] = []
         self.sent = 0  # characters of text already yielded
         self.text = ""
         self.finish: str | None = None
@@ -819,6 +866,7 @@ class _Assembler:
         self.tokens += out["tokens"]
         self.sources += out["sources"]
         self.logprobs += out["logprobs"]
+        self.top_logprobs += out["top_logprobs"]
         self.finish = out["finish_reason"]
         text = self.decoder.tokenizer.decode(self.tokens, skip_special_tokens=True)
         if self.stops:
@@ -826,7 +874,7 @@ class _Assembler:
             if hit is not None:
                 cut, n_keep = hit
                 self.stop_at(n_keep)
-                del self.tokens[n_keep:], self.sources[n_keep:], self.logprobs[n_keep:]
+                del self.tokens[n_keep:], self.sources[n_keep:], self.logprobs[n_keep:], self.top_logprobs[n_keep:]
                 text = text[:cut]
                 self.finish = "stop"
         if self.finish is None:
@@ -842,13 +890,20 @@ class _Assembler:
             sources=self.sources[n_before:],
             finish_reason=self.finish,
             logprobs=self.logprobs[n_before:],
+            top_logprobs=self.top_logprobs[n_before:],
         )
         self.sent = max(self.sent, end)
         return chunk
 
-    def result_chunk(self, stats: dict[str, Any]) -> StreamChunk:
-        """The last chunk, carrying the :class:`GenerationResult` (``stats``: the engine's statistics dict)."""
+    def result_chunk(self, stats: dict[str, Any], prompt: dict[str, Any] | None = None) -> StreamChunk:
+        """The last chunk, carrying the :class:`GenerationResult` (``stats``: the engine's statistics dict;
+        ``prompt``: its prompt scores, ``Engine.prompt_logprobs()``)."""
         assert self.finish is not None
+        prompt_logprobs: list[float | None] = []
+        prompt_top: list[list[tuple[int, float]]] = []
+        if self.prompt_scored and prompt is not None:
+            prompt_logprobs = [None, *prompt["logprobs"]]
+            prompt_top = [[], *prompt["top_logprobs"]]
         result = GenerationResult(
             text=self.text,
             token_ids=self.tokens,
@@ -857,6 +912,9 @@ class _Assembler:
             sources=self.sources,
             stats=Stats._from_engine(stats),
             prompt_token_ids=self.ids,
+            top_logprobs=self.top_logprobs,
+            prompt_logprobs=prompt_logprobs,
+            prompt_top_logprobs=prompt_top,
         )
         return StreamChunk(text="", token_ids=[], sources=[], finish_reason=self.finish, result=result)
 
@@ -892,10 +950,14 @@ class _SoloBatch:
         self.batch.cancel(self._ID)
 
     def stats(self) -> dict[str, Any]:
-        """The finished request's statistics; its record is dropped."""
-        stats = self.batch.stats(self._ID)
+        """The finished request's statistics (read before :meth:`prompt_logprobs`, which drops its record)."""
+        return self.batch.stats(self._ID)
+
+    def prompt_logprobs(self) -> dict[str, Any] | None:
+        """The finished request's prompt scores; its record is dropped."""
+        scores = self.batch.prompt_logprobs(self._ID)
         self.batch.cancel(self._ID)
-        return stats
+        return scores
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.batch, name)

@@ -457,7 +457,8 @@ class Scheduler:
                 continue
             rid = self._next_row_id
             self._next_row_id += 1
-            rows[rid] = (h, _Assembler(self.decoder, ids, stops, functools.partial(batch.stop_at, rid)))
+            scored = settings.get("prompt_logprobs") is not None
+            rows[rid] = (h, _Assembler(self.decoder, ids, stops, functools.partial(batch.stop_at, rid), scored))
 
     def _step(self, batch: Any, rows: dict[int, tuple[RequestHandle, _Assembler]]) -> None:
         outs = batch.step()  # a failed model pass raises: every running row is gone (handled by the caller)
@@ -475,7 +476,7 @@ class Scheduler:
                     chunk = asm.feed(out)
                     done = _deliver(h, chunk)
                     if chunk.finish_reason is not None:
-                        done = _deliver(h, asm.result_chunk(batch.stats(rid)))
+                        done = _deliver(h, asm.result_chunk(batch.stats(rid), batch.prompt_logprobs(rid)))
             except Exception as e:  # this request's own failure: the others go on
                 if not h.done:
                     h._finish(None, e)

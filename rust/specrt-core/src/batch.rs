@@ -314,6 +314,22 @@ impl BatchEngine {
         req.output().ok()
     }
 
+    /// The prompt scores of a running or finished request ([`GenerationConfig::prompt_logprobs`]; complete once its
+    /// prompt is prefilled, i.e. from its first emitted token on).
+    #[must_use]
+    pub fn prompt_logprobs(&self, id: u64) -> Option<&crate::PromptLogprobs> {
+        self.rows
+            .iter()
+            .find(|r| r.id == id)
+            .map(|r| &r.req.prompt_scores)
+            .or_else(|| {
+                self.finished
+                    .iter()
+                    .find(|(r, _)| *r == id)
+                    .map(|(_, q)| &q.prompt_scores)
+            })
+    }
+
     /// Statistics so far of a running or finished request.
     #[must_use]
     pub fn stats(&self, id: u64) -> Option<&Stats> {
@@ -407,7 +423,14 @@ impl BatchEngine {
             tokens: &row.req.tokens[start..end],
             n_past: start,
         }];
-        self.target.forward_rows(i, &rows, 1)?;
+        let logits = self
+            .target
+            .forward_rows(i, &rows, row.req.prefill_logits(end - start))?;
+        row.req.record_prompt_logprobs(logits, self.vocab, start)?;
+        let rows = [BatchRow {
+            tokens: &row.req.tokens[start..end],
+            n_past: start,
+        }];
         // Rows with auto K prefill the draft lazily: only if and when the batch drafts for them (catch-up below),
         // so a load at which speculation does not pay never pays for the draft's prefill either.
         if row.use_draft && row.req.cfg.auto_k.is_none() {

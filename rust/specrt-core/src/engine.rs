@@ -16,7 +16,8 @@ use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
 use crate::rng::Rng;
 use crate::sampling::{
-    log_softmax_at, log_softmax_with, Fault, PenaltyContext, Sampler, SamplingParams,
+    log_softmax_at, log_softmax_with, top_logprobs, Fault, PenaltyContext, Sampler, SamplingParams,
+    MAX_TOP_LOGPROBS,
 };
 use crate::stats::Stats;
 use crate::verify::{
@@ -59,6 +60,15 @@ pub struct GenerationConfig {
     /// a greedy request without penalties needs only the models' argmax ids ([`Backend::forward_argmax`]: on a
     /// device that computes them, a round copies K + 1 ids to the host instead of K + 1 rows of logits).
     pub logprobs: bool,
+    /// Alternatives per emitted token: the `top_logprobs` most likely tokens of the target's verification row of
+    /// its position (raw logits, as [`crate::sampling::top_logprobs`]), 0..=[`MAX_TOP_LOGPROBS`] (default 0 =
+    /// none). Above 0 the models' logits are read every round.
+    pub top_logprobs: usize,
+    /// Score the prompt: `Some(k)` records the target's log-probability of every prompt token after the first
+    /// (from the prefill pass, the row of the position before it) and its `k` most likely alternatives
+    /// (0..=[`MAX_TOP_LOGPROBS`]); `None` (default) records nothing. The prefill then reads every row's logits, in
+    /// chunks of [`PROMPT_LOGPROBS_CHUNK`] positions, and keeps only the values asked for.
+    pub prompt_logprobs: Option<usize>,
     /// A deliberate sampler fault (tests of the tests only; `None` in any real use).
     #[doc(hidden)]
     pub fault: Option<Fault>,
@@ -88,6 +98,8 @@ impl Default for GenerationConfig {
             use_draft_model: true,
             coupled: false,
             logprobs: true,
+            top_logprobs: 0,
+            prompt_logprobs: None,
             fault: None,
         }
     }
@@ -101,6 +113,7 @@ impl GenerationConfig {
         self.sampling.is_greedy()
             && !self.sampling.has_penalties()
             && !self.logprobs
+            && self.top_logprobs == 0
             && !self.coupled
             && self.fault.is_none()
     }
@@ -118,6 +131,18 @@ impl GenerationConfig {
         }
         if let Some(a) = &self.auto_k {
             a.validate()?;
+        }
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(SpecError::Config(format!(
+                "top_logprobs {} is invalid (expected 0 <= top_logprobs <= {MAX_TOP_LOGPROBS}; 0 = none)",
+                self.top_logprobs
+            )));
+        }
+        if let Some(k) = self.prompt_logprobs.filter(|&k| k > MAX_TOP_LOGPROBS) {
+            return Err(SpecError::Config(format!(
+                "prompt_logprobs {k} is invalid (expected 0 <= prompt_logprobs <= {MAX_TOP_LOGPROBS} \
+                 alternatives, or none)"
+            )));
         }
         if self.max_new_tokens == 0 {
             return Err(SpecError::Config(
@@ -184,6 +209,9 @@ pub struct StepOutput {
     /// `[n]` the target's log-probability of each token (log-softmax of the raw target logits, natural log); empty
     /// when the request set [`GenerationConfig::logprobs`] false.
     pub logprobs: Vec<f32>,
+    /// `[n]` the alternatives of each token (most likely first, `(id, log-probability)`); empty when the request set
+    /// [`GenerationConfig::top_logprobs`] 0.
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
     /// K used in this round (draft tokens proposed).
     pub n_drafted: usize,
     /// Set when the generation ended in this round.
@@ -199,10 +227,28 @@ pub struct GenerationOutput {
     pub sources: Vec<TokenSource>,
     /// The target's log-probability of each emitted token (empty with [`GenerationConfig::logprobs`] false).
     pub logprobs: Vec<f32>,
+    /// The alternatives of each emitted token (empty with [`GenerationConfig::top_logprobs`] 0).
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// The prompt's scores ([`GenerationConfig::prompt_logprobs`]; empty lists without it).
+    pub prompt: PromptLogprobs,
     /// Why generation ended.
     pub finish_reason: FinishReason,
     /// Counters and timings.
     pub stats: Stats,
+}
+
+/// Rows of logits read per prefill pass when the prompt is scored ([`GenerationConfig::prompt_logprobs`]):
+/// bounds the logits a pass returns (`[chunk, vocab] float32`, 155 MB at a vocabulary of 152k).
+pub const PROMPT_LOGPROBS_CHUNK: usize = 256;
+
+/// The target's scores of a prompt ([`GenerationConfig::prompt_logprobs`]), for prompt tokens 1.. (the first has
+/// no position before it): entry `j` is prompt token `j + 1`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PromptLogprobs {
+    /// `[n_prompt - 1]` log-probability of each prompt token after the first (log-softmax of the raw logits).
+    pub logprobs: Vec<f32>,
+    /// `[n_prompt - 1]` its position's most likely tokens, `(id, log-probability)`, most likely first.
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
 }
 
 /// State of one generation in progress (the solo engine's request, a row of the batch engine).
@@ -222,6 +268,8 @@ pub(crate) struct Request {
     // [n_generated] per emitted token.
     pub(crate) sources: Vec<TokenSource>,
     pub(crate) logprobs: Vec<f32>,
+    pub(crate) top_logprobs: Vec<Vec<(u32, f32)>>,
+    pub(crate) prompt_scores: PromptLogprobs,
     pub(crate) finish_reason: Option<FinishReason>,
     pub(crate) controller: Option<KController>,
     // The last round: generated count before it, draft positions counted in `n_drafted`, and whether they were
@@ -291,6 +339,8 @@ impl Request {
             stats,
             sources: Vec::with_capacity(cfg.max_new_tokens),
             logprobs: Vec::with_capacity(cfg.max_new_tokens),
+            top_logprobs: Vec::new(),
+            prompt_scores: PromptLogprobs::default(),
             finish_reason: None,
             controller,
             last_round: (0, 0, false),
@@ -299,6 +349,45 @@ impl Request {
     }
 
     /// Whether the request may ever run the draft model (n-gram only or K = 0 never does).
+    /// Rows of logits a prefill pass over `n` prompt positions returns: all `n` when the prompt is scored, else the
+    /// last one (which nobody reads).
+    pub(crate) fn prefill_logits(&self, n: usize) -> usize {
+        if self.cfg.prompt_logprobs.is_some() {
+            n
+        } else {
+            1
+        }
+    }
+
+    /// Record the prompt scores of a prefill pass over prompt positions `start..start + rows` whose logits are
+    /// `[rows, vocab]` (row `r` predicts prompt token `start + r + 1`); nothing without
+    /// [`GenerationConfig::prompt_logprobs`].
+    ///
+    /// Errors: [`SpecError::NonFinite`] for a NaN / inf row (named by its prompt position).
+    pub(crate) fn record_prompt_logprobs(
+        &mut self,
+        logits: &[f32],
+        vocab: usize,
+        start: usize,
+    ) -> Result<()> {
+        let Some(k) = self.cfg.prompt_logprobs else {
+            return Ok(());
+        };
+        for (r, row) in logits.chunks_exact(vocab).enumerate() {
+            let pos = start + r;
+            let tok = self.tokens[pos + 1];
+            self.prompt_scores
+                .logprobs
+                .push(log_softmax_at(row, tok, pos)?);
+            self.prompt_scores.top_logprobs.push(if k > 0 {
+                top_logprobs(row, k, pos)?
+            } else {
+                Vec::new()
+            });
+        }
+        Ok(())
+    }
+
     pub(crate) fn may_draft(&self) -> bool {
         self.cfg.use_draft_model
             && (self.cfg.auto_k.is_some() || self.cfg.num_speculative_tokens > 0)
@@ -410,6 +499,7 @@ impl Request {
         out.tokens.clear();
         out.sources.clear();
         out.logprobs.clear();
+        out.top_logprobs.clear();
         out.n_drafted = k;
         out.finish_reason = None;
         let n_acc = ver.n_accepted;
@@ -464,6 +554,12 @@ impl Request {
             if let Some(lp) = logprob {
                 self.logprobs.push(lp);
                 out.logprobs.push(lp);
+            }
+            if self.cfg.top_logprobs > 0 {
+                let row = &logits_tgt[i * vocab..(i + 1) * vocab];
+                let top = top_logprobs(row, self.cfg.top_logprobs, i)?;
+                self.top_logprobs.push(top.clone());
+                out.top_logprobs.push(top);
             }
             out.tokens.push(tok);
             out.sources.push(source);
@@ -544,6 +640,7 @@ impl Request {
         }
         self.last_round.1 = kept;
         self.logprobs.truncate(n_keep);
+        self.top_logprobs.truncate(n_keep);
         self.tokens.truncate(self.n_prompt + n_keep);
         if let (Some(ng), true) = (ngram, self.cfg.ngram.is_some()) {
             ng.truncate(self.tokens.len());
@@ -565,6 +662,8 @@ impl Request {
             tokens: self.tokens[self.n_prompt..].to_vec(),
             sources: self.sources.clone(),
             logprobs: self.logprobs.clone(),
+            top_logprobs: self.top_logprobs.clone(),
+            prompt: self.prompt_scores.clone(),
             finish_reason,
             stats: self.stats.clone(),
         })
@@ -676,7 +775,16 @@ impl Engine {
         // A request that never runs the draft model (n-gram only, or K = 0) does not prefill it either.
         let use_draft = self.draft.is_some() && req.may_draft();
         if n_past > 0 {
-            self.target.forward(&prompt[..n_past], 0, 1)?;
+            if req.cfg.prompt_logprobs.is_some() {
+                // Scored in chunks, each pass's rows reduced to the values asked for before the next.
+                for a in (0..n_past).step_by(PROMPT_LOGPROBS_CHUNK) {
+                    let b = (a + PROMPT_LOGPROBS_CHUNK).min(n_past);
+                    let logits = self.target.forward(&prompt[a..b], a, b - a)?;
+                    req.record_prompt_logprobs(logits, self.vocab, a)?;
+                }
+            } else {
+                self.target.forward(&prompt[..n_past], 0, 1)?;
+            }
             if use_draft {
                 let d = self.draft.as_mut().expect("use_draft");
                 let t_draft = Instant::now();
@@ -926,6 +1034,13 @@ impl Engine {
     #[must_use]
     pub fn stats(&self) -> Option<&Stats> {
         self.request.as_ref().map(|r| &r.stats)
+    }
+
+    /// The prompt scores of the current (or last) generation ([`GenerationConfig::prompt_logprobs`]; empty lists
+    /// without it), complete once [`Engine::start`] returned.
+    #[must_use]
+    pub fn prompt_logprobs(&self) -> Option<&PromptLogprobs> {
+        self.request.as_ref().map(|r| &r.prompt_scores)
     }
 
     /// Whether the current generation has finished (`None` when there is none).

@@ -25,7 +25,8 @@ pub use backend::{Backend, BatchBackend, BatchRow};
 pub use batch::{BatchEngine, BatchOptions, RowStep};
 pub use coupled::CoupledNoise;
 pub use engine::{
-    Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig, StepOutput, TokenSource,
+    Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig, PromptLogprobs,
+    StepOutput, TokenSource, PROMPT_LOGPROBS_CHUNK,
 };
 pub use error::{Result, SpecError};
 pub use ngram::{NgramProposer, MAX_NGRAM_LEN};

@@ -513,6 +513,39 @@ pub fn log_softmax_at(logits: &[f32], token: u32, row: usize) -> Result<f32> {
     Ok((f64::from(logits[t] - m) - sum.ln()) as f32)
 }
 
+/// Most alternatives [`top_logprobs`] returns per position (OpenAI's chat `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// The `k` most likely tokens of a raw logits row (`[vocab] float32`) with their log-probabilities (log-softmax of
+/// the raw row, natural log, the normaliser of [`log_softmax_at`]), most likely first; equal logits in ascending
+/// id order, so the first is the token greedy decoding picks (the first index of the maximum, as
+/// [`argmax_rows`]). Fewer than `k` when the row is shorter.
+///
+/// Example: logits `[1, 3, 3, 0]`, k = 2 -> `[(1, ln(e^3 / z)), (2, ln(e^3 / z))]` with `z = e + 2e^3 + 1`.
+///
+/// Errors: [`SpecError::NonFinite`] for a row with NaN, +inf or only -inf (named by `row`).
+pub fn top_logprobs(logits: &[f32], k: usize, row: usize) -> Result<Vec<(u32, f32)>> {
+    let m = checked_max(logits, row)?;
+    let log_sum = exp_total(logits, m, 1.0, f32::NEG_INFINITY).ln();
+    // [<= k] (logit, id), sorted by logit descending then id ascending; ids arrive ascending, so an equal logit
+    // never displaces an earlier id.
+    let mut top: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    for (i, &x) in logits.iter().enumerate() {
+        if k == 0 || (top.len() == k && x <= top[k - 1].0) {
+            continue;
+        }
+        let at = top.partition_point(|&(v, _)| v >= x);
+        #[allow(clippy::cast_possible_truncation)]
+        top.insert(at, (x, i as u32));
+        top.truncate(k);
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    Ok(top
+        .into_iter()
+        .map(|(x, id)| (id, (f64::from(x - m) - log_sum) as f32))
+        .collect())
+}
+
 /// The log-softmax normaliser of a raw row: its max and `ln sum exp(x - max)`. Recorded by [`Sampler::process`]
 /// for rows processed at temperature 1 without penalties or top-k (see [`Sampler::row_norm`],
 /// [`crate::verify::Verification::row_norms`]).
@@ -1437,6 +1470,24 @@ dispatch! {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn top_logprobs_are_the_log_softmax_of_the_k_largest_first_argmax_first() {
+        let row = [1.0_f32, 3.0, 3.0, 0.0, -2.0];
+        let top = top_logprobs(&row, 3, 0).unwrap();
+        let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, vec![1, 2, 0]);
+        let mut greedy = Vec::new();
+        argmax_rows(&row, row.len(), &mut greedy).unwrap();
+        assert_eq!(greedy[0], ids[0]);
+        for &(id, lp) in &top {
+            assert!((lp - log_softmax_at(&row, id, 0).unwrap()).abs() < 1e-6);
+        }
+        // k beyond the row, and k = 0.
+        assert_eq!(top_logprobs(&row, 9, 0).unwrap().len(), 5);
+        assert!(top_logprobs(&row, 0, 0).unwrap().is_empty());
+        assert!(top_logprobs(&[f32::NAN, 1.0], 1, 4).is_err());
+    }
+
     use super::*;
 
     fn probs(logits: &[f32], params: &SamplingParams, ctx: Option<&PenaltyContext>) -> Vec<f32> {

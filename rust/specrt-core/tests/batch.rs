@@ -92,6 +92,8 @@ fn requests(sampling: SamplingParams) -> Vec<(Vec<u32>, GenerationConfig)> {
                 num_speculative_tokens: 4,
                 max_new_tokens: 40,
                 seed: 1,
+                top_logprobs: 3, // one row with alternatives: they follow its rows in the batch too
+                prompt_logprobs: Some(2), // and scores its prompt in its prefill chunks
                 ..base.clone()
             },
         ),
@@ -203,6 +205,11 @@ fn assert_same(batched: &GenerationOutput, solo: &GenerationOutput, what: &str) 
     assert_eq!(batched.tokens, solo.tokens, "{what}: tokens");
     assert_eq!(batched.sources, solo.sources, "{what}: sources");
     assert_eq!(batched.logprobs, solo.logprobs, "{what}: logprobs");
+    assert_eq!(
+        batched.top_logprobs, solo.top_logprobs,
+        "{what}: top_logprobs"
+    );
+    assert_eq!(batched.prompt, solo.prompt, "{what}: prompt scores");
     assert_eq!(
         batched.finish_reason, solo.finish_reason,
         "{what}: finish reason"

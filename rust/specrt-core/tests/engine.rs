@@ -801,3 +801,105 @@ fn a_pruned_vocabulary_draft_keeps_the_target_distribution_and_greedy_parity() {
         assert_eq!(out.tokens, reference.tokens, "K={k}");
     }
 }
+
+#[test]
+fn top_logprobs_come_from_the_targets_row_of_each_position_with_or_without_speculation() {
+    // Each token's alternatives are the target's own row at its position (teacher-forced here with the mock's
+    // `row`), so they are the same with any draft and K, greedy or sampled, and greedy picks the first of them.
+    let prompt = [3u32, 17, 42, 5];
+    for (sampling, seed) in [
+        (SamplingParams::greedy(), 2u64),
+        (SamplingParams::default(), 5),
+    ] {
+        let cfg = |k: usize| GenerationConfig {
+            max_new_tokens: 24,
+            num_speculative_tokens: k,
+            sampling,
+            seed,
+            top_logprobs: 5,
+            ..GenerationConfig::default()
+        };
+        let t = target(seed);
+        let mut row = vec![0.0f32; VOCAB];
+        for (k, noise) in [(0usize, 0.0f32), (3, 0.3), (6, 2.0)] {
+            let out = run(target(seed), Some(draft(seed, noise)), &prompt, cfg(k));
+            assert_eq!(out.top_logprobs.len(), out.tokens.len(), "k {k}");
+            let mut seq = prompt.to_vec();
+            for (i, &tok) in out.tokens.iter().enumerate() {
+                t.row(&seq, &mut row);
+                let want = specrt_core::sampling::top_logprobs(&row, 5, 0).unwrap();
+                let got = &out.top_logprobs[i];
+                assert_eq!(got.len(), 5);
+                for (g, w) in got.iter().zip(&want) {
+                    assert_eq!(g.0, w.0, "k {k} position {i}");
+                    assert!(
+                        (g.1 - w.1).abs() < 1e-5,
+                        "k {k} position {i}: {got:?} vs {want:?}"
+                    );
+                }
+                if sampling.temperature == 0.0 {
+                    assert_eq!(got[0].0, tok, "greedy picks the first alternative");
+                }
+                assert!(
+                    (out.logprobs[i]
+                        - specrt_core::sampling::log_softmax_at(&row, tok, 0).unwrap())
+                    .abs()
+                        < 1e-5
+                );
+                seq.push(tok);
+            }
+        }
+    }
+    // Out of range is a clear error; 0 (the default) returns none.
+    let bad = GenerationConfig {
+        top_logprobs: 21,
+        ..greedy_cfg(2, 4)
+    };
+    assert!(
+        matches!(bad.validate(), Err(SpecError::Config(m)) if m.contains("top_logprobs 21 is invalid"))
+    );
+    assert!(run(target(1), None, &prompt, greedy_cfg(0, 4))
+        .top_logprobs
+        .is_empty());
+}
+
+#[test]
+fn prompt_logprobs_score_every_prompt_token_after_the_first_across_prefill_chunks() {
+    // 300 prompt tokens: the prefill is scored in two chunks (PROMPT_LOGPROBS_CHUNK = 256).
+    let prompt: Vec<u32> = (0..300u32).map(|i| (i * 7 + 3) % VOCAB as u32).collect();
+    let t = target(4);
+    let mut row = vec![0.0f32; VOCAB];
+    for k in [0usize, 4] {
+        let cfg = GenerationConfig {
+            prompt_logprobs: Some(k),
+            ..greedy_cfg(3, 8)
+        };
+        let out = run(target(4), Some(draft(4, 0.3)), &prompt, cfg);
+        let p = &out.prompt;
+        assert_eq!(p.logprobs.len(), prompt.len() - 1);
+        assert_eq!(p.top_logprobs.len(), prompt.len() - 1);
+        for j in 1..prompt.len() {
+            t.row(&prompt[..j], &mut row);
+            let want = specrt_core::sampling::log_softmax_at(&row, prompt[j], 0).unwrap();
+            assert!((p.logprobs[j - 1] - want).abs() < 1e-5, "prompt token {j}");
+            let top = specrt_core::sampling::top_logprobs(&row, k, 0).unwrap();
+            assert_eq!(p.top_logprobs[j - 1], top, "prompt token {j}");
+        }
+        // Scoring the prompt changes nothing else.
+        assert_eq!(
+            out.tokens,
+            run(target(4), Some(draft(4, 0.3)), &prompt, greedy_cfg(3, 8)).tokens
+        );
+    }
+    assert!(run(target(4), None, &prompt, greedy_cfg(0, 2))
+        .prompt
+        .logprobs
+        .is_empty());
+    let bad = GenerationConfig {
+        prompt_logprobs: Some(21),
+        ..greedy_cfg(0, 2)
+    };
+    assert!(
+        matches!(bad.validate(), Err(SpecError::Config(m)) if m.contains("prompt_logprobs 21 is invalid"))
+    );
+}

@@ -384,6 +384,12 @@ pub struct GenerationRequest {
     /// Return the target's log-probability of each token (default true); off, a greedy request without penalties
     /// reads only argmax ids ([`specrt_core::GenerationConfig::logprobs`]).
     pub logprobs: bool,
+    /// Alternatives per token from the target's verification row of its position, 0..=20 (default 0 = none;
+    /// [`specrt_core::GenerationConfig::top_logprobs`]).
+    pub top_logprobs: usize,
+    /// Score the prompt with this many alternatives per position (`None` = off, the default;
+    /// [`specrt_core::GenerationConfig::prompt_logprobs`]): in the output's `prompt`.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for GenerationRequest {
@@ -407,6 +413,8 @@ impl Default for GenerationRequest {
             ignore_eos: false,
             coupled: false,
             logprobs: true,
+            top_logprobs: 0,
+            prompt_logprobs: None,
         }
     }
 }
@@ -592,6 +600,8 @@ impl Pipeline {
             use_draft_model: proposer.uses_draft_model(),
             coupled: request.coupled,
             logprobs: request.logprobs,
+            top_logprobs: request.top_logprobs,
+            prompt_logprobs: request.prompt_logprobs,
             fault: None,
         };
         cfg.validate()?;

@@ -10,7 +10,7 @@ use specrt_core::{BatchBackend, BatchEngine, BatchOptions, RowStep};
 use specrt_ort::{BatchedOrtBackend, OrtOptions, Provider};
 
 use crate::args::{ort_options, prompt_ids};
-use crate::engine::{stats_dict, step_dict};
+use crate::engine::{prompt_dict, stats_dict, step_dict};
 use crate::errors::{run_kernel, to_pyerr};
 use crate::request::RequestConfig;
 
@@ -161,6 +161,17 @@ impl PyBatchEngine {
     fn stats<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Option<Bound<'py, PyDict>>> {
         let stats = run_kernel(py, || Ok(lock(&self.inner).stats(id).cloned()))?;
         stats.map(|s| stats_dict(py, &s)).transpose()
+    }
+
+    /// The prompt's scores of request ``id`` (as ``Engine.prompt_logprobs``; complete from its first emitted token
+    /// on), or None for an unknown id.
+    fn prompt_logprobs<'py>(
+        &self,
+        py: Python<'py>,
+        id: u64,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let p = run_kernel(py, || Ok(lock(&self.inner).prompt_logprobs(id).cloned()))?;
+        p.map(|p| prompt_dict(py, &p)).transpose()
     }
 
     /// Rows in the batch now (prefilling or decoding).

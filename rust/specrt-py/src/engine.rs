@@ -74,6 +74,17 @@ pub(crate) fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py,
     Ok(d)
 }
 
+/// ``{"logprobs": [float], "top_logprobs": [[(int, float)]]}`` of a prompt's scores (entry j: prompt token j + 1).
+pub(crate) fn prompt_dict<'py>(
+    py: Python<'py>,
+    p: &specrt_core::PromptLogprobs,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("logprobs", p.logprobs.clone())?;
+    d.set_item("top_logprobs", p.top_logprobs.clone())?;
+    Ok(d)
+}
+
 pub(crate) fn step_dict<'py>(py: Python<'py>, out: &StepOutput) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("tokens", out.tokens.clone())?;
@@ -82,6 +93,7 @@ pub(crate) fn step_dict<'py>(py: Python<'py>, out: &StepOutput) -> PyResult<Boun
         out.sources.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
     )?;
     d.set_item("logprobs", out.logprobs.clone())?;
+    d.set_item("top_logprobs", out.top_logprobs.clone())?;
     d.set_item("n_drafted", out.n_drafted)?;
     d.set_item("finish_reason", out.finish_reason.map(|r| r.as_str()))?;
     Ok(d)
@@ -161,7 +173,7 @@ impl PyEngine {
 
     /// Run one round (GIL released) and return what it committed:
     /// ``{"tokens": [int], "sources": ["accepted" | "recovered" | "bonus"], "logprobs": [float],
-    /// "n_drafted": int, "finish_reason": None | "eos" | "stop" | "length"}``.
+    /// "top_logprobs": [[(int, float)]], "n_drafted": int, "finish_reason": None | "eos" | "stop" | "length"}``.
     ///
     /// Raises:
     ///     ConfigError: no generation started. NonFiniteLogitsError, BackendError: the generation is dropped.
@@ -169,6 +181,14 @@ impl PyEngine {
         // Copied out of the engine's reused buffer to build the Python dict after the GIL is back.
         let out = run_kernel(py, || lock(&self.inner).step().cloned())?;
         step_dict(py, &out)
+    }
+
+    /// The prompt's scores of the current (or last) request (``RequestConfig(prompt_logprobs=k)``; empty lists
+    /// without it): ``{"logprobs": [float], "top_logprobs": [[(int, float)]]}``, entry j for prompt token j + 1;
+    /// None before any request.
+    fn prompt_logprobs<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let p = run_kernel(py, || Ok(lock(&self.inner).prompt_logprobs().cloned()))?;
+        p.map(|p| prompt_dict(py, &p)).transpose()
     }
 
     /// Keep only the first ``n_keep`` generated tokens and finish with reason ``"stop"`` (a stop string matched).

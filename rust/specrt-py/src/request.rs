@@ -31,6 +31,10 @@ impl RequestConfig {
     ///         equals target-only coupled decoding with the same seed for every K and proposer.
     ///     logprobs: return the target's log-probability of each emitted token (off: none are returned, and a
     ///         greedy request without penalties reads only the models' argmax ids).
+    ///     top_logprobs: alternatives per emitted token, 0..=20: the most likely tokens of the target's
+    ///         verification row of its position with their log-probabilities (0 = none).
+    ///     prompt_logprobs: score the prompt with this many alternatives per position, 0..=20 (None = off): the
+    ///         target's log-probability of each prompt token after the first, from the prefill pass.
     ///
     /// Raises:
     ///     ConfigError: a setting out of range, or pinned costs given by halves.
@@ -40,7 +44,7 @@ impl RequestConfig {
         repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, seed=0, eos_token_ids=vec![],
         stop_token_ids=vec![], ignore_eos=false, auto_k=false, pinned_c_draft=None, pinned_c_verify=None,
         prompt_lookup_min=None, prompt_lookup_max=None, use_draft_model=true, coupled=false, logprobs=true,
-        _fault=None
+        top_logprobs=0, prompt_logprobs=None, _fault=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -65,6 +69,8 @@ impl RequestConfig {
         use_draft_model: bool,
         coupled: bool,
         logprobs: bool,
+        top_logprobs: usize,
+        prompt_logprobs: Option<usize>,
         _fault: Option<&str>,
     ) -> PyResult<Self> {
         let sampling = SamplingArgs {
@@ -111,6 +117,8 @@ impl RequestConfig {
             use_draft_model,
             coupled,
             logprobs,
+            top_logprobs,
+            prompt_logprobs,
             fault: match _fault {
                 None => None,
                 Some("residual_from_draft") => Some(Fault::ResidualFromDraft),
