@@ -13,7 +13,13 @@ argmax ids. For each it reports, as medians over the repeats (ms):
   launch them, as the kernels run asynchronously) and ``gpu_kernels``: the summed CUDA kernel events when the
   ONNX Runtime build records them (CUPTI), else null;
 - ``outside_run_share``: ``(wall - run) / wall``, the time a step spends outside ONNX Runtime's run;
-- the top operators by summed node time.
+- the top operators by node time, those of the median repeat (below).
+
+``nodes`` and the top operators come from one repeat, the median one: the repeat whose node total is the median
+(the lower of the two middle ones for an even count), so the operators listed sum to at most ``nodes`` however
+uneven the repeats are (a mean of operator times beside a median of totals does not: one slow repeat on a loaded
+machine puts the operators above the total). In each repeat the nodes lie inside the run and the run inside the
+call; medians keep that order (and the lower median is at most the median), so ``nodes <= run <= wall`` holds too.
 
 This is the "profile first" step of the speed issue (per-kernel time of a target step and a draft step against the
 step's wall time). On a GPU run it with the CUDA build (``--provider cuda``, fp16 models).
@@ -108,27 +114,7 @@ def profile(
     runs = _runs(trace)[1:]  # the first run is the prefill
     if len(runs) != len(order):
         raise RuntimeError(f"the trace holds {len(runs)} step runs, {len(order)} were made")
-    steps = []
-    for case in cases:
-        mine = [r for r, c in zip(runs, order, strict=True) if c == case]
-        ops: Counter[str] = Counter()
-        for r in mine:
-            ops.update(r["nodes"])
-        wall = statistics.median(walls[case])
-        run = statistics.median(r["run"] for r in mine) / 1e3
-        kernels = [r["kernels"] for r in mine if r["n_kernels"]]
-        steps.append(
-            {
-                "tokens": case[0],
-                "returns": case[1],
-                "wall_ms": round(wall, 3),
-                "run_ms": round(run, 3),
-                "nodes_ms": round(statistics.median(sum(r["nodes"].values()) for r in mine) / 1e3, 3),
-                "gpu_kernels_ms": round(statistics.median(kernels) / 1e3, 3) if kernels else None,
-                "outside_run_share": round((wall - run) / wall, 4),
-                "top_ops_ms": {op: round(us / len(mine) / 1e3, 3) for op, us in ops.most_common(8)},
-            }
-        )
+    steps = [_step(case, [r for r, c in zip(runs, order, strict=True) if c == case], walls[case]) for case in cases]
     return {
         "command": "python " + " ".join(sys.argv),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
@@ -140,6 +126,28 @@ def profile(
         "threads": threads,
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "steps": steps,
+    }
+
+
+def _step(case: tuple[int, str], mine: list[dict[str, Any]], walls_ms: list[float]) -> dict[str, Any]:
+    """The figures of one step (``case``: tokens, returns) from its repeats: ``mine``, the trace's runs (``_runs``,
+    microseconds), and ``walls_ms``, the calls' wall times in the same order."""
+    # The median repeat by node total: its total is nodes_ms and its operators are top_ops_ms (one repeat for both,
+    # so the operators sum to at most the total; the trace's durations are whole microseconds).
+    totals = [sum(r["nodes"].values()) for r in mine]
+    middle = mine[totals.index(statistics.median_low(totals))]
+    wall = statistics.median(walls_ms)
+    run = statistics.median(r["run"] for r in mine) / 1e3
+    kernels = [r["kernels"] for r in mine if r["n_kernels"]]
+    return {
+        "tokens": case[0],
+        "returns": case[1],
+        "wall_ms": round(wall, 3),
+        "run_ms": round(run, 3),
+        "nodes_ms": round(sum(middle["nodes"].values()) / 1e3, 3),
+        "gpu_kernels_ms": round(statistics.median(kernels) / 1e3, 3) if kernels else None,
+        "outside_run_share": round((wall - run) / wall, 4),
+        "top_ops_ms": {op: round(us / 1e3, 3) for op, us in middle["nodes"].most_common(8)},
     }
 
 

@@ -1,35 +1,7 @@
 #!/usr/bin/env bash
-# llama.cpp as a peer of `specrt bench --peers llama.cpp`: built from the llama.cpp source vendored in
-# llama-cpp-python's sdist on PyPI (no other network), with cmake and ninja from PyPI, cached under
-# ~/.cache/specrt/llama.cpp/<version>. Prints the folder holding llama-bench and llama-speculative-simple.
-# Usage: bash benches/peers/setup_llama_cpp.sh [VERSION]   (about 8-10 minutes on 2 cores the first time)
+# A checkout's way to llama.cpp for `specrt bench --peers llama.cpp`: runs the setup script shipped in the package
+# (python/specrt/bench/peer_setup/setup_llama_cpp.sh, what `specrt bench --setup-peer llama.cpp` runs), which builds
+# into <specrt cache>/llama.cpp/<version>/build/bin. Usage: bash benches/peers/setup_llama_cpp.sh [VERSION]
 set -euo pipefail
-version="${1:-0.3.36}"
-root="${SPECRT_CACHE:-$HOME/.cache/specrt}/llama.cpp/$version"
-bin="$root/build/bin"
-if [[ -x "$bin/llama-bench" && -x "$bin/llama-speculative-simple" ]]; then
-  echo "$bin"
-  exit 0
-fi
-mkdir -p "$root"
-tools="$root/tools"
-[[ -x "$tools/bin/cmake" ]] || { python3 -m venv "$tools" && "$tools/bin/pip" install --quiet cmake ninja; }
-sdist="$root/llama_cpp_python-$version.tar.gz"
-if [[ ! -f "$sdist" ]]; then
-  # --no-binary for this package only: --no-binary=:all: would also build pip's build tools from source.
-  "$tools/bin/pip" download --quiet --no-deps --no-binary=llama-cpp-python "llama-cpp-python==$version" -d "$root"
-fi
-src="$root/src"
-if [[ ! -f "$src/CMakeLists.txt" ]]; then
-  rm -rf "$src" "$root/extract"
-  mkdir -p "$root/extract"
-  tar -xzf "$sdist" -C "$root/extract" "llama_cpp_python-$version/vendor/llama.cpp"
-  mv "$root/extract/llama_cpp_python-$version/vendor/llama.cpp" "$src"
-  rm -f "$src/.git"  # a submodule pointer into the sdist's missing .git/modules
-  rm -rf "$root/extract"
-fi
-PATH="$tools/bin:$PATH" cmake -S "$src" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
-  -DGGML_NATIVE=ON >"$root/cmake.log"
-PATH="$tools/bin:$PATH" ninja -C "$root/build" llama-bench llama-speculative-simple >"$root/ninja.log"
-echo "$bin"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+exec bash "$root/python/specrt/bench/peer_setup/setup_llama_cpp.sh" "$@"

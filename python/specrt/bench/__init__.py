@@ -1,6 +1,7 @@
 """End-to-end benchmark behind ``specrt bench``: speculative vs target-only decoding, measured against the cost model.
 
-For a target, a draft and a prompt set (``benches/prompts.json``) the bench runs, in one process:
+For a target, a draft and a prompt set (``specrt/bench/prompts.json``, shipped in the package) the bench runs, in one
+process:
 
 1. **Verify costs** (:func:`measure_verify_costs`): the target alone (``specrt._specrt.OrtModel``) on a warm cache of
    each prompt's length; the median time of one forward over ``n = K + 1`` tokens against one over a single token,
@@ -9,9 +10,10 @@ For a target, a draft and a prompt set (``benches/prompts.json``) the bench runs
    speculative one, back to back (the order alternates between repetitions), so that machine load hits both alike.
 3. **Sweeps** (:func:`run_sweeps`, fewer prompts and tokens): speculative decoding at each K of a K sweep (greedy)
    and at each temperature of a temperature sweep (at the main K), interleaved with a target-only baseline.
-4. **Peers** (optional, :mod:`benches/peers`), each in its own process and virtual environment (never needed by
-   specrt itself): onnxruntime-genai on the very same ONNX files, and Hugging Face transformers assisted generation
-   (torch, CPU) on the GGUF files the fp32 models were converted from.
+4. **Peers** (optional, :mod:`specrt.bench.peers`; the scripts ship in ``specrt/bench/peer_scripts``), each in its
+   own process and virtual environment (never needed by specrt itself): onnxruntime-genai on the very same ONNX files,
+   Hugging Face transformers assisted generation (torch, CPU) and llama.cpp on the GGUF files the models were
+   converted from.
 
 Every timing figure is the median over at least three repetitions, with the min and max beside it. Definitions
 (per prompt; ms = milliseconds of wall time):
@@ -47,6 +49,13 @@ from those costs and ``acceptance`` (default :data:`QWEN_CODER_ACCEPTANCE`, meas
 whose acceptance it measures: the random draft (a ~ 0; ``main``) and the target's own first layers as draft
 (acceptance ~1, since the target's layers are scaled down; ``random_weights.full_acceptance``, and the sweeps).
 
+**Checkout or installed** (:func:`checkout_root`, the one place that decides): run from a source checkout (editable
+install), reports go to ``benches/out`` and the peer venvs are ``benches/out/venv-<peer>``, as ever; installed from a
+wheel, reports go to ``./specrt-bench-out`` and the peer venvs to ``<specrt cache>/bench/venv-<peer>`` (the cache is
+``$SPECRT_CACHE_DIR``, else ``~/.cache/specrt``). The prompt file, the peer scripts and their setup scripts ship in the
+package either way; ``specrt bench --setup-peer genai|hf|llama.cpp`` sets a peer up where the bench looks for it.
+``machine.git_commit`` is recorded from a checkout only; ``machine.specrt_version`` always.
+
 Modules (this package re-exports their public names): ``config`` (:class:`BenchConfig`, validation, paths),
 ``prompts`` (the prompt file), ``stats`` (statistics of timed runs, the cost model's prediction), ``random_models``
 (random-weight models in real shapes), ``runner`` (measuring), ``peers`` (the optional peers), ``report`` (tables),
@@ -62,10 +71,13 @@ from specrt.bench.config import (
     PROVIDERS,
     QWEN_CODER_ACCEPTANCE,
     BenchConfig,
+    checkout_root,
+    default_out_dir,
+    default_peer_venv,
     resolve_config,
     validate_config,
 )
-from specrt.bench.peers import gguf_source, peer_modes, peer_warnings, run_peers
+from specrt.bench.peers import gguf_source, peer_modes, peer_warnings, run_peers, setup_command
 from specrt.bench.plots import write_plots
 from specrt.bench.prompts import Prompt, default_prompts_path, load_prompts
 from specrt.bench.random_models import SHAPE_PAIRS, SHAPES, ensure_random_models
@@ -86,7 +98,10 @@ __all__ = [
     "Prompt",
     "add_arguments",
     "check_provider",
+    "checkout_root",
     "config_from_args",
+    "default_out_dir",
+    "default_peer_venv",
     "default_prompts_path",
     "ensure_random_models",
     "gguf_source",
@@ -104,6 +119,7 @@ __all__ = [
     "run_peers",
     "run_sweeps",
     "save",
+    "setup_command",
     "spread",
     "validate_config",
     "write_plots",

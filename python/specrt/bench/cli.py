@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -13,12 +15,16 @@ from typing import Any
 from specrt.bench.config import (
     DEFAULT_DTYPE,
     MAX_VERIFY_N,
+    PEERS,
     PROVIDERS,
     QWEN_CODER_ACCEPTANCE,
     BenchConfig,
+    checkout_root,
     default_out_dir,
+    default_peer_venv,
     validate_config,
 )
+from specrt.bench.peers import llama_cpp_bin, setup_command
 from specrt.bench.plots import write_plots
 from specrt.bench.random_models import SHAPE_PAIRS
 from specrt.bench.report import render_table
@@ -51,6 +57,12 @@ def _n_list(value: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a list of token counts like 1-16 or 1,2,4,8") from None
     return tuple(sorted(out))
+
+
+def _here(path: Path) -> str:
+    """``path`` for a help text ("here: ..." after the checkout and installed defaults), ``%`` escaped for argparse."""
+    where = "this checkout" if checkout_root() is not None else "this installed specrt"
+    return f"{where}: {path}".replace("%", "%%")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -115,7 +127,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{QWEN_CODER_ACCEPTANCE}: the a of the mean E of the default CPU run of the Qwen2.5-Coder pair, "
         "benches/results/default-fp32-with-peers-2026-11-29.json)",
     )
-    p.add_argument("--prompts-file", default=None, help="prompt file (default benches/prompts.json)")
+    p.add_argument(
+        "--prompts-file",
+        default=None,
+        help="prompt file (default: the one shipped in the package, specrt/bench/prompts.json; a checkout's "
+        "benches/prompts.json links to it)",
+    )
     p.add_argument("--prompt-set", default=None, help="named set for the main table (default 'main'; 'all')")
     p.add_argument("--prompts", type=_str_list, default=(), help="comma-separated prompt ids (overrides --prompt-set)")
     p.add_argument("--sweep-set", default=None, help="named set for the sweeps (default 'sweep')")
@@ -145,21 +162,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--peers", type=_str_list, default=(), help="comma-separated peers to run after specrt: genai, hf, llama.cpp"
     )
-    p.add_argument(
-        "--genai-python",
-        default=None,
-        help="python of the onnxruntime-genai venv (default benches/out/venv-genai/bin/python)",
-    )
-    p.add_argument(
-        "--hf-python",
-        default=None,
-        help="python of the torch + transformers venv (default benches/out/venv-hf/bin/python)",
-    )
+    for peer, what in (("genai", "onnxruntime-genai"), ("hf", "torch + transformers")):
+        p.add_argument(
+            f"--{peer}-python",
+            default=None,
+            help=f"python of the {what} venv (default <venv>/bin/python, <venv> = benches/out/venv-{peer} in a "
+            f"checkout, <specrt cache>/bench/venv-{peer} installed; {_here(default_peer_venv(peer))}; "
+            f"--setup-peer {peer} makes it)",
+        )
     p.add_argument(
         "--llama-cpp-bin",
         default=None,
-        help="folder with llama-bench and llama-speculative-simple (default: what benches/peers/setup_llama_cpp.sh "
-        "builds under ~/.cache/specrt/llama.cpp)",
+        help="folder with llama-bench and llama-speculative-simple (default: what --setup-peer llama.cpp builds, "
+        f"<specrt cache>/llama.cpp/<version>/build/bin, checkout or not; {_here(llama_cpp_bin(d))})",
+    )
+    p.add_argument(
+        "--setup-peer",
+        choices=PEERS,
+        default=None,
+        help="set up one peer where the bench looks for it, then exit (nothing is benchmarked): genai and hf make a "
+        "venv from PyPI (the one of --genai-python / --hf-python, else the default; never over a folder that is "
+        "neither new, empty nor a venv), llama.cpp builds llama.cpp "
+        "from llama-cpp-python's sdist (about 8 minutes). Runs the setup script shipped in specrt/bench/peer_setup",
     )
     p.add_argument(
         "--hf-modes",
@@ -172,7 +196,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="peers load one model set at a time (less memory, no interleaving of their target-only and speculative)",
     )
-    p.add_argument("--out-dir", default=None, help="where JSON and PNGs go (default benches/out)")
+    p.add_argument(
+        "--out-dir",
+        default=None,
+        help="where JSON and PNGs go, and the peers' work files (default benches/out in a checkout, "
+        f"./specrt-bench-out installed; {_here(default_out_dir())})",
+    )
     p.add_argument("--name", default=None, help="file name prefix (default bench-<date>-<time>)")
     p.add_argument("--quick", action="store_true", help="a few minutes: 2 prompts, 32 tokens, K sweep 0,2,4")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -247,6 +276,8 @@ def run_cli(a: argparse.Namespace) -> int:
     from specrt.errors import ProviderError
 
     cfg = config_from_args(a)
+    if a.setup_peer:
+        return setup_peer(cfg, a.setup_peer)
     try:
         validate_config(cfg)
         check_provider(cfg.provider)
@@ -263,3 +294,15 @@ def run_cli(a: argparse.Namespace) -> int:
         print(f"specrt bench: peer {', '.join(failed)} failed (see the notes above and the JSON)", file=sys.stderr)
         return 1
     return 0
+
+
+def setup_peer(cfg: BenchConfig, peer: str) -> int:
+    """``specrt bench --setup-peer <peer>``: run the peer's shipped setup script (:func:`setup_command`) where ``cfg``
+    looks for the peer; its exit code (2 where it cannot be set up there, the reason on stderr)."""
+    try:
+        command = setup_command(cfg, peer)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"specrt bench: error: {e}", file=sys.stderr)
+        return 2
+    print(f"specrt bench: setting up peer {peer}: {shlex.join(command)}", file=sys.stderr, flush=True)
+    return subprocess.run(command, check=False).returncode

@@ -6,8 +6,21 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-#: The source checkout this package is used from (``benches/`` lives there).
-REPO_ROOT = Path(__file__).resolve().parents[3]
+
+def checkout_root() -> Path | None:
+    """The source checkout this package is used from, or None when specrt is installed (a wheel in site-packages).
+
+    The one place that tells the two apart: a checkout holds this file at ``<root>/python/specrt/bench/config.py``
+    with ``<root>/benches/`` and ``<root>/pyproject.toml`` beside ``python/`` (an editable install runs from there
+    too). What the bench writes by default follows it (:func:`default_out_dir`, :func:`default_peer_venv`), and so
+    does the record's git commit; the prompt file ships in the package either way.
+    """
+    bench_pkg = Path(__file__).resolve().parent
+    root = bench_pkg.parents[2]
+    is_checkout = (
+        bench_pkg.parent.parent.name == "python" and (root / "benches").is_dir() and (root / "pyproject.toml").is_file()
+    )
+    return root if is_checkout else None
 
 
 @dataclass
@@ -192,6 +205,23 @@ def config_dict(cfg: BenchConfig) -> dict[str, Any]:
     return d
 
 
+def bench_cache_dir() -> Path:
+    """``<specrt cache>/bench`` (``$SPECRT_CACHE_DIR/bench``, else ``~/.cache/specrt/bench``): an installed specrt's
+    peer venvs."""
+    from specrt.models import cache_dir
+
+    return cache_dir() / "bench"
+
+
 def default_out_dir() -> Path:
-    bench_dir = REPO_ROOT / "benches"
-    return bench_dir / "out" if bench_dir.is_dir() else Path.cwd() / "specrt-bench-out"
+    """Where reports go without ``--out-dir``: ``benches/out`` of a checkout, else ``./specrt-bench-out`` (the
+    current folder: a report belongs with the run that made it, not in a cache)."""
+    root = checkout_root()
+    return root / "benches" / "out" if root is not None else Path.cwd() / "specrt-bench-out"
+
+
+def default_peer_venv(peer: str) -> Path:
+    """The virtual environment of peer ``"genai"`` or ``"hf"`` without ``--genai-python`` / ``--hf-python``:
+    ``benches/out/venv-<peer>`` of a checkout, else ``<specrt cache>/bench/venv-<peer>`` (:func:`bench_cache_dir`)."""
+    root = checkout_root()
+    return (root / "benches" / "out" if root is not None else bench_cache_dir()) / f"venv-{peer}"

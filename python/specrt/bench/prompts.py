@@ -1,15 +1,15 @@
-"""The benchmark prompts: :class:`Prompt` and :func:`load_prompts` (``benches/prompts.json`` by default)."""
+"""The benchmark prompts: :class:`Prompt` and :func:`load_prompts` (the package's ``specrt/bench/prompts.json`` by
+default; a checkout's ``benches/prompts.json`` is a symlink to it)."""
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from specrt.bench.config import REPO_ROOT
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,11 @@ class Prompt:
 
 
 def default_prompts_path() -> Path:
-    """``benches/prompts.json`` of the source checkout (the package is used from the repository)."""
-    return REPO_ROOT / "benches" / "prompts.json"
+    """The prompt file shipped in the package (``specrt/bench/prompts.json``), in site-packages or a checkout alike.
+
+    A checkout's ``benches/prompts.json`` is a relative symlink to this file, for the scripts in ``benches/``: one copy.
+    """
+    return Path(str(importlib.resources.files("specrt.bench") / "prompts.json"))
 
 
 def load_prompts(

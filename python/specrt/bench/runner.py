@@ -17,8 +17,8 @@ from typing import Any
 
 from specrt.bench.config import (
     QWEN_CODER_ACCEPTANCE_SOURCE,
-    REPO_ROOT,
     BenchConfig,
+    checkout_root,
     config_dict,
     config_warnings,
     resolve_config,
@@ -225,11 +225,15 @@ def _machine(provider: str = "cpu") -> dict[str, Any]:
         ort_version = onnxruntime.__version__
     except ImportError:  # pragma: no cover
         ort_version = None
-    commit = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        git = ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"]
-        commit = subprocess.run(git, capture_output=True, text=True, timeout=5, check=False).stdout.strip() or None
+    import specrt
     from specrt._ort import find_ort_library
+
+    # git metadata only from a checkout (an installed specrt is no git tree): the version is recorded either way.
+    root, commit = checkout_root(), None
+    if root is not None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            git = ["git", "-C", str(root), "rev-parse", "--short", "HEAD"]
+            commit = subprocess.run(git, capture_output=True, text=True, timeout=5, check=False).stdout.strip() or None
 
     out = {
         "cpu": cpu,
@@ -238,6 +242,9 @@ def _machine(provider: str = "cpu") -> dict[str, Any]:
         "onnxruntime": ort_version,
         "ort_library": find_ort_library(),
         "provider": provider,
+        "specrt_version": specrt.__version__,
+        # The checkout specrt runs from (git_commit is its HEAD), or None: an installed specrt (git_commit None).
+        "specrt_checkout": str(root) if root is not None else None,
         "git_commit": commit,
         "load_avg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }

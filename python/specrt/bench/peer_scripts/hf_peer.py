@@ -1,11 +1,12 @@
 """Hugging Face transformers assisted generation as a peer of ``specrt bench``, in its own environment.
 
-Run by ``specrt bench --peers hf`` (``specrt.bench.run_peers``) as
-``<venv>/bin/python benches/peers/hf_peer.py REQUEST.json RESULT.json``; it imports torch, transformers and numpy,
-never specrt. The models are the GGUF files specrt converts from (``~/.cache/specrt/gguf``): transformers loads a
-GGUF by dequantizing every tensor to float32 (``from_pretrained(folder, gguf_file=name)``), which is what specrt's
-fp32 conversion does, so both runtimes run the same fp32 weights. torch runs on the CPU (on Linux x86_64 PyPI's
-torch is the CUDA build; it runs on a machine without a GPU, ``torch.cuda.is_available()`` is False).
+Run by ``specrt bench --peers hf`` (``specrt.bench.run_peers``) as ``<venv>/bin/python
+<specrt>/bench/peer_scripts/hf_peer.py REQUEST.json RESULT.json`` (``<specrt>``: the installed package's folder); it
+imports torch, transformers and numpy (and ``peer_stats`` beside it), never specrt. The models are the GGUF files specrt
+converts from (``~/.cache/specrt/gguf``): transformers loads a GGUF by dequantizing every tensor to float32
+(``from_pretrained(folder, gguf_file=name)``), which is what specrt's fp32 conversion does, so both runtimes run the
+same fp32 weights. torch runs on the CPU (on Linux x86_64 PyPI's torch is the CUDA build; it runs on a machine without a
+GPU, ``torch.cuda.is_available()`` is False).
 
 Request (JSON): ``target_gguf``, ``draft_gguf`` (paths), ``prompts`` ({id: token ids, tokenized by specrt so both
 runtimes see the same ids}), ``eos_token_ids``, ``max_new_tokens``, ``k``, ``repeats``, ``warmup_tokens``,

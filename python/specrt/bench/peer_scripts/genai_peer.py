@@ -1,11 +1,12 @@
 """onnxruntime-genai 0.18 as a peer of ``specrt bench``, on the very same ONNX files, in its own environment.
 
-Run by ``specrt bench --peers genai`` (``specrt.bench.run_peers``) as
-``<venv>/bin/python benches/peers/genai_peer.py REQUEST.json RESULT.json``; it imports only onnxruntime_genai and
-numpy, never specrt. specrt's model folders follow genai's decoder I/O names (``input_ids``, ``attention_mask``,
-``past_key_values.N.key/value``, ``present.N.key/value``, ``logits``, a shared past/present buffer), so this script
-writes a ``genai_config.json`` beside symlinks to the model files: one folder for the target alone, one holding the
-target and the draft (``model.draft``, genai's base speculative decoding).
+Run by ``specrt bench --peers genai`` (``specrt.bench.run_peers``) as ``<venv>/bin/python
+<specrt>/bench/peer_scripts/genai_peer.py REQUEST.json RESULT.json`` (``<specrt>``: the installed package's folder); it
+imports only onnxruntime_genai and numpy (and ``peer_stats`` beside it), never specrt. specrt's model folders follow
+genai's decoder I/O names (``input_ids``, ``attention_mask``, ``past_key_values.N.key/value``, ``present.N.key/value``,
+``logits``, a shared past/present buffer), so this script writes a ``genai_config.json`` beside symlinks to the model
+files: one folder for the target alone, one holding the target and the draft (``model.draft``, genai's base speculative
+decoding).
 
 Request (JSON): ``target``, ``draft`` (model folders), ``work_dir``, ``prompts`` ({id: token ids, tokenized by
 specrt so both runtimes see the same ids}), ``max_new_tokens``, ``k``, ``repeats``, ``warmup_tokens``, ``threads``
