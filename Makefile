@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Write a Python function that checks whether a string is a palindrome, ignoring case and punctuation.
 
-.PHONY: help venv install run test test-rs test-py lint format bench-core wheel wheel-smoke env
+.PHONY: help venv install run test test-rs test-py test-load lint format bench-core wheel wheel-smoke env
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -39,6 +39,10 @@ test-py: install ## Python tests (pytest; exit code 5 = no tests ran counts as f
 	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest ran no tests" >&2; exit 1; fi; exit $$rc
 
 test: test-rs test-py ## all tests (Rust then Python)
+
+test-load: $(PY) ## the timing tests (pytest -m timing) 3 times in a row with every core kept busy (tests/cpu_hog.py); after make install
+	$(PY) tests/cpu_hog.py -- bash -c 'for run in 1 2 3; do echo "test-load: run $$run of 3 under load"; \
+		$(PY) -m pytest -q -m timing tests || { echo "test-load: run $$run failed" >&2; exit 1; }; done'
 
 lint: $(PY) ## format checks and linters
 	cargo fmt --all --check

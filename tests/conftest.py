@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Generator, Iterator
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator
 
 import numpy as np
 import pytest
@@ -69,6 +71,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "qwen" in item.keywords:
             item.add_marker(skip)
+
+
+class SchedulerClock:
+    """The clock :mod:`specrt.scheduler` reads (its ``time.perf_counter``), moved on by the test: a request's
+    ``timeout_s`` runs out when the test says, not when a slow or loaded machine gets there. Tests give timeouts far
+    beyond their real run time (60 s) and move the clock past them."""
+
+    def __init__(self) -> None:
+        self.offset_s = 0.0
+        self._jumps: list[tuple[Callable[[], object], float]] = []
+        self._lock = threading.Lock()
+
+    def advance(self, seconds: float, when: Callable[[], object] | None = None) -> None:
+        """Move the clock ``seconds`` on: now, or at the first reading at which ``when()`` is true (a reading by the
+        scheduler's worker, so the jump lands between two of its steps, with no race against the test's thread)."""
+        with self._lock:
+            if when is None:
+                self.offset_s += seconds
+            else:
+                self._jumps.append((when, seconds))
+
+    def perf_counter(self) -> float:
+        with self._lock:
+            for jump in [j for j in self._jumps if j[0]()]:
+                self._jumps.remove(jump)
+                self.offset_s += jump[1]
+            return time.perf_counter() + self.offset_s
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)  # the rest of the time module, unchanged
+
+
+@pytest.fixture
+def scheduler_clock(monkeypatch: pytest.MonkeyPatch) -> SchedulerClock:
+    """:class:`SchedulerClock` in place of the ``time`` module :mod:`specrt.scheduler` reads its deadlines from."""
+    from specrt import scheduler
+
+    clock = SchedulerClock()
+    monkeypatch.setattr(scheduler, "time", clock)
+    return clock
 
 
 @pytest.fixture(scope="session")

@@ -171,12 +171,16 @@ def test_asyncio_streams_equal_their_solo_runs(pair, solo_results) -> None:
     assert streamed == [r.token_ids for r in solo_results[:6]]
 
 
+@pytest.mark.timing
 def test_cancel_frees_the_row_for_a_waiting_request(pair, solo) -> None:
     dec = batched(pair, 2)
     long = {"prompt": "a b c", "max_new_tokens": 120, "temperature": 0, "ignore_eos": True}
+    # 240 rounds of one token (no speculation): the cancel below surely lands while it runs, however this thread is
+    # scheduled on a loaded machine; cancelled, it costs a round or two.
+    longest = {**long, "max_new_tokens": 240, "num_speculative_tokens": 0}
     short = {"prompt": "def f(x):", "max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
     with Scheduler(dec) as sched:
-        first = sched.submit(**long)
+        first = sched.submit(**longest)
         second = sched.submit(**long)
         third = sched.submit(**short)  # waits: both rows are taken
         next(iter(first))  # the first has committed a round
@@ -188,12 +192,15 @@ def test_cancel_frees_the_row_for_a_waiting_request(pair, solo) -> None:
         assert second.result(timeout=300).token_ids == solo.generate(**long).token_ids
 
 
-def test_a_bad_or_expired_request_ends_alone(pair, solo_results) -> None:
+@pytest.mark.timing
+def test_a_bad_or_expired_request_ends_alone(pair, solo_results, scheduler_clock) -> None:
     dec = batched(pair, 3)
     with Scheduler(dec) as sched:
         good = sched.submit(**REQUESTS[0])
         bad = sched.submit(prompt="x", temperature=-1.0)
-        slow = sched.submit(prompt="a b", max_new_tokens=200, temperature=0, ignore_eos=True, timeout_s=0.05)
+        slow = sched.submit(prompt="a b", max_new_tokens=200, temperature=0, ignore_eos=True, timeout_s=60)
+        # Its 60 s run out as soon as it has generated something (the worker's next clock reading): mid-generation.
+        scheduler_clock.advance(61, when=lambda: slow.token_times)
         with pytest.raises(ConfigError, match="temperature"):
             bad.result(timeout=60)
         with pytest.raises(RequestTimeoutError) as e:
@@ -340,13 +347,15 @@ def test_a_scheduler_owns_a_batching_decoder_until_closed(pair) -> None:
     Scheduler(dec).close()
 
 
-def test_a_queued_request_cancelled_or_expired_ends_without_waiting_for_a_row(pair) -> None:
+@pytest.mark.timing
+def test_a_queued_request_cancelled_or_expired_ends_without_waiting_for_a_row(pair, scheduler_clock) -> None:
     dec = batched(pair, 2)
     long = {"prompt": "a b", "max_new_tokens": 240, "temperature": 0, "num_speculative_tokens": 0, "ignore_eos": True}
     with Scheduler(dec) as sched:
         running = [sched.submit(**long), sched.submit(**long)]  # both rows busy for 240 rounds
         queued = sched.submit(prompt="x", max_new_tokens=4)
-        expiring = sched.submit(prompt="y", max_new_tokens=4, timeout_s=0.01)
+        expiring = sched.submit(prompt="y", max_new_tokens=4, timeout_s=60)
+        scheduler_clock.advance(61)  # past its deadline while it waits for a row
         queued.cancel()
         with pytest.raises(GenerationCancelled):
             queued.result(timeout=60)

@@ -1,6 +1,7 @@
 """``specrt.Scheduler``: many requests on one Decoder from threads and asyncio, each result equal to its solo run;
 queue limits, cancellation, timeouts, draining. Scheduling logic runs on a scripted stand-in decoder whose rounds
-wait for the test, so every interleaving asserted here is forced, not timed."""
+wait for the test, so every interleaving asserted here is forced, not timed; timeouts run out on the test's clock
+(``scheduler_clock``), not the machine's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from specrt.errors import ConfigError, GenerationCancelled
 from specrt.generate import GenerationResult, Stats, StreamChunk
 from specrt.scheduler import QueueFullError, RequestTimeoutError, Scheduler, SchedulerClosedError
+
+pytestmark = pytest.mark.timing  # threads, a worker, timeouts
 
 
 @pytest.fixture
@@ -180,19 +183,19 @@ def test_queue_limit_order_cancel_and_drain() -> None:
     assert not closer.is_alive() and f.result(timeout=1).text == "0"
 
 
-def test_timeouts_end_requests_with_what_they_generated() -> None:
+def test_timeouts_end_requests_with_what_they_generated(scheduler_clock) -> None:
     dec = ScriptedDecoder()
-    with Scheduler(dec, default_timeout_s=0.2) as sched:  # type: ignore[arg-type]
+    with Scheduler(dec, default_timeout_s=60) as sched:  # type: ignore[arg-type]
         a = sched.submit("a", rounds=100)
         _wait_until(lambda: dec.started == ["a"])
-        queued = sched.submit("q", rounds=1, timeout_s=0.05)
+        queued = sched.submit("q", rounds=1, timeout_s=30)
         dec.step.release()
-        _wait_until(lambda: len(a.token_times) == 1)
-        threading.Event().wait(0.25)  # a is past its 0.2 s now; its next round ends it
+        _wait_until(lambda: len(a.token_times) == 1)  # a's first round ended within its time
+        scheduler_clock.advance(61)  # a is past its 60 s now (and q past its 30 s); a's next round ends it
         dec.step.release()
-        with pytest.raises(RequestTimeoutError, match=r"timeout of 0.2 s after 2 generated tokens") as err:
+        with pytest.raises(RequestTimeoutError, match=r"timeout of 60 s after 2 generated tokens") as err:
             a.result(timeout=30)
-        assert err.value.token_ids == [0, 1] and err.value.text == "01" and err.value.timeout_s == 0.2
+        assert err.value.token_ids == [0, 1] and err.value.text == "01" and err.value.timeout_s == 60
         with pytest.raises(RequestTimeoutError, match="while queued") as err:
             queued.result(timeout=30)
         assert err.value.token_ids == []
@@ -217,11 +220,11 @@ def test_close_without_drain_cancels_everything(tmp_path: Path) -> None:
     assert dec.started == ["a"]
 
 
-def test_a_request_whose_last_round_ends_past_its_deadline_is_not_a_timeout() -> None:
+def test_a_request_whose_last_round_ends_past_its_deadline_is_not_a_timeout(scheduler_clock) -> None:
     dec = ScriptedDecoder()
     with Scheduler(dec) as sched:  # type: ignore[arg-type]
-        h = sched.submit("a", rounds=1, timeout_s=0.1)
+        h = sched.submit("a", rounds=1, timeout_s=60)
         _wait_until(lambda: dec.started == ["a"])
-        threading.Event().wait(0.15)  # the deadline passes during its only round
+        scheduler_clock.advance(61)  # the deadline passes during its only round
         dec.step.release()
         assert h.result(timeout=30).text == "0"

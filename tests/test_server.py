@@ -44,19 +44,34 @@ def client(tiny):
         yield c
 
 
-class SlowDecoder:
-    """A decoder with 20 ms between rounds, so a shutdown or a timeout surely comes while a stream is open."""
+class HeldDecoder:
+    """A decoder whose streams, after their first ``free`` chunks, wait for the test to set ``gate``: a shutdown or a
+    disconnect then surely comes while a stream is open, however fast or loaded the machine. ``n_chunks`` counts the
+    chunks its streams have yielded."""
 
-    def __init__(self, dec) -> None:
-        self._dec = dec
+    def __init__(self, dec, free: int = 1) -> None:
+        self._dec, self.free = dec, free
+        self.gate = threading.Event()
+        self.n_chunks = 0
 
     def __getattr__(self, name: str):
         return getattr(self._dec, name)
 
     def stream(self, *args, **kwargs):
-        for chunk in self._dec.stream(*args, **kwargs):
-            time.sleep(0.02)
+        for i, chunk in enumerate(self._dec.stream(*args, **kwargs)):
+            if i >= self.free:
+                assert self.gate.wait(60), "the test never let the stream go on"
+            self.n_chunks += 1
             yield chunk
+
+
+def _wait_until(cond, what: str, timeout_s: float = 60.0) -> None:
+    """Poll ``cond`` until it holds; fail naming ``what`` after ``timeout_s`` (a hang guard, not a speed bound)."""
+    for _ in range(int(timeout_s / 0.01)):
+        if cond():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{what}: not within {timeout_s:g} s")
 
 
 def _events(resp) -> list:
@@ -150,12 +165,12 @@ def test_chat_completion_stream_and_logprobs(client, tiny) -> None:
     [
         ("/v1/completions", {"max_tokens": 5}, 400, "prompt", "Field required"),
         ("/v1/completions", {"prompt": "x", "temperature": 5}, 400, "temperature", "less than or equal to 2"),
-        ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n", "less than or equal to 1"),
+        ("/v1/completions", {"prompt": "x", "n": 0}, 400, "n", "greater than or equal to 1"),
         ("/v1/completions", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate", "unknown field"),
         ("/v1/completions", {"prompt": "x", "logprobs": 3}, 400, "logprobs", "less than or equal to 0"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, 400, "max_tokens", "maximum sequence length"),
-        ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "up to 4"),
+        ("/v1/completions", {"prompt": "x", "stop": ["a", ""]}, 400, "stop", "non-empty"),
         ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model", "does not exist"),
         ("/v1/completions", {"prompt": [1, 2, 999999]}, 400, "prompt", "999999"),
         ("/v1/completions", {"prompt": [1, 2, 999999], "stream": True}, 400, "prompt", "999999"),
@@ -193,16 +208,14 @@ def test_not_json_and_not_an_object(client) -> None:
     assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
 
 
-def test_full_queue_is_429_and_timeout_is_504(tiny) -> None:
+@pytest.mark.timing
+def test_full_queue_is_429_and_timeout_is_504(tiny, scheduler_clock) -> None:
     app = create_app(tiny, model_name="tiny", max_queue=1)
     sched = app.state.scheduler
     with TestClient(app) as c:
         with tiny._lock:  # the worker's generation waits for this lock: a running request and a full queue
             running = sched.submit("a", max_new_tokens=2)
-            for _ in range(2000):
-                if sched.running:
-                    break
-                time.sleep(0.005)
+            _wait_until(lambda: sched.running, "the worker took the first request")
             queued = sched.submit("b", max_new_tokens=2)
             r = c.post("/v1/completions", json={"prompt": "c"})
             assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full", r.text
@@ -217,15 +230,18 @@ def test_full_queue_is_429_and_timeout_is_504(tiny) -> None:
         # Timed out before it started: a stream gets the HTTP error too (its status waits for the first round).
         r = c.post("/v1/completions", json={"prompt": "c", "max_tokens": 4, "stream": True})
         assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout", r.text
-    # Timed out mid-stream: the status was sent, so the stream ends with an error event.
-    app = create_app(SlowDecoder(tiny), model_name="tiny", request_timeout_s=0.3, num_speculative_tokens=1)
+    # Timed out mid-stream: the status was sent, so the stream ends with an error event. The request's 60 s run out
+    # (on the scheduler's clock) once its stream has yielded 3 chunks.
+    dec = HeldDecoder(tiny, free=200)  # never held: it counts the chunks
+    app = create_app(dec, model_name="tiny", request_timeout_s=60, num_speculative_tokens=1)
+    scheduler_clock.advance(61, when=lambda: dec.n_chunks >= 3)
     with TestClient(app) as c:
         body = {"prompt": "c", "max_tokens": 200, "ignore_eos": True, "stream": True}
         with c.stream("POST", "/v1/completions", json=body) as resp:
             assert resp.status_code == 200
             events = _events(resp)
         assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "request_timeout"
-        assert "after" in events[-2]["error"]["message"] and len(events) > 3
+        assert "after" in events[-2]["error"]["message"] and len(events) == 3 + 2, events
 
 
 def test_health_models_and_metrics(client) -> None:
@@ -265,22 +281,35 @@ def _serve_on_loopback(config):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://{config.host}:{config.port}"
-    for _ in range(2000):
+
+    def up() -> bool:
         try:
-            if httpx.get(f"{base}/health").status_code == 200:
-                break
+            return httpx.get(f"{base}/health").status_code == 200
         except httpx.TransportError:
-            time.sleep(0.01)
+            return False
+
+    _wait_until(up, "the server answers /health")
     return server, thread, base
 
 
+def _refuses_connections(base: str) -> bool:
+    try:
+        httpx.get(f"{base}/health", timeout=5)
+    except httpx.TransportError:
+        return True
+    return False
+
+
+@pytest.mark.timing
 def test_a_client_that_disconnects_frees_the_decoder(tiny) -> None:
     import uvicorn
 
-    app = create_app(tiny, model_name="tiny", num_speculative_tokens=1)
+    dec = HeldDecoder(tiny)  # the generation waits after its first chunk: it cannot end before the client leaves
+    app = create_app(dec, model_name="tiny", num_speculative_tokens=1)
     server, thread, base = _serve_on_loopback(
         uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="error")
     )
+    cancelled = 'specrt_requests_total{endpoint="completions",outcome="cancelled"} 1.0'
     try:
         body = {"prompt": "x", "max_tokens": 200, "temperature": 1.0, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as resp:
@@ -288,17 +317,17 @@ def test_a_client_that_disconnects_frees_the_decoder(tiny) -> None:
                 if line.startswith("data: {"):
                     break  # first chunk: leave
         sched = app.state.scheduler
-        for _ in range(2000):
-            if "cancelled" in httpx.get(f"{base}/metrics").text:
-                break
-            time.sleep(0.01)
-        m = httpx.get(f"{base}/metrics").text
-        assert 'specrt_requests_total{endpoint="completions",outcome="cancelled"} 1.0' in m, m
-        assert sched.running == 0
+        # The server sees the disconnect while the generation is held (it could not have finished), and cancels it.
+        _wait_until(lambda: cancelled in httpx.get(f"{base}/metrics").text, "the disconnect counted as cancelled")
+        assert sched.running == 1 and dec.n_chunks == 1
+        dec.gate.set()
+        _wait_until(lambda: sched.running == 0, "the cancelled request released the decoder")
+        assert dec.n_chunks <= 2  # it ended at its next round, not after its 200 tokens
         # The decoder serves the next request in full.
         r = httpx.post(f"{base}/v1/completions", json={"prompt": "y", "max_tokens": 5, "ignore_eos": True}, timeout=30)
         assert r.json()["usage"]["completion_tokens"] == 5
     finally:
+        dec.gate.set()
         server.should_exit = True
         thread.join(30)
     assert not thread.is_alive()
@@ -313,10 +342,12 @@ def test_serve_cli_parses_and_needs_a_target(tmp_path: Path) -> None:
         build_parser().parse_args(["serve"])
 
 
+@pytest.mark.timing
 def test_shutdown_drains_open_streams(tiny) -> None:
     import uvicorn
 
-    app = create_app(SlowDecoder(tiny), model_name="tiny", num_speculative_tokens=1)
+    dec = HeldDecoder(tiny)  # the stream waits after its first chunk until the server refuses new connections
+    app = create_app(dec, model_name="tiny", num_speculative_tokens=1)
     config = uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="error", timeout_graceful_shutdown=60)
     server, thread, base = _serve_on_loopback(config)
     body = {
@@ -328,20 +359,19 @@ def test_shutdown_drains_open_streams(tiny) -> None:
         "stream_options": {"include_usage": True},
     }
     events = []
-    refused_while_streaming = False
-    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as resp:
-        for line in resp.iter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:])
-                if len(events) == 1:
-                    server.should_exit = True  # shutdown begins while this stream is open
-                elif len(events) == 20:
-                    try:  # by now the server has stopped accepting connections
-                        httpx.get(f"{base}/health", timeout=5)
-                    except httpx.TransportError:
-                        refused_while_streaming = True
+    try:
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 1:
+                        server.should_exit = True  # shutdown begins while this stream is open
+                        _wait_until(lambda: _refuses_connections(base), "the server stopped accepting connections")
+                        assert dec.n_chunks == 1  # ... while the stream was held open
+                        dec.gate.set()
+    finally:
+        dec.gate.set()
     thread.join(60)
-    assert refused_while_streaming
     assert not thread.is_alive()
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["usage"]["completion_tokens"] == 120  # the admitted request finished in full
@@ -381,7 +411,7 @@ def test_openai_shaped_errors_for_paths_and_methods(client) -> None:
 def test_a_setting_the_engine_refuses_is_a_400_even_when_streaming(tiny) -> None:
     from specrt.errors import ConfigError
 
-    class Refusing(SlowDecoder):
+    class Refusing(HeldDecoder):
         def stream(self, *args, **kwargs):
             raise ConfigError("top_k 3 is invalid here (a refusal made by the test)")
             yield  # a generator, like Decoder.stream
@@ -427,3 +457,34 @@ def test_logprob_bytes_rebuild_multibyte_text(tiny_smollm2_or_skip) -> None:
         choice = r.json()["choices"][0]
         offsets = choice["logprobs"]["text_offset"]
         assert offsets == sorted(offsets) and all(0 <= o <= len(choice["text"]) for o in offsets)
+
+
+def test_acceptance_rate_is_nan_until_a_token_is_drafted_and_schema_refusals_are_counted(tiny) -> None:
+    import math
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def sample(text: str, name: str, **labels: str) -> float | None:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return s.value
+        return None
+
+    # A target-only server drafts nothing: the gauge is NaN (responses say null), not 0.
+    with TestClient(create_app(tiny, model_name="tiny", num_speculative_tokens=0)) as c:
+        r = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, "temperature": 0})
+        assert r.status_code == 200 and r.json()["speculative"]["acceptance_rate"] is None, r.text
+        assert math.isnan(sample(c.get("/metrics").text, "specrt_acceptance_rate"))
+        # Refused by the request schema (an unknown field, a wrong type): counted as invalid, per endpoint.
+        assert c.post("/v1/completions", json={"prompt": "x", "no_such_field": 1}).status_code == 400
+        assert c.post("/v1/chat/completions", json={"messages": "not a list"}).status_code == 400
+        m = c.get("/metrics").text
+        assert sample(m, "specrt_requests_total", endpoint="completions", outcome="invalid") == 1.0
+        assert sample(m, "specrt_requests_total", endpoint="chat_completions", outcome="invalid") == 1.0
+    # With speculation the gauge is accepted / drafted.
+    with TestClient(create_app(tiny, model_name="tiny", num_speculative_tokens=3)) as c:
+        r = c.post("/v1/completions", json={"prompt": "def f(x):", "max_tokens": 8, "temperature": 0})
+        spec = r.json()["speculative"]
+        assert spec["acceptance_rate"] is not None
+        assert sample(c.get("/metrics").text, "specrt_acceptance_rate") == pytest.approx(spec["acceptance_rate"])

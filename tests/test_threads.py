@@ -1,12 +1,15 @@
 """Threads: generations from several Python threads on one Decoder (serialised) and on several Decoders (in
 parallel) equal serial calls with the same seeds; the GIL is released while models run; a stream left open never
 deadlocks its own thread, and one closed or dropped releases the decoder.
+
+Nothing here asserts how long anything takes: each test forces the interleaving it checks (a stream held open, a
+thread woken just before a native call with forced GIL switches off) and waits with generous hang guards only.
 """
 
 from __future__ import annotations
 
 import gc
-import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +24,8 @@ from specrt._ort import find_ort_library
 from specrt.convert import convert
 from specrt.convert.tiny import write_tiny_gguf
 from specrt.errors import ConfigError
+
+pytestmark = pytest.mark.timing  # threads
 
 PROMPTS = ["def add(a, b):", "hello world, hello", "x = [1, 2, 3]\nfor"]
 
@@ -106,8 +111,18 @@ def test_separate_decoders_run_in_parallel_and_match_serial_results(tiny) -> Non
     with ThreadPoolExecutor(4) as ex:
         results = dict(pair for chunk in ex.map(worker, range(4)) for pair in chunk)
     assert [results[i] for i in range(N)] == serial
-    # The decoders did not wait for each other: their streams interleave.
-    assert len(_runs(events)) > N, "separate decoders ran one after the other"
+    # The decoders do not wait for each other: with a stream open on one, another thread generates on another.
+    it = decs[0].stream("hello", max_new_tokens=20, temperature=0)
+    next(it)
+    out: list[list[int]] = []
+    t = threading.Thread(target=lambda: out.append(_generate(decs[1], 0)))
+    t.start()
+    t.join(timeout=60)
+    try:
+        assert not t.is_alive() and out == [serial[0]], "a generation waited for another decoder's open stream"
+    finally:
+        it.close()
+        t.join(timeout=60)
 
 
 def test_two_threads_on_one_low_level_engine_do_not_crash(tiny) -> None:
@@ -139,84 +154,80 @@ def test_two_threads_on_one_low_level_engine_do_not_crash(tiny) -> None:
     assert not any(t.is_alive() for t in threads)
 
 
-class _Counter(threading.Thread):
-    """Counts as fast as it can while running: progress only when it holds the GIL."""
+def _another_thread_runs_during(call, attempts: int = 20) -> bool:
+    """Whether another Python thread gets to run while ``call()`` (one native call) runs, in up to ``attempts``
+    calls. Forced GIL switches are off meanwhile (a 10 s switch interval, set before that thread starts): the other
+    thread, woken just before the first call, can then run only where this thread releases the GIL of its own accord,
+    and it does nothing else between and after the calls. So True means a call released the GIL; a call that holds it
+    gives False however the threads are scheduled (more attempts only give a loaded machine more chances to run the
+    other thread). A thread already waiting for the GIL (tqdm's monitor wakes every 10 s) gets its turn first."""
+    go, ran = threading.Event(), threading.Event()
 
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.n = 0
-        self.stop = False
+    def other() -> None:
+        go.wait()
+        ran.set()
 
-    def run(self) -> None:
-        while not self.stop:
-            self.n += 1
-
-
-def _counts_during(calls, counter: _Counter) -> list[tuple[int, float]]:
-    """(counter increments, seconds) during each call; the caller holds the GIL before and after each call."""
-    out = []
-    for call in calls:
-        n0, t0 = counter.n, time.perf_counter()
-        call()
-        out.append((counter.n - n0, time.perf_counter() - t0))
-    return out
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    try:
+        time.sleep(0.01)  # a thread already waiting for the GIL (on the old interval) runs now, not during the calls
+        t = threading.Thread(target=other, daemon=True)
+        t.start()  # returns once the thread waits for `go` (with no forced switches, it holds the GIL until then)
+        go.set()  # wakes it: it now waits for the GIL
+        for _ in range(attempts):
+            call()
+            if ran.is_set():
+                break
+        happened = ran.is_set()
+    finally:
+        sys.setswitchinterval(interval)
+    t.join(timeout=60)
+    return happened
 
 
 def test_the_gil_is_released_while_models_run(tiny) -> None:
-    model = _specrt.OrtModel(str(tiny["slow"]), ort_library=find_ort_library(), max_seq_len=512)
-    dec = specrt.Decoder(tiny["slow"], max_seq_len=512)
+    lib = find_ort_library()
+    model = _specrt.OrtModel(str(tiny["slow"]), ort_library=lib, max_seq_len=512)
+    eng = _specrt.Engine(str(tiny["slow"]), str(tiny["slow"]), ort_library=lib, max_seq_len=512)
     tokens = np.arange(1, 257, dtype=np.int64)
     model.forward(tokens, 0)  # warm-up
-    counter = _Counter()
-    counter.start()
-    try:
-        time.sleep(0.01)
-        forward = _counts_during([lambda: model.forward(tokens, 0)] * 5, counter)
-        # A long prompt: Engine.start (prefill) is one native call of about the same length.
-        prefill = _counts_during(
-            [lambda: dec.generate([1 + i % 250 for i in range(400)], max_new_tokens=1, temperature=0)] * 3, counter
-        )
-    finally:
-        counter.stop = True
-        counter.join()
-    for name, series in (("OrtModel.forward", forward), ("Decoder prefill", prefill)):
-        # Holding the GIL through a 10+ ms native call would leave the counter at ~0 during it.
-        n = sum(c for c, _ in series)
-        secs = sum(s for _, s in series)
-        assert n > 1000, f"{name}: counter advanced {n} times in {secs * 1000:.0f} ms: the GIL was held"
+    prompt = [1 + i % 250 for i in range(400)]
+    cfg = _specrt.RequestConfig(max_new_tokens=100, temperature=0.0, num_speculative_tokens=4, ignore_eos=True)
+    eng.start(prompt, cfg)
+    calls = {
+        "OrtModel.forward": lambda: model.forward(tokens, 0),
+        # A long prompt: Engine.start (the prefill) is one native call.
+        "Engine.start (prefill)": lambda: eng.start(prompt, cfg),
+        "Engine.step (a round)": eng.step,
+    }
+    for name, call in calls.items():
+        assert _another_thread_runs_during(call), f"{name}: no other Python thread ran during it: it held the GIL"
 
 
-def test_decoder_properties_do_not_wait_for_a_running_round(tiny) -> None:
-    # vocab_size / max_seq_len / providers are fixed at construction; reading them must not block on the engine
-    # while another thread is inside a (10+ ms) round with the engine locked, and holding the GIL meanwhile.
+def test_the_gil_check_tells_a_call_that_holds_the_gil() -> None:
+    # The check above on a call that holds the GIL (a C loop, 10-50 ms) and on one that releases it (a wait).
+    assert not _another_thread_runs_during(lambda: sum(range(1_000_000)), attempts=5)
+    assert _another_thread_runs_during(lambda: threading.Event().wait(0.01))
+
+
+def test_decoder_properties_do_not_wait_for_a_running_generation(tiny) -> None:
+    # vocab_size / max_seq_len / providers are fixed at construction: reading them from another thread must not wait
+    # for the generation that holds the decoder (an open stream holds it from its first chunk to its last).
     dec = specrt.Decoder(tiny["slow"], tiny["slow"], max_seq_len=512)
-    done = threading.Event()
-
-    def generate() -> None:
-        try:
-            dec.generate("abc", max_new_tokens=120, temperature=0, ignore_eos=True, num_speculative_tokens=4)
-        finally:
-            done.set()
-
-    t = threading.Thread(target=generate)
-    start = time.perf_counter()
-    t.start()
-    waits = []
-    while not done.is_set():
-        t0 = time.perf_counter()
-        assert dec.vocab_size == 265 and dec.max_seq_len == 512 and dec.providers
-        waits.append(time.perf_counter() - t0)
-        time.sleep(0.001)
-    t.join()
-    elapsed = time.perf_counter() - start
-    assert len(waits) > 10
-    # Waiting for rounds, about half of the time goes into the property reads (measured 40-60%); otherwise only
-    # GIL hand-overs (well under 10%).
-    share = sum(waits) / elapsed
-    assert share < 0.15, (
-        f"property reads took {share:.0%} of the time (median {statistics.median(waits) * 1e3:.1f} ms, "
-        f"max {max(waits) * 1e3:.1f} ms): they waited for rounds"
-    )
+    it = dec.stream("abc", max_new_tokens=40, temperature=0, ignore_eos=True, num_speculative_tokens=4)
+    first = next(it)
+    read: list[tuple] = []
+    t = threading.Thread(target=lambda: read.append((dec.vocab_size, dec.max_seq_len, dec.providers)))
+    try:
+        t.start()
+        t.join(timeout=60)
+        assert not t.is_alive(), "a property read waited for the generation in progress"
+        assert read == [(265, 512, ["CPUExecutionProvider"])]
+        rest = list(it)  # the generation was still in progress: it goes on to its 40 tokens
+    finally:
+        it.close()
+        t.join(timeout=60)
+    assert len(first.token_ids) + sum(len(c.token_ids) for c in rest) == 40 and rest[-1].result is not None
 
 
 def test_a_stream_left_open_never_deadlocks_its_own_thread(tiny) -> None:
