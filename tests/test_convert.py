@@ -136,6 +136,7 @@ def test_graph_follows_the_decoder_contract(tmp_path: Path) -> None:
         "model.onnx",
         "model.onnx.data",
         "tokenizer.json",
+        "tokenizer_config.json",
         "chat_template.jinja",
         "generation_config.json",
         "specrt_config.json",

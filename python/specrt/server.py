@@ -3,38 +3,51 @@
 Endpoints:
 
 - ``POST /v1/completions`` and ``POST /v1/chat/completions``: OpenAI's request and response schemas, streaming with
-  server-sent events (``stream: true``; ``stream_options.include_usage`` adds a last chunk with ``usage``), ``usage``
-  counts, ``logprobs`` (the chosen tokens' log-probabilities under the target: completions ``logprobs: 0``, chat
-  ``logprobs: true`` with ``top_logprobs: 0``; alternatives are not computed, so larger values are refused), and an
-  extra ``speculative`` field: acceptance rate, mean tokens per round, drafted / accepted / recovered / bonus tokens.
-  specrt's own settings are accepted as extra fields: ``top_k``, ``min_p``, ``repetition_penalty``,
-  ``num_speculative_tokens`` (int or ``"auto"``), ``ignore_eos``, ``coupled``.
-- ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format: requests, tokens, acceptance rate,
-  queue length, running requests, time to first token, inter-token latency, request latency, decode tokens/s).
+  server-sent events (``stream: true``; ``stream_options.include_usage`` adds a last chunk with ``usage``, vLLM's
+  ``continuous_usage_stats`` puts each choice's usage so far in every chunk), ``usage`` counts, ``logprobs`` (the
+  chosen tokens' log-probabilities under the target: completions ``logprobs: 0``, chat ``logprobs: true`` with
+  ``top_logprobs: 0``; alternatives are not served yet, so larger values are refused), and an extra ``speculative``
+  field: acceptance rate, mean tokens per round, drafted / accepted / recovered / bonus tokens. A completions
+  ``prompt`` is a string, a list of strings, a list of token ids or a list of token-id lists; ``n`` samples per prompt
+  (choice i gets the seed ``seed + i``, or a random seed + i); choices are indexed prompt-major (prompt k's sample i is
+  choice ``k * n + i``) and all of them are queued at once, so a batching decoder runs them in shared rounds. Chat
+  messages, ``tools`` and tool calls go to the model's chat template. specrt's own settings are extra fields:
+  ``top_k``, ``min_p``, ``repetition_penalty``, ``num_speculative_tokens`` (int or ``"auto"``), ``ignore_eos``,
+  ``coupled``; so are vLLM's ``stop_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``,
+  ``add_special_tokens``, ``truncate_prompt_tokens``, ``add_generation_prompt``, ``continue_final_message``,
+  ``request_id``, ``return_tokens_as_token_ids``. docs/openai-api.md is the field policy: every field is implemented,
+  accepted because it cannot change the output, or refused with a 400 naming it; unknown fields are refused.
+- vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info``.
+- ``GET /v1/models``, ``GET /v1/models/{model}``, ``GET /health``, ``GET /metrics`` (Prometheus text format: requests,
+  tokens, acceptance rate, queue length, running requests, time to first token, inter-token latency, request latency,
+  decode tokens/s), ``GET /openapi.json`` (the request and response schemas, every status, the streams' content type).
 
 Errors follow OpenAI's schema ``{"error": {"message", "type", "param", "code"}}``: a malformed request gets 400 naming
-the field (``param``), an unknown model 404, a full queue 429, a server shutting down 503, a request past its timeout
-504 (or, once streaming has begun, a last ``error`` event). A streamed response's status is sent once the request has
-started, so settings the engine refuses are 400s too. A client that disconnects cancels its request (it stops after
-the current round); shutdown stops accepting connections and finishes the admitted requests.
+the field (``param``), an unknown model 404, a wrong method 405 (with ``Allow``), a full queue 429 and a server
+shutting down 503 (both with ``Retry-After``), a request past its timeout 504 (or, once streaming has begun, a last
+``error`` event). A streamed response's status is sent once the request has started, so settings the engine refuses
+are 400s too. A client that disconnects cancels its request (it stops after the current round); shutdown stops
+accepting connections and finishes the admitted requests.
 
 Requests run first come first served: one at a time, or with ``specrt serve --max-batch N`` (a ``Decoder(max_batch=N)``)
 up to N together in batched rounds (continuous batching; each request gets the tokens it would get alone).
 """
 
 import asyncio
+import contextlib
 import json
 import math
 import re
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from specrt.errors import ConfigError, GenerationCancelled, SpecrtError, VocabError
-from specrt.generate import Decoder, GenerationResult, StreamChunk, _check_ids
+from specrt.generate import Decoder, GenerationResult, StreamChunk, _check_ids, _longest_partial_stop
 from specrt.scheduler import (
     QueueFullError,
     RequestHandle,
@@ -47,9 +60,125 @@ __all__ = ["create_app", "run_server"]
 
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
+#: Most stop strings a request may give (OpenAI allows 4, vLLM sets no limit; lm-eval sends its ``until`` strings and
+#: EOS): each round searches the new text for each of them.
+_MAX_STOPS = 256
+
+#: Retry-After seconds of a 429 (the queue is full: a slot frees when a request ends) and a 503 (shutting down: this
+#: process will not come back, a restarted one or another replica may).
+_RETRY_AFTER_S = {429: 1, 503: 10}
+
+_STRUCTURED = "structured output is not implemented yet"
+
+#: Fields refused unless they hold a value that leaves the output as it is, because ignoring them would change the
+#: output (docs/openai-api.md): field -> (accepted(value), the accepted values, why the others are refused). Fields a
+#: request type lacks are skipped.
+_REFUSED_UNLESS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "logit_bias": (lambda v: not v, "null or {}", "biasing logits is not implemented yet"),
+    "response_format": (
+        lambda v: v is None or v.type == "text",
+        '{"type": "text"} or null',
+        "json_object and json_schema constrain the output, and " + _STRUCTURED,
+    ),
+    "min_tokens": (lambda v: v == 0, "0", "suppressing EOS needs the engine (not yet)"),
+    "spaces_between_special_tokens": (lambda v: v, "true", "special tokens are decoded without added spaces"),
+    "priority": (lambda v: v == 0, "0", "requests run first come first served"),
+    "use_beam_search": (lambda v: not v, "false", "beam search is not implemented"),
+    "allowed_token_ids": (lambda v: v is None, "null", "restricting the vocabulary is not implemented yet"),
+    "bad_words": (lambda v: not v, "null or []", "banning words is not implemented yet"),
+    "logits_processors": (lambda v: not v, "null or []", "custom logits processors are not supported"),
+    "prompt_logprobs": (
+        lambda v: v is None,
+        "null",
+        "the server does not return prompt log-probabilities yet",
+    ),
+    "guided_json": (lambda v: v is None, "null", _STRUCTURED),
+    "guided_regex": (lambda v: v is None, "null", _STRUCTURED),
+    "guided_choice": (lambda v: v is None, "null", _STRUCTURED),
+    "guided_grammar": (lambda v: v is None, "null", _STRUCTURED),
+    "structural_tag": (lambda v: v is None, "null", _STRUCTURED),
+    "structured_outputs": (lambda v: v is None, "null", _STRUCTURED),
+    "kv_transfer_params": (lambda v: v is None, "null", "disaggregated serving is not supported"),
+    "vllm_xargs": (lambda v: not v, "null or {}", "no custom extensions are installed"),
+    "suffix": (lambda v: not v, 'null or ""', "insertion (text after the completion) is not implemented"),
+    "prompt_embeds": (lambda v: v is None, "null", "prompts are text or token ids"),
+    "tool_choice": (
+        lambda v: v in (None, "none", "auto"),
+        '"none", "auto" or null',
+        '"required" and a named function force a tool call, and ' + _STRUCTURED + ' ("auto" returns the text as is)',
+    ),
+    "modalities": (lambda v: v is None or v == ["text"], '["text"] or null', "specrt generates text only"),
+    "audio": (lambda v: v is None, "null", "specrt generates text only"),
+    "web_search_options": (lambda v: v is None, "null", "specrt has no web search"),
+    "moderation": (lambda v: v is None, "null", "specrt runs no moderation model"),
+    "reasoning_effort": (lambda v: v is None, "null", "the served models take no reasoning effort"),
+    "verbosity": (lambda v: v is None, "null", "the served models take no verbosity setting"),
+    "chat_template": (lambda v: v is None, "null", "the model folder's chat template is the only one"),
+    "chat_template_kwargs": (lambda v: not v, "null or {}", "extra chat template arguments are not passed yet"),
+    "documents": (lambda v: v is None, "null", "documents are not passed to the chat template yet"),
+    "mm_processor_kwargs": (lambda v: not v, "null or {}", "specrt serves text-only models"),
+    "include_reasoning": (lambda v: v, "true", "reasoning text is not separated from the answer"),
+}
+
+#: Fields refused per request type where the same name means different things (chat ``echo`` is vLLM's "prepend the
+#: last message", completions' ``echo`` prepends the prompt and is implemented).
+_REFUSED_UNLESS_CHAT = {
+    "echo": (lambda v: not v, "false", "prepending the last message is not implemented"),
+}
+
+
+def _shown(value: Any) -> str:
+    """A request value as JSON text (pydantic models as their dict), for error messages."""
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(exclude_none=True)
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _check_policy(req: Any, chat: bool) -> None:
+    """Refuse the fields that would change the output if they were ignored (``_BadFieldError`` naming the field,
+    its value and the accepted values); cross-field rules OpenAI and vLLM also enforce."""
+    table = {**_REFUSED_UNLESS, **(_REFUSED_UNLESS_CHAT if chat else {})}
+    for name, (accepted, allowed, why) in table.items():
+        if name not in type(req).model_fields:
+            continue
+        value = getattr(req, name)
+        if not accepted(value):
+            raise _BadFieldError(
+                name, f"{name} {_shown(value)} is not supported: {why} (accepted: {allowed}; docs/openai-api.md)"
+            )
+    best_of = getattr(req, "best_of", None)
+    if best_of is not None and best_of != req.n:
+        why = (
+            "must be >= n"
+            if best_of < req.n
+            else "ranking best_of samples by log-probability is not implemented (accepted: best_of == n or null)"
+        )
+        raise _BadFieldError("best_of", f"best_of {best_of} with n {req.n}: {why}")
+    if getattr(req, "echo", False) and not chat and req.logprobs is not None:
+        raise _BadFieldError(
+            "echo",
+            "echo with logprobs is not supported: the server does not return the prompt's log-probabilities yet "
+            "(accepted: echo without logprobs; docs/openai-api.md)",
+        )
+    if getattr(req, "continue_final_message", False) and req.add_generation_prompt:
+        raise _BadFieldError(
+            "continue_final_message",
+            "continue_final_message true needs add_generation_prompt false (the final message is continued, no new "
+            "one is started)",
+        )
+    stop = getattr(req, "stop", None)
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else list(stop)
+        if any(not s for s in stops):
+            raise _BadFieldError("stop", f"stop: the strings must be non-empty, got {_shown(stops)}")
+
 
 def _pydantic_models() -> dict[str, Any]:
-    """The request schemas (built on first use: pydantic is an optional dependency, ``specrt[serve]``)."""
+    """The request schemas, and the response schemas ``/openapi.json`` documents (built on first use: pydantic is an
+    optional dependency, ``specrt[serve]``). docs/openai-api.md says what each request field does."""
     from typing import Annotated
 
     from pydantic import BaseModel, ConfigDict, Field
@@ -60,6 +189,12 @@ def _pydantic_models() -> dict[str, Any]:
 
     class StreamOptions(_Strict):
         include_usage: bool = False
+        continuous_usage_stats: bool = False  # vLLM: usage in every chunk
+        include_obfuscation: bool = False  # accepted; no obfuscation padding is added
+
+    class ResponseFormat(_Strict):
+        type: Literal["text", "json_object", "json_schema"]
+        json_schema: dict[str, Any] | None = None
 
     class Sampling(_Strict):
         model: str | None = None
@@ -72,36 +207,269 @@ def _pydantic_models() -> dict[str, Any]:
         frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
         presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
         seed: int | None = Field(default=None, ge=0, lt=2**64)
-        stop: str | list[str] | None = None
-        n: int = Field(default=1, ge=1, le=1)
+        stop: str | Annotated[list[str], Field(max_length=_MAX_STOPS)] | None = None
+        n: int = Field(default=1, ge=1, le=128)
         stream: bool = False
         stream_options: StreamOptions | None = None
+        # Accepted; they cannot change the output.
         user: str | None = None
+        metadata: dict[str, str] | None = None
+        store: bool | None = None
+        service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+        safety_identifier: str | None = None
+        prompt_cache_key: str | None = None
+        prompt_cache_options: dict[str, Any] | None = None
+        prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+        cache_salt: str | None = None
+        length_penalty: float = 1.0  # vLLM: beam search only
+        guided_decoding_backend: str | None = None  # vLLM: only with a guided_* field (refused)
+        guided_whitespace_pattern: str | None = None
+        # specrt's settings.
         num_speculative_tokens: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] | None = None
         ignore_eos: bool = False
         coupled: bool = False
+        # vLLM's extensions, implemented.
+        stop_token_ids: list[int] | None = None
+        include_stop_str_in_output: bool = False
+        skip_special_tokens: bool = True
+        add_special_tokens: bool | None = None
+        truncate_prompt_tokens: int | None = Field(default=None, ge=1)
+        request_id: str | None = None
+        return_tokens_as_token_ids: bool = False
+        # Refused unless at the value that leaves the output as it is (_REFUSED_UNLESS).
+        logit_bias: dict[str, float] | None = None
+        response_format: ResponseFormat | None = None
+        min_tokens: int = Field(default=0, ge=0)
+        spaces_between_special_tokens: bool = True
+        priority: int = 0
+        use_beam_search: bool = False
+        allowed_token_ids: list[int] | None = None
+        bad_words: list[str] | None = None
+        logits_processors: list[Any] | None = None
+        prompt_logprobs: int | None = None
+        guided_json: str | dict[str, Any] | None = None
+        guided_regex: str | None = None
+        guided_choice: list[str] | None = None
+        guided_grammar: str | None = None
+        structural_tag: str | None = None
+        structured_outputs: dict[str, Any] | None = None
+        kv_transfer_params: dict[str, Any] | None = None
+        vllm_xargs: dict[str, Any] | None = None
 
     class CompletionRequest(Sampling):
-        prompt: str | list[int]
+        prompt: str | list[str] | list[int] | list[list[int]]
         logprobs: int | None = Field(default=None, ge=0, le=0)
-        echo: Literal[False] = False
-        best_of: int | None = Field(default=None, ge=1, le=1)
-        logit_bias: dict[str, float] | None = Field(default=None, max_length=0)
-        suffix: None = None
+        echo: bool = False
+        best_of: int | None = Field(default=None, ge=1, le=128)
+        suffix: str | None = None
+        prompt_embeds: str | list[str] | None = None
 
-    class Message(_Strict):
+    class FunctionCall(_Strict):
+        name: str
+        arguments: str
+
+    class ToolCall(_Strict):
+        id: str
+        type: Literal["function"] = "function"
+        function: FunctionCall
+
+    class ChatMessage(_Strict):
         role: Literal["system", "user", "assistant", "developer", "tool"]
-        content: str | list[dict[str, Any]]
+        # None: an assistant message that only calls tools (refused for the other roles).
+        content: str | list[dict[str, Any]] | None = None
         name: str | None = None
+        tool_calls: list[ToolCall] | None = None
+        tool_call_id: str | None = None
+        # An assistant turn's other OpenAI fields: accepted as null only (the template has no place for them).
+        refusal: str | None = None
+        audio: dict[str, Any] | None = None
+        function_call: dict[str, Any] | None = None
 
-    class ChatRequest(Sampling):
-        messages: list[Message] = Field(min_length=1)
+    class FunctionDefinition(_Strict):
+        name: str
+        description: str | None = None
+        parameters: dict[str, Any] | None = None
+        strict: bool | None = None
+
+    class ChatTool(_Strict):
+        type: Literal["function"]
+        function: FunctionDefinition
+
+    class NamedFunction(_Strict):
+        name: str
+
+    class NamedToolChoice(_Strict):
+        type: Literal["function"]
+        function: NamedFunction
+
+    class Prediction(_Strict):
+        type: Literal["content"]
+        content: str | list[dict[str, Any]]
+
+    class ChatTemplating(_Strict):
+        """How messages become the prompt (shared by chat completions and ``/tokenize``)."""
+
+        messages: list[ChatMessage] = Field(min_length=1)
+        tools: list[ChatTool] | None = None
+        add_generation_prompt: bool = True
+        continue_final_message: bool = False
+        chat_template: str | None = None
+        chat_template_kwargs: dict[str, Any] | None = None
+        documents: list[dict[str, Any]] | None = None
+        mm_processor_kwargs: dict[str, Any] | None = None
+
+    class ChatCompletionRequest(ChatTemplating, Sampling):
         max_completion_tokens: int | None = Field(default=None, ge=1)
         logprobs: bool = False
         top_logprobs: int | None = Field(default=None, ge=0, le=0)
-        logit_bias: dict[str, float] | None = Field(default=None, max_length=0)
+        tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+        parallel_tool_calls: bool | None = None
+        prediction: Prediction | None = None
+        modalities: list[Literal["text", "audio"]] | None = None
+        audio: dict[str, Any] | None = None
+        web_search_options: dict[str, Any] | None = None
+        moderation: dict[str, Any] | None = None
+        reasoning_effort: str | None = None
+        verbosity: Literal["low", "medium", "high"] | None = None
+        echo: bool = False
+        include_reasoning: bool = True
 
-    return {"completion": CompletionRequest, "chat": ChatRequest}
+    class TokenizeCompletionRequest(_Strict):
+        model: str | None = None
+        prompt: str
+        add_special_tokens: bool = True
+        return_token_strs: bool | None = False
+
+    class TokenizeChatRequest(ChatTemplating):
+        model: str | None = None
+        add_special_tokens: bool = False
+        return_token_strs: bool | None = False
+
+    class DetokenizeRequest(_Strict):
+        model: str | None = None
+        tokens: list[int]
+
+    # ----- responses (documented in /openapi.json; the handlers build plain dicts) ---------------------------------
+    class ErrorDetail(BaseModel):
+        message: str
+        type: str
+        param: str | None
+        code: str | None
+
+    class ErrorResponse(BaseModel):
+        error: ErrorDetail
+
+    class Usage(BaseModel):
+        prompt_tokens: int
+        completion_tokens: int
+        total_tokens: int
+
+    class Speculative(BaseModel):
+        acceptance_rate: float | None
+        mean_tokens_per_round: float | None
+        n_rounds: int
+        n_drafted: int
+        n_accepted: int
+        n_recovered: int
+        n_bonus: int
+        decode_tokens_per_s: float | None
+
+    class CompletionLogprobs(BaseModel):
+        tokens: list[str]
+        token_logprobs: list[float]
+        top_logprobs: None
+        text_offset: list[int]
+
+    class CompletionChoice(BaseModel):
+        index: int
+        text: str
+        logprobs: CompletionLogprobs | None
+        finish_reason: Literal["stop", "length"] | None
+
+    class CompletionResponse(BaseModel):
+        id: str
+        object: Literal["text_completion"]
+        created: int
+        model: str
+        choices: list[CompletionChoice]
+        usage: Usage
+        speculative: Speculative
+
+    class ChatTokenLogprob(BaseModel):
+        token: str
+        logprob: float
+        bytes: list[int]
+        top_logprobs: list[Any]
+
+    class ChatLogprobs(BaseModel):
+        content: list[ChatTokenLogprob]
+
+    class AssistantMessage(BaseModel):
+        role: Literal["assistant"]
+        content: str
+
+    class ChatChoice(BaseModel):
+        index: int
+        message: AssistantMessage
+        logprobs: ChatLogprobs | None
+        finish_reason: Literal["stop", "length"] | None
+
+    class ChatCompletionResponse(BaseModel):
+        id: str
+        object: Literal["chat.completion"]
+        created: int
+        model: str
+        choices: list[ChatChoice]
+        usage: Usage
+        speculative: Speculative
+
+    class ModelCard(BaseModel):
+        id: str
+        object: Literal["model"]
+        created: int
+        owned_by: str
+        max_model_len: int
+
+    class ModelList(BaseModel):
+        object: Literal["list"]
+        data: list[ModelCard]
+
+    class Health(BaseModel):
+        status: Literal["ok"]
+        queue_length: int
+        running: int
+
+    class TokenizeResponse(BaseModel):
+        count: int
+        max_model_len: int
+        tokens: list[int]
+        token_strs: list[str] | None
+
+    class DetokenizeResponse(BaseModel):
+        prompt: str
+
+    class TokenizerInfoResponse(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        tokenizer_class: str
+
+    return {
+        "completion": CompletionRequest,
+        "chat": ChatCompletionRequest,
+        "tokenize_completion": TokenizeCompletionRequest,
+        "tokenize_chat": TokenizeChatRequest,
+        "detokenize": DetokenizeRequest,
+        "responses": [
+            ErrorResponse,
+            CompletionResponse,
+            ChatCompletionResponse,
+            ModelCard,
+            ModelList,
+            Health,
+            TokenizeResponse,
+            DetokenizeResponse,
+            TokenizerInfoResponse,
+        ],
+    }
 
 
 class _Metrics:
@@ -170,11 +538,22 @@ class _Metrics:
                 self.mean_tokens_per_round.set(s.mean_tokens_per_round)
 
 
-def _error(status: int, message: str, type_: str, param: str | None = None, code: str | None = None) -> Any:
+def _error(
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    """An error response in OpenAI's schema; a 429 or 503 also says when to retry (``Retry-After``)."""
     from fastapi.responses import JSONResponse
 
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
+    headers = dict(headers or {})
+    if status in _RETRY_AFTER_S:
+        headers.setdefault("Retry-After", str(_RETRY_AFTER_S[status]))
+    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 def _error_event(message: str, type_: str, code: str | None) -> str:
@@ -185,23 +564,159 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def _speculative(result: GenerationResult) -> dict[str, Any]:
-    s = result.stats
+def _speculative(results: list[GenerationResult]) -> dict[str, Any]:
+    """The ``speculative`` field: one result's statistics, or for several choices the summed counts, the rates of
+    the sums, and the mean of the choices' decode tokens/s."""
+    stats = [r.stats for r in results]
+    if len(stats) == 1:
+        s = stats[0]
+        return {
+            "acceptance_rate": s.acceptance_rate,
+            "mean_tokens_per_round": s.mean_tokens_per_round,
+            "n_rounds": s.n_rounds,
+            "n_drafted": s.n_drafted,
+            "n_accepted": s.n_accepted,
+            "n_recovered": s.n_recovered,
+            "n_bonus": s.n_bonus,
+            "decode_tokens_per_s": s.decode_tokens_per_s,
+        }
+    out: dict[str, Any] = {k: sum(getattr(s, k) for s in stats) for k in _SPEC_COUNTS}
+    n_emitted = out["n_accepted"] + out["n_recovered"] + out["n_bonus"]
+    rates = [s.decode_tokens_per_s for s in stats if s.decode_tokens_per_s is not None]
     return {
-        "acceptance_rate": s.acceptance_rate,
-        "mean_tokens_per_round": s.mean_tokens_per_round,
-        "n_rounds": s.n_rounds,
-        "n_drafted": s.n_drafted,
-        "n_accepted": s.n_accepted,
-        "n_recovered": s.n_recovered,
-        "n_bonus": s.n_bonus,
-        "decode_tokens_per_s": s.decode_tokens_per_s,
+        "acceptance_rate": out["n_accepted"] / out["n_drafted"] if out["n_drafted"] else None,
+        "mean_tokens_per_round": n_emitted / out["n_rounds"] if out["n_rounds"] else None,
+        **out,
+        "decode_tokens_per_s": sum(rates) / len(rates) if rates else None,
     }
 
 
-def _usage(result: GenerationResult) -> dict[str, int]:
-    n_prompt, n_out = len(result.prompt_token_ids), len(result.token_ids)
+_SPEC_COUNTS = ("n_rounds", "n_drafted", "n_accepted", "n_recovered", "n_bonus")
+
+
+def _usage(n_prompt: int, n_out: int) -> dict[str, int]:
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+
+
+class _TextView:
+    """One choice's text as vLLM's ``skip_special_tokens`` and ``include_stop_str_in_output`` define it.
+
+    At their defaults (special tokens skipped, the stop string left out) and without ``stop_token_ids`` the text is
+    the Decoder's own: chunks pass through. Otherwise it is decoded here from the token ids: the token that ended the
+    generation (EOS or a stop token id) is left out unless ``include_stop_str_in_output``, a stop string is cut off
+    (kept with ``include_stop_str_in_output``), and text is held back while it may still change (an incomplete UTF-8
+    sequence, a possible partial stop string, the last round's tokens until the result says why it ended). Stop
+    strings are matched in the text without special tokens, where the Decoder finds them.
+    """
+
+    def __init__(self, tokenizer: Any, stops: list[str], skip_special: bool, include_stop: bool, custom: bool) -> None:
+        self.tokenizer, self.stops = tokenizer, stops
+        self.skip_special, self.include_stop = skip_special, include_stop
+        self.custom = custom or not skip_special
+        self.ids: list[int] = []  # the tokens so far
+        self.sent = ""  # the text given out so far
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+
+    def _first_stop(self, text: str) -> tuple[int, str] | None:
+        found = [(text.find(s), k, s) for k, s in enumerate(self.stops) if s in text]
+        if not found:
+            return None
+        i, _, s = min(found)
+        return i, s
+
+    def feed(self, chunk: StreamChunk) -> str:
+        """The text to send for one round's chunk."""
+        self.ids += chunk.token_ids
+        if not self.custom:
+            delta = chunk.text
+        elif chunk.finish_reason is not None:
+            delta = ""  # the result (next) says whether the last token is a stop token, to be left out
+        else:
+            text = self._decode(self.ids)
+            end = len(text.rstrip("\ufffd"))
+            end -= _longest_partial_stop(text[:end], self.stops)
+            hit = self._first_stop(text[:end])
+            if hit is not None:
+                end = hit[0]
+            delta = text[len(self.sent) : end] if text.startswith(self.sent) else ""
+        self.sent += delta
+        return delta
+
+    def final(self, result: GenerationResult) -> str:
+        """The whole text of a finished generation."""
+        ids = result.token_ids
+        hit = None
+        if result.finish_reason == "stop" and self.stops:
+            plain = self.tokenizer.decode(ids, skip_special_tokens=True)
+            cut = len(result.text)  # the Decoder's text ends where the stop string begins
+            hit = next((s for s in self.stops if plain.startswith(s, cut)), None)
+        if hit is not None:
+            if self.skip_special:
+                return result.text + (hit if self.include_stop else "")
+            text = self._decode(ids)
+            first = self._first_stop(text)
+            if first is not None:
+                text = text[: first[0] + (len(first[1]) if self.include_stop else 0)]
+            return text
+        if not self.custom:
+            return result.text
+        ended_by_token = result.finish_reason in ("eos", "stop") and bool(ids)
+        return self._decode(ids[:-1] if ended_by_token and not self.include_stop else ids)
+
+    def rest(self, result: GenerationResult) -> str:
+        """The text not yet sent, once the result is in."""
+        text = self.final(result)
+        delta = text[len(self.sent) :] if text.startswith(self.sent) else ""
+        self.sent += delta
+        return delta
+
+
+@dataclass
+class _Choice:
+    """One generation of a request: prompt ``prompt_index``'s sample ``index % n``, choice ``index``."""
+
+    index: int
+    prompt_index: int
+    handle: RequestHandle
+    n_prompt: int
+    view: _TextView
+    echo: str = ""  # text put before the generated text (completions' echo)
+    first: bool = True  # nothing sent yet
+    chunks: Any = None  # the handle's async iterator (streaming)
+    result: GenerationResult | None = None
+    error: BaseException | None = None
+    seen: list[int] = field(default_factory=list)  # tokens whose logprobs were given out (text offsets)
+
+
+async def _merged(choices: list[_Choice]) -> AsyncIterator[tuple[_Choice, StreamChunk]]:
+    """The chunks of all ``choices`` as they come (each choice's in order); raises the first error of any."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(c: _Choice) -> None:
+        try:
+            async for chunk in c.chunks:
+                await queue.put((c, chunk, None))
+            await queue.put((c, None, None))
+        except Exception as e:  # the request's error, raised to the stream below
+            await queue.put((c, None, e))
+
+    tasks = [asyncio.ensure_future(pump(c)) for c in choices]
+    try:
+        open_ = len(choices)
+        while open_:
+            c, chunk, error = await queue.get()
+            if error is not None:
+                c.error = error
+                raise error
+            if chunk is None:
+                open_ -= 1
+                continue
+            yield c, chunk
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 def _gpt2_byte_decoder() -> dict[str, int]:
@@ -242,6 +757,108 @@ def _param_of(message: str) -> str | None:
     return _SETTING_FIELDS.get(word)
 
 
+def _continue_final(text: str, final: str) -> str:
+    """``text`` (a rendered chat) cut right after the final message's content, so the model continues it
+    (transformers' ``continue_final_message``; templates that strip the content are matched stripped)."""
+    if not final:
+        return text
+    for f in (final, final.strip()):
+        if f and f in text:
+            return text[: text.rindex(f) + len(f)]
+    raise _BadFieldError(
+        "continue_final_message",
+        "continue_final_message: the final message's content does not appear in the rendered chat, so it cannot be "
+        "continued",
+    )
+
+
+def _tokenizer_config(decoder: Any) -> dict[str, Any]:
+    """``/tokenizer_info``: the target folder's ``tokenizer_config.json``, or for a folder converted before specrt
+    wrote one, the same built from ``specrt_config.json`` and ``chat_template.jinja``."""
+    from pathlib import Path
+
+    folder = Path(decoder.target_path)
+    path = folder / "tokenizer_config.json"
+    if path.is_file():
+        config = json.loads(path.read_text(encoding="utf-8"))
+    else:
+        from specrt.convert.tokenizer import hf_tokenizer_config
+
+        spec_path = folder / "specrt_config.json"
+        spec = json.loads(spec_path.read_text(encoding="utf-8")) if spec_path.is_file() else {}
+        template = folder / "chat_template.jinja"
+        config = hf_tokenizer_config(
+            decoder.tokenizer,
+            bos_token_id=spec.get("bos_token_id"),
+            eos_token_ids=list(decoder.eos_token_ids) or list(spec.get("eos_token_ids") or []),
+            pad_token_id=spec.get("pad_token_id"),
+            chat_template=template.read_text(encoding="utf-8") if template.is_file() else None,
+            model_max_length=int(spec.get("max_position_embeddings", decoder.max_seq_len)),
+        )
+    config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    return config
+
+
+# ----- /openapi.json ---------------------------------------------------------------------------------------------
+_REQUEST_MODELS = ("completion", "chat", "tokenize_completion", "tokenize_chat", "detokenize")
+
+_STATUS_TEXT = {
+    400: "A malformed request, or a field specrt refuses (docs/openai-api.md); `param` names the field",
+    404: "Another model than the one served",
+    429: "The queue is full",
+    499: "The client went away before the result",
+    500: "An internal error",
+    503: "The server is shutting down",
+    504: "The request ran past the server's request timeout",
+}
+
+
+def _openapi_components(schemas: dict[str, Any]) -> dict[str, Any]:
+    """JSON schemas of the request models (as validated) and the response models (as sent), by name, for
+    ``#/components/schemas``."""
+    from pydantic.json_schema import models_json_schema
+
+    models = [(schemas[k], "validation") for k in _REQUEST_MODELS]
+    models += [(m, "serialization") for m in schemas["responses"]]
+    _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
+    return top.get("$defs", {})
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _body(*names: str) -> dict[str, Any]:
+    """An operation's ``openapi_extra``: a JSON request body of one of the named schemas."""
+    schema = _ref(names[0]) if len(names) == 1 else {"oneOf": [_ref(n) for n in names]}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _json(name: str, description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
+
+
+def _generation_ok(name: str) -> dict[str, Any]:
+    """200 of a generation endpoint: the whole response as JSON, or with ``stream: true`` server-sent events."""
+    ok = _json(name, "The completion (JSON), or with stream: true its chunks as server-sent events")
+    ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+    return ok
+
+
+def _responses(ok: dict[str, Any], *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """An operation's documented responses: ``ok`` (200) and the error statuses, in OpenAI's error schema (with
+    ``Retry-After`` where it is sent)."""
+    out: dict[int | str, dict[str, Any]] = {200: ok}
+    for status in statuses:
+        response = _json("ErrorResponse", _STATUS_TEXT[status])
+        if status in _RETRY_AFTER_S:
+            response["headers"] = {
+                "Retry-After": {"description": "Seconds to wait before retrying", "schema": {"type": "string"}}
+            }
+        out[status] = response
+    return out
+
+
 def create_app(
     decoder: Decoder,
     *,
@@ -256,7 +873,8 @@ def create_app(
     Args:
         decoder: the loaded :class:`~specrt.Decoder` (the app's scheduler becomes its only user).
         model_name: the id ``/v1/models`` lists and requests' ``model`` must name (or omit).
-        max_queue: requests that may wait; one more gets 429.
+        max_queue: generations that may wait (a request queues one per choice: prompts x n); a request whose
+            choices do not all fit now gets 429, one with more choices than ``max_queue`` a 400.
         request_timeout_s: seconds from arrival after which a request ends (504 / an error event); None = no limit.
         num_speculative_tokens: K of requests that do not set it (an int 0..64 or ``"auto"``).
         default_max_tokens: ``max_tokens`` of chat requests that set neither it nor ``max_completion_tokens``
@@ -267,6 +885,7 @@ def create_app(
         ConfigError: ``max_queue`` < 1 or ``request_timeout_s`` <= 0.
     """
     from fastapi import FastAPI, Request
+    from fastapi.openapi.utils import get_openapi
     from fastapi.responses import PlainTextResponse, StreamingResponse
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -275,7 +894,8 @@ def create_app(
     scheduler = Scheduler(decoder, max_queue=max_queue, default_timeout_s=request_timeout_s)
     metrics = _Metrics(scheduler)
     tokenizer = decoder.tokenizer
-    state = {"draining": False}
+    state: dict[str, Any] = {"draining": False, "tokenizer_info": None}
+    components = _openapi_components(schemas)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -288,34 +908,73 @@ def create_app(
     app.state.scheduler = scheduler
     app.state.metrics = metrics
 
+    def openapi() -> dict[str, Any]:
+        # The routes read the raw body (to answer a bad one with OpenAI's 400 naming the field), so FastAPI does not
+        # see the request models: their schemas join the components the operations' requestBody refers to.
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> Any:
-        # 404 for unknown paths, 405 for a wrong method: OpenAI's error schema, not FastAPI's {"detail": ...}.
+        # 404 for unknown paths, 405 for a wrong method: OpenAI's error schema, not FastAPI's {"detail": ...}; the
+        # exception's headers (a 405's Allow) are kept.
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return _error(exc.status_code, str(exc.detail), kind)
+        return _error(exc.status_code, str(exc.detail), kind, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _internal_error(_request: Request, exc: Exception) -> Any:
         return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
-    @app.get("/health")
-    async def health() -> Any:
-        if state["draining"]:
-            return _error(503, "the server is shutting down", "server_error", code="shutting_down")
-        return {"status": "ok", "queue_length": scheduler.queue_length, "running": scheduler.running}
+    def _unavailable() -> Any:
+        return _error(503, "the server is shutting down", "server_error", code="shutting_down")
 
-    @app.get("/v1/models")
-    async def models() -> Any:
+    def _model_not_found(model: str) -> Any:
+        return _error(
+            404,
+            f"the model {model!r} does not exist (this server has {model_name!r})",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
+
+    def _card() -> dict[str, Any]:
         return {
-            "object": "list",
-            "data": [{"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "specrt"}],
+            "id": model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "specrt",
+            "max_model_len": decoder.max_seq_len,
         }
 
-    @app.get("/metrics")
+    @app.get("/health", responses=_responses(_json("Health", "The server is up"), 503))
+    async def health() -> Any:
+        if state["draining"]:
+            return _unavailable()
+        return {"status": "ok", "queue_length": scheduler.queue_length, "running": scheduler.running}
+
+    @app.get("/v1/models", responses=_responses(_json("ModelList", "The served model")))
+    async def models() -> Any:
+        return {"object": "list", "data": [_card()]}
+
+    @app.get("/v1/models/{model:path}", responses=_responses(_json("ModelCard", "The model"), 404))
+    async def model(model: str) -> Any:
+        return _card() if model == model_name else _model_not_found(model)
+
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {}}}}},
+    )
     async def prometheus() -> Any:
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     def _kwargs(req: Any, max_tokens: int) -> dict[str, Any]:
+        """The Decoder settings of a request, all but the seed (each choice has its own)."""
         kw: dict[str, Any] = {
             "max_new_tokens": max_tokens,
             "num_speculative_tokens": (
@@ -325,69 +984,223 @@ def create_app(
             "presence_penalty": req.presence_penalty,
             "ignore_eos": req.ignore_eos,
             "coupled": req.coupled,
-            # No seed: a fresh one per request (OpenAI's behaviour); a given seed repeats exactly.
-            "seed": secrets.randbits(63) if req.seed is None else req.seed,
         }
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
             value = getattr(req, name)
             if value is not None:
                 kw[name] = value
         if req.stop is not None:
-            stops = [req.stop] if isinstance(req.stop, str) else list(req.stop)
-            if len(stops) > 4 or any(not s for s in stops):
-                raise _BadFieldError("stop", f"stop: up to 4 non-empty strings, got {stops!r}")
-            kw["stop"] = stops
+            kw["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+        if req.stop_token_ids:
+            kw["stop_token_ids"] = list(req.stop_token_ids)
         return kw
 
-    def _submit(endpoint: str, req: Any, kw: dict[str, Any], max_tokens_field: str | None) -> RequestHandle | Any:
-        """Queue the request (``max_tokens_field``: the field that set max_new_tokens, None for the server default)
-        or return the error response."""
-        if state["draining"]:
-            return _error(503, "the server is shutting down", "server_error", code="shutting_down")
-        if req.model is not None and req.model != model_name:
-            return _error(
-                404,
-                f"the model {req.model!r} does not exist (this server has {model_name!r})",
-                "invalid_request_error",
-                "model",
-                "model_not_found",
-            )
-        source = "messages" if "messages" in kw else "prompt"
+    def _encode(text: str, add_special_tokens: bool, where: str, param: str) -> list[int]:
         try:
-            # Token ids and length are checked before queueing; the other settings when the request starts, before
-            # any response is sent (see _reply), so a bad request is a 400, not a failed stream.
-            try:
-                ids = decoder.encode(kw.pop("prompt", None), kw.pop("messages", None))
-            except (TypeError, UnicodeError) as e:  # e.g. a lone surrogate, which is not text
-                raise _BadFieldError(source, f"{source}: cannot be tokenized: {e}") from e
+            return tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        except (TypeError, UnicodeError) as e:  # e.g. a lone surrogate, which is not text
+            raise _BadFieldError(param, f"{where}: cannot be tokenized: {e}") from e
+
+    def _prompt_ids(ids: list[int], where: str, param: str, truncate: int | None) -> list[int]:
+        """Checked token ids of one prompt (kept to its last ``truncate`` tokens: vLLM's truncate_prompt_tokens)."""
+        if not ids:
+            raise _BadFieldError(param, f"{where}: the prompt is empty (expected at least one token)")
+        try:
             ids = _check_ids("prompt", ids, decoder.vocab_size)
+        except (VocabError, TypeError) as e:
+            raise _BadFieldError(param, str(e) if where == param else f"{where}: {e}") from e
+        return ids if truncate is None else ids[-truncate:]
+
+    def _completion_prompts(req: Any) -> tuple[list[list[int]], list[str]]:
+        """Each prompt's token ids (a string, a list of strings, token ids, or a list of token-id lists), and its
+        text (for echo)."""
+        p = req.prompt
+        if isinstance(p, str):
+            items: list[Any] = [p]
+        elif not p:
+            raise _BadFieldError("prompt", "prompt: the prompt is empty (expected at least one token)")
+        elif isinstance(p[0], int):
+            items = [p]
+        else:
+            items = list(p)
+        add = True if req.add_special_tokens is None else req.add_special_tokens
+        prompts, texts = [], []
+        for k, item in enumerate(items):
+            where = "prompt" if len(items) == 1 else f"prompt.{k}"
+            ids = _encode(item, add, where, "prompt") if isinstance(item, str) else list(item)
+            kept = _prompt_ids(ids, where, "prompt", req.truncate_prompt_tokens)
+            prompts.append(kept)
+            whole = isinstance(item, str) and len(kept) == len(ids)
+            texts.append(item if whole else tokenizer.decode(kept, skip_special_tokens=req.skip_special_tokens))
+        return prompts, texts
+
+    def _messages(raw: list[Any]) -> list[dict[str, Any]]:
+        """OpenAI messages as the chat template takes them (vLLM's and transformers' conventions): text content
+        (text parts joined; ``null`` in an assistant message becomes ""), ``name``, ``tool_calls`` with their
+        ``arguments`` parsed from JSON, ``tool_call_id``."""
+        out = []
+        for i, m in enumerate(raw):
+            where = f"messages.{i}"
+            content = m.content
+            if content is None:
+                if m.role != "assistant":
+                    raise _BadFieldError(
+                        f"{where}.content",
+                        f"{where}.content: null is accepted in assistant messages only (role {m.role!r} needs text)",
+                    )
+                content = ""
+            elif isinstance(content, list):  # OpenAI content parts: text only
+                texts = []
+                for part in content:
+                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        raise _BadFieldError(
+                            f"{where}.content", f"{where}.content: only text parts are supported, got {part!r}"
+                        )
+                    texts.append(part["text"])
+                content = "".join(texts)
+            for name in ("refusal", "audio", "function_call"):
+                if getattr(m, name) is not None:
+                    raise _BadFieldError(
+                        f"{where}.{name}",
+                        f"{where}.{name} {_shown(getattr(m, name))} is not supported: the chat template has no place "
+                        "for it (accepted: null; docs/openai-api.md)",
+                    )
+            msg: dict[str, Any] = {"role": m.role, "content": content}
+            if m.name is not None:
+                msg["name"] = m.name
+            if m.tool_calls is not None:
+                if m.role != "assistant":
+                    raise _BadFieldError(
+                        f"{where}.tool_calls",
+                        f"{where}.tool_calls: only assistant messages call tools (role {m.role!r})",
+                    )
+                calls = []
+                for j, call in enumerate(m.tool_calls):
+                    text = call.function.arguments
+                    try:
+                        args = json.loads(text) if text.strip() else {}
+                    except (ValueError, RecursionError) as e:
+                        param = f"{where}.tool_calls.{j}.function.arguments"
+                        raise _BadFieldError(param, f"{param}: not valid JSON ({e})") from e
+                    calls.append(
+                        {"id": call.id, "type": call.type, "function": {"name": call.function.name, "arguments": args}}
+                    )
+                msg["tool_calls"] = calls
+            if m.tool_call_id is not None:
+                if m.role != "tool":
+                    raise _BadFieldError(
+                        f"{where}.tool_call_id",
+                        f"{where}.tool_call_id: only tool messages answer a tool call (role {m.role!r})",
+                    )
+                msg["tool_call_id"] = m.tool_call_id
+            out.append(msg)
+        return out
+
+    def _chat_ids(req: Any) -> list[int]:
+        """The prompt of chat messages: rendered with the model's chat template (``tools`` passed to it), the final
+        message left open with ``continue_final_message``, encoded without special tokens unless
+        ``add_special_tokens``."""
+        messages = _messages(req.messages)
+        tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]
+        try:
+            text = decoder.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt, tools=tools)
+        except ConfigError as e:
+            raise _BadFieldError("messages", str(e)) from e
+        except Exception as e:  # a template failing on these messages with an error of its own (TypeError, ...)
+            raise _BadFieldError("messages", f"chat template failed: {type(e).__name__}: {e}") from e
+        if req.continue_final_message:
+            text = _continue_final(text, messages[-1]["content"])
+        ids = _encode(text, bool(req.add_special_tokens), "messages", "messages")
+        return _prompt_ids(ids, "messages", "messages", getattr(req, "truncate_prompt_tokens", None))
+
+    def _seeds(req: Any) -> list[int]:
+        """Choice i's seed: the request's seed + i, or a fresh random seed + i (modulo 2**64): n choices are n
+        different samples (also under coupled sampling), and choice i equals a request of n = 1 with that seed."""
+        base = secrets.randbits(63) if req.seed is None else req.seed
+        return [(base + i) % 2**64 for i in range(req.n)]
+
+    def _submit_all(
+        endpoint: str,
+        req: Any,
+        kw: dict[str, Any],
+        prompts: list[list[int]],
+        source: str,
+        max_tokens_field: str | None,
+        echoes: list[str] | None = None,
+    ) -> list[_Choice] | Any:
+        """Queue every choice, all at once (so they share batched rounds): ``n`` per prompt, prompt-major (choice
+        index = prompt index * n + i); or return the error response. ``max_tokens_field``: the field that set
+        max_new_tokens (None: the server's default, capped to the room each prompt leaves)."""
+        if state["draining"]:
+            return _unavailable()
+        if req.model is not None and req.model != model_name:
+            return _model_not_found(req.model)
+        n_total = len(prompts) * req.n
+        if n_total > scheduler.max_queue:
+            return _rejected(
+                endpoint,
+                f"{'n' if req.n > 1 else source}: {len(prompts)} prompt(s) x n {req.n} = {n_total} generations exceed "
+                f"this server's queue (max_queue {scheduler.max_queue}); send fewer at a time",
+                "n" if req.n > 1 else source,
+            )
+        # Token ids and length are checked before queueing; the other settings when the request starts, before any
+        # response is sent (see _reply), so a bad request is a 400, not a failed stream.
+        budgets = []
+        for k, ids in enumerate(prompts):
+            where = source if len(prompts) == 1 else f"{source}.{k}"
             room = decoder.max_seq_len - len(ids)
             if room < 1:
-                raise _BadFieldError(
-                    source,
-                    f"{source}: {len(ids)} tokens leave no room to generate (maximum sequence length "
+                return _rejected(
+                    endpoint,
+                    f"{where}: {len(ids)} tokens leave no room to generate (maximum sequence length "
                     f"{decoder.max_seq_len})",
+                    source,
                 )
-            if max_tokens_field is None:  # the server's default: capped to what fits
-                kw["max_new_tokens"] = min(kw["max_new_tokens"], room)
+            if max_tokens_field is None:
+                budgets.append(min(kw["max_new_tokens"], room))
             elif kw["max_new_tokens"] > room:
-                raise _BadFieldError(
-                    max_tokens_field,
+                return _rejected(
+                    endpoint,
                     f"{max_tokens_field}: prompt of {len(ids)} tokens + {max_tokens_field} {kw['max_new_tokens']} "
-                    f"exceeds the maximum sequence length {decoder.max_seq_len}",
+                    f"exceeds the maximum sequence length {decoder.max_seq_len}"
+                    + ("" if len(prompts) == 1 else f" ({where})"),
+                    max_tokens_field,
                 )
-            return scheduler.submit(ids, **kw)
-        except QueueFullError as e:
+            else:
+                budgets.append(kw["max_new_tokens"])
+        if scheduler.queue_length + n_total > scheduler.max_queue:  # all or none (nothing else submits meanwhile)
             metrics.requests.labels(endpoint, "rejected_queue_full").inc()
-            return _error(429, str(e), "rate_limit_error", code="queue_full")
-        except SchedulerClosedError as e:
-            return _error(503, str(e), "server_error", code="shutting_down")
-        except _BadFieldError as e:
-            return _rejected(endpoint, str(e), e.param)
-        except VocabError as e:
-            return _rejected(endpoint, str(e), "prompt")
-        except (ConfigError, SpecrtError, ValueError) as e:
+            return _error(
+                429,
+                f"{scheduler.queue_length} requests are waiting (max_queue {scheduler.max_queue}); {n_total} more "
+                "do not fit; retry later",
+                "rate_limit_error",
+                code="queue_full",
+            )
+        stops = kw.get("stop", [])
+        choices: list[_Choice] = []
+        try:
+            for k, ids in enumerate(prompts):
+                for i, seed in enumerate(_seeds(req)):
+                    handle = scheduler.submit(ids, **{**kw, "max_new_tokens": budgets[k], "seed": seed})
+                    view = _TextView(
+                        tokenizer,
+                        stops,
+                        req.skip_special_tokens,
+                        req.include_stop_str_in_output,
+                        custom=bool(req.stop_token_ids),
+                    )
+                    choices.append(_Choice(k * req.n + i, k, handle, len(ids), view, echoes[k] if echoes else ""))
+        except (QueueFullError, SchedulerClosedError, ConfigError, SpecrtError, ValueError) as e:
+            for c in choices:
+                c.handle.cancel()
+            if isinstance(e, QueueFullError):
+                metrics.requests.labels(endpoint, "rejected_queue_full").inc()
+                return _error(429, str(e), "rate_limit_error", code="queue_full")
+            if isinstance(e, SchedulerClosedError):
+                return _error(503, str(e), "server_error", code="shutting_down")
             return _rejected(endpoint, str(e), _param_of(str(e)) or source)
+        return choices
 
     def _rejected(endpoint: str, message: str, param: str | None) -> Any:
         metrics.requests.labels(endpoint, "invalid").inc()
@@ -402,24 +1215,30 @@ def create_app(
             return "cancelled"
         return "error"
 
-    async def _wait(request: Request, handle: RequestHandle) -> tuple[GenerationResult | None, BaseException | None]:
-        """The result, cancelling the request if the client goes away first."""
-        task = asyncio.ensure_future(handle.aresult())
+    async def _wait_all(request: Request, choices: list[_Choice]) -> None:
+        """Every choice's result or error (``c.result`` / ``c.error``); a failed choice or a client that goes away
+        cancels the others."""
+        tasks = {asyncio.ensure_future(c.handle.aresult()): c for c in choices}
+        pending = set(tasks)
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=0.25)
-                if done:
-                    break
-                if await request.is_disconnected():
-                    handle.cancel()
-            try:
-                return task.result(), None
-            except Exception as e:
-                return None, e
+            while pending:
+                done, pending = await asyncio.wait(pending, timeout=0.25, return_when=asyncio.FIRST_EXCEPTION)
+                failed = False
+                for t in done:
+                    c = tasks[t]
+                    if t.exception() is not None:
+                        c.error, failed = t.exception(), True
+                    else:
+                        c.result = t.result()
+                if failed or (pending and await request.is_disconnected()):
+                    for c in choices:
+                        c.handle.cancel()
         finally:
-            if not task.done():
-                handle.cancel()
-                task.cancel()
+            for t in pending:
+                t.cancel()
+            for c in choices:
+                if not c.handle.done:
+                    c.handle.cancel()
 
     def _failure(error: BaseException) -> Any:
         if isinstance(error, RequestTimeoutError):
@@ -432,7 +1251,9 @@ def create_app(
 
     byte_level = type(tokenizer.decoder).__name__ == "ByteLevel"
 
-    def _token_text(ids: list[int]) -> list[str]:
+    def _token_text(ids: list[int], as_ids: bool = False) -> list[str]:
+        if as_ids:  # vLLM's return_tokens_as_token_ids
+            return [f"token_id:{i}" for i in ids]
         return [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
 
     def _token_bytes(i: int) -> list[int]:
@@ -469,43 +1290,57 @@ def create_app(
         except Exception as e:
             return None, e
 
+    def _total_usage(choices: list[_Choice]) -> dict[str, int]:
+        """Usage of a whole request: each prompt's tokens once (OpenAI's and vLLM's count for n > 1), every
+        choice's completion tokens."""
+        n_prompt = sum({c.prompt_index: c.n_prompt for c in choices}.values())
+        return _usage(n_prompt, sum(len(c.result.token_ids) for c in choices if c.result is not None))
+
     async def _stream(
         request: Request,
         endpoint: str,
-        handle: RequestHandle,
-        chunks: Any,
+        req: Any,
+        choices: list[_Choice],
         first_chunk: StreamChunk,
-        make_chunk: Any,
-        include_usage: bool,
+        event_of: Any,
+        head: dict[str, Any],
     ) -> AsyncIterator[str]:
-        result = None
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         error: BaseException | None = None
 
-        async def all_chunks() -> AsyncIterator[StreamChunk]:
-            yield first_chunk
-            async for c in chunks:
-                yield c
+        def event(c: _Choice, chunk: StreamChunk) -> str | None:
+            """The server-sent event of one chunk of choice ``c`` (None: nothing to send)."""
+            if chunk.result is not None:
+                c.result = chunk.result
+                body = event_of(c, c.view.rest(chunk.result), [], [], _FINISH.get(chunk.result.finish_reason))
+                n_out = len(chunk.result.token_ids)
+            else:
+                text = c.view.feed(chunk)
+                if not (text or chunk.token_ids or c.first):
+                    return None
+                body = event_of(c, text, chunk.token_ids, chunk.logprobs, None)
+                n_out = len(c.view.ids)
+            if continuous:  # vLLM's continuous_usage_stats: this choice's counts so far
+                body["usage"] = _usage(c.n_prompt, n_out)
+            return _sse(body)
 
         try:
-            first = True
-            async for chunk in all_chunks():
-                if chunk.result is not None:
-                    result = chunk.result
-                    yield _sse(make_chunk(chunk, first, _FINISH.get(chunk.result.finish_reason)))
-                    break
-                if chunk.text or chunk.token_ids or first:
-                    yield _sse(make_chunk(chunk, first, None))
-                    first = False
-                if await request.is_disconnected():
-                    handle.cancel()
-            if result is not None and include_usage:
+            text = event(choices[0], first_chunk)
+            if text is not None:
+                yield text
+            async with contextlib.aclosing(_merged(choices)) as chunks:
+                async for c, chunk in chunks:
+                    text = event(c, chunk)
+                    if text is not None:
+                        yield text
+                    if await request.is_disconnected():
+                        for other in choices:
+                            other.handle.cancel()
+            if include_usage:
+                results = [c.result for c in choices if c.result is not None]
                 yield _sse(
-                    {
-                        **make_chunk(None, False, None),
-                        "choices": [],
-                        "usage": _usage(result),
-                        "speculative": _speculative(result),
-                    }
+                    {**head, "choices": [], "usage": _total_usage(choices), "speculative": _speculative(results)}
                 )
         except RequestTimeoutError as e:
             error = e
@@ -516,151 +1351,150 @@ def create_app(
             error = e
             yield _error_event(f"{type(e).__name__}: {e}", "server_error", None)
         finally:
-            if not handle.done:
-                handle.cancel()  # the client went away (the response was cancelled)
-            if result is None and error is None:
-                # Closed before its result without an error of its own: the client went away (also when the loop
-                # above had already cancelled the request on seeing the disconnect, so the handle is done).
-                error = GenerationCancelled("client disconnected")
-            metrics.observe(endpoint, handle, _outcome(error, result), result)
+            for c in choices:
+                if not c.handle.done:
+                    c.handle.cancel()  # the client went away (the response was cancelled), or another choice failed
+            for c in choices:
+                err = c.error
+                if c.result is None and err is None:
+                    # Ended before its result without an error of its own: the client went away (also when the
+                    # loop above had already cancelled the request on seeing the disconnect), or a sibling failed.
+                    err = GenerationCancelled("client disconnected" if error is None else "another choice failed")
+                metrics.observe(endpoint, c.handle, _outcome(err, c.result), c.result)
         yield "data: [DONE]\n\n"
 
     async def _reply(
         request: Request,
         endpoint: str,
         req: Any,
-        handle: RequestHandle,
-        make_chunk: Any,
+        choices: list[_Choice],
         head: dict[str, Any],
-        choice_of: Any,
+        chunk_object: str,
+        event_of: Any,
+        final_of: Any,
     ) -> Any:
-        """A stream of server-sent events (``make_chunk`` given), or the whole response once the result is in.
+        """A stream of server-sent events, or the whole response once every choice's result is in.
 
-        A stream's HTTP status is sent only once the request has started and produced its first round, so a setting
-        the engine refuses (or a timeout in the queue) is still an HTTP error, not an error event."""
-        if make_chunk is not None:
-            chunks = handle.aiter()
-            first_chunk, error = await _first(request, handle, chunks)
+        A stream's HTTP status is sent only once the first choice has started and produced its first round, so a
+        setting the engine refuses (or a timeout in the queue) is still an HTTP error, not an error event (the
+        choices share their settings; each prompt's ids and length were checked before queueing)."""
+        if req.stream:
+            for c in choices:
+                c.chunks = c.handle.aiter()
+            first_chunk, error = await _first(request, choices[0].handle, choices[0].chunks)
             if first_chunk is None:
                 assert error is not None
-                metrics.observe(endpoint, handle, _outcome(error, None), None)
+                for c in choices[1:]:
+                    c.handle.cancel()
+                for c in choices:
+                    why = error if c is choices[0] else GenerationCancelled("another choice failed")
+                    metrics.observe(endpoint, c.handle, _outcome(why, None), None)
                 return _failure(error)
-            include = bool(req.stream_options and req.stream_options.include_usage)
+            chunk_head = {"id": head["id"], "object": chunk_object, "created": head["created"], "model": model_name}
             return StreamingResponse(
-                _stream(request, endpoint, handle, chunks, first_chunk, make_chunk, include),
+                _stream(request, endpoint, req, choices, first_chunk, event_of, chunk_head),
                 media_type="text/event-stream",
             )
-        result, error = await _wait(request, handle)
-        metrics.observe(endpoint, handle, _outcome(error, result), result)
-        if result is None:
-            assert error is not None
-            return _failure(error)
-        choice = {"index": 0, **choice_of(result), "finish_reason": _FINISH.get(result.finish_reason)}
+        await _wait_all(request, choices)
+        for c in choices:
+            metrics.observe(endpoint, c.handle, _outcome(c.error, c.result), c.result)
+        errors = [c.error for c in choices if c.error is not None]
+        if errors:
+            return _failure(next((e for e in errors if not isinstance(e, GenerationCancelled)), errors[0]))
+        results = [c.result for c in choices]
         return {
             **head,
             "model": model_name,
-            "choices": [choice],
-            "usage": _usage(result),
-            "speculative": _speculative(result),
+            "choices": [
+                {"index": c.index, **final_of(c, c.result), "finish_reason": _FINISH.get(c.result.finish_reason)}
+                for c in choices
+            ],
+            "usage": _total_usage(choices),
+            "speculative": _speculative(results),
         }
 
-    @app.post("/v1/completions")
+    @app.post(
+        "/v1/completions",
+        openapi_extra=_body("CompletionRequest"),
+        responses=_responses(_generation_ok("CompletionResponse"), 400, 404, 429, 499, 500, 503, 504),
+    )
     async def completions(request: Request) -> Any:
+        endpoint = "completions"
         req = await _parse(request, schemas["completion"])
         if not isinstance(req, schemas["completion"]):
-            metrics.requests.labels("completions", "invalid").inc()  # refused by the request schema
+            metrics.requests.labels(endpoint, "invalid").inc()  # refused by the request schema
             return req
         try:
+            _check_policy(req, chat=False)
+            # OpenAI's default of 16 tokens is a request setting like any other: too long a prompt for it is an error.
             kw = _kwargs(req, req.max_tokens or 16)
+            prompts, texts = _completion_prompts(req)
         except _BadFieldError as e:
-            return _rejected("completions", str(e), e.param)
-        kw["prompt"] = req.prompt
+            return _rejected(endpoint, str(e), e.param)
         # Log-probabilities only when asked for: without them a greedy request reads only argmax ids.
-        kw["logprobs"] = req.logprobs is not None
-        # OpenAI's default of 16 tokens is a request setting like any other: too long a prompt for it is an error.
-        handle = _submit("completions", req, kw, "max_tokens")
-        if not isinstance(handle, RequestHandle):
-            return handle
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         want_logprobs = req.logprobs is not None
-        seen: list[int] = []  # the tokens streamed so far (text offsets count from the start of the text)
+        kw["logprobs"] = want_logprobs
+        choices = _submit_all(endpoint, req, kw, prompts, "prompt", "max_tokens", texts if req.echo else None)
+        if not isinstance(choices, list):
+            return choices
+        rid, created = f"cmpl-{req.request_id or uuid.uuid4().hex}", int(time.time())
 
-        def logprobs_of(ids: list[int], lps: list[float]) -> dict[str, Any] | None:
-            start = len(seen)
-            seen.extend(ids)
+        def logprobs_of(c: _Choice, ids: list[int], lps: list[float]) -> dict[str, Any] | None:
+            start = len(c.seen)
+            c.seen.extend(ids)  # text offsets count from the start of the choice's text
             if not want_logprobs:
                 return None
             return {
-                "tokens": _token_text(ids),
+                "tokens": _token_text(ids, req.return_tokens_as_token_ids),
                 "token_logprobs": lps,
                 "top_logprobs": None,
-                "text_offset": _offsets(seen, start),
+                "text_offset": _offsets(c.seen, start),
             }
 
-        def make_chunk(chunk: StreamChunk | None, _first: bool, finish: str | None) -> dict[str, Any]:
-            choices = []
-            if chunk is not None:
-                choices = [
-                    {
-                        "index": 0,
-                        "text": chunk.text,
-                        "logprobs": logprobs_of(chunk.token_ids, chunk.logprobs),
-                        "finish_reason": finish,
-                    }
-                ]
+        def event_of(c: _Choice, text: str, ids: list[int], lps: list[float], finish: str | None) -> dict[str, Any]:
+            if c.first:
+                text, c.first = c.echo + text, False
+            choice = {"index": c.index, "text": text, "logprobs": logprobs_of(c, ids, lps), "finish_reason": finish}
             return {
                 "id": rid,
                 "object": "text_completion",
                 "created": created,
                 "model": model_name,
-                "choices": choices,
+                "choices": [choice],
             }
 
-        return await _reply(
-            request,
-            "completions",
-            req,
-            handle,
-            make_chunk if req.stream else None,
-            {"id": rid, "object": "text_completion", "created": created},
-            lambda r: {"text": r.text, "logprobs": logprobs_of(r.token_ids, r.logprobs)},
-        )
+        def final_of(c: _Choice, r: GenerationResult) -> dict[str, Any]:
+            return {"text": c.echo + c.view.final(r), "logprobs": logprobs_of(c, r.token_ids, r.logprobs)}
 
-    @app.post("/v1/chat/completions")
+        head = {"id": rid, "object": "text_completion", "created": created}
+        return await _reply(request, endpoint, req, choices, head, "text_completion", event_of, final_of)
+
+    @app.post(
+        "/v1/chat/completions",
+        openapi_extra=_body("ChatCompletionRequest"),
+        responses=_responses(_generation_ok("ChatCompletionResponse"), 400, 404, 429, 499, 500, 503, 504),
+    )
     async def chat_completions(request: Request) -> Any:
+        endpoint = "chat_completions"
         req = await _parse(request, schemas["chat"])
         if not isinstance(req, schemas["chat"]):
-            metrics.requests.labels("chat_completions", "invalid").inc()  # refused by the request schema
+            metrics.requests.labels(endpoint, "invalid").inc()  # refused by the request schema
             return req
-        messages = []
-        for i, m in enumerate(req.messages):
-            content = m.content
-            if isinstance(content, list):  # OpenAI content parts: text only
-                texts = []
-                for part in content:
-                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                        return _rejected(
-                            "chat_completions",
-                            f"messages.{i}.content: only text parts are supported, got {part!r}",
-                            f"messages.{i}.content",
-                        )
-                    texts.append(part["text"])
-                content = "".join(texts)
-            messages.append({"role": m.role, "content": content})
         if req.top_logprobs is not None and not req.logprobs:
-            return _rejected("chat_completions", "top_logprobs: needs logprobs: true", "top_logprobs")
+            return _rejected(endpoint, "top_logprobs: needs logprobs: true", "top_logprobs")
         field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens" if req.max_tokens else None
         max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
         try:
+            _check_policy(req, chat=True)
             kw = _kwargs(req, max_tokens)
+            ids = _chat_ids(req)
         except _BadFieldError as e:
-            return _rejected("chat_completions", str(e), e.param)
-        kw["messages"] = messages
+            return _rejected(endpoint, str(e), e.param)
         kw["logprobs"] = bool(req.logprobs)
-        handle = _submit("chat_completions", req, kw, field)
-        if not isinstance(handle, RequestHandle):
-            return handle
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        choices = _submit_all(endpoint, req, kw, [ids], "messages", field)
+        if not isinstance(choices, list):
+            return choices
+        rid, created = f"chatcmpl-{req.request_id or uuid.uuid4().hex}", int(time.time())
 
         def logprobs_of(ids: list[int], lps: list[float]) -> dict[str, Any] | None:
             if not req.logprobs:
@@ -668,44 +1502,97 @@ def create_app(
             return {
                 "content": [
                     {"token": t, "logprob": lp, "bytes": _token_bytes(i), "top_logprobs": []}
-                    for i, t, lp in zip(ids, _token_text(ids), lps, strict=True)
+                    for i, t, lp in zip(ids, _token_text(ids, req.return_tokens_as_token_ids), lps, strict=True)
                 ]
             }
 
-        def make_chunk(chunk: StreamChunk | None, first: bool, finish: str | None) -> dict[str, Any]:
-            choices = []
-            if chunk is not None:
-                delta: dict[str, Any] = {"role": "assistant", "content": chunk.text} if first else {}
-                if not first and (chunk.text or finish is None):
-                    delta["content"] = chunk.text
-                choices = [
-                    {
-                        "index": 0,
-                        "delta": delta,
-                        "logprobs": logprobs_of(chunk.token_ids, chunk.logprobs),
-                        "finish_reason": finish,
-                    }
-                ]
+        def event_of(c: _Choice, text: str, ids: list[int], lps: list[float], finish: str | None) -> dict[str, Any]:
+            if c.first:
+                delta: dict[str, Any] = {"role": "assistant", "content": text}
+                c.first = False
+            else:
+                delta = {"content": text} if text or finish is None else {}
+            choice = {"index": c.index, "delta": delta, "logprobs": logprobs_of(ids, lps), "finish_reason": finish}
             return {
                 "id": rid,
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": model_name,
-                "choices": choices,
+                "choices": [choice],
             }
 
-        return await _reply(
-            request,
-            "chat_completions",
-            req,
-            handle,
-            make_chunk if req.stream else None,
-            {"id": rid, "object": "chat.completion", "created": created},
-            lambda r: {
-                "message": {"role": "assistant", "content": r.text},
+        def final_of(c: _Choice, r: GenerationResult) -> dict[str, Any]:
+            return {
+                "message": {"role": "assistant", "content": c.view.final(r)},
                 "logprobs": logprobs_of(r.token_ids, r.logprobs),
-            },
-        )
+            }
+
+        head = {"id": rid, "object": "chat.completion", "created": created}
+        return await _reply(request, endpoint, req, choices, head, "chat.completion.chunk", event_of, final_of)
+
+    @app.post(
+        "/tokenize",
+        openapi_extra=_body("TokenizeCompletionRequest", "TokenizeChatRequest"),
+        responses=_responses(_json("TokenizeResponse", "The prompt's token ids"), 400, 404, 500),
+    )
+    async def tokenize(request: Request) -> Any:
+        """vLLM's ``/tokenize``: a prompt (``add_special_tokens`` default true) or chat messages (rendered as a chat
+        request renders them; ``add_special_tokens`` default false) -> token ids."""
+        try:
+            peek = json.loads(await request.body())
+        except (ValueError, RecursionError):
+            peek = None  # _parse says what is wrong
+        chat = isinstance(peek, dict) and "messages" in peek
+        schema = schemas["tokenize_chat" if chat else "tokenize_completion"]
+        req = await _parse(request, schema)
+        if not isinstance(req, schema):
+            return req
+        if req.model is not None and req.model != model_name:
+            return _model_not_found(req.model)
+        try:
+            if chat:
+                _check_policy(req, chat=True)
+                ids = _chat_ids(req)
+            else:
+                ids = _encode(req.prompt, req.add_special_tokens, "prompt", "prompt")
+        except _BadFieldError as e:
+            return _error(400, str(e), "invalid_request_error", e.param)
+        strs = [tokenizer.id_to_token(i) or "" for i in ids] if req.return_token_strs else None
+        return {"count": len(ids), "max_model_len": decoder.max_seq_len, "tokens": ids, "token_strs": strs}
+
+    @app.post(
+        "/detokenize",
+        openapi_extra=_body("DetokenizeRequest"),
+        responses=_responses(_json("DetokenizeResponse", "The text of the token ids"), 400, 404, 500),
+    )
+    async def detokenize(request: Request) -> Any:
+        """vLLM's ``/detokenize``: token ids -> text (special tokens included, as vLLM decodes them)."""
+        req = await _parse(request, schemas["detokenize"])
+        if not isinstance(req, schemas["detokenize"]):
+            return req
+        if req.model is not None and req.model != model_name:
+            return _model_not_found(req.model)
+        for k, t in enumerate(req.tokens):
+            if not 0 <= t < decoder.vocab_size:
+                return _error(
+                    400,
+                    f"tokens: token {t} at position {k} is out of range (expected 0 <= id < vocab size "
+                    f"{decoder.vocab_size})",
+                    "invalid_request_error",
+                    "tokens",
+                )
+        return {"prompt": tokenizer.decode(req.tokens, skip_special_tokens=False)}
+
+    @app.get(
+        "/tokenizer_info",
+        responses=_responses(_json("TokenizerInfoResponse", "The tokenizer's configuration (tokenizer_config.json)")),
+    )
+    async def tokenizer_info() -> Any:
+        """vLLM's ``/tokenizer_info``: the tokenizer's configuration, as transformers' ``tokenizer_config.json``
+        holds it (special tokens, chat template, ``tokenizer_class``)."""
+        if state["tokenizer_info"] is None:
+            state["tokenizer_info"] = _tokenizer_config(decoder)
+        return state["tokenizer_info"]
 
     return app
 

@@ -7,6 +7,7 @@ Entry point: :func:`convert`. The output folder follows ARCHITECTURE.md ("ONNX d
 ``model.onnx.data``        fp32 weights, page-aligned
 ``tokenizer.json``         Hugging Face ``tokenizers`` file built from the GGUF metadata
 ``chat_template.jinja``    the GGUF's ``tokenizer.chat_template`` (absent if the GGUF has none)
+``tokenizer_config.json``  special tokens and chat template for transformers' ``AutoTokenizer.from_pretrained``
 ``generation_config.json`` ``bos_token_id``, ``eos_token_id`` (a list with every end-of-turn id), ``pad_token_id``
 ``specrt_config.json``     shapes, ids and provenance the runtime needs (see :func:`convert`)
 ``NOTICE``                 where the weights came from and under which license
@@ -319,7 +320,7 @@ def convert(
     import onnx
 
     from specrt.convert.graph import OPSET, ExternalDataWriter, build_decoder
-    from specrt.convert.tokenizer import build_tokenizer
+    from specrt.convert.tokenizer import build_tokenizer, hf_tokenizer_config
 
     src, out = Path(src), Path(out)
     plan = plan or plan_for(dtype)
@@ -419,6 +420,15 @@ def convert(
             tokenizer.save(str(tmp / "tokenizer.json"))
             if tok_info.chat_template:
                 (tmp / "chat_template.jinja").write_text(tok_info.chat_template, encoding="utf-8")
+            tok_config = hf_tokenizer_config(
+                tokenizer,
+                bos_token_id=tok_info.bos_token_id,
+                eos_token_ids=tok_info.eos_token_ids,
+                pad_token_id=tok_info.pad_token_id,
+                chat_template=tok_info.chat_template,
+                model_max_length=int(max_positions or spec.max_position_embeddings),
+            )
+            (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
             gen = {
                 "bos_token_id": tok_info.bos_token_id,
                 "eos_token_id": tok_info.eos_token_ids,

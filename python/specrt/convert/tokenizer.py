@@ -13,7 +13,7 @@ from typing import Any
 from specrt.convert.errors import TokenizerMetadataError
 from specrt.convert.gguf_reader import GGUFModel
 
-__all__ = ["END_OF_TURN_TOKENS", "PRE_TOKENIZERS", "TokenizerInfo", "build_tokenizer"]
+__all__ = ["END_OF_TURN_TOKENS", "PRE_TOKENIZERS", "TokenizerInfo", "build_tokenizer", "hf_tokenizer_config"]
 
 _CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
 _TAIL = r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -68,6 +68,51 @@ class TokenizerInfo:
             if v == token_id:
                 return k
         return None
+
+
+def hf_tokenizer_config(
+    tokenizer: Any,
+    *,
+    bos_token_id: int | None,
+    eos_token_ids: list[int],
+    pad_token_id: int | None,
+    chat_template: str | None,
+    model_max_length: int,
+) -> dict[str, Any]:
+    """The ``tokenizer_config.json`` of a converted folder: with it transformers'
+    ``AutoTokenizer.from_pretrained(folder)`` loads the folder as a ``PreTrainedTokenizerFast`` over its
+    ``tokenizer.json``, with the special tokens and the chat template; ``specrt serve`` answers ``/tokenizer_info``
+    with it (vLLM's endpoint returns the tokenizer's configuration the same way).
+
+    ``add_bos_token`` is left out on purpose: ``tokenizer.json``'s post-processor already prepends BOS where the
+    model wants it, and a fast tokenizer that also honoured the flag could prepend it twice.
+
+    Args:
+        tokenizer: the ``tokenizers.Tokenizer`` (names the ids below).
+        bos_token_id, pad_token_id: ids or None.
+        eos_token_ids: the EOS id first (``eos_token`` names it), then other end-of-turn ids.
+        chat_template: the Jinja template, or None (no ``chat_template`` key).
+        model_max_length: the longest sequence the model accepts (``max_position_embeddings``).
+
+    Returns:
+        The JSON-ready dict.
+    """
+
+    def name(i: int | None) -> str | None:
+        return None if i is None else tokenizer.id_to_token(int(i))
+
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": name(bos_token_id),
+        "eos_token": name(eos_token_ids[0]) if eos_token_ids else None,
+        "pad_token": name(pad_token_id),
+        "unk_token": None,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(model_max_length),
+    }
+    if chat_template:
+        config["chat_template"] = chat_template
+    return config
 
 
 def build_tokenizer(model: GGUFModel) -> tuple[Any, TokenizerInfo]:
