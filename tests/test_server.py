@@ -167,7 +167,7 @@ def test_chat_completion_stream_and_logprobs(client, tiny) -> None:
         ("/v1/completions", {"prompt": "x", "temperature": 5}, 400, "temperature", "less than or equal to 2"),
         ("/v1/completions", {"prompt": "x", "n": 0}, 400, "n", "greater than or equal to 1"),
         ("/v1/completions", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate", "unknown field"),
-        ("/v1/completions", {"prompt": "x", "logprobs": 3}, 400, "logprobs", "less than or equal to 0"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 6}, 400, "logprobs", "less than or equal to 5"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, 400, "max_tokens", "maximum sequence length"),
         ("/v1/completions", {"prompt": "x", "stop": ["a", ""]}, 400, "stop", "non-empty"),
@@ -179,10 +179,10 @@ def test_chat_completion_stream_and_logprobs(client, tiny) -> None:
         ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role", "robot"),
         (
             "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+            {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
             400,
             "top_logprobs",
-            "less than or equal to 0",
+            "less than or equal to 20",
         ),
         (
             "/v1/chat/completions",

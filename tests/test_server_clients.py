@@ -457,7 +457,7 @@ def test_converted_folders_load_in_transformers(tiny_decoder) -> None:
         ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions", "unknown field"),
         ("/v1/completions", {"best_of": 3}, "best_of", "ranking"),
         ("/v1/completions", {"best_of": 1, "n": 2}, "best_of", ">= n"),
-        ("/v1/completions", {"echo": True, "logprobs": 0}, "echo", "prompt's log-probabilities"),
+        ("/v1/completions", {"echo": True, "logprobs": 0, "stream": True}, "echo", "prompt's log-probabilities"),
         ("/v1/completions", {"suffix": "}"}, "suffix", "insertion"),
         ("/v1/completions", {"guided_regex": "a+"}, "guided_regex", "structured"),
         ("/v1/completions", {"use_beam_search": True}, "use_beam_search", "beam search"),
@@ -644,3 +644,77 @@ def test_generated_requests_get_no_server_error_and_no_response_outside_the_sche
                 case.call_and_validate(excluded_checks=[positive_data_acceptance])
 
             check()
+
+
+# ----- log-probabilities and their alternatives -------------------------------------------------------------------
+def _teacher_forced_log_softmax(target_path, ids: list[int]):
+    """``[len(ids) - 1, vocab]`` float64 log-softmax of one target pass over ``ids`` (row j predicts ids[j + 1])."""
+    import numpy as np
+
+    from specrt import _specrt
+    from specrt._ort import find_ort_library
+
+    model = _specrt.OrtModel(str(target_path), ort_library=find_ort_library(), max_seq_len=256)
+    rows = model.forward(np.array(ids[:-1]), 0, len(ids) - 1).astype(np.float64)
+    rows -= rows.max(axis=1, keepdims=True)
+    return rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
+
+
+def test_echo_logprobs_and_alternatives_equal_a_teacher_forced_target_pass(served, tiny_decoder) -> None:
+    import numpy as np
+
+    tok = served.decoder.tokenizer
+    prompt = tok.encode("def add(a, b):\n    return").ids
+    with _sdk(served.base) as client:
+        # lm-eval's loglikelihood request (echo, logprobs, a few tokens), token ids returned exactly.
+        r = client.completions.create(
+            model="tiny",
+            prompt=[prompt],
+            max_tokens=4,
+            temperature=0,
+            echo=True,
+            logprobs=3,
+            extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+        )
+    lp = r.choices[0].logprobs
+    ids = [int(t.removeprefix("token_id:")) for t in lp.tokens]
+    assert ids[: len(prompt)] == prompt and len(ids) == len(prompt) + 4
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    # The reference: the target (same weights, GQA layout) over prompt + output in one pass.
+    ref = _teacher_forced_log_softmax(tiny_decoder.target_path, ids)
+    np.testing.assert_allclose(lp.token_logprobs[1:], [ref[j - 1, ids[j]] for j in range(1, len(ids))], atol=1e-4)
+    for j in range(1, len(ids)):
+        by_text: dict[str, float] = {}
+        for i in np.argsort(-ref[j - 1], kind="stable")[:3]:
+            by_text.setdefault(tok.decode([int(i)]), ref[j - 1, i])  # equal texts: the more likely one's value
+        assert set(lp.top_logprobs[j]) == set(by_text), j
+        for text, value in lp.top_logprobs[j].items():
+            assert value == pytest.approx(by_text[text], abs=1e-4)
+        if j >= len(prompt):  # a generated token at temperature 0 is the maximum of its alternatives
+            assert lp.token_logprobs[j] == pytest.approx(max(lp.top_logprobs[j].values()), abs=1e-6)
+
+
+def test_chat_top_logprobs_are_the_targets_log_softmax_and_the_choice_is_their_maximum(served, tiny_decoder) -> None:
+    import numpy as np
+
+    with _sdk(served.base) as client:
+        r = client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=5,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=4,
+            extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+        )
+        prompt = httpx.post(f"{served.base}/tokenize", json={"model": "tiny", "messages": MESSAGES}).json()["tokens"]
+    content = r.choices[0].logprobs.content
+    out = [int(e.token.removeprefix("token_id:")) for e in content]
+    ids = prompt + out
+    ref = _teacher_forced_log_softmax(tiny_decoder.target_path, ids)
+    for k, e in enumerate(content):
+        row = ref[len(prompt) + k - 1]
+        want = np.argsort(-row, kind="stable")[:4]
+        assert [int(a.token.removeprefix("token_id:")) for a in e.top_logprobs] == list(want)
+        np.testing.assert_allclose([a.logprob for a in e.top_logprobs], row[want], atol=1e-4)
+        assert out[k] == want[0] and e.logprob == pytest.approx(e.top_logprobs[0].logprob, abs=1e-6)

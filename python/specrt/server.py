@@ -5,8 +5,9 @@ Endpoints:
 - ``POST /v1/completions`` and ``POST /v1/chat/completions``: OpenAI's request and response schemas, streaming with
   server-sent events (``stream: true``; ``stream_options.include_usage`` adds a last chunk with ``usage``, vLLM's
   ``continuous_usage_stats`` puts each choice's usage so far in every chunk), ``usage`` counts, ``logprobs`` (the
-  chosen tokens' log-probabilities under the target: completions ``logprobs: 0``, chat ``logprobs: true`` with
-  ``top_logprobs: 0``; alternatives are not served yet, so larger values are refused), and an extra ``speculative``
+  chosen tokens' log-probabilities under the target and alternatives, all from the target's verification row of each
+  position: completions ``logprobs: 0..5``, with ``echo`` the prompt's too from the prefill pass; chat ``logprobs:
+  true`` with ``top_logprobs: 0..20``), and an extra ``speculative``
   field: acceptance rate, mean tokens per round, drafted / accepted / recovered / bonus tokens. A completions
   ``prompt`` is a string, a list of strings, a list of token ids or a list of token-id lists; ``n`` samples per prompt
   (choice i gets the seed ``seed + i``, or a random seed + i); choices are indexed prompt-major (prompt k's sample i is
@@ -157,11 +158,11 @@ def _check_policy(req: Any, chat: bool) -> None:
             else "ranking best_of samples by log-probability is not implemented (accepted: best_of == n or null)"
         )
         raise _BadFieldError("best_of", f"best_of {best_of} with n {req.n}: {why}")
-    if getattr(req, "echo", False) and not chat and req.logprobs is not None:
+    if getattr(req, "echo", False) and not chat and req.logprobs is not None and req.stream:
         raise _BadFieldError(
             "echo",
-            "echo with logprobs is not supported: the server does not return the prompt's log-probabilities yet "
-            "(accepted: echo without logprobs; docs/openai-api.md)",
+            "echo with logprobs is not supported on a stream yet: the prompt's log-probabilities come with the "
+            "result (accepted: echo with logprobs and stream false, or echo without logprobs; docs/openai-api.md)",
         )
     if getattr(req, "continue_final_message", False) and req.add_generation_prompt:
         raise _BadFieldError(
@@ -258,7 +259,7 @@ def _pydantic_models() -> dict[str, Any]:
 
     class CompletionRequest(Sampling):
         prompt: str | list[str] | list[int] | list[list[int]]
-        logprobs: int | None = Field(default=None, ge=0, le=0)
+        logprobs: int | None = Field(default=None, ge=0, le=5)
         echo: bool = False
         best_of: int | None = Field(default=None, ge=1, le=128)
         suffix: str | None = None
@@ -321,7 +322,7 @@ def _pydantic_models() -> dict[str, Any]:
     class ChatCompletionRequest(ChatTemplating, Sampling):
         max_completion_tokens: int | None = Field(default=None, ge=1)
         logprobs: bool = False
-        top_logprobs: int | None = Field(default=None, ge=0, le=0)
+        top_logprobs: int | None = Field(default=None, ge=0, le=20)
         tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
         parallel_tool_calls: bool | None = None
         prediction: Prediction | None = None
@@ -376,8 +377,8 @@ def _pydantic_models() -> dict[str, Any]:
 
     class CompletionLogprobs(BaseModel):
         tokens: list[str]
-        token_logprobs: list[float]
-        top_logprobs: None
+        token_logprobs: list[float | None]
+        top_logprobs: list[dict[str, float] | None] | None
         text_offset: list[int]
 
     class CompletionChoice(BaseModel):
@@ -1313,13 +1314,13 @@ def create_app(
             """The server-sent event of one chunk of choice ``c`` (None: nothing to send)."""
             if chunk.result is not None:
                 c.result = chunk.result
-                body = event_of(c, c.view.rest(chunk.result), [], [], _FINISH.get(chunk.result.finish_reason))
+                body = event_of(c, c.view.rest(chunk.result), [], [], [], _FINISH.get(chunk.result.finish_reason))
                 n_out = len(chunk.result.token_ids)
             else:
                 text = c.view.feed(chunk)
                 if not (text or chunk.token_ids or c.first):
                     return None
-                body = event_of(c, text, chunk.token_ids, chunk.logprobs, None)
+                body = event_of(c, text, chunk.token_ids, chunk.logprobs, chunk.top_logprobs, None)
                 n_out = len(c.view.ids)
             if continuous:  # vLLM's continuous_usage_stats: this choice's counts so far
                 body["usage"] = _usage(c.n_prompt, n_out)
@@ -1434,27 +1435,66 @@ def create_app(
         # Log-probabilities only when asked for: without them a greedy request reads only argmax ids.
         want_logprobs = req.logprobs is not None
         kw["logprobs"] = want_logprobs
+        # OpenAI's legacy `logprobs: N`: N alternatives per token (0 = the chosen tokens only), from the target's
+        # verification row of each position; with `echo`, the prompt's from the prefill pass too.
+        kw["top_logprobs"] = req.logprobs or 0
+        if req.echo and want_logprobs:
+            kw["prompt_logprobs"] = req.logprobs
         choices = _submit_all(endpoint, req, kw, prompts, "prompt", "max_tokens", texts if req.echo else None)
         if not isinstance(choices, list):
             return choices
         rid, created = f"cmpl-{req.request_id or uuid.uuid4().hex}", int(time.time())
 
-        def logprobs_of(c: _Choice, ids: list[int], lps: list[float]) -> dict[str, Any] | None:
+        def alternatives(tops: list[list[tuple[int, float]]]) -> list[dict[str, float] | None] | None:
+            """OpenAI's legacy top_logprobs: per token {token text: log-probability} (None with logprobs 0); of
+            alternatives with equal texts the most likely one's value is kept."""
+            if not req.logprobs:
+                return None
+            out = []
+            for alts in tops:
+                d: dict[str, float] = {}
+                for text, (_, lp) in zip(_token_text([i for i, _ in alts]), alts, strict=True):
+                    d.setdefault(text, lp)
+                out.append(d)
+            return out
+
+        def logprobs_of(
+            c: _Choice, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]]
+        ) -> dict[str, Any] | None:
             start = len(c.seen)
             c.seen.extend(ids)  # text offsets count from the start of the choice's text
             if not want_logprobs:
                 return None
+            offset = len(c.echo)  # the generated text starts after the echoed prompt
             return {
                 "tokens": _token_text(ids, req.return_tokens_as_token_ids),
                 "token_logprobs": lps,
-                "top_logprobs": None,
-                "text_offset": _offsets(c.seen, start),
+                "top_logprobs": alternatives(tops),
+                "text_offset": [offset + o for o in _offsets(c.seen, start)],
             }
 
-        def event_of(c: _Choice, text: str, ids: list[int], lps: list[float], finish: str | None) -> dict[str, Any]:
+        def prompt_logprobs_of(c: _Choice, r: GenerationResult) -> dict[str, Any]:
+            """The echoed prompt's entries (first token: None, as OpenAI's), from the prefill pass."""
+            ids = r.prompt_token_ids
+            tops = alternatives(r.prompt_top_logprobs)
+            return {
+                "tokens": _token_text(ids, req.return_tokens_as_token_ids),
+                "token_logprobs": list(r.prompt_logprobs),
+                "top_logprobs": None if tops is None else [None, *tops[1:]],
+                "text_offset": [len(tokenizer.decode(ids[:j], skip_special_tokens=False)) for j in range(len(ids))],
+            }
+
+        def event_of(
+            c: _Choice, text: str, ids: list[int], lps: list[float], tops: list, finish: str | None
+        ) -> dict[str, Any]:
             if c.first:
                 text, c.first = c.echo + text, False
-            choice = {"index": c.index, "text": text, "logprobs": logprobs_of(c, ids, lps), "finish_reason": finish}
+            choice = {
+                "index": c.index,
+                "text": text,
+                "logprobs": logprobs_of(c, ids, lps, tops),
+                "finish_reason": finish,
+            }
             return {
                 "id": rid,
                 "object": "text_completion",
@@ -1464,7 +1504,12 @@ def create_app(
             }
 
         def final_of(c: _Choice, r: GenerationResult) -> dict[str, Any]:
-            return {"text": c.echo + c.view.final(r), "logprobs": logprobs_of(c, r.token_ids, r.logprobs)}
+            lps = logprobs_of(c, r.token_ids, r.logprobs, r.top_logprobs)
+            if lps is not None and req.echo:  # the prompt's entries first, then the generated tokens'
+                head = prompt_logprobs_of(c, r)
+                # (top_logprobs is None on both sides with logprobs 0, a list on both otherwise)
+                lps = {k: None if lps[k] is None else head[k] + lps[k] for k in lps}
+            return {"text": c.echo + c.view.final(r), "logprobs": lps}
 
         head = {"id": rid, "object": "text_completion", "created": created}
         return await _reply(request, endpoint, req, choices, head, "text_completion", event_of, final_of)
@@ -1491,28 +1536,44 @@ def create_app(
         except _BadFieldError as e:
             return _rejected(endpoint, str(e), e.param)
         kw["logprobs"] = bool(req.logprobs)
+        kw["top_logprobs"] = req.top_logprobs or 0  # from the target's verification row of each position
         choices = _submit_all(endpoint, req, kw, [ids], "messages", field)
         if not isinstance(choices, list):
             return choices
         rid, created = f"chatcmpl-{req.request_id or uuid.uuid4().hex}", int(time.time())
 
-        def logprobs_of(ids: list[int], lps: list[float]) -> dict[str, Any] | None:
+        def entry(i: int, lp: float) -> dict[str, Any]:
+            return {
+                "token": _token_text([i], req.return_tokens_as_token_ids)[0],
+                "logprob": lp,
+                "bytes": _token_bytes(i),
+            }
+
+        def logprobs_of(ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]]) -> dict[str, Any] | None:
             if not req.logprobs:
                 return None
+            tops = tops or [[] for _ in ids]
             return {
                 "content": [
-                    {"token": t, "logprob": lp, "bytes": _token_bytes(i), "top_logprobs": []}
-                    for i, t, lp in zip(ids, _token_text(ids, req.return_tokens_as_token_ids), lps, strict=True)
+                    {**entry(i, lp), "top_logprobs": [entry(a, alp) for a, alp in alts]}
+                    for i, lp, alts in zip(ids, lps, tops, strict=True)
                 ]
             }
 
-        def event_of(c: _Choice, text: str, ids: list[int], lps: list[float], finish: str | None) -> dict[str, Any]:
+        def event_of(
+            c: _Choice, text: str, ids: list[int], lps: list[float], tops: list, finish: str | None
+        ) -> dict[str, Any]:
             if c.first:
                 delta: dict[str, Any] = {"role": "assistant", "content": text}
                 c.first = False
             else:
                 delta = {"content": text} if text or finish is None else {}
-            choice = {"index": c.index, "delta": delta, "logprobs": logprobs_of(ids, lps), "finish_reason": finish}
+            choice = {
+                "index": c.index,
+                "delta": delta,
+                "logprobs": logprobs_of(ids, lps, tops),
+                "finish_reason": finish,
+            }
             return {
                 "id": rid,
                 "object": "chat.completion.chunk",
@@ -1524,7 +1585,7 @@ def create_app(
         def final_of(c: _Choice, r: GenerationResult) -> dict[str, Any]:
             return {
                 "message": {"role": "assistant", "content": c.view.final(r)},
-                "logprobs": logprobs_of(r.token_ids, r.logprobs),
+                "logprobs": logprobs_of(r.token_ids, r.logprobs, r.top_logprobs),
             }
 
         head = {"id": rid, "object": "chat.completion", "created": created}
