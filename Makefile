@@ -16,7 +16,7 @@ $(PY):
 venv: $(PY) ## create the virtual environment .venv
 
 install: $(PY) ## build the Rust extension and install specrt (editable) with test extras into .venv
-	@echo "specrt: installing into $(VENV): downloads, then the Rust extension's build (the first time about 5 minutes on 2 cores); progress below, the whole log in target/install.log"
+	@echo "specrt: installing into $(VENV): downloads, then the Rust extension's build (the first time one to a few minutes on 2 cores); progress below, the whole log in target/install.log"
 	@mkdir -p target
 	@set -o pipefail; $(PY) -m pip install -v -e '.[cpu,test]' 2>&1 | tee target/install.log \
 		| { grep --line-buffered -E '^(Collecting|Downloading) |^ *(Compiling|Finished|Built wheel for) |^Successfully installed' || true; } \
