@@ -127,3 +127,16 @@ def tiny_decoder(tmp_path_factory: pytest.TempPathFactory):
         gguf = write_tiny_gguf(root / f"{name}.gguf", arch="qwen2", seed=3, n_layers=layers)
         paths[name] = convert(gguf, root / name, progress=False)
     return specrt.Decoder(paths["target"], paths["draft"], max_seq_len=256)
+
+
+@pytest.fixture(scope="module")
+def tiny_smollm2_or_skip():
+    """SmolLM2-135M fp32 from the cache (a byte-level BPE tokenizer, its own chat template; max_seq_len 512), or
+    skip (``specrt models pull smollm2-135m-instruct``; CI's earlier tests pull it)."""
+    import specrt
+    from specrt.models import cache_dir
+
+    folder = cache_dir() / "models" / "smollm2-135m-instruct" / "fp32"
+    if not (folder / "model.onnx").is_file():
+        pytest.skip("SmolLM2 fp32 is not in the cache (specrt models pull smollm2-135m-instruct)")
+    return specrt.Decoder(folder, max_seq_len=512)

@@ -18,24 +18,12 @@ httpx = pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-import specrt  # noqa: E402
 from specrt.server import create_app  # noqa: E402
 
 
 @pytest.fixture
 def tiny(tiny_decoder):
     return tiny_decoder
-
-
-@pytest.fixture(scope="module")
-def tiny_smollm2_or_skip():
-    """SmolLM2 (a byte-level BPE tokenizer) from the cache, or skip."""
-    from specrt.models import cache_dir
-
-    folder = cache_dir() / "models" / "smollm2-135m-instruct" / "fp32"
-    if not (folder / "model.onnx").is_file():
-        pytest.skip("SmolLM2 fp32 is not in the cache (specrt models pull smollm2-135m-instruct)")
-    return specrt.Decoder(folder, max_seq_len=512)
 
 
 @pytest.fixture

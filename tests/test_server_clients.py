@@ -599,17 +599,6 @@ def test_smollm2_chat_with_the_sdk_and_its_tokenizer(tiny_smollm2_or_skip) -> No
     assert info["eos_token"] and info["chat_template"]
 
 
-@pytest.fixture(scope="module")
-def tiny_smollm2_or_skip():
-    """SmolLM2 (a byte-level BPE tokenizer, its own chat template) from the cache, or skip."""
-    from specrt.models import cache_dir
-
-    folder = cache_dir() / "models" / "smollm2-135m-instruct" / "fp32"
-    if not (folder / "model.onnx").is_file():
-        pytest.skip("SmolLM2 fp32 is not in the cache (specrt models pull smollm2-135m-instruct)")
-    return specrt.Decoder(folder, max_seq_len=512)
-
-
 # ----- schemathesis -------------------------------------------------------------------------------------------------
 def test_generated_requests_get_no_server_error_and_no_response_outside_the_schema(tiny_decoder) -> None:
     """schemathesis on the live server's /openapi.json: per operation 30 derandomized requests valid by the schema
