@@ -288,15 +288,8 @@ def test_top_logprobs_are_the_targets_teacher_forced_log_softmax_with_or_without
     model = _specrt.OrtModel(str(tiny["target"]), ort_library=find_ort_library(), max_seq_len=256)
     for draft, k in [(None, 0), (tiny["draft_close"], 3), (tiny["draft_other"], 4)]:
         dec = specrt.Decoder(tiny["target"], draft, max_seq_len=256)
-        res = dec.generate(
-            "def add(a, b):",
-            max_new_tokens=12,
-            temperature=temperature,
-            seed=3,
-            num_speculative_tokens=k,
-            top_logprobs=5,
-            ignore_eos=True,
-        )
+        kw = {"max_new_tokens": 12, "temperature": temperature, "seed": 3, "num_speculative_tokens": k}
+        res = dec.generate("def add(a, b):", top_logprobs=5, ignore_eos=True, **kw)
         assert len(res.top_logprobs) == len(res.token_ids) == 12
         # Teacher-forced: one target pass over prompt + output, the rows that predicted each output token.
         seq = res.prompt_token_ids + res.token_ids
@@ -312,17 +305,7 @@ def test_top_logprobs_are_the_targets_teacher_forced_log_softmax_with_or_without
             if temperature == 0:
                 assert ids[0] == res.token_ids[i], "greedy picks the first alternative"
         # Streamed chunks carry the same alternatives, in order.
-        chunks = list(
-            dec.stream(
-                "def add(a, b):",
-                max_new_tokens=12,
-                temperature=temperature,
-                seed=3,
-                num_speculative_tokens=k,
-                top_logprobs=5,
-                ignore_eos=True,
-            )
-        )
+        chunks = list(dec.stream("def add(a, b):", top_logprobs=5, ignore_eos=True, **kw))
         assert [a for c in chunks for a in c.top_logprobs] == res.top_logprobs
     for bad, match in [(21, "top_logprobs 21 is invalid"), (-1, "top_logprobs -1 is invalid"), (2.5, "top_logprobs")]:
         with pytest.raises(ConfigError, match=match):

@@ -318,31 +318,22 @@ impl BatchEngine {
     /// prompt is prefilled, i.e. from its first emitted token on).
     #[must_use]
     pub fn prompt_logprobs(&self, id: u64) -> Option<&crate::PromptLogprobs> {
+        self.request(id).map(|q| &q.prompt_scores)
+    }
+
+    /// The state of a running or finished request.
+    fn request(&self, id: u64) -> Option<&Request> {
         self.rows
             .iter()
             .find(|r| r.id == id)
-            .map(|r| &r.req.prompt_scores)
-            .or_else(|| {
-                self.finished
-                    .iter()
-                    .find(|(r, _)| *r == id)
-                    .map(|(_, q)| &q.prompt_scores)
-            })
+            .map(|r| &r.req)
+            .or_else(|| self.finished.iter().find(|(r, _)| *r == id).map(|(_, q)| q))
     }
 
     /// Statistics so far of a running or finished request.
     #[must_use]
     pub fn stats(&self, id: u64) -> Option<&Stats> {
-        self.rows
-            .iter()
-            .find(|r| r.id == id)
-            .map(|r| &r.req.stats)
-            .or_else(|| {
-                self.finished
-                    .iter()
-                    .find(|(r, _)| *r == id)
-                    .map(|(_, q)| &q.stats)
-            })
+        self.request(id).map(|q| &q.stats)
     }
 
     /// The current per-token acceptance estimate and last choice inputs of the K controller at batch size `b`
