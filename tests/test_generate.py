@@ -357,3 +357,21 @@ def test_prompt_logprobs_equal_a_teacher_forced_target_pass(
     else:
         with pytest.raises(ConfigError, match="prompt_logprobs 21 is invalid"):
             dec.generate("x", max_new_tokens=2, prompt_logprobs=21)
+
+
+def test_min_tokens_keeps_stop_ids_out_of_the_first_tokens_with_or_without_a_draft(tiny: dict[str, Path]) -> None:
+    target_only = specrt.Decoder(tiny["target"], max_seq_len=256)
+    free = target_only.generate("def add(a, b):", max_new_tokens=20, temperature=0, ignore_eos=True).token_ids
+    stop = free[2]  # a token greedy decoding emits third: as a stop id it ends the generation there
+    kw = {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True, "stop_token_ids": [stop]}
+    cut = target_only.generate("def add(a, b):", **kw)
+    assert cut.token_ids[-1] == stop and len(cut.token_ids) <= 3 and cut.finish_reason == "stop"
+    held = target_only.generate("def add(a, b):", min_tokens=8, **kw)
+    assert stop not in held.token_ids[:8] and len(held.token_ids) >= 8
+    for draft, k in [(tiny["draft_close"], 3), (tiny["draft_other"], 4)]:
+        dec = specrt.Decoder(tiny["target"], draft, max_seq_len=256)
+        assert dec.generate("def add(a, b):", min_tokens=8, num_speculative_tokens=k, **kw).token_ids == held.token_ids
+    with pytest.raises(ConfigError, match="min_tokens 30 is invalid"):
+        target_only.generate("x", max_new_tokens=20, min_tokens=30)
+    with pytest.raises(ConfigError, match="min_tokens"):
+        target_only.generate("x", max_new_tokens=20, min_tokens=-1)

@@ -450,7 +450,7 @@ def test_converted_folders_load_in_transformers(tiny_decoder) -> None:
             "force a tool call",
         ),
         ("/v1/chat/completions", {"logit_bias": {"5": 3.0}}, "logit_bias", "not implemented"),
-        ("/v1/chat/completions", {"min_tokens": 4}, "min_tokens", "not yet"),
+        ("/v1/chat/completions", {"min_tokens": 40, "max_tokens": 8}, "min_tokens", "min_tokens 40 is invalid"),
         ("/v1/chat/completions", {"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs", "{}"),
         ("/v1/chat/completions", {"echo": True}, "echo", "false"),
         ("/v1/chat/completions", {"continue_final_message": True}, "continue_final_message", "add_generation_prompt"),
@@ -707,3 +707,36 @@ def test_chat_top_logprobs_are_the_targets_log_softmax_and_the_choice_is_their_m
         assert [int(a.token.removeprefix("token_id:")) for a in e.top_logprobs] == list(want)
         np.testing.assert_allclose([a.logprob for a in e.top_logprobs], row[want], atol=1e-4)
         assert out[k] == want[0] and e.logprob == pytest.approx(e.top_logprobs[0].logprob, abs=1e-6)
+
+
+def test_min_tokens_as_vllm_defines_it(served) -> None:
+    settings = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 20, "temperature": 0}
+    with _sdk(served.base) as client:
+        free = client.completions.create(
+            **settings, extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True}, logprobs=0
+        )
+        stop = int(free.choices[0].logprobs.tokens[2].removeprefix("token_id:"))
+        extra = {"ignore_eos": True, "stop_token_ids": [stop]}
+        cut = client.completions.create(**settings, extra_body=extra)
+        held = client.completions.create(**settings, extra_body={**extra, "min_tokens": 8})
+    assert cut.usage.completion_tokens <= 3 and held.usage.completion_tokens >= 8
+
+
+def test_max_tokens_zero_with_echo_scores_the_prompt_only(served) -> None:
+    tok = served.decoder.tokenizer
+    prompt = tok.encode("def add(a, b):\n    return").ids
+    settings = {"model": "tiny", "prompt": [prompt], "temperature": 0, "echo": True, "logprobs": 2}
+    with _sdk(served.base) as client:
+        scored = client.completions.create(max_tokens=0, **settings)
+        one = client.completions.create(max_tokens=1, **settings)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="tiny", prompt="x", max_tokens=0)
+    assert e.value.body["param"] == "max_tokens" and "echo" in e.value.body["message"]
+    c, o = scored.choices[0], one.choices[0]
+    assert c.text == tok.decode(prompt) and scored.usage.completion_tokens == 0
+    assert scored.usage.prompt_tokens == len(prompt)
+    n = len(prompt)
+    assert len(c.logprobs.tokens) == n and c.logprobs.token_logprobs[0] is None
+    # The same scores as the prompt part of a one-token request.
+    assert c.logprobs.token_logprobs == o.logprobs.token_logprobs[:n]
+    assert c.logprobs.top_logprobs == o.logprobs.top_logprobs[:n]

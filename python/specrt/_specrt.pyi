@@ -249,6 +249,7 @@ class RequestConfig:
         logprobs: bool = True,
         top_logprobs: int = 0,
         prompt_logprobs: int | None = None,
+        min_tokens: int = 0,
         _fault: str | None = None,
     ) -> None: ...
     @property

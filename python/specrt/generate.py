@@ -387,6 +387,7 @@ def _request_settings(
         # The range (0..=20) is the engine's check (GenerationConfig::validate); the type is checked here so that a
         # wrong one is a ConfigError naming the parameter.
         "top_logprobs": _check_int("top_logprobs", a["top_logprobs"], 0, (1 << 32) - 1, "a non-negative integer"),
+        "min_tokens": _check_int("min_tokens", a["min_tokens"], 0, (1 << 32) - 1, "a non-negative integer"),
     }
     if a["prompt_logprobs"] is not None:
         settings["prompt_logprobs"] = _check_int(
@@ -688,6 +689,7 @@ class Decoder:
         logprobs: bool = True,
         top_logprobs: int = 0,
         prompt_logprobs: int | None = None,
+        min_tokens: int = 0,
         _fault: str | None = None,
     ) -> Iterator[StreamChunk]:
         """Generate, yielding text as it is committed.
@@ -737,6 +739,9 @@ class Decoder:
                 this many alternatives per position (0..20), from the prefill pass, in
                 :attr:`GenerationResult.prompt_logprobs` (OpenAI's ``echo`` with ``logprobs``, vLLM's
                 ``prompt_logprobs``). The prefill then reads every position's logits (in chunks of 256 positions).
+            min_tokens: vLLM's: no EOS id (unless ``ignore_eos``) and no ``stop_token_ids`` id before this many tokens
+                (0 = off; at most ``max_new_tokens``): their logits are -inf at those positions, in the draft's rows and
+                the target's alike (with the penalties), so speculation stays exact. Stop strings still end the text.
             _fault: a deliberate sampler fault, for tests of the tests only (``"residual_from_draft"``).
 
         Yields:

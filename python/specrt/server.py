@@ -81,7 +81,6 @@ _REFUSED_UNLESS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
         '{"type": "text"} or null',
         "json_object and json_schema constrain the output, and " + _STRUCTURED,
     ),
-    "min_tokens": (lambda v: v == 0, "0", "suppressing EOS needs the engine (not yet)"),
     "spaces_between_special_tokens": (lambda v: v, "true", "special tokens are decoded without added spaces"),
     "priority": (lambda v: v == 0, "0", "requests run first come first served"),
     "use_beam_search": (lambda v: not v, "false", "beam search is not implemented"),
@@ -259,6 +258,8 @@ def _pydantic_models() -> dict[str, Any]:
 
     class CompletionRequest(Sampling):
         prompt: str | list[str] | list[int] | list[list[int]]
+        # 0 scores the prompt only (with echo, not streamed): OpenAI's and lm-eval's scoring request.
+        max_tokens: int | None = Field(default=None, ge=0)
         logprobs: int | None = Field(default=None, ge=0, le=5)
         echo: bool = False
         best_of: int | None = Field(default=None, ge=1, le=128)
@@ -689,6 +690,7 @@ class _Choice:
     result: GenerationResult | None = None
     error: BaseException | None = None
     seen: list[int] = field(default_factory=list)  # tokens whose logprobs were given out (text offsets)
+    score_only: bool = False  # max_tokens 0 with echo: the one token generated is not returned or counted
 
 
 async def _merged(choices: list[_Choice]) -> AsyncIterator[tuple[_Choice, StreamChunk]]:
@@ -747,6 +749,8 @@ _SETTING_FIELDS = {
     "seed": "seed",
     "num_speculative_tokens": "num_speculative_tokens",
     "max_new_tokens": "max_tokens",
+    "min_tokens": "min_tokens",
+    "top_logprobs": "top_logprobs",
     "stop": "stop",
     "prompt": "prompt",
 }
@@ -985,6 +989,7 @@ def create_app(
             "presence_penalty": req.presence_penalty,
             "ignore_eos": req.ignore_eos,
             "coupled": req.coupled,
+            "min_tokens": req.min_tokens,
         }
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
             value = getattr(req, name)
@@ -1295,7 +1300,8 @@ def create_app(
         """Usage of a whole request: each prompt's tokens once (OpenAI's and vLLM's count for n > 1), every
         choice's completion tokens."""
         n_prompt = sum({c.prompt_index: c.n_prompt for c in choices}.values())
-        return _usage(n_prompt, sum(len(c.result.token_ids) for c in choices if c.result is not None))
+        n_out = sum(len(c.result.token_ids) for c in choices if c.result is not None and not c.score_only)
+        return _usage(n_prompt, n_out)
 
     async def _stream(
         request: Request,
@@ -1427,8 +1433,16 @@ def create_app(
             return req
         try:
             _check_policy(req, chat=False)
+            score_only = req.max_tokens == 0
+            if score_only and not (req.echo and not req.stream):
+                raise _BadFieldError(
+                    "max_tokens",
+                    "max_tokens 0 scores the prompt only: it needs echo true and stream false (accepted otherwise: "
+                    "max_tokens >= 1)",
+                )
             # OpenAI's default of 16 tokens is a request setting like any other: too long a prompt for it is an error.
-            kw = _kwargs(req, req.max_tokens or 16)
+            # Scoring only generates one token (the engine always does), which is neither returned nor counted.
+            kw = _kwargs(req, 16 if req.max_tokens is None else max(req.max_tokens, 1))
             prompts, texts = _completion_prompts(req)
         except _BadFieldError as e:
             return _rejected(endpoint, str(e), e.param)
@@ -1443,6 +1457,8 @@ def create_app(
         choices = _submit_all(endpoint, req, kw, prompts, "prompt", "max_tokens", texts if req.echo else None)
         if not isinstance(choices, list):
             return choices
+        for c in choices:
+            c.score_only = score_only
         rid, created = f"cmpl-{req.request_id or uuid.uuid4().hex}", int(time.time())
 
         def alternatives(tops: list[list[tuple[int, float]]]) -> list[dict[str, float] | None] | None:
@@ -1504,6 +1520,8 @@ def create_app(
             }
 
         def final_of(c: _Choice, r: GenerationResult) -> dict[str, Any]:
+            if c.score_only:  # the prompt's text and scores alone
+                return {"text": c.echo, "logprobs": prompt_logprobs_of(c, r) if want_logprobs else None}
             lps = logprobs_of(c, r.token_ids, r.logprobs, r.top_logprobs)
             if lps is not None and req.echo:  # the prompt's entries first, then the generated tokens'
                 head = prompt_logprobs_of(c, r)

@@ -149,6 +149,13 @@ impl GenerationConfig {
                 "max_new_tokens 0 is invalid (expected >= 1)".to_owned(),
             ));
         }
+        let min = self.sampling.min_tokens;
+        if min as usize > self.max_new_tokens {
+            return Err(SpecError::Config(format!(
+                "min_tokens {min} is invalid (expected 0 <= min_tokens <= max_new_tokens {})",
+                self.max_new_tokens
+            )));
+        }
         Ok(())
     }
 }
@@ -314,6 +321,13 @@ impl Request {
         let mut penalties = PenaltyContext::new(vocab);
         if cfg.sampling.has_penalties() {
             penalties.add_prompt(prompt)?;
+            if cfg.sampling.min_tokens > 0 {
+                // vLLM's min_tokens: no EOS (unless ignored anyway) and no stop token id before it.
+                if !cfg.ignore_eos {
+                    penalties.ban_before_min_tokens(&cfg.eos_token_ids)?;
+                }
+                penalties.ban_before_min_tokens(&cfg.stop_token_ids)?;
+            }
             penalties.reserve(cfg.max_new_tokens + MAX_DRAFT_TOKENS);
         }
         let k_max = cfg

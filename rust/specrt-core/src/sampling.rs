@@ -49,6 +49,10 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// OpenAI / vLLM presence penalty (finite; 0 = off): subtract it once from every generated token.
     pub presence_penalty: f32,
+    /// vLLM's `min_tokens` (0 = off): while fewer output tokens than this are counted, the ids the
+    /// [`PenaltyContext`] bans ([`PenaltyContext::ban_before_min_tokens`]: the EOS and stop token ids) get logit
+    /// -inf. Applied with the penalties, so a draft row and the target row of the same position see the same ban.
+    pub min_tokens: u32,
 }
 
 impl Default for SamplingParams {
@@ -61,6 +65,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
+            min_tokens: 0,
         }
     }
 }
@@ -81,12 +86,13 @@ impl SamplingParams {
         self.temperature < MIN_TEMPERATURE
     }
 
-    /// True when any penalty is active (the row then needs a [`PenaltyContext`]).
+    /// True when any penalty (or `min_tokens`) is active (the row then needs a [`PenaltyContext`]).
     #[must_use]
     pub fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0
             || self.frequency_penalty != 0.0
             || self.presence_penalty != 0.0
+            || self.min_tokens > 0
     }
 
     /// Check every value against its allowed range.
@@ -147,6 +153,8 @@ pub struct PenaltyContext {
     seen: Vec<u32>,
     // Output tokens in order.
     history: Vec<u32>,
+    // Ids that get logit -inf while fewer than `SamplingParams::min_tokens` output tokens are counted.
+    banned: Vec<u32>,
 }
 
 impl PenaltyContext {
@@ -159,7 +167,21 @@ impl PenaltyContext {
             in_prompt: Vec::new(),
             seen: Vec::new(),
             history: Vec::new(),
+            banned: Vec::new(),
         }
+    }
+
+    /// The ids banned before `min_tokens` output tokens ([`SamplingParams::min_tokens`]): EOS and stop token ids.
+    ///
+    /// Errors: [`SpecError::Vocab`] for an id >= vocab.
+    pub fn ban_before_min_tokens(&mut self, ids: &[u32]) -> Result<()> {
+        for &tok in ids {
+            self.check(tok)?;
+            if !self.banned.contains(&tok) {
+                self.banned.push(tok);
+            }
+        }
+        Ok(())
     }
 
     fn check(&self, token: u32) -> Result<usize> {
@@ -276,6 +298,18 @@ impl PenaltyContext {
                 *x -= cf * f + pr;
             }
         }
+        if (self.history.len() as u64) < u64::from(params.min_tokens) {
+            for &tok in &self.banned {
+                if let Some(x) = logits.get_mut(tok as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+
+    /// Whether [`PenaltyContext::apply`] can change a row (something seen, or a ban in force).
+    fn acts(&self) -> bool {
+        !self.seen.is_empty() || !self.banned.is_empty()
     }
 }
 
@@ -675,7 +709,7 @@ impl Sampler {
         penalties: Option<&PenaltyContext>,
     ) -> &'a [f32] {
         match penalties {
-            Some(ctx) if params.has_penalties() && !ctx.seen.is_empty() => {
+            Some(ctx) if params.has_penalties() && ctx.acts() => {
                 logits_buf.copy_from_slice(logits);
                 ctx.apply(params, logits_buf);
                 logits_buf
@@ -716,8 +750,7 @@ impl Sampler {
     ) -> Result<()> {
         self.check_row(logits)?;
         self.norm = None;
-        let penalised =
-            matches!(penalties, Some(ctx) if params.has_penalties() && !ctx.seen.is_empty());
+        let penalised = matches!(penalties, Some(ctx) if params.has_penalties() && ctx.acts());
         let x = Self::penalised(&mut self.logits, logits, params, penalties);
         let m = checked_max_blocks(x, row, &mut self.bmax)?;
         if params.is_greedy() {

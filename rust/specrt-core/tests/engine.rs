@@ -369,20 +369,26 @@ fn first_two_tokens_chi2<const V: usize>(
         prompt,
         n,
         cfg,
+        &[],
     )
 }
 
-/// [`first_two_tokens_chi2`] with any draft backend.
+/// [`first_two_tokens_chi2`] with any draft backend, the target's distribution at both positions taken with the
+/// `masked` ids removed (renormalised: what `min_tokens` >= 2 makes of it).
 fn first_two_tokens_chi2_with<const V: usize>(
     t: &MockModel,
     d: Option<Box<dyn Backend>>,
     prompt: &[u32],
     n: u64,
     cfg: &GenerationConfig,
+    masked: &[u32],
 ) -> (f64, f64, f64, u64) {
     let softmax = |seq: &[u32]| {
         let mut row = [0f32; V];
         t.row(seq, &mut row);
+        for &m in masked {
+            row[m as usize] = f32::NEG_INFINITY;
+        }
         let m = row.iter().copied().fold(f32::MIN, f32::max);
         let e: Vec<f64> = row.iter().map(|&x| f64::from(x - m).exp()).collect();
         let s: f64 = e.iter().sum();
@@ -400,6 +406,8 @@ fn first_two_tokens_chi2_with<const V: usize>(
     let mut counts = vec![0u64; V * V];
     let mut e = Engine::new(Box::new(t.clone()), d).unwrap();
     let mut n_ngram = 0;
+    // Generations that ended after one token (an EOS or stop id): the expected distribution has no such outcome.
+    let mut ended_early = 0u64;
     for seed in 0..n {
         let cfg = GenerationConfig {
             max_new_tokens: 2,
@@ -408,7 +416,13 @@ fn first_two_tokens_chi2_with<const V: usize>(
         };
         let out = e.generate(prompt, cfg, |_| true).unwrap();
         n_ngram += out.stats.n_drafted_ngram;
-        counts[out.tokens[0] as usize * V + out.tokens[1] as usize] += 1;
+        match out.tokens[..] {
+            [a, b] => counts[a as usize * V + b as usize] += 1,
+            _ => ended_early += 1,
+        }
+    }
+    if ended_early > 0 {
+        return (f64::INFINITY, 0.0, 0.0, n_ngram);
     }
     let (mut stat, mut cells) = (0.0, 0.0);
     for (c, p) in counts.iter().zip(&expected) {
@@ -785,6 +799,7 @@ fn a_pruned_vocabulary_draft_keeps_the_target_distribution_and_greedy_parity() {
         &[1, 4, 2],
         40_000,
         &t1_cfg(3),
+        &[],
     );
     assert!(
         stat < crit,
@@ -901,5 +916,93 @@ fn prompt_logprobs_score_every_prompt_token_after_the_first_across_prefill_chunk
     };
     assert!(
         matches!(bad.validate(), Err(SpecError::Config(m)) if m.contains("prompt_logprobs 21 is invalid"))
+    );
+}
+
+#[test]
+fn min_tokens_bans_eos_and_stop_ids_before_it_in_draft_and_target_alike() {
+    // EOS (id 0) is boosted so that it often comes first; min_tokens keeps it (and the stop id 5) out of the
+    // first positions, with and without speculation.
+    let eos = 0u32;
+    let boosted = |m: MockModel| m.with_boost(eos, 3.0);
+    let prompt = [3u32, 17, 42, 5];
+    let cfg = |k: usize, min_tokens: u32| GenerationConfig {
+        eos_token_ids: vec![eos],
+        stop_token_ids: vec![5],
+        sampling: SamplingParams {
+            min_tokens,
+            ..SamplingParams::greedy()
+        },
+        ..greedy_cfg(k, 30)
+    };
+    for seed in 0..4u64 {
+        let free = run(boosted(target(seed)), None, &prompt, cfg(0, 0));
+        let reference = run(boosted(target(seed)), None, &prompt, cfg(0, 12));
+        assert!(
+            reference.tokens[..12].iter().all(|&t| t != eos && t != 5),
+            "seed {seed}: {:?}",
+            reference.tokens
+        );
+        assert!(free.tokens.len() < 12 || reference.tokens != free.tokens);
+        for k in [1usize, 4] {
+            let out = run(
+                boosted(target(seed)),
+                Some(boosted(draft(seed, 0.3))),
+                &prompt,
+                cfg(k, 12),
+            );
+            assert_eq!(out.tokens, reference.tokens, "seed {seed} k {k}");
+        }
+    }
+    // At temperature 1: the first two tokens follow the target's distribution without EOS and the stop id.
+    let t = MockModel::new(6, 64, 11, 1.5).with_boost(eos, 1.0);
+    let d = MockModel::new(6, 64, 11, 1.5).with_noise(77, 1.0);
+    let t1 = GenerationConfig {
+        num_speculative_tokens: 3,
+        eos_token_ids: vec![eos],
+        stop_token_ids: vec![5],
+        sampling: SamplingParams {
+            temperature: 1.0,
+            min_tokens: 2,
+            ..SamplingParams::default()
+        },
+        ..GenerationConfig::default()
+    };
+    let (stat, crit, cells, _) = first_two_tokens_chi2_with::<6>(
+        &t,
+        Some(Box::new(d.clone())),
+        &[1, 4, 2],
+        40_000,
+        &t1,
+        &[eos, 5],
+    );
+    assert!(
+        stat < crit,
+        "chi-square {stat:.1} >= {crit:.1} over {cells} cells"
+    );
+    // The same test sees a ban applied to one side only: here none at all (min_tokens 0) against the masked p.
+    let unbanned = GenerationConfig {
+        sampling: SamplingParams {
+            min_tokens: 0,
+            ..t1.sampling
+        },
+        ..t1.clone()
+    };
+    let (stat, crit, ..) = first_two_tokens_chi2_with::<6>(
+        &t,
+        Some(Box::new(d)),
+        &[1, 4, 2],
+        40_000,
+        &unbanned,
+        &[eos, 5],
+    );
+    assert!(
+        stat >= crit,
+        "the check must see the ban missing: {stat:.1} < {crit:.1}"
+    );
+    // min_tokens above max_new_tokens is a clear error.
+    let bad = cfg(0, 31);
+    assert!(
+        matches!(bad.validate(), Err(SpecError::Config(m)) if m.contains("min_tokens 31 is invalid"))
     );
 }

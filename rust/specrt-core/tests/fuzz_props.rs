@@ -106,6 +106,7 @@ fn valid_params() -> impl Strategy<Value = SamplingParams> {
             repetition_penalty: r,
             frequency_penalty: f,
             presence_penalty: pr,
+            min_tokens: 0,
         })
 }
 
@@ -136,6 +137,7 @@ fn params() -> impl Strategy<Value = SamplingParams> {
             repetition_penalty: r,
             frequency_penalty: f,
             presence_penalty: pr,
+            min_tokens: 0,
         })
 }
 

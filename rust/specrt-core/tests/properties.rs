@@ -61,6 +61,7 @@ fn round() -> impl Strategy<Value = Round> {
                             repetition_penalty: rep,
                             presence_penalty: pres,
                             frequency_penalty: 0.0,
+                            min_tokens: 0,
                         },
                         mode,
                         seed,

@@ -390,6 +390,9 @@ pub struct GenerationRequest {
     /// Score the prompt with this many alternatives per position (`None` = off, the default;
     /// [`specrt_core::GenerationConfig::prompt_logprobs`]): in the output's `prompt`.
     pub prompt_logprobs: Option<usize>,
+    /// vLLM's `min_tokens`: no EOS or stop token id before this many tokens (default 0 = off;
+    /// [`specrt_core::SamplingParams::min_tokens`]).
+    pub min_tokens: u32,
 }
 
 impl Default for GenerationRequest {
@@ -415,6 +418,7 @@ impl Default for GenerationRequest {
             logprobs: true,
             top_logprobs: 0,
             prompt_logprobs: None,
+            min_tokens: 0,
         }
     }
 }
@@ -586,6 +590,7 @@ impl Pipeline {
                     .unwrap_or(1.0),
                 frequency_penalty: request.frequency_penalty,
                 presence_penalty: request.presence_penalty,
+                min_tokens: request.min_tokens,
             },
             seed: request.seed,
             eos_token_ids: d.eos_token_ids.clone(),

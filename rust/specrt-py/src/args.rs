@@ -47,6 +47,7 @@ impl SamplingArgs {
             repetition_penalty: self.repetition_penalty as f32,
             frequency_penalty: self.frequency_penalty as f32,
             presence_penalty: self.presence_penalty as f32,
+            min_tokens: 0, // a request setting (RequestConfig), not one of the one-row functions'
         })
     }
 

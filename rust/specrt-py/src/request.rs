@@ -33,6 +33,7 @@ impl RequestConfig {
     ///         greedy request without penalties reads only the models' argmax ids).
     ///     top_logprobs: alternatives per emitted token, 0..=20: the most likely tokens of the target's
     ///         verification row of its position with their log-probabilities (0 = none).
+    ///     min_tokens: no EOS or stop token id before this many tokens (vLLM's; 0 = off, <= max_new_tokens).
     ///     prompt_logprobs: score the prompt with this many alternatives per position, 0..=20 (None = off): the
     ///         target's log-probability of each prompt token after the first, from the prefill pass.
     ///
@@ -44,7 +45,7 @@ impl RequestConfig {
         repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, seed=0, eos_token_ids=vec![],
         stop_token_ids=vec![], ignore_eos=false, auto_k=false, pinned_c_draft=None, pinned_c_verify=None,
         prompt_lookup_min=None, prompt_lookup_max=None, use_draft_model=true, coupled=false, logprobs=true,
-        top_logprobs=0, prompt_logprobs=None, _fault=None
+        top_logprobs=0, prompt_logprobs=None, min_tokens=0, _fault=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -71,9 +72,10 @@ impl RequestConfig {
         logprobs: bool,
         top_logprobs: usize,
         prompt_logprobs: Option<usize>,
+        min_tokens: u32,
         _fault: Option<&str>,
     ) -> PyResult<Self> {
-        let sampling = SamplingArgs {
+        let mut sampling = SamplingArgs {
             temperature,
             top_k,
             top_p,
@@ -83,6 +85,7 @@ impl RequestConfig {
             presence_penalty,
         }
         .convert("an integer >= 0; 0 = off")?;
+        sampling.min_tokens = min_tokens;
         if auto_k && (pinned_c_draft.is_some() != pinned_c_verify.is_some()) {
             return Err(to_pyerr(SpecError::Config(
                 "pinned costs need both pinned_c_draft and pinned_c_verify".to_owned(),
