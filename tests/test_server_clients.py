@@ -512,6 +512,11 @@ def test_include_stop_str_in_output_and_stop_token_ids_as_vllm_defines_them(clie
         with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
             events = [json.loads(x[6:]) for x in resp.iter_lines() if x.startswith("data: {")]
         assert "".join(e["choices"][0]["text"] for e in events) == whole["choices"][0]["text"]
+    # An id outside the vocabulary: a 400 naming the field.
+    bad = c.post("/v1/completions", json={**base, "stop_token_ids": [tiny_decoder.vocab_size]})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "stop_token_ids"
+    assert str(tiny_decoder.vocab_size) in bad.json()["error"]["message"]
 
 
 def test_skip_special_tokens_false_keeps_special_tokens_but_not_the_eos_that_ended(

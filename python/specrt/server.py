@@ -752,6 +752,7 @@ _SETTING_FIELDS = {
     "min_tokens": "min_tokens",
     "top_logprobs": "top_logprobs",
     "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
     "prompt": "prompt",
 }
 
