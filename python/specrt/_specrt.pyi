@@ -254,6 +254,40 @@ class RequestConfig:
     ) -> None: ...
     @property
     def max_new_tokens(self) -> int: ...
+    @property
+    def prompt_logprobs(self) -> int | None: ...
+    @property
+    def sampling(self) -> dict[str, float | int]: ...
+
+# ----- the one request resolver (rust/specrt-py/src/request.rs -> specrt_ort::resolve_request) --------------------
+
+DEFAULT_MAX_SEQ_LEN: int
+
+class FolderDefaults:
+    """A model folder's generation defaults (generation_config.json; specrt_config.json for the EOS ids)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None: ...
+    def sampling(self) -> dict[str, float | int]: ...
+    @property
+    def eos_token_ids(self) -> list[int]: ...
+
+def request_defaults() -> dict[str, Any]:
+    """Decoder.stream()'s request-setting defaults (Rust's GenerationRequest::default())."""
+
+def resolve_request(
+    settings: dict[str, Any],
+    *,
+    has_draft: bool,
+    defaults: FolderDefaults | None = None,
+    vocab_size: int | None = None,
+    prompt_ids: Sequence[int] | None = None,
+    max_seq_len: int | None = None,
+    eos_token_ids: Sequence[int] | None = None,
+) -> tuple[RequestConfig, list[str], list[int] | None]:
+    """Decoder.stream()'s settings -> (RequestConfig, stop strings, checked prompt ids or None)."""
+
+def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> list[int]:
+    """Token ids as ints, each 0 <= id < vocab_size (VocabError / TypeError otherwise)."""
 
 class BatchEngine:
     """Batched rounds over target / draft models in the batched layout; driven round by round by specrt.Scheduler."""

@@ -205,13 +205,10 @@ _PROCESS_KEYS = (
 
 
 def _processing(dec: Any, settings: dict[str, Any]) -> dict[str, Any]:
-    """The processing settings in force, with the model folder's defaults filled in as ``generate`` does."""
-    d = dec.defaults
-    defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
-    out = {k: settings.get(k, d.get(k, defaults.get(k, 0.0))) for k in _PROCESS_KEYS}
-    for k in ("frequency_penalty", "presence_penalty"):
-        out[k] = settings.get(k, 0.0)
-    return out
+    """The processing settings in force, with the model folder's defaults filled in: what the one resolver gives
+    ``generate`` (``RequestConfig.sampling``)."""
+    _, config, _ = dec.prepare(prompt=[0], **settings)
+    return {k: config.sampling[k] for k in _PROCESS_KEYS}
 
 
 def _rounds(sources: Sequence[str]) -> list[int]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from specrt import _specrt
 from specrt._ort import find_ort_library
-from specrt.errors import ConfigError, ModelFileError, SequenceLengthError, VocabError
+from specrt.errors import ConfigError, ModelFileError, VocabError
 
 __all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk", "check_request"]
 
@@ -174,14 +174,6 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ModelFileError(f"{path}: {e}") from e
 
 
-def _as_id_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
-
-
 class _ModelFolder:
     """The files of a converted model folder that the Python side needs."""
 
@@ -197,6 +189,8 @@ class _ModelFolder:
         except Exception as e:
             raise ModelFileError(f"{tok}: cannot be loaded by tokenizers: {e}") from e
         self.config = _read_json(path / "specrt_config.json")
+        # generation_config.json as Rust reads it (a malformed file is a ModelFileError for a draft folder too).
+        self.defaults = _specrt.FolderDefaults(str(path))
         self.batched = self.config.get("kv_layout") == "batched_rows"
         if batched is not None and self.batched != batched:
             want = "the batched layout (`specrt convert --attention batched`)" if batched else "the GQA layout"
@@ -204,7 +198,6 @@ class _ModelFolder:
                 f"{path} is not in {want} that this decoder needs (kv_layout {self.config.get('kv_layout')!r}); "
                 "target and draft must share one layout, and max_batch > 1 needs the batched one"
             )
-        self.generation = _read_json(path / "generation_config.json")
         template = path / "chat_template.jinja"
         self.chat_template = template.read_text(encoding="utf-8") if template.is_file() else None
 
@@ -230,19 +223,6 @@ def _render_chat(template: str, messages: Sequence[dict[str, Any]], add_generati
         )
     except jinja2.exceptions.TemplateError as e:
         raise ConfigError(f"chat template failed: {e}") from e
-
-
-def _check_ids(name: str, ids: Sequence[Any], vocab: int) -> list[int]:
-    """Token ids as ints, each in ``0 <= id < vocab`` (VocabError naming the first bad one; TypeError for non-ints)."""
-    import operator
-
-    out = [operator.index(t) for t in ids]
-    for i, t in enumerate(out):
-        if not 0 <= t < vocab:
-            raise VocabError(
-                f"{name} token {t} at position {i} is out of range (expected 0 <= id < vocab size {vocab})"
-            )
-    return out
 
 
 def _check_draft_dtype(draft: str | os.PathLike[str] | None, draft_dtype: str | None) -> None:
@@ -327,126 +307,40 @@ def check_request(caller: str = "Decoder.generate", *, has_draft: bool, **kwargs
         TypeError: an argument stream() does not take (naming ``caller``).
         ConfigError: a setting out of range (named, with the allowed range).
     """
-    a = _bind_stream_args(caller, kwargs)
-    settings, _ = _request_settings(a, has_draft=has_draft, defaults={}, eos_token_ids=[])
-    settings["stop_token_ids"] = [
-        _check_int("stop_token_ids", t, 0, (1 << 32) - 1, "token ids >= 0") for t in settings["stop_token_ids"]
-    ]
-    _specrt.RequestConfig(**settings)  # the engine's own checks (GenerationConfig::validate)
+    _request_settings(_bind_stream_args(caller, kwargs), has_draft=has_draft)
 
 
 def _request_settings(
-    a: dict[str, Any], *, has_draft: bool, defaults: dict[str, Any], eos_token_ids: list[int]
-) -> tuple[dict[str, Any], list[str]]:
-    """The engine settings (``RequestConfig`` keywords) and stop strings of :meth:`Decoder.stream`'s arguments
-    ``a`` (name -> value), with ``defaults`` (generation_config.json's) for the sampling values left ``None``. Needs
-    no model: prompt and token ids are checked against the vocabulary by :meth:`Decoder._prepare`.
+    a: dict[str, Any],
+    *,
+    has_draft: bool,
+    defaults: Any = None,
+    vocab_size: int | None = None,
+    prompt_ids: Sequence[int] | None = None,
+    max_seq_len: int | None = None,
+    eos_token_ids: Sequence[int] | None = None,
+) -> tuple[Any, list[str], list[int] | None]:
+    """The engine's ``RequestConfig``, the stop strings and the checked prompt ids of :meth:`Decoder.stream`'s
+    arguments ``a`` (name -> value), from the one resolver in Rust (``specrt_ort::resolve_request``): ``defaults``
+    (the target folder's ``FolderDefaults``) for the sampling values left ``None``, every validation.
 
     Raises:
-        ConfigError: a setting out of range (named, with the allowed range).
+        ConfigError, VocabError, SequenceLengthError, TypeError: as :meth:`Decoder.stream` documents.
     """
-    stop = a["stop"]
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-    if any(not s for s in stops):
-        raise ConfigError("stop strings must be non-empty")
-    # Integers the Rust engine cannot represent are errors here, not OverflowError there.
-    max_new_tokens = _check_int("max_new_tokens", a["max_new_tokens"], 1, float("inf"), "an integer >= 1")
-    seed = _check_int("seed", a["seed"], 0, (1 << 64) - 1, "an integer 0 <= seed < 2**64")
-    top_k = a["top_k"]
-    if top_k is not None:
-        _check_int("top_k", top_k, 0, (1 << 32) - 1, "an integer 0 <= top_k < 2**32; 0 = off")
-    d = defaults
-    spec = _speculation(
-        has_draft,
-        a["num_speculative_tokens"],
-        a["proposer"],
-        a["prompt_lookup_min"],
-        a["prompt_lookup_max"],
-        a["pinned_costs"],
+    settings = {k: v for k, v in a.items() if k not in ("self", "prompt", "messages")}
+    return _specrt.resolve_request(
+        settings,
+        has_draft=has_draft,
+        defaults=defaults,
+        vocab_size=vocab_size,
+        prompt_ids=prompt_ids,
+        max_seq_len=max_seq_len,
+        eos_token_ids=eos_token_ids,
     )
 
-    def pick(name: str, off: float) -> Any:
-        return d.get(name, off) if a[name] is None else a[name]
 
-    settings = {
-        "max_new_tokens": max_new_tokens,
-        **spec,
-        "temperature": float(pick("temperature", 1.0)),
-        "top_k": int(pick("top_k", 0)),
-        "top_p": float(pick("top_p", 1.0)),
-        "min_p": float(pick("min_p", 0.0)),
-        "repetition_penalty": float(pick("repetition_penalty", 1.0)),
-        "frequency_penalty": float(a["frequency_penalty"]),
-        "presence_penalty": float(a["presence_penalty"]),
-        "seed": int(seed),
-        "eos_token_ids": list(eos_token_ids),
-        "stop_token_ids": [] if a["stop_token_ids"] is None else list(a["stop_token_ids"]),
-        "ignore_eos": _check_bool("ignore_eos", a["ignore_eos"]),
-        "coupled": _check_bool("coupled", a["coupled"]),
-        "logprobs": _check_bool("logprobs", a["logprobs"]),
-        # The range (0..=20) is the engine's check (GenerationConfig::validate); the type is checked here so that a
-        # wrong one is a ConfigError naming the parameter.
-        "top_logprobs": _check_int("top_logprobs", a["top_logprobs"], 0, (1 << 32) - 1, "a non-negative integer"),
-        "min_tokens": _check_int("min_tokens", a["min_tokens"], 0, (1 << 32) - 1, "a non-negative integer"),
-    }
-    if a["prompt_logprobs"] is not None:
-        settings["prompt_logprobs"] = _check_int(
-            "prompt_logprobs", a["prompt_logprobs"], 0, (1 << 32) - 1, "a non-negative integer or None"
-        )
-    if a["_fault"] is not None:
-        settings["_fault"] = a["_fault"]
-    return settings, stops
-
-
-def _speculation(
-    has_draft: bool,
-    k: int | str,
-    proposer: str | None,
-    lookup_min: int,
-    lookup_max: int,
-    pinned: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """Engine settings for K and the proposer (validated here where the engine cannot name the Python value);
-    ``has_draft``: whether the decoder has a draft model."""
-    if proposer is None:
-        proposer = "draft" if has_draft else "none"
-    allowed = ("draft", "ngram", "ngram+draft", "none")
-    if proposer not in allowed:
-        raise ConfigError(f"proposer {proposer!r} is invalid (expected one of: {', '.join(map(repr, allowed))})")
-    if "draft" in proposer and not has_draft:
-        raise ConfigError(f"proposer {proposer!r} needs a draft model; this Decoder has none")
-    auto = isinstance(k, str)
-    if auto and k != "auto":
-        raise ConfigError(f"num_speculative_tokens {k!r} is invalid (expected an integer 0..64 or 'auto')")
-    if not auto and (isinstance(k, bool) or not isinstance(k, int)):
-        raise ConfigError(f"num_speculative_tokens {k!r} is invalid (expected an integer 0..64 or 'auto')")
-    if not auto and not 0 <= k <= 64:
-        raise ConfigError(f"num_speculative_tokens {k} is invalid (expected 0 <= K <= 64, or 'auto')")
-    if pinned is not None and not auto:
-        raise ConfigError("pinned_costs only apply with num_speculative_tokens='auto'")
-    out: dict[str, Any] = {
-        "num_speculative_tokens": 8 if auto else (0 if proposer == "none" else k),
-        "auto_k": auto and proposer != "none",
-        "use_draft_model": "draft" in proposer,
-    }
-    if "ngram" in proposer:
-        ints = all(isinstance(n, int) and not isinstance(n, bool) for n in (lookup_min, lookup_max))
-        if not (ints and 1 <= lookup_min <= lookup_max <= 32):
-            raise ConfigError(
-                f"n-gram lengths prompt_lookup_min = {lookup_min!r}, prompt_lookup_max = {lookup_max!r} are "
-                "invalid (expected integers 1 <= prompt_lookup_min <= prompt_lookup_max <= 32)"
-            )
-        out["prompt_lookup_min"] = lookup_min
-        out["prompt_lookup_max"] = lookup_max
-    if pinned is not None:
-        try:
-            out["pinned_c_draft"] = float(pinned["c_draft"])
-            out["pinned_c_verify"] = [float(c) for c in pinned["c_verify"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(
-                f"pinned_costs {pinned!r} is invalid (expected {{'c_draft': float, 'c_verify': [floats]}}): {e!r}"
-            ) from e
-    return out
+#: Defaults of :meth:`Decoder.stream`'s request settings, from Rust (``GenerationRequest::default()``).
+_D = _specrt.request_defaults()
 
 
 class Decoder:
@@ -508,7 +402,7 @@ class Decoder:
         *,
         provider: str = "cpu",
         device_id: int = 0,
-        max_seq_len: int | None = 4096,
+        max_seq_len: int | None = _specrt.DEFAULT_MAX_SEQ_LEN,
         intra_op_threads: int | None = None,
         allow_fallback: bool = False,
         cuda_graph: bool = False,
@@ -583,11 +477,11 @@ class Decoder:
             self._engine = _specrt.Engine(*models, device_id=device_id, cuda_graph=cuda_graph, **common)
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id holding _lock
-        gen = self._target.generation
-        self.eos_token_ids: list[int] = _as_id_list(gen.get("eos_token_id", self._target.config.get("eos_token_ids")))
-        self.defaults: dict[str, Any] = {
-            k: gen[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty") if k in gen
-        }
+        self._defaults = self._target.defaults
+        #: EOS ids of the target folder (generation_config.json's ``eos_token_id``, else specrt_config.json's).
+        self.eos_token_ids: list[int] = self._defaults.eos_token_ids
+        #: The sampling defaults the target folder sets (generation_config.json; absent and ``null`` keys left out).
+        self.defaults: dict[str, Any] = self._defaults.sampling()
 
     @property
     def vocab_size(self) -> int:
@@ -632,22 +526,19 @@ class Decoder:
         )
 
     def encode(self, prompt: str | Sequence[int] | None, messages: Sequence[dict[str, Any]] | None) -> list[int]:
-        """Token ids for a prompt (text or ids) or chat messages (exactly one of the two).
+        """Token ids for a prompt (text or ids) or chat messages (exactly one of the two). Ids given are passed on
+        as they are: the resolver checks them (``_specrt.resolve_request``).
 
         Raises:
-            ConfigError: both or neither given, or the prompt is empty.
+            ConfigError: both or neither given.
         """
         if (prompt is None) == (messages is None):
             raise ConfigError("give exactly one of prompt and messages")
         if messages is not None:
-            ids = self.tokenizer.encode(self.apply_chat_template(messages), add_special_tokens=False).ids
-        elif isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt).ids
-        else:
-            ids = [int(t) for t in prompt]  # type: ignore[union-attr]
-        if not ids:
-            raise ConfigError("the prompt is empty (expected at least one token)")
-        return ids
+            return self.tokenizer.encode(self.apply_chat_template(messages), add_special_tokens=False).ids
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt).ids
+        return list(prompt)  # type: ignore[arg-type]
 
     def generate(self, prompt: str | Sequence[int] | None = None, **kwargs: Any) -> GenerationResult:
         """Generate a completion; see :meth:`stream` for the arguments. Returns a :class:`GenerationResult`.
@@ -668,28 +559,28 @@ class Decoder:
         prompt: str | Sequence[int] | None = None,
         *,
         messages: Sequence[dict[str, Any]] | None = None,
-        max_new_tokens: int = 128,
-        num_speculative_tokens: int | str = 4,
-        proposer: str | None = None,
-        prompt_lookup_min: int = 2,
-        prompt_lookup_max: int = 4,
-        pinned_costs: dict[str, Any] | None = None,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        min_p: float | None = None,
-        repetition_penalty: float | None = None,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        seed: int = 0,
-        stop: str | Sequence[str] | None = None,
-        stop_token_ids: Sequence[int] | None = None,
-        ignore_eos: bool = False,
-        coupled: bool = False,
-        logprobs: bool = True,
-        top_logprobs: int = 0,
-        prompt_logprobs: int | None = None,
-        min_tokens: int = 0,
+        max_new_tokens: int = _D["max_new_tokens"],
+        num_speculative_tokens: int | str = _D["num_speculative_tokens"],
+        proposer: str | None = _D["proposer"],
+        prompt_lookup_min: int = _D["prompt_lookup_min"],
+        prompt_lookup_max: int = _D["prompt_lookup_max"],
+        pinned_costs: dict[str, Any] | None = _D["pinned_costs"],
+        temperature: float | None = _D["temperature"],
+        top_k: int | None = _D["top_k"],
+        top_p: float | None = _D["top_p"],
+        min_p: float | None = _D["min_p"],
+        repetition_penalty: float | None = _D["repetition_penalty"],
+        frequency_penalty: float = _D["frequency_penalty"],
+        presence_penalty: float = _D["presence_penalty"],
+        seed: int = _D["seed"],
+        stop: str | Sequence[str] | None = _D["stop"],
+        stop_token_ids: Sequence[int] | None = _D["stop_token_ids"],
+        ignore_eos: bool = _D["ignore_eos"],
+        coupled: bool = _D["coupled"],
+        logprobs: bool = _D["logprobs"],
+        top_logprobs: int = _D["top_logprobs"],
+        prompt_logprobs: int | None = _D["prompt_logprobs"],
+        min_tokens: int = _D["min_tokens"],
         _fault: str | None = None,
     ) -> Iterator[StreamChunk]:
         """Generate, yielding text as it is committed.
@@ -756,7 +647,7 @@ class Decoder:
             KeyboardInterrupt: stops promptly (between rounds); the decoder stays usable.
             TypeError: a token id that is not an integer.
         """
-        ids, settings, stops = self._prepare(dict(locals()))
+        ids, config, stops = self._prepare(dict(locals()))
         self._check_not_scheduled()
         me = threading.get_ident()
         if self._owner == me:
@@ -769,7 +660,7 @@ class Decoder:
             self._check_not_scheduled()  # a Scheduler may have taken the decoder over while this call waited
             self._owner = me
             try:
-                yield from self._run(self._engine, ids, settings, stops)
+                yield from self._run(self._engine, ids, config, stops)
             finally:
                 self._owner = None
 
@@ -780,22 +671,21 @@ class Decoder:
                 "Scheduler, or close it before calling generate / stream"
             )
 
-    def _prepare(self, a: dict[str, Any]) -> tuple[list[int], dict[str, Any], list[str]]:
-        """Check :meth:`stream`'s arguments (``a``: name -> value) and turn them into the prompt ids, the engine
-        settings (``RequestConfig`` keywords) and the stop strings. Raises as :meth:`stream` documents."""
-        settings, stops = _request_settings(
-            a, has_draft=self.draft_path is not None, defaults=self.defaults, eos_token_ids=self.eos_token_ids
+    def _prepare(self, a: dict[str, Any]) -> tuple[list[int], Any, list[str]]:
+        """Check :meth:`stream`'s arguments (``a``: name -> value) and turn them into the prompt ids, the engine's
+        ``RequestConfig`` and the stop strings (the Rust resolver). Raises as :meth:`stream` documents."""
+        config, stops, ids = _request_settings(
+            a,
+            has_draft=self.draft_path is not None,
+            defaults=self._defaults,
+            vocab_size=self.vocab_size,
+            prompt_ids=self.encode(a["prompt"], a["messages"]),
+            max_seq_len=self.max_seq_len,
+            eos_token_ids=self.eos_token_ids,
         )
-        ids = _check_ids("prompt", self.encode(a["prompt"], a["messages"]), self.vocab_size)
-        if settings["max_new_tokens"] >= 1 << 63:
-            raise SequenceLengthError(
-                f"prompt of {len(ids)} tokens + max_new_tokens {settings['max_new_tokens']} = "
-                f"{len(ids) + settings['max_new_tokens']} exceeds the maximum sequence length {self.max_seq_len}"
-            )
-        settings["stop_token_ids"] = _check_ids("stop_token_ids", settings["stop_token_ids"], self.vocab_size)
-        return ids, settings, stops
+        return ids, config, stops
 
-    def prepare(self, **kwargs: Any) -> tuple[list[int], dict[str, Any], list[str]]:
+    def prepare(self, **kwargs: Any) -> tuple[list[int], Any, list[str]]:
         """:meth:`_prepare` from :meth:`stream`'s keyword arguments (for :class:`specrt.scheduler.Scheduler`).
 
         Raises:
@@ -803,9 +693,9 @@ class Decoder:
         """
         return self._prepare(_bind_stream_args("Scheduler.submit", kwargs))
 
-    def _run(self, engine: Any, ids: list[int], settings: dict[str, Any], stops: list[str]) -> Iterator[StreamChunk]:
-        engine.start(ids, _specrt.RequestConfig(**settings))
-        asm = _Assembler(self, ids, stops, engine.stop_at, settings.get("prompt_logprobs") is not None)
+    def _run(self, engine: Any, ids: list[int], config: Any, stops: list[str]) -> Iterator[StreamChunk]:
+        engine.start(ids, config)
+        asm = _Assembler(self, ids, stops, engine.stop_at, config.prompt_logprobs is not None)
         try:
             while asm.finish is None:
                 yield asm.feed(engine.step())

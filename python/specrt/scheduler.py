@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from specrt import _specrt
 from specrt.errors import GenerationCancelled, SpecrtError
 from specrt.generate import Decoder, GenerationResult, StreamChunk, _Assembler
 
@@ -449,15 +448,15 @@ class Scheduler:
                 self._finished(h)
                 continue
             try:
-                ids, settings, stops = self.decoder.prepare(**h.kwargs)
-                batch.add(self._next_row_id, ids, _specrt.RequestConfig(**settings))
+                ids, config, stops = self.decoder.prepare(**h.kwargs)
+                batch.add(self._next_row_id, ids, config)
             except Exception as e:  # the request's own error: the others go on
                 h._finish(None, e)
                 self._finished(h)
                 continue
             rid = self._next_row_id
             self._next_row_id += 1
-            scored = settings.get("prompt_logprobs") is not None
+            scored = config.prompt_logprobs is not None
             rows[rid] = (h, _Assembler(self.decoder, ids, stops, functools.partial(batch.stop_at, rid), scored))
 
     def _step(self, batch: Any, rows: dict[int, tuple[RequestHandle, _Assembler]]) -> None:

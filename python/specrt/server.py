@@ -47,8 +47,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from specrt import _specrt
 from specrt.errors import ConfigError, GenerationCancelled, SpecrtError, VocabError
-from specrt.generate import Decoder, GenerationResult, StreamChunk, _check_ids, _longest_partial_stop
+from specrt.generate import Decoder, GenerationResult, StreamChunk, _longest_partial_stop
 from specrt.scheduler import (
     QueueFullError,
     RequestHandle,
@@ -1013,7 +1014,7 @@ def create_app(
         if not ids:
             raise _BadFieldError(param, f"{where}: the prompt is empty (expected at least one token)")
         try:
-            ids = _check_ids("prompt", ids, decoder.vocab_size)
+            ids = _specrt.check_token_ids("prompt", ids, decoder.vocab_size)
         except (VocabError, TypeError) as e:
             raise _BadFieldError(param, str(e) if where == param else f"{where}: {e}") from e
         return ids if truncate is None else ids[-truncate:]

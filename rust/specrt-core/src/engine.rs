@@ -284,6 +284,44 @@ pub(crate) struct Request {
     pub(crate) last_round: (usize, u64, bool),
 }
 
+/// Check a prompt against a model before anything runs: at least one token, each id `< vocab`, and prompt +
+/// `max_new_tokens` within `max_seq` (the KV capacity). Every entry point (the engines, the binding's resolver,
+/// the Rust `Pipeline`) checks with this one function.
+///
+/// Errors: [`SpecError::Config`] for an empty prompt, [`SpecError::Vocab`] naming the first bad id and its
+/// position, [`SpecError::Length`] naming both lengths and the maximum.
+pub fn check_prompt(
+    prompt: &[u32],
+    max_new_tokens: usize,
+    vocab: usize,
+    max_seq: usize,
+) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(SpecError::Config(
+            "the prompt is empty (expected at least one token)".to_owned(),
+        ));
+    }
+    if let Some((i, &t)) = prompt
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t as usize >= vocab)
+    {
+        return Err(SpecError::Vocab(format!(
+            "prompt token {t} at position {i} is out of range (expected 0 <= id < vocab size {vocab})"
+        )));
+    }
+    // Saturating: a huge max_new_tokens must not wrap around and pass the check.
+    let total = prompt.len().saturating_add(max_new_tokens);
+    if total > max_seq {
+        return Err(SpecError::Length(format!(
+            "prompt of {} tokens + max_new_tokens {max_new_tokens} = {total} exceeds the maximum sequence length \
+             {max_seq}",
+            prompt.len(),
+        )));
+    }
+    Ok(())
+}
+
 impl Request {
     /// Validate a request (settings, prompt ids, length against `max_seq`) and set up its state; nothing is run.
     /// The caches are empty (`n_past_* = 0`) until the caller prefills them.
@@ -294,29 +332,7 @@ impl Request {
         max_seq: usize,
     ) -> Result<Self> {
         cfg.validate()?;
-        if prompt.is_empty() {
-            return Err(SpecError::Config(
-                "the prompt is empty (expected at least one token)".to_owned(),
-            ));
-        }
-        if let Some((i, &t)) = prompt
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t as usize >= vocab)
-        {
-            return Err(SpecError::Vocab(format!(
-                "prompt token {t} at position {i} is out of range (expected < vocab size {vocab})"
-            )));
-        }
-        // Saturating: a huge max_new_tokens must not wrap around and pass the check.
-        let total = prompt.len().saturating_add(cfg.max_new_tokens);
-        if total > max_seq {
-            return Err(SpecError::Length(format!(
-                "prompt of {} tokens + max_new_tokens {} = {total} exceeds the maximum sequence length {max_seq}",
-                prompt.len(),
-                cfg.max_new_tokens,
-            )));
-        }
+        check_prompt(prompt, cfg.max_new_tokens, vocab, max_seq)?;
         let controller = cfg.auto_k.clone().map(KController::new).transpose()?;
         let mut penalties = PenaltyContext::new(vocab);
         if cfg.sampling.has_penalties() {

@@ -25,8 +25,8 @@ pub use backend::{Backend, BatchBackend, BatchRow};
 pub use batch::{BatchEngine, BatchOptions, RowStep};
 pub use coupled::CoupledNoise;
 pub use engine::{
-    Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig, PromptLogprobs,
-    StepOutput, TokenSource, PROMPT_LOGPROBS_CHUNK,
+    check_prompt, Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig,
+    PromptLogprobs, StepOutput, TokenSource, PROMPT_LOGPROBS_CHUNK,
 };
 pub use error::{Result, SpecError};
 pub use ngram::{NgramProposer, MAX_NGRAM_LEN};

@@ -180,8 +180,10 @@ pub struct OrtOptions {
     pub intra_op_threads: Option<usize>,
     /// Inter-op threads (the session runs sequentially, so 1 is right).
     pub inter_op_threads: usize,
-    /// Longest total sequence (cached + new tokens). `None` = `max_position_embeddings` from
-    /// `specrt_config.json`, else [`DEFAULT_MAX_SEQ_LEN`]; always capped by the model's maximum when known.
+    /// Longest total sequence (cached + new tokens); bounds the KV memory each model preallocates. Default
+    /// (`OrtOptions::new`, Python's `Decoder`, `specrt serve`): `Some(`[`DEFAULT_MAX_SEQ_LEN`]`)`. `None` =
+    /// `max_position_embeddings` from `specrt_config.json`, else [`DEFAULT_MAX_SEQ_LEN`]; always capped by the
+    /// model's maximum when known.
     pub max_seq_len: Option<usize>,
     /// When CUDA is requested but cannot be used, fall back to CPU (reported by
     /// [`crate::OrtBackend::fallback_reason`]) instead of failing with [`SpecError::Provider`].
@@ -210,6 +212,17 @@ pub struct OrtOptions {
 }
 
 impl OrtOptions {
+    /// The options a draft model loads with: these, with [`OrtOptions::prefill_graph`] on (a draft runs its long
+    /// passes on its folder's prefill graph when it has one; the output stays the target's). Every engine
+    /// (`Pipeline`, Python's `Engine` and `BatchEngine`) loads its draft with them.
+    #[must_use]
+    pub fn for_draft(&self) -> OrtOptions {
+        OrtOptions {
+            prefill_graph: true,
+            ..self.clone()
+        }
+    }
+
     /// CPU defaults for the library at `ort_library`.
     pub fn new(ort_library: impl Into<PathBuf>) -> Self {
         OrtOptions {
@@ -218,7 +231,7 @@ impl OrtOptions {
             device_id: 0,
             intra_op_threads: None,
             inter_op_threads: 1,
-            max_seq_len: None,
+            max_seq_len: Some(DEFAULT_MAX_SEQ_LEN),
             allow_fallback: false,
             layout: None,
             cuda_graph: false,

@@ -8,6 +8,8 @@
 //! - K fixed or [`SpeculativeTokens::Auto`] (each round picks K in `0..=8` from measured costs and acceptance);
 //! - the proposer ([`Proposer`]): the draft model (default when one is loaded), prompt lookup (n-gram), both, or
 //!   none;
+//! - one resolver for every caller ([`resolve_request`]: Python's `Decoder`, `Scheduler` and `specrt serve` use
+//!   it through the binding);
 //! - the same validation, with errors that name the bad value and the allowed set ([`SpecError::Config`],
 //!   [`SpecError::Vocab`]), and a draft whose `tokenizer.json` vocabulary differs from the target's is refused.
 //!
@@ -17,15 +19,16 @@
 //! engine yourself: [`Pipeline::resolve`], then `start` / `step` / `stop_at` / `output` on
 //! [`Pipeline::engine_mut`]).
 //!
-//! KV memory: Python's `Decoder` passes `max_seq_len = 4096` by default, while [`OrtOptions::max_seq_len`] `None`
-//! means the model's `max_position_embeddings`; set `Some(4096)` (= [`crate::DEFAULT_MAX_SEQ_LEN`]) to match.
+//! KV memory: [`OrtOptions::new`] sets `max_seq_len = Some(4096)` ([`crate::DEFAULT_MAX_SEQ_LEN`], capped by the
+//! model's `max_position_embeddings`), as Python's `Decoder` does; `None` means the model's whole
+//! `max_position_embeddings`. A draft loads with [`OrtOptions::for_draft`] (its prefill graph when its folder has
+//! one), as in Python.
 //!
 //! ```no_run
 //! use std::path::Path;
 //! use specrt_ort::{find_ort_library, GenerationRequest, OrtOptions, Pipeline, SpeculativeTokens};
 //!
-//! let mut options = OrtOptions::new(find_ort_library(None)?);
-//! options.max_seq_len = Some(4096);
+//! let options = OrtOptions::new(find_ort_library(None)?); // max_seq_len 4096
 //! let mut pipeline = Pipeline::load(
 //!     Path::new("/models/smollm2-135m-instruct/fp32"),
 //!     Some(Path::new("/models/smollm2-135m-instruct/fp32-L6")),
@@ -374,6 +377,9 @@ pub struct GenerationRequest {
     pub presence_penalty: f32,
     /// Seed of the request's random stream (default 0): the same seed and settings give the same tokens.
     pub seed: u64,
+    /// Stop strings (each non-empty): the text ends before the first match. Token-level generation
+    /// ([`Pipeline::generate`]) has no text and refuses them.
+    pub stop: Vec<String>,
     /// Extra ids that end generation (emitted, finish reason "stop"); each `< vocab_size`.
     pub stop_token_ids: Vec<u32>,
     /// Keep going past the folder's EOS ids (stop token ids still stop).
@@ -393,6 +399,9 @@ pub struct GenerationRequest {
     /// vLLM's `min_tokens`: no EOS or stop token id before this many tokens (default 0 = off;
     /// [`specrt_core::SamplingParams::min_tokens`]).
     pub min_tokens: u32,
+    /// A deliberate sampler fault (tests of the tests only; `None` in any real use).
+    #[doc(hidden)]
+    pub fault: Option<specrt_core::sampling::Fault>,
 }
 
 impl Default for GenerationRequest {
@@ -412,6 +421,7 @@ impl Default for GenerationRequest {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             seed: 0,
+            stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             coupled: false,
@@ -419,6 +429,7 @@ impl Default for GenerationRequest {
             top_logprobs: 0,
             prompt_logprobs: None,
             min_tokens: 0,
+            fault: None,
         }
     }
 }
@@ -449,13 +460,18 @@ impl Pipeline {
         let target_file = resolve_model_file(target)?;
         let defaults = FolderDefaults::read(&target_file)?;
         if let Some(draft) = draft {
-            check_same_vocabulary(&target_file, &resolve_model_file(draft)?)?;
+            let draft_file = resolve_model_file(draft)?;
+            check_same_vocabulary(&target_file, &draft_file)?;
+            // Not used (the target's defaults apply), but a malformed file is an error, as in Python.
+            FolderDefaults::read(&draft_file)?;
         }
         let target_backend = OrtBackend::new(&target_file, options)?;
         let providers = target_backend.providers();
         let fallback_reason = target_backend.fallback_reason().map(str::to_owned);
         let draft_backend = match draft {
-            Some(p) => Some(Box::new(OrtBackend::new(p, options)?) as Box<dyn Backend>),
+            Some(p) => {
+                Some(Box::new(OrtBackend::new(p, &options.for_draft())?) as Box<dyn Backend>)
+            }
             None => None,
         };
         let mut pipeline = Self::from_engine(
@@ -534,83 +550,12 @@ impl Pipeline {
     /// lengths, pinned costs without auto K, sampling settings, `max_new_tokens` 0) or a draft proposer without a
     /// draft model; [`SpecError::Vocab`] for a stop token id `>= vocab_size`.
     pub fn resolve(&self, request: &GenerationRequest) -> Result<GenerationConfig> {
-        let stop_token_ids = request.stop_token_ids.clone();
-        check_ids("stop_token_ids", &stop_token_ids, self.vocab_size())?;
-        let has_draft = self.has_draft();
-        let proposer = request.proposer.unwrap_or(if has_draft {
-            Proposer::DraftModel
-        } else {
-            Proposer::TargetOnly
-        });
-        if proposer.uses_draft_model() && !has_draft {
-            return Err(SpecError::Config(format!(
-                "proposer {:?} needs a draft model; this pipeline has none (load it with a draft folder)",
-                proposer.as_str()
-            )));
-        }
-        let auto = request.num_speculative_tokens == SpeculativeTokens::Auto;
-        let k = match request.num_speculative_tokens {
-            SpeculativeTokens::Fixed(k) if k > MAX_DRAFT_TOKENS => {
-                return Err(SpecError::Config(format!(
-                    "num_speculative_tokens {k} is invalid (expected 0 <= K <= {MAX_DRAFT_TOKENS}, or \"auto\")"
-                )))
-            }
-            SpeculativeTokens::Fixed(_) if proposer == Proposer::TargetOnly => 0,
-            SpeculativeTokens::Fixed(k) => k,
-            SpeculativeTokens::Auto => AUTO_K_MAX,
-        };
-        if request.pinned_costs.is_some() && !auto {
-            return Err(SpecError::Config(
-                "pinned_costs only apply with num_speculative_tokens = \"auto\"".to_owned(),
-            ));
-        }
-        let ngram = if proposer.uses_ngram() {
-            let (lo, hi) = (request.prompt_lookup_min, request.prompt_lookup_max);
-            // The proposer's constructor holds the range check and its message.
-            NgramProposer::new(lo, hi)?;
-            Some(NgramConfig {
-                prompt_lookup_min: lo,
-                prompt_lookup_max: hi,
-            })
-        } else {
-            None
-        };
-        let d = &self.defaults;
-        let cfg = GenerationConfig {
-            max_new_tokens: request.max_new_tokens,
-            num_speculative_tokens: k,
-            sampling: SamplingParams {
-                temperature: request.temperature.or(d.temperature).unwrap_or(1.0),
-                top_k: request.top_k.or(d.top_k).unwrap_or(0),
-                top_p: request.top_p.or(d.top_p).unwrap_or(1.0),
-                min_p: request.min_p.or(d.min_p).unwrap_or(0.0),
-                repetition_penalty: request
-                    .repetition_penalty
-                    .or(d.repetition_penalty)
-                    .unwrap_or(1.0),
-                frequency_penalty: request.frequency_penalty,
-                presence_penalty: request.presence_penalty,
-                min_tokens: request.min_tokens,
-            },
-            seed: request.seed,
-            eos_token_ids: d.eos_token_ids.clone(),
-            stop_token_ids,
-            ignore_eos: request.ignore_eos,
-            auto_k: (auto && proposer != Proposer::TargetOnly).then(|| AutoK {
-                k_max: AUTO_K_MAX,
-                pinned: request.pinned_costs.clone(),
-                ..AutoK::default()
-            }),
-            ngram,
-            use_draft_model: proposer.uses_draft_model(),
-            coupled: request.coupled,
-            logprobs: request.logprobs,
-            top_logprobs: request.top_logprobs,
-            prompt_logprobs: request.prompt_logprobs,
-            fault: None,
-        };
-        cfg.validate()?;
-        Ok(cfg)
+        resolve_request(
+            request,
+            &self.defaults,
+            self.has_draft(),
+            Some(self.vocab_size()),
+        )
     }
 
     /// Generate from `prompt_ids` (`[n_prompt]` token ids, each `< vocab_size`) to the end: EOS id, stop token id
@@ -642,19 +587,121 @@ impl Pipeline {
         request: &GenerationRequest,
         on_step: impl FnMut(&StepOutput) -> bool,
     ) -> Result<GenerationOutput> {
-        if prompt_ids.is_empty() {
+        // The prompt is checked by the engine (`specrt_core::check_prompt`, the one definition).
+        if !request.stop.is_empty() {
             return Err(SpecError::Config(
-                "the prompt is empty (expected at least one token)".to_owned(),
+                "stop strings need text: token-level generation cannot match them (pass stop token ids, or cut \
+                 the decoded text yourself)"
+                    .to_owned(),
             ));
         }
-        check_ids("prompt", prompt_ids, self.vocab_size())?;
         let cfg = self.resolve(request)?;
         self.engine.generate(prompt_ids, cfg, on_step)
     }
 }
 
+/// The engine settings of `request`, resolved once for every caller (the Rust [`Pipeline`], Python's `Decoder`,
+/// `Scheduler` and `specrt serve`): `defaults` (the target folder's) for the sampling values left `None`, then the
+/// neutral ones; K and the proposer translated (`None` = the draft model when `has_draft`, else target-only; K = 0
+/// for target-only; auto K up to [`AUTO_K_MAX`]); stop strings non-empty; stop token ids `< vocab_size` when it is
+/// given; everything else through [`GenerationConfig::validate`].
+///
+/// Errors: [`SpecError::Config`] for a value out of range (named, with the allowed set: proposer, K, n-gram
+/// lengths, pinned costs without auto K, sampling settings, `max_new_tokens` 0, an empty stop string) or a draft
+/// proposer without a draft model; [`SpecError::Vocab`] for a stop token id `>= vocab_size`.
+pub fn resolve_request(
+    request: &GenerationRequest,
+    defaults: &FolderDefaults,
+    has_draft: bool,
+    vocab_size: Option<usize>,
+) -> Result<GenerationConfig> {
+    if request.stop.iter().any(String::is_empty) {
+        return Err(SpecError::Config(
+            "stop strings must be non-empty".to_owned(),
+        ));
+    }
+    let stop_token_ids = request.stop_token_ids.clone();
+    if let Some(vocab) = vocab_size {
+        check_ids("stop_token_ids", &stop_token_ids, vocab)?;
+    }
+    let proposer = request.proposer.unwrap_or(if has_draft {
+        Proposer::DraftModel
+    } else {
+        Proposer::TargetOnly
+    });
+    if proposer.uses_draft_model() && !has_draft {
+        return Err(SpecError::Config(format!(
+            "proposer {:?} needs a draft model; none is loaded (load one with a draft folder)",
+            proposer.as_str()
+        )));
+    }
+    let auto = request.num_speculative_tokens == SpeculativeTokens::Auto;
+    let k = match request.num_speculative_tokens {
+        SpeculativeTokens::Fixed(k) if k > MAX_DRAFT_TOKENS => {
+            return Err(SpecError::Config(format!(
+                "num_speculative_tokens {k} is invalid (expected 0 <= K <= {MAX_DRAFT_TOKENS}, or \"auto\")"
+            )))
+        }
+        SpeculativeTokens::Fixed(_) if proposer == Proposer::TargetOnly => 0,
+        SpeculativeTokens::Fixed(k) => k,
+        SpeculativeTokens::Auto => AUTO_K_MAX,
+    };
+    if request.pinned_costs.is_some() && !auto {
+        return Err(SpecError::Config(
+            "pinned_costs only apply with num_speculative_tokens = \"auto\"".to_owned(),
+        ));
+    }
+    let ngram = if proposer.uses_ngram() {
+        let (lo, hi) = (request.prompt_lookup_min, request.prompt_lookup_max);
+        // The proposer's constructor holds the range check and its message.
+        NgramProposer::new(lo, hi)?;
+        Some(NgramConfig {
+            prompt_lookup_min: lo,
+            prompt_lookup_max: hi,
+        })
+    } else {
+        None
+    };
+    let d = defaults;
+    let cfg = GenerationConfig {
+        max_new_tokens: request.max_new_tokens,
+        num_speculative_tokens: k,
+        sampling: SamplingParams {
+            temperature: request.temperature.or(d.temperature).unwrap_or(1.0),
+            top_k: request.top_k.or(d.top_k).unwrap_or(0),
+            top_p: request.top_p.or(d.top_p).unwrap_or(1.0),
+            min_p: request.min_p.or(d.min_p).unwrap_or(0.0),
+            repetition_penalty: request
+                .repetition_penalty
+                .or(d.repetition_penalty)
+                .unwrap_or(1.0),
+            frequency_penalty: request.frequency_penalty,
+            presence_penalty: request.presence_penalty,
+            min_tokens: request.min_tokens,
+        },
+        seed: request.seed,
+        eos_token_ids: d.eos_token_ids.clone(),
+        stop_token_ids,
+        ignore_eos: request.ignore_eos,
+        auto_k: (auto && proposer != Proposer::TargetOnly).then(|| AutoK {
+            k_max: AUTO_K_MAX,
+            pinned: request.pinned_costs.clone(),
+            ..AutoK::default()
+        }),
+        ngram,
+        use_draft_model: proposer.uses_draft_model(),
+        coupled: request.coupled,
+        logprobs: request.logprobs,
+        top_logprobs: request.top_logprobs,
+        prompt_logprobs: request.prompt_logprobs,
+        fault: request.fault,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
 /// Each id `< vocab` ([`SpecError::Vocab`] naming the first bad one and its position, in Python's words).
-fn check_ids(name: &str, ids: &[u32], vocab: usize) -> Result<()> {
+pub fn check_ids(name: &str, ids: &[u32], vocab: usize) -> Result<()> {
     match ids.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
         Some((i, t)) => Err(SpecError::Vocab(format!(
             "{name} token {t} at position {i} is out of range (expected 0 <= id < vocab size {vocab})"

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use specrt_core::{BatchBackend, BatchEngine, BatchOptions, RowStep};
-use specrt_ort::{BatchedOrtBackend, OrtOptions, Provider};
+use specrt_ort::{BatchedOrtBackend, Provider};
 
 use crate::args::{ort_options, prompt_ids};
 use crate::engine::{prompt_dict, stats_dict, step_dict};
@@ -88,11 +88,7 @@ impl PyBatchEngine {
         );
         let engine = run_kernel(py, move || {
             let t = BatchedOrtBackend::new(&target, &options, max_batch)?;
-            // A draft runs its long passes on its prefill graph when it has one (the output stays the target's).
-            let draft_options = OrtOptions {
-                prefill_graph: true,
-                ..options.clone()
-            };
+            let draft_options = options.for_draft();
             let d = match &draft {
                 Some(p) => Some(
                     Box::new(BatchedOrtBackend::new(p, &draft_options, max_batch)?)

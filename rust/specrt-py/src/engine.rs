@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use specrt_core::{Backend, Engine, Stats, StepOutput};
-use specrt_ort::{OrtBackend, OrtOptions, Provider};
+use specrt_ort::{OrtBackend, Provider};
 
 use crate::args::{ort_options, prompt_ids};
 use crate::errors::{run_kernel, to_pyerr};
@@ -132,11 +132,7 @@ impl PyEngine {
         let (engine, providers) = run_kernel(py, move || {
             let t = OrtBackend::new(&target, &options)?;
             let providers = t.providers();
-            // A draft runs its long passes on its prefill graph when it has one (the output stays the target's).
-            let draft_options = OrtOptions {
-                prefill_graph: true,
-                ..options.clone()
-            };
+            let draft_options = options.for_draft();
             let d = match &draft {
                 Some(p) => Some(Box::new(OrtBackend::new(p, &draft_options)?) as Box<dyn Backend>),
                 None => None,

@@ -28,5 +28,10 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<batch::PyBatchEngine>()?;
     m.add_class::<request::RequestConfig>()?;
+    m.add_class::<request::PyFolderDefaults>()?;
+    m.add_function(wrap_pyfunction!(request::resolve_request, m)?)?;
+    m.add_function(wrap_pyfunction!(request::request_defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(request::check_token_ids, m)?)?;
+    m.add("DEFAULT_MAX_SEQ_LEN", specrt_ort::DEFAULT_MAX_SEQ_LEN)?;
     Ok(())
 }

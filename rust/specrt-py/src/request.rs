@@ -1,8 +1,14 @@
 //! `RequestConfig`: the settings of one generation request, shared by `Engine.start` and `BatchEngine.add`.
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyInt, PyString};
 use specrt_core::sampling::Fault;
-use specrt_core::{AutoK, GenerationConfig, NgramConfig, PinnedCosts, SpecError};
+use specrt_core::{check_prompt, AutoK, GenerationConfig, NgramConfig, PinnedCosts, SpecError};
+use specrt_ort::pipeline::{
+    resolve_request as resolve_request_rs, FolderDefaults, GenerationRequest, Proposer,
+    SpeculativeTokens,
+};
 
 use crate::args::SamplingArgs;
 use crate::errors::to_pyerr;
@@ -144,7 +150,483 @@ impl RequestConfig {
         self.0.max_new_tokens
     }
 
+    /// Score-the-prompt setting: alternatives per prompt position, or None (off).
+    #[getter]
+    fn prompt_logprobs(&self) -> Option<usize> {
+        self.0.prompt_logprobs
+    }
+
+    /// The logits processing in force (folder defaults filled in): ``temperature``, ``top_k``, ``top_p``,
+    /// ``min_p``, ``repetition_penalty``, ``frequency_penalty``, ``presence_penalty`` (floats; ``top_k`` an int).
+    #[getter]
+    fn sampling<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = &self.0.sampling;
+        let d = PyDict::new(py);
+        d.set_item("temperature", f64::from(s.temperature))?;
+        d.set_item("top_k", s.top_k)?;
+        d.set_item("top_p", f64::from(s.top_p))?;
+        d.set_item("min_p", f64::from(s.min_p))?;
+        d.set_item("repetition_penalty", f64::from(s.repetition_penalty))?;
+        d.set_item("frequency_penalty", f64::from(s.frequency_penalty))?;
+        d.set_item("presence_penalty", f64::from(s.presence_penalty))?;
+        Ok(d)
+    }
+
     fn __repr__(&self) -> String {
         format!("RequestConfig({:?})", self.0)
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The one resolver, from Python: `Decoder.stream()`'s keyword arguments -> `RequestConfig` (through
+// `specrt_ort::resolve_request`, which the Rust `Pipeline` uses too). This file only converts Python values,
+// naming the parameter in every error.
+
+/// A `ConfigError` "`{name} {value!r} is invalid (expected {expected})`".
+fn invalid(name: &str, value: &Bound<'_, PyAny>, expected: &str) -> PyErr {
+    let shown = value
+        .repr()
+        .map_or_else(|_| "<unprintable>".to_owned(), |r| r.to_string());
+    to_pyerr(SpecError::Config(format!(
+        "{name} {shown} is invalid (expected {expected})"
+    )))
+}
+
+/// A Python int (not a bool) as `i128`; `None` for a non-int, `Some(Err)` never: ints beyond `i128` saturate.
+fn as_int(value: &Bound<'_, PyAny>) -> Option<i128> {
+    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+        return None;
+    }
+    match value.extract::<i128>() {
+        Ok(v) => Some(v),
+        // Beyond i128: its sign decides the side it saturates to.
+        Err(_) => Some(if value.lt(0).unwrap_or(false) {
+            i128::MIN
+        } else {
+            i128::MAX
+        }),
+    }
+}
+
+/// An int in `lo..=hi` or a `ConfigError` naming `name` and `expected`.
+fn int_in(
+    name: &str,
+    value: &Bound<'_, PyAny>,
+    lo: i128,
+    hi: i128,
+    expected: &str,
+) -> PyResult<i128> {
+    match as_int(value) {
+        Some(v) if (lo..=hi).contains(&v) => Ok(v),
+        _ => Err(invalid(name, value, expected)),
+    }
+}
+
+fn float(name: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    if value.is_instance_of::<PyString>() {
+        return Err(invalid(name, value, "a number"));
+    }
+    value
+        .extract::<f64>()
+        .map_err(|_| invalid(name, value, "a number"))
+}
+
+#[allow(clippy::cast_possible_truncation)]
+fn opt_f32(name: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<f32>> {
+    value.map(|v| float(name, v).map(|x| x as f32)).transpose()
+}
+
+fn boolean(name: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if !value.is_instance_of::<PyBool>() {
+        return Err(invalid(name, value, "True or False"));
+    }
+    value.extract::<bool>()
+}
+
+/// Token ids from a Python sequence: each an int (`TypeError` otherwise, as `operator.index`), each in
+/// `0 <= id < vocab` (`VocabError` naming the first bad one and its position; `vocab` `None` = `2**32`).
+fn ids_of(name: &str, value: &Bound<'_, PyAny>, vocab: Option<usize>) -> PyResult<Vec<u32>> {
+    let limit = vocab.map_or(1_i128 << 32, |v| v as i128);
+    let mut out = Vec::new();
+    for (i, item) in value.try_iter()?.enumerate() {
+        let item = item?;
+        let Some(t) = as_int(&item).or_else(|| {
+            // operator.index accepts what implements __index__ (numpy ints).
+            item.call_method0("__index__").ok().and_then(|x| as_int(&x))
+        }) else {
+            return Err(PyTypeError::new_err(format!(
+                "{name} token {} at position {i} is not an integer",
+                item.repr()?
+            )));
+        };
+        if !(0..limit).contains(&t) {
+            let shown = item.str()?.to_string();
+            let expected = vocab.map_or("0 <= id < 2**32".to_owned(), |v| {
+                format!("0 <= id < vocab size {v}")
+            });
+            return Err(to_pyerr(SpecError::Vocab(format!(
+                "{name} token {shown} at position {i} is out of range (expected {expected})"
+            ))));
+        }
+        #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+        out.push(t as u32);
+    }
+    Ok(out)
+}
+
+/// The request's settings as `GenerationRequest` (Python names -> Rust fields, types checked, every error naming
+/// its parameter); values are range-checked by `resolve_request`.
+#[allow(
+    clippy::too_many_lines,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_truncation
+)]
+fn request_of(settings: &Bound<'_, PyDict>, vocab: Option<usize>) -> PyResult<GenerationRequest> {
+    let mut r = GenerationRequest::default();
+    let mut lookup: [Option<&'static str>; 2] = [None, None];
+    let mut lookup_values: Vec<(&'static str, Bound<'_, PyAny>)> = Vec::new();
+    for (key, value) in settings.iter() {
+        let key: String = key.extract()?;
+        let v = (!value.is_none()).then_some(&value);
+        match key.as_str() {
+            "max_new_tokens" => {
+                // Huge values saturate: the length check then names them (SequenceLengthError).
+                let n = int_in("max_new_tokens", &value, 1, i128::MAX, "an integer >= 1")?;
+                r.max_new_tokens = usize::try_from(n).unwrap_or(usize::MAX);
+            }
+            "num_speculative_tokens" => {
+                r.num_speculative_tokens = if value.is_instance_of::<PyString>() {
+                    let s: String = value.extract()?;
+                    if s != "auto" {
+                        return Err(invalid(&key, &value, "an integer 0..64 or 'auto'"));
+                    }
+                    SpeculativeTokens::Auto
+                } else {
+                    let k = int_in(&key, &value, 0, i128::MAX, "an integer 0..64 or 'auto'")?;
+                    SpeculativeTokens::Fixed(usize::try_from(k).unwrap_or(usize::MAX))
+                };
+            }
+            "proposer" => {
+                r.proposer = match v {
+                    None => None,
+                    Some(p) => {
+                        let s: String = p.extract().map_err(|_| {
+                            invalid(&key, p, "one of: 'draft', 'ngram', 'ngram+draft', 'none'")
+                        })?;
+                        Some(s.parse::<Proposer>().map_err(to_pyerr)?)
+                    }
+                };
+            }
+            "prompt_lookup_min" | "prompt_lookup_max" => {
+                let name = if key == "prompt_lookup_min" {
+                    "prompt_lookup_min"
+                } else {
+                    "prompt_lookup_max"
+                };
+                lookup_values.push((name, value.clone()));
+                match as_int(&value).and_then(|n| usize::try_from(n).ok()) {
+                    Some(n) if name == "prompt_lookup_min" => r.prompt_lookup_min = n,
+                    Some(n) => r.prompt_lookup_max = n,
+                    None => lookup[usize::from(name == "prompt_lookup_max")] = Some(name),
+                }
+            }
+            "pinned_costs" => {
+                r.pinned_costs = match v {
+                    None => None,
+                    Some(p) => Some(pinned_of(p)?),
+                };
+            }
+            "temperature" => r.temperature = opt_f32(&key, v)?,
+            "top_p" => r.top_p = opt_f32(&key, v)?,
+            "min_p" => r.min_p = opt_f32(&key, v)?,
+            "repetition_penalty" => r.repetition_penalty = opt_f32(&key, v)?,
+            "top_k" => {
+                r.top_k = match v {
+                    None => None,
+                    Some(k) => {
+                        Some(int_in(&key, k, 0, (1 << 32) - 1, crate::args::TOP_K_RANGE)? as u32)
+                    }
+                };
+            }
+            "frequency_penalty" => r.frequency_penalty = float(&key, &value)? as f32,
+            "presence_penalty" => r.presence_penalty = float(&key, &value)? as f32,
+            "seed" => {
+                r.seed = int_in(
+                    &key,
+                    &value,
+                    0,
+                    (1 << 64) - 1,
+                    "an integer 0 <= seed < 2**64",
+                )? as u64;
+            }
+            "stop" => {
+                r.stop = match v {
+                    None => Vec::new(),
+                    Some(s) if s.is_instance_of::<PyString>() => vec![s.extract()?],
+                    Some(s) => s
+                        .try_iter()
+                        .and_then(|it| {
+                            it.map(|x| x?.extract::<String>())
+                                .collect::<PyResult<Vec<_>>>()
+                        })
+                        .map_err(|_| invalid(&key, s, "a string or a list of strings"))?,
+                };
+            }
+            "stop_token_ids" => {
+                r.stop_token_ids = match v {
+                    None => Vec::new(),
+                    Some(ids) => ids_of("stop_token_ids", ids, vocab)?,
+                };
+            }
+            "ignore_eos" => r.ignore_eos = boolean(&key, &value)?,
+            "coupled" => r.coupled = boolean(&key, &value)?,
+            "logprobs" => r.logprobs = boolean(&key, &value)?,
+            "top_logprobs" => {
+                r.top_logprobs = int_in(
+                    &key,
+                    &value,
+                    0,
+                    i128::from(u32::MAX),
+                    "a non-negative integer",
+                )? as usize;
+            }
+            "min_tokens" => {
+                r.min_tokens = int_in(
+                    &key,
+                    &value,
+                    0,
+                    i128::from(u32::MAX),
+                    "a non-negative integer",
+                )? as u32;
+            }
+            "prompt_logprobs" => {
+                r.prompt_logprobs = match v {
+                    None => None,
+                    Some(k) => Some(int_in(
+                        &key,
+                        k,
+                        0,
+                        i128::from(u32::MAX),
+                        "a non-negative integer or None",
+                    )? as usize),
+                };
+            }
+            "_fault" => {
+                r.fault = match v {
+                    None => None,
+                    Some(f) => match f.extract::<String>().ok().as_deref() {
+                        Some("residual_from_draft") => Some(Fault::ResidualFromDraft),
+                        _ => return Err(invalid(&key, f, "None or \"residual_from_draft\"")),
+                    },
+                };
+            }
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "unexpected request setting {other:?}"
+                )))
+            }
+        }
+    }
+    // n-gram lengths that are not non-negative ints matter only to a proposer that looks n-grams up.
+    if lookup.iter().any(Option::is_some) && r.proposer.is_some_and(Proposer::uses_ngram) {
+        let shown: Vec<String> = lookup_values
+            .iter()
+            .map(|(n, v)| {
+                format!(
+                    "{n} = {}",
+                    v.repr().map_or_else(|_| "?".into(), |s| s.to_string())
+                )
+            })
+            .collect();
+        return Err(to_pyerr(SpecError::Config(format!(
+            "n-gram lengths {} are invalid (expected integers 1 <= prompt_lookup_min <= prompt_lookup_max <= 32)",
+            shown.join(", ")
+        ))));
+    }
+    Ok(r)
+}
+
+/// `{"c_draft": float, "c_verify": [floats]}` as `PinnedCosts`.
+fn pinned_of(p: &Bound<'_, PyAny>) -> PyResult<PinnedCosts> {
+    let expected = "{'c_draft': float, 'c_verify': [floats]}";
+    let parse = || -> Option<PinnedCosts> {
+        let d = p.cast::<PyDict>().ok()?;
+        if d.len() != 2 {
+            return None;
+        }
+        let c_draft = d.get_item("c_draft").ok()??;
+        let c_verify = d.get_item("c_verify").ok()??;
+        if c_draft.is_instance_of::<PyString>() || c_verify.is_instance_of::<PyString>() {
+            return None;
+        }
+        Some(PinnedCosts {
+            c_draft: c_draft.extract().ok()?,
+            c_verify: c_verify.extract().ok()?,
+        })
+    };
+    parse().ok_or_else(|| invalid("pinned_costs", p, expected))
+}
+
+/// The generation defaults of a model folder (``generation_config.json``, and ``specrt_config.json`` for the
+/// EOS ids), read as the Rust ``Pipeline`` reads them: a missing file is empty, a ``null`` value is unset.
+///
+/// Args:
+///     path: a model folder (or a ``.onnx`` file in one).
+///
+/// Raises:
+///     ModelFileError: a file that exists but is not a JSON object or has a field of the wrong type.
+///     ConfigError: a negative ``top_k``.
+#[pyclass(module = "specrt._specrt", name = "FolderDefaults", frozen)]
+pub struct PyFolderDefaults(pub FolderDefaults);
+
+#[pymethods]
+impl PyFolderDefaults {
+    #[new]
+    fn new(path: std::path::PathBuf) -> PyResult<Self> {
+        FolderDefaults::read(&path).map(Self).map_err(to_pyerr)
+    }
+
+    /// The sampling defaults the folder sets (``temperature``, ``top_k``, ``top_p``, ``min_p``,
+    /// ``repetition_penalty``; absent keys left out), as a dict.
+    fn sampling<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let f = &self.0;
+        for (name, v) in [
+            ("temperature", f.temperature),
+            ("top_p", f.top_p),
+            ("min_p", f.min_p),
+            ("repetition_penalty", f.repetition_penalty),
+        ] {
+            if let Some(x) = v {
+                d.set_item(name, f64::from(x))?;
+            }
+        }
+        if let Some(k) = f.top_k {
+            d.set_item("top_k", k)?;
+        }
+        Ok(d)
+    }
+
+    /// End-of-sequence ids (``eos_token_id`` of generation_config.json, else ``specrt_config.json``'s).
+    #[getter]
+    fn eos_token_ids(&self) -> Vec<u32> {
+        self.0.eos_token_ids.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("FolderDefaults({:?})", self.0)
+    }
+}
+
+/// The defaults of ``Decoder.stream()``'s request settings (``GenerationRequest::default()`` in Rust, the one
+/// definition): a dict of Python names to values.
+#[pyfunction]
+pub fn request_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let r = GenerationRequest::default();
+    let d = PyDict::new(py);
+    d.set_item("max_new_tokens", r.max_new_tokens)?;
+    match r.num_speculative_tokens {
+        SpeculativeTokens::Fixed(k) => d.set_item("num_speculative_tokens", k)?,
+        SpeculativeTokens::Auto => d.set_item("num_speculative_tokens", "auto")?,
+    }
+    d.set_item("proposer", r.proposer.map(Proposer::as_str))?;
+    d.set_item("prompt_lookup_min", r.prompt_lookup_min)?;
+    d.set_item("prompt_lookup_max", r.prompt_lookup_max)?;
+    d.set_item("pinned_costs", py.None())?;
+    d.set_item("temperature", r.temperature)?;
+    d.set_item("top_k", r.top_k)?;
+    d.set_item("top_p", r.top_p)?;
+    d.set_item("min_p", r.min_p)?;
+    d.set_item("repetition_penalty", r.repetition_penalty)?;
+    d.set_item("frequency_penalty", f64::from(r.frequency_penalty))?;
+    d.set_item("presence_penalty", f64::from(r.presence_penalty))?;
+    d.set_item("seed", r.seed)?;
+    d.set_item("stop", py.None())?;
+    d.set_item("stop_token_ids", py.None())?;
+    d.set_item("ignore_eos", r.ignore_eos)?;
+    d.set_item("coupled", r.coupled)?;
+    d.set_item("logprobs", r.logprobs)?;
+    d.set_item("top_logprobs", r.top_logprobs)?;
+    d.set_item("prompt_logprobs", r.prompt_logprobs)?;
+    d.set_item("min_tokens", r.min_tokens)?;
+    Ok(d)
+}
+
+/// Resolve one request: ``Decoder.stream()``'s settings -> the engine's ``RequestConfig`` and the stop strings,
+/// with the one resolver the Rust ``Pipeline`` uses (``specrt_ort::resolve_request``): the folder's defaults
+/// for unset sampling values, K and the proposer, every range check; with ``prompt_ids``, the prompt checked
+/// against the vocabulary and ``max_seq_len`` too (``specrt_core::check_prompt``).
+///
+/// Args:
+///     settings: ``Decoder.stream()``'s keyword arguments except ``prompt`` / ``messages`` (name -> value).
+///     has_draft: whether a draft model is loaded.
+///     defaults: the target folder's ``FolderDefaults`` (None: none, as without a model).
+///     vocab_size: the models' vocabulary (None: ids checked against ``2**32``).
+///     prompt_ids: the prompt's token ids (a sequence of ints), or None to check no prompt.
+///     max_seq_len: the KV capacity (with ``prompt_ids``).
+///     eos_token_ids: the EOS ids to use instead of the folder's (``Decoder.eos_token_ids``, which a caller may
+///         set).
+///
+/// Returns:
+///     ``(RequestConfig, stop strings: list[str], prompt ids: list[int] | None)``.
+///
+/// Raises:
+///     ConfigError: a setting of the wrong type or out of range (named, with the allowed set), an empty prompt.
+///     VocabError: a prompt or stop token id outside ``0 <= id < vocab_size`` (position named).
+///     SequenceLengthError: prompt + ``max_new_tokens`` beyond ``max_seq_len``.
+///     TypeError: a token id that is not an integer, or a setting ``stream()`` does not take.
+#[pyfunction]
+#[pyo3(signature = (
+    settings, *, has_draft, defaults=None, vocab_size=None, prompt_ids=None, max_seq_len=None, eos_token_ids=None
+))]
+#[allow(clippy::type_complexity)]
+pub fn resolve_request(
+    settings: &Bound<'_, PyDict>,
+    has_draft: bool,
+    defaults: Option<&PyFolderDefaults>,
+    vocab_size: Option<usize>,
+    prompt_ids: Option<&Bound<'_, PyAny>>,
+    max_seq_len: Option<usize>,
+    eos_token_ids: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(RequestConfig, Vec<String>, Option<Vec<u32>>)> {
+    let request = request_of(settings, vocab_size)?;
+    let mut defaults = defaults.map_or_else(FolderDefaults::default, |d| d.0.clone());
+    if let Some(eos) = eos_token_ids {
+        defaults.eos_token_ids = ids_of("eos_token_ids", eos, vocab_size)?;
+    }
+    let cfg = resolve_request_rs(&request, &defaults, has_draft, vocab_size).map_err(to_pyerr)?;
+    let ids = match prompt_ids {
+        None => None,
+        Some(p) => {
+            let ids = ids_of("prompt", p, vocab_size)?;
+            check_prompt(
+                &ids,
+                cfg.max_new_tokens,
+                vocab_size.unwrap_or(usize::MAX),
+                max_seq_len.unwrap_or(usize::MAX),
+            )
+            .map_err(to_pyerr)?;
+            Some(ids)
+        }
+    };
+    Ok((RequestConfig(cfg), request.stop, ids))
+}
+
+/// Token ids as a list of ints, each in ``0 <= id < vocab_size`` (the check every request's prompt gets).
+///
+/// Args:
+///     name: what the ids are, for the messages (``"prompt"``).
+///     ids: a sequence of ints.
+///     vocab_size: the models' vocabulary.
+///
+/// Raises:
+///     VocabError: an id out of range (value and position named).
+///     TypeError: an id that is not an integer.
+#[pyfunction]
+pub fn check_token_ids(
+    name: &str,
+    ids: &Bound<'_, PyAny>,
+    vocab_size: usize,
+) -> PyResult<Vec<u32>> {
+    ids_of(name, ids, Some(vocab_size))
 }
