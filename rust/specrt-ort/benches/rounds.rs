@@ -93,10 +93,10 @@ fn find_models() -> Option<Models> {
 
 /// Token ids of [`PROMPT`] from the target folder's tokenizer, or fixed ids when it has none.
 fn prompt_ids(folder: &Path, vocab: usize) -> Vec<u32> {
-    let encoded = tokenizers::Tokenizer::from_file(folder.join("tokenizer.json"))
-        .ok()
-        .and_then(|t| t.encode(PROMPT, true).ok())
-        .map(|e| e.get_ids().to_vec());
+    let encoded =
+        specrt_ort::specrt_text::tokenizer::Tokenizer::from_file(folder.join("tokenizer.json"))
+            .ok()
+            .and_then(|t| t.encode(PROMPT, true).ok());
     #[allow(clippy::cast_possible_truncation)]
     encoded.unwrap_or_else(|| (0..40).map(|i| ((i * 7 + 3) % vocab) as u32).collect())
 }

@@ -1,5 +1,6 @@
-//! Generate text from Rust alone: tokenize with the `tokenizers` crate, generate with [`specrt_ort::Pipeline`],
-//! print the text as it is committed, then statistics (stderr).
+//! Generate text from Rust alone with [`specrt_ort::Pipeline`]'s text API (the target folder's tokenizer.json,
+//! stop strings, incremental detokenization: `specrt-text`): print the text as it is committed (stdout), then
+//! statistics (stderr).
 //!
 //! ```text
 //! cargo run --release -p specrt-ort --example generate -- \
@@ -11,21 +12,19 @@
 //! Model folders come from `specrt models pull NAME` / `specrt convert` (Python). The ONNX Runtime library is found
 //! by [`specrt_ort::find_ort_library`] (`--ort-library`, `$SPECRT_ORT_LIBRARY`, `$ORT_DYLIB_PATH`, the onnxruntime
 //! wheel of `$SPECRT_PYTHON`, else of the active venv, the `.venv` of the current folder or one above (`make
-//! install`'s, so this runs right after `make run` in a checkout) or `python3`, a system install). The prompt is encoded as plain text (no chat template; render one
-//! yourself and pass the result), and there are no stop strings: generation ends at an EOS id of the target
-//! folder, a `--stop-token-id`, or `--max-new-tokens`.
+//! install`'s, so this runs right after `make run` in a checkout) or `python3`, a system install). Generation ends
+//! at an EOS id of the target folder, a `--stop-token-id`, a `--stop` string or `--max-new-tokens`.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 
-use specrt_ort::specrt_core::{GenerationOutput, SpecError};
+use specrt_ort::specrt_core::GenerationOutput;
 use specrt_ort::{
     find_ort_library, GenerationRequest, OrtOptions, Pipeline, Proposer, SpeculativeTokens,
     DEFAULT_MAX_SEQ_LEN,
 };
-use tokenizers::Tokenizer;
 
 const USAGE: &str = "\
 usage: generate --target DIR [--draft DIR] --prompt TEXT [options]
@@ -39,8 +38,10 @@ usage: generate --target DIR [--draft DIR] --prompt TEXT [options]
                                  logits processing (default: generation_config.json's, else off)
   --num-speculative-tokens K     draft tokens per round, 0..64, or auto (default 4)
   --proposer NAME                draft | ngram | ngram+draft | none (default: draft with --draft, else none)
+  --stop TEXT                    stop string: the text ends before it (repeatable; may end mid-token)
   --stop-token-id ID             extra id that ends generation (repeatable)
   --ignore-eos                   keep going past the EOS ids
+  --json                         statistics as one JSON object on stderr (text, token ids, finish reason)
   --seed S                       random seed (default 0)
   --max-seq-len N                KV cache length per model (default 4096, as the Python CLI)
   --threads N                    ONNX Runtime intra-op threads (default: physical cores)
@@ -56,6 +57,8 @@ struct Args {
     ort_library: Option<PathBuf>,
     max_seq_len: usize,
     threads: Option<usize>,
+    /// Statistics as one JSON object on stderr (text, token ids, finish reason, counts) instead of the table.
+    json: bool,
     request: GenerationRequest,
 }
 
@@ -77,12 +80,17 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Option<Args>, Us
     let mut max_seq_len = DEFAULT_MAX_SEQ_LEN;
     let mut threads = None;
     let mut r = GenerationRequest::default();
+    let mut json = false;
     while let Some(flag) = argv.next() {
         if flag == "-h" || flag == "--help" {
             return Ok(None);
         }
         if flag == "--ignore-eos" {
             r.ignore_eos = true;
+            continue;
+        }
+        if flag == "--json" {
+            json = true;
             continue;
         }
         // Every other flag takes a value: `--flag VALUE` or `--flag=VALUE`.
@@ -120,6 +128,7 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Option<Args>, Us
                 );
             }
             "--stop-token-id" => r.stop_token_ids.push(parse_value(f, v, "a token id")?),
+            "--stop" => r.stop.push(value.clone()),
             "--seed" => r.seed = parse_value(f, v, "an integer 0 <= seed < 2**64")?,
             "--max-seq-len" => max_seq_len = parse_value(f, v, "an integer >= 1")?,
             "--threads" => threads = Some(parse_value(f, v, "an integer >= 1")?),
@@ -135,24 +144,14 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Option<Args>, Us
         ort_library,
         max_seq_len,
         threads,
+        json,
         request: r,
     }))
 }
 
-/// Any failure after parsing: a specrt error or a tokenizer error, printed as is.
+/// Any failure after parsing: a specrt error, printed as is.
 fn fail(message: impl std::fmt::Display) -> String {
     message.to_string()
-}
-
-fn load_tokenizer(folder: &Path) -> Result<Tokenizer, String> {
-    let path = folder.join("tokenizer.json");
-    Tokenizer::from_file(&path).map_err(|e| format!("{}: cannot be loaded: {e}", path.display()))
-}
-
-/// Decode `ids` for display: special tokens skipped, an incomplete UTF-8 sequence at the end held back.
-fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, String> {
-    let text = tokenizer.decode(ids, true).map_err(fail)?;
-    Ok(text.trim_end_matches('\u{fffd}').to_owned())
 }
 
 fn print_stats(out: &GenerationOutput, n_prompt: usize) {
@@ -190,12 +189,6 @@ fn print_stats(out: &GenerationOutput, n_prompt: usize) {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let tokenizer = load_tokenizer(&args.target)?;
-    let prompt_ids = tokenizer
-        .encode(args.prompt.as_str(), true)
-        .map_err(|e| format!("cannot encode the prompt: {e}"))?
-        .get_ids()
-        .to_vec();
     let library = find_ort_library(args.ort_library.as_deref()).map_err(fail)?;
     let mut options = OrtOptions::new(library);
     options.max_seq_len = Some(args.max_seq_len);
@@ -205,35 +198,34 @@ fn run(args: Args) -> Result<(), String> {
 
     // Settings errors before any output.
     pipeline.resolve(&args.request).map_err(fail)?;
+    let tokenizer = pipeline
+        .tokenizer()
+        .ok_or_else(|| format!("{} has no tokenizer.json", args.target.display()))?;
+    let prompt_ids = tokenizer.encode(&args.prompt, true).map_err(fail)?;
     print!("{}", args.prompt);
-    let mut emitted: Vec<u32> = Vec::new();
-    let mut printed = 0; // bytes of the decoded text already printed
     let mut stdout = std::io::stdout();
-    let mut decode_error = None;
     let out = pipeline
-        .generate_stream(&prompt_ids, &args.request, |step| {
-            emitted.extend_from_slice(&step.tokens);
-            match decode(&tokenizer, &emitted) {
-                Ok(text) => {
-                    if let Some(new) = text.get(printed..) {
-                        print!("{new}");
-                        let _ = stdout.flush();
-                        printed = text.len();
-                    }
-                    true
-                }
-                Err(e) => {
-                    decode_error = Some(e);
-                    false
-                }
-            }
+        .generate_ids_text_stream(&prompt_ids, &args.request, |step| {
+            print!("{}", step.text);
+            let _ = stdout.flush();
+            true
         })
-        .map_err(|e: SpecError| e.to_string())?;
+        .map_err(fail)?;
     println!();
-    if let Some(e) = decode_error {
-        return Err(e);
+    if args.json {
+        let o = &out.output;
+        let summary = serde_json::json!({
+            "text": out.text,
+            "prompt_token_ids": prompt_ids,
+            "token_ids": o.tokens,
+            "finish_reason": o.finish_reason.as_str(),
+            "n_drafted": o.stats.n_drafted,
+            "n_accepted": o.stats.n_accepted,
+        });
+        eprintln!("{summary}");
+    } else {
+        print_stats(&out.output, prompt_ids.len());
     }
-    print_stats(&out, prompt_ids.len());
     Ok(())
 }
 

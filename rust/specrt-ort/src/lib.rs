@@ -76,7 +76,8 @@ pub use options::{
     physical_cores, KvLayout, Memory, MemoryPlan, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN,
 };
 pub use pipeline::{
-    FolderDefaults, GenerationRequest, Pipeline, Proposer, SpeculativeTokens, AUTO_K_MAX,
+    check_ids, resolve_request, FolderDefaults, GenerationRequest, Pipeline, Proposer,
+    SpeculativeTokens, TextOutput, TextStep, AUTO_K_MAX,
 };
 pub use runtime::{
     init_runtime, init_runtime_with_threads, loaded_library, runtime_info, RuntimeInfo,
@@ -84,3 +85,5 @@ pub use runtime::{
 };
 /// The core crate (engine, settings, outputs, statistics, errors), re-exported so that one dependency suffices.
 pub use specrt_core;
+/// The text crate (tokenizer, detokenization, stop strings, chat templates), re-exported likewise.
+pub use specrt_text;

@@ -13,11 +13,12 @@
 //! - the same validation, with errors that name the bad value and the allowed set ([`SpecError::Config`],
 //!   [`SpecError::Vocab`]), and a draft whose `tokenizer.json` vocabulary differs from the target's is refused.
 //!
-//! What stays in the caller's hands: tokenization (token ids in, token ids out; the `generate` example uses the
-//! `tokenizers` crate on the folder's `tokenizer.json`), chat templates (render `chat_template.jinja` yourself,
-//! e.g. with `minijinja`), and stop strings (decode in the streaming callback and cut; for an exact cut drive the
-//! engine yourself: [`Pipeline::resolve`], then `start` / `step` / `stop_at` / `output` on
-//! [`Pipeline::engine_mut`]).
+//! Text in, text out ([`Pipeline::generate_text`], [`Pipeline::generate_text_stream`],
+//! [`Pipeline::generate_ids_text_stream`]): the target folder's `tokenizer.json` (`specrt-text`, the same
+//! tokenizers version as Python's), stop strings ([`GenerationRequest::stop`]; they may end mid-token) and
+//! incremental detokenization that never shows a partial UTF-8 character, with the same text and token ids as
+//! Python's `Decoder` (tests/test_rust_parity.py). Token ids in, token ids out: [`Pipeline::generate`]. Batched
+//! decoding from Rust is not here yet (Python's `Scheduler` drives the batched engine).
 //!
 //! KV memory: [`OrtOptions::new`] sets `max_seq_len = Some(4096)` ([`crate::DEFAULT_MAX_SEQ_LEN`], capped by the
 //! model's `max_position_embeddings`), as Python's `Decoder` does; `None` means the model's whole
@@ -55,9 +56,12 @@ use std::path::Path;
 use std::str::FromStr;
 
 use serde_json::{Map, Value};
+use specrt_text::detok::{RoundEnd, TextAssembler, TextOptions};
+use specrt_text::tokenizer::Tokenizer;
+
 use specrt_core::{
-    AutoK, Backend, Engine, GenerationConfig, GenerationOutput, NgramConfig, NgramProposer,
-    PinnedCosts, Result, SamplingParams, SpecError, StepOutput, MAX_DRAFT_TOKENS,
+    AutoK, Backend, Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig,
+    NgramProposer, PinnedCosts, Result, SamplingParams, SpecError, StepOutput, MAX_DRAFT_TOKENS,
 };
 
 use crate::backend::OrtBackend;
@@ -440,6 +444,8 @@ impl Default for GenerationRequest {
 pub struct Pipeline {
     engine: Engine,
     defaults: FolderDefaults,
+    /// The target folder's `tokenizer.json` (`None` for [`Pipeline::from_engine`] or a folder without one).
+    tokenizer: Option<Tokenizer>,
     providers: Vec<&'static str>,
     fallback_reason: Option<String>,
 }
@@ -474,10 +480,20 @@ impl Pipeline {
             }
             None => None,
         };
+        let tokenizer_path = target_file
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(TOKENIZER_FILE);
+        let tokenizer = if tokenizer_path.is_file() {
+            Some(Tokenizer::from_file(&tokenizer_path)?)
+        } else {
+            None
+        };
         let mut pipeline = Self::from_engine(
             Engine::new(Box::new(target_backend), draft_backend)?,
             defaults,
         );
+        pipeline.tokenizer = tokenizer;
         pipeline.providers = providers;
         pipeline.fallback_reason = fallback_reason;
         Ok(pipeline)
@@ -489,6 +505,7 @@ impl Pipeline {
         Pipeline {
             engine,
             defaults,
+            tokenizer: None,
             providers: Vec::new(),
             fallback_reason: None,
         }
@@ -598,6 +615,130 @@ impl Pipeline {
         let cfg = self.resolve(request)?;
         self.engine.generate(prompt_ids, cfg, on_step)
     }
+
+    /// The target folder's tokenizer (`None` when the folder has no `tokenizer.json`, or for
+    /// [`Pipeline::from_engine`] until [`Pipeline::set_tokenizer`]).
+    #[must_use]
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// Use `tokenizer` for the text API (a pipeline built with [`Pipeline::from_engine`]).
+    pub fn set_tokenizer(&mut self, tokenizer: Tokenizer) {
+        self.tokenizer = Some(tokenizer);
+    }
+
+    /// Text in, text out: encode `prompt` with the target folder's tokenizer (special tokens added as the
+    /// tokenizer's post-processor says, as Python's `Decoder.generate("text")`), generate, and return the text with
+    /// `request.stop` strings cut (a stop string may end mid-token and span tokens: generation stops at the token
+    /// holding its last character, and the text ends before it).
+    ///
+    /// Errors: [`SpecError::Config`] when the pipeline has no tokenizer; otherwise as [`Pipeline::generate`].
+    pub fn generate_text(
+        &mut self,
+        prompt: &str,
+        request: &GenerationRequest,
+    ) -> Result<TextOutput> {
+        self.generate_text_stream(prompt, request, |_| true)
+    }
+
+    /// [`Pipeline::generate_text`], calling `on_text` with each round's [`TextStep`] (the text to show now: never
+    /// a partial UTF-8 character or a possible partial stop string while generation goes on). Returning `false`
+    /// stops after that round with finish reason "stop", keeping what was emitted.
+    ///
+    /// Errors: as [`Pipeline::generate_text`].
+    pub fn generate_text_stream(
+        &mut self,
+        prompt: &str,
+        request: &GenerationRequest,
+        on_text: impl FnMut(&TextStep) -> bool,
+    ) -> Result<TextOutput> {
+        let tokenizer = self.text_tokenizer()?;
+        let ids = tokenizer.encode(prompt, true)?;
+        self.generate_ids_text_stream(&ids, request, on_text)
+    }
+
+    /// [`Pipeline::generate_text_stream`] from token ids (a prompt encoded or rendered elsewhere, e.g. a chat
+    /// template's text encoded without special tokens): the output is text, with stop strings cut.
+    ///
+    /// Errors: as [`Pipeline::generate_text`].
+    pub fn generate_ids_text_stream(
+        &mut self,
+        prompt_ids: &[u32],
+        request: &GenerationRequest,
+        mut on_text: impl FnMut(&TextStep) -> bool,
+    ) -> Result<TextOutput> {
+        let tokenizer = self.text_tokenizer()?.clone();
+        let cfg = self.resolve(request)?;
+        let mut text = TextAssembler::new(tokenizer, request.stop.clone(), TextOptions::default())?;
+        self.engine.start(prompt_ids, cfg)?;
+        loop {
+            let step = self.engine.step()?;
+            let end = match step.finish_reason {
+                None => RoundEnd::Continue,
+                Some(FinishReason::Length) => RoundEnd::Finished,
+                Some(_) => RoundEnd::FinishedByToken,
+            };
+            let n_drafted = step.n_drafted;
+            let tokens = step.tokens.clone();
+            let delta = text.feed(&tokens, end)?;
+            if let Some(hit) = &delta.stop {
+                self.engine.stop_at(hit.n_keep)?;
+            }
+            let finished = delta.finished;
+            let keep_going = on_text(&TextStep {
+                text: delta.text,
+                tokens,
+                n_drafted,
+                finished,
+            });
+            if finished {
+                break;
+            }
+            if !keep_going {
+                let n = text.tokens().len();
+                self.engine.stop_at(n)?;
+                text.feed(&[], RoundEnd::Finished)?;
+                break;
+            }
+        }
+        Ok(TextOutput {
+            text: text.text().to_owned(),
+            output: self.engine.output()?,
+        })
+    }
+
+    fn text_tokenizer(&self) -> Result<&Tokenizer> {
+        self.tokenizer.as_ref().ok_or_else(|| {
+            SpecError::Config(format!(
+                "this pipeline has no tokenizer (the target folder has no {TOKENIZER_FILE}); generate from token \
+                 ids with Pipeline::generate"
+            ))
+        })
+    }
+}
+
+/// One round of [`Pipeline::generate_text_stream`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextStep {
+    /// Text to show now (may be empty: held back until the next round).
+    pub text: String,
+    /// The token ids the round committed (before a stop-string cut).
+    pub tokens: Vec<u32>,
+    /// K used in the round.
+    pub n_drafted: usize,
+    /// Whether this is the last round.
+    pub finished: bool,
+}
+
+/// A finished text generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextOutput {
+    /// The generated text (special tokens skipped; cut before the first stop string).
+    pub text: String,
+    /// Tokens (cut at the token holding a stop string's last character), sources, log-probabilities, finish
+    /// reason ("stop" at a stop string) and statistics.
+    pub output: GenerationOutput,
 }
 
 /// The engine settings of `request`, resolved once for every caller (the Rust [`Pipeline`], Python's `Decoder`,

@@ -1,0 +1,126 @@
+"""Python and Rust give byte-identical text and token ids for the same request: ``specrt.Decoder`` against the Rust
+``Pipeline``'s text API (through the ``generate`` example, ``--json``), on SmolLM2 with its int4 prefill-graph
+draft: greedy and seeded sampling, with a draft and with prompt lookup, a stop string that ends inside a token, and
+prompts with accents, CJK and emoji.
+
+Needs cargo and the cached SmolLM2 folders (``specrt models pull smollm2-135m-instruct`` and ``--dtype int4``; the
+suite's SmolLM2 fixtures pull them); skipped otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import specrt
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "target" / "release" / "examples" / "generate"
+
+
+@pytest.fixture(scope="module")
+def folders() -> dict[str, Path]:
+    from specrt.models import resolve_model
+
+    if shutil.which("cargo") is None:
+        pytest.skip("needs cargo")
+    try:
+        target = resolve_model("smollm2-135m-instruct", "fp32")
+        draft = resolve_model("smollm2-135m-instruct", "int4", prefill_graph=True)
+    except Exception as e:  # no network / registry: the whole module needs the real model
+        pytest.skip(f"SmolLM2 not available: {e}")
+    build = subprocess.run(
+        ["cargo", "build", "--release", "-q", "-p", "specrt-ort", "--example", "generate"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    return {"target": target, "draft": draft}
+
+
+@pytest.fixture(scope="module")
+def decoders(folders) -> dict[str, specrt.Decoder]:
+    return {
+        "draft": specrt.Decoder(folders["target"], folders["draft"]),
+        "none": specrt.Decoder(folders["target"]),
+    }
+
+
+def _rust(folders: dict[str, Path], draft: bool, prompt: str, **kw) -> dict:
+    argv = [str(EXAMPLE), "--target", str(folders["target"]), "--prompt", prompt, "--json"]
+    if draft:
+        argv += ["--draft", str(folders["draft"])]
+    for key, value in kw.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+            continue
+        for v in value if isinstance(value, list) else [value]:
+            argv += [flag, str(v)]
+    env = dict(os.environ, SPECRT_PYTHON=sys.executable)
+    out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stderr.strip().splitlines()[-1])
+    assert out.stdout == prompt + summary["text"] + "\n"  # the text on stdout, as committed
+    return summary
+
+
+PROMPTS = [
+    "The capital of France is",
+    "Écris une phrase en français sur l'été, puis traduis-la en 日本語 😀:",
+    "def fibonacci(n):\n    ",
+]
+
+
+def _python(dec: specrt.Decoder, prompt: str, **kw) -> specrt.GenerationResult:
+    return dec.generate(prompt, **kw)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize(
+    ("which", "settings"),
+    [
+        ("draft", {"temperature": 0, "num_speculative_tokens": 4}),
+        ("draft", {"temperature": 0.8, "seed": 7, "num_speculative_tokens": 3}),
+        ("none", {"temperature": 0, "proposer": "ngram", "num_speculative_tokens": 3}),
+        ("none", {"temperature": 1.0, "seed": 3, "top_p": 0.9, "num_speculative_tokens": 0}),
+    ],
+)
+def test_python_and_rust_give_the_same_text_and_tokens(folders, decoders, prompt, which, settings) -> None:
+    kw = {"max_new_tokens": 24, **settings}
+    py = _python(decoders[which], prompt, **kw)
+    rs = _rust(folders, which == "draft", prompt, **kw)
+    assert rs["prompt_token_ids"] == py.prompt_token_ids
+    assert rs["token_ids"] == py.token_ids
+    assert rs["text"] == py.text
+    assert rs["finish_reason"] == py.finish_reason
+
+
+def test_a_stop_string_that_ends_inside_a_token_cuts_the_same_in_python_and_rust(folders, decoders) -> None:
+    prompt = PROMPTS[1]
+    dec = decoders["draft"]
+    full = dec.generate(prompt, max_new_tokens=40, temperature=0, ignore_eos=True)
+    tok = dec.tokenizer
+    # Character ends of each token's text: a stop that ends strictly between two of them ends inside a token.
+    ends = {len(tok.decode(full.token_ids[: i + 1], skip_special_tokens=True)) for i in range(len(full.token_ids))}
+    text = full.text
+    cut = next(
+        (j for j in range(len(text) // 2, len(text)) if j not in ends and "\ufffd" not in text[: j + 1]),
+        None,
+    )
+    assert cut is not None, f"every character ends a token in {text!r}"
+    stop = text[cut - 2 : cut]
+    start = text.index(stop)
+    kw = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True, "stop": [stop]}
+    py = dec.generate(prompt, **kw)
+    rs = _rust(folders, True, prompt, **kw)
+    assert py.text == text[:start] and py.finish_reason == "stop"
+    assert rs["text"] == py.text
+    assert rs["token_ids"] == py.token_ids
+    assert rs["finish_reason"] == "stop"
