@@ -60,6 +60,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+pub mod batch_pipeline;
 mod batched;
 mod cuda_graph;
 pub mod discover;
@@ -69,6 +70,7 @@ pub mod pipeline;
 pub mod runtime;
 
 pub use backend::{check_cuda_provider, OrtBackend};
+pub use batch_pipeline::{BatchEvent, BatchPipeline};
 pub use batched::{BatchedOrtBackend, MAX_BATCH};
 pub use cuda_graph::MAX_GRAPH_TOKENS;
 pub use discover::find_ort_library;

@@ -466,10 +466,7 @@ impl Pipeline {
         let target_file = resolve_model_file(target)?;
         let defaults = FolderDefaults::read(&target_file)?;
         if let Some(draft) = draft {
-            let draft_file = resolve_model_file(draft)?;
-            check_same_vocabulary(&target_file, &draft_file)?;
-            // Not used (the target's defaults apply), but a malformed file is an error, as in Python.
-            FolderDefaults::read(&draft_file)?;
+            check_same_folders(&target_file, &resolve_model_file(draft)?)?;
         }
         let target_backend = OrtBackend::new(&target_file, options)?;
         let providers = target_backend.providers();
@@ -480,15 +477,7 @@ impl Pipeline {
             }
             None => None,
         };
-        let tokenizer_path = target_file
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join(TOKENIZER_FILE);
-        let tokenizer = if tokenizer_path.is_file() {
-            Some(Tokenizer::from_file(&tokenizer_path)?)
-        } else {
-            None
-        };
+        let tokenizer = folder_tokenizer(&target_file)?;
         let mut pipeline = Self::from_engine(
             Engine::new(Box::new(target_backend), draft_backend)?,
             defaults,
@@ -715,6 +704,32 @@ impl Pipeline {
                  ids with Pipeline::generate"
             ))
         })
+    }
+}
+
+/// The checks a draft folder gets against its target (files of the models, not the sessions): the same
+/// `tokenizer.json` vocabulary, and its own `generation_config.json` well formed (not used: the target's defaults
+/// apply; a malformed file is an error, as in Python).
+///
+/// Errors: [`SpecError::Vocab`] (vocabularies differ), [`SpecError::Io`] (a malformed file).
+pub(crate) fn check_same_folders(target_file: &Path, draft_file: &Path) -> Result<()> {
+    check_same_vocabulary(target_file, draft_file)?;
+    FolderDefaults::read(draft_file)?;
+    Ok(())
+}
+
+/// The `tokenizer.json` beside a model file, if there is one.
+///
+/// Errors: [`SpecError::Io`] for a file that `tokenizers` cannot load.
+pub(crate) fn folder_tokenizer(model_file: &Path) -> Result<Option<Tokenizer>> {
+    let path = model_file
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(TOKENIZER_FILE);
+    if path.is_file() {
+        Tokenizer::from_file(&path).map(Some)
+    } else {
+        Ok(None)
     }
 }
 
