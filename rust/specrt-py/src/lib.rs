@@ -12,6 +12,7 @@ pub mod errors;
 mod request;
 mod runtime;
 mod sampling;
+mod text;
 mod verify;
 
 /// The extension module.
@@ -28,5 +29,9 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<batch::PyBatchEngine>()?;
     m.add_class::<request::RequestConfig>()?;
+    m.add_class::<text::PyTokenizer>()?;
+    m.add_class::<text::PyEncoding>()?;
+    m.add_class::<text::PyTextAssembler>()?;
+    m.add_class::<text::PyTextDelta>()?;
     Ok(())
 }
