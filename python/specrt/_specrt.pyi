@@ -354,3 +354,104 @@ class Engine:
     def max_seq_len(self) -> int: ...
     @property
     def providers(self) -> list[str]: ...
+
+# ----- text in, text out (rust/specrt-py/src/text.rs) -------------------------------------------------------------
+
+class Encoding:
+    """The ids of one encoded text."""
+
+    @property
+    def ids(self) -> list[int]:
+        """Token ids, each ``0 <= id < vocab size``."""
+    def __len__(self) -> int: ...
+
+class Tokenizer:
+    """A ``tokenizer.json`` through the Rust ``tokenizers`` crate (the Python package's version: identical ids and
+    text). Safe to share between threads; encode / decode release the GIL."""
+
+    @staticmethod
+    def from_file(path: str | os.PathLike[str]) -> Tokenizer:
+        """Load a ``tokenizer.json``.
+
+        Raises:
+            ModelFileNotFoundError: the file does not exist (also a ``FileNotFoundError``).
+            ModelFileError: it cannot be read or parsed (the path named).
+        """
+    @staticmethod
+    def from_str(json: str) -> Tokenizer:
+        """Parse the text of a ``tokenizer.json``. Raises ModelFileError when it cannot be parsed."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> Encoding:
+        """Token ids of ``text`` (``add_special_tokens``: the post-processor's BOS / EOS; special tokens written in
+        the text are recognised either way)."""
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``ids`` (ids outside the vocabulary are left out; an incomplete UTF-8 sequence decodes to
+        U+FFFD). Raises OverflowError for an id < 0 or >= 2**32."""
+    def get_vocab_size(self, with_added_tokens: bool = True) -> int:
+        """Number of ids (with the added tokens: the logits width)."""
+    def get_vocab(self, with_added_tokens: bool = True) -> dict[str, int]:
+        """Token string -> id."""
+    def id_to_token(self, id: int) -> str | None:
+        """The token string of ``id`` (e.g. ``"Ġhello"``), or None outside the vocabulary."""
+    def token_to_id(self, token: str) -> int | None:
+        """The id of ``token``, or None."""
+    @property
+    def special_ids(self) -> list[int]:
+        """Ids of the added tokens marked special, ascending (what ``skip_special_tokens`` leaves out)."""
+    @property
+    def decoder_type(self) -> str | None:
+        """The ``decoder.type`` of the ``tokenizer.json`` (``"ByteLevel"``, ``"Metaspace"``, ...), or None."""
+
+class TextDelta:
+    """What one round adds to the text."""
+
+    @property
+    def text(self) -> str:
+        """Text to emit now."""
+    @property
+    def n_keep(self) -> int | None:
+        """With a stop string found this round: the tokens to keep (pass to the engine's ``stop_at``); else None."""
+    @property
+    def stop_index(self) -> int | None:
+        """With a stop string found this round: its index in the stops given; else None."""
+    @property
+    def finished(self) -> bool:
+        """Whether the text is complete (feed no more)."""
+
+class TextAssembler:
+    """One request's streaming text: each round's committed ids in, the text to emit out. The text is the whole
+    generated sequence decoded (incrementally for byte-level tokenizers, whole otherwise); a stop string cuts it
+    (it may end mid-token and span tokens); an incomplete UTF-8 sequence and a partial stop string are held back
+    until the next round, and flushed when generation finishes."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        stops: Sequence[str],
+        *,
+        skip_special_tokens: bool = True,
+        include_stop_str: bool = False,
+        hide_finishing_token: bool = False,
+    ) -> None:
+        """Raises ConfigError for an empty stop string. ``skip_special_tokens``: leave special tokens' text out
+        (stops are matched in the text so produced); ``include_stop_str``: end the text after the stop string;
+        ``hide_finishing_token``: leave out the text of the EOS / stop-token-id token that ended generation when no
+        stop string did (vLLM without ``include_stop_str_in_output``)."""
+    def feed(self, tokens: Sequence[int], finish_reason: Literal["eos", "stop", "length"] | None) -> TextDelta:
+        """Add one round's committed ids (``finish_reason``: the engine's for the round). After a stop string the
+        assembler's tokens are cut to ``n_keep``; the caller cuts the engine's with ``stop_at(n_keep)``.
+
+        Raises:
+            ConfigError: called after the text finished, or an unknown ``finish_reason``.
+            OverflowError: an id < 0 or >= 2**32.
+        """
+    @property
+    def text(self) -> str:
+        """The text so far (once finished: the whole text, cut at the stop string)."""
+    @property
+    def tokens(self) -> list[int]:
+        """The ids fed so far, cut to ``n_keep`` after a stop string."""
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def incremental(self) -> bool:
+        """True for byte-level tokenizers (text appended round by round), False when decoded whole each round."""

@@ -178,16 +178,9 @@ class _ModelFolder:
     """The files of a converted model folder that the Python side needs."""
 
     def __init__(self, path: Path, batched: bool | None = None) -> None:
-        from tokenizers import Tokenizer
-
         self.path = path
-        tok = path / "tokenizer.json"
-        if not tok.is_file():
-            raise ModelFileError(f"{path} has no tokenizer.json (expected a folder written by `specrt convert`)")
-        try:
-            self.tokenizer = Tokenizer.from_file(str(tok))
-        except Exception as e:
-            raise ModelFileError(f"{tok}: cannot be loaded by tokenizers: {e}") from e
+        # ModelFileNotFoundError / ModelFileError naming the file when it is missing or malformed.
+        self.tokenizer: _specrt.Tokenizer = _specrt.Tokenizer.from_file(path / "tokenizer.json")
         self.config = _read_json(path / "specrt_config.json")
         # generation_config.json as Rust reads it (a malformed file is a ModelFileError for a draft folder too).
         self.defaults = _specrt.FolderDefaults(str(path))
@@ -262,7 +255,8 @@ def _check_int(name: str, value: Any, lo: int, hi: float, expected: str) -> int:
 
 
 def _longest_partial_stop(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string (the server's text views;
+    the Decoder's own text is ``_specrt.TextAssembler``'s)."""
     best = 0
     for s in stops:
         for n in range(min(len(s) - 1, len(text)), best, -1):
@@ -704,38 +698,14 @@ class Decoder:
                 engine.abandon()  # a stream closed early frees its batch row now
         yield asm.result_chunk(engine.stats(), engine.prompt_logprobs())
 
-    def _find_stop(self, tokens: list[int], text: str, stops: list[str], sent: int) -> tuple[int, int] | None:
-        """First stop-string match in ``text`` (searching from just before ``sent``): (cut index, tokens to keep)."""
-        start = max(0, sent - max(len(s) for s in stops))
-        best = None
-        for s in stops:
-            i = text.find(s, start)
-            if i >= 0 and (best is None or i < best[0]):
-                best = (i, s)
-        if best is None:
-            return None
-        cut, s = best
-        return cut, self._tokens_covering(tokens, cut + len(s))
-
-    def _tokens_covering(self, tokens: list[int], n_chars: int) -> int:
-        """Fewest tokens whose decoded text reaches ``n_chars`` characters (keeps the stop string's last token)."""
-        lo, hi = 1, len(tokens)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if len(self.tokenizer.decode(tokens[:mid], skip_special_tokens=True).rstrip("\ufffd")) >= n_chars:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
     def __repr__(self) -> str:
         return f"Decoder(target={str(self.target_path)!r}, draft={str(self.draft_path) if self.draft_path else None!r})"
 
 
 class _Assembler:
-    """One request's committed rounds -> :class:`StreamChunk` s: detokenization, stop strings (cut with
-    ``stop_at(n_keep)``, the engine's), and holding back an incomplete UTF-8 sequence or a possible partial stop
-    string until the next round."""
+    """One request's committed rounds -> :class:`StreamChunk` s. The text is ``_specrt.TextAssembler``'s (Rust:
+    detokenization, stop strings, holding back an incomplete UTF-8 sequence or a possible partial stop string until
+    the next round); this adds the per-token lists and cuts the engine at a stop string with ``stop_at(n_keep)``."""
 
     def __init__(
         self,
@@ -751,9 +721,13 @@ class _Assembler:
         self.sources: list[str] = []
         self.logprobs: list[float] = []
         self.top_logprobs: list[list[tuple[int, float]]] = []
-        self.sent = 0  # characters of text already yielded
-        self.text = ""
         self.finish: str | None = None
+        self._text = _specrt.TextAssembler(decoder.tokenizer, stops)
+
+    @property
+    def text(self) -> str:
+        """The text so far (once finished: the whole text, cut at the stop string)."""
+        return self._text.text
 
     def feed(self, out: dict[str, Any]) -> StreamChunk:
         """The chunk of one round's engine output (``Engine.step``'s dict)."""
@@ -763,31 +737,20 @@ class _Assembler:
         self.logprobs += out["logprobs"]
         self.top_logprobs += out["top_logprobs"]
         self.finish = out["finish_reason"]
-        text = self.decoder.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if self.stops:
-            hit = self.decoder._find_stop(self.tokens, text, self.stops, self.sent)
-            if hit is not None:
-                cut, n_keep = hit
-                self.stop_at(n_keep)
-                del self.tokens[n_keep:], self.sources[n_keep:], self.logprobs[n_keep:], self.top_logprobs[n_keep:]
-                text = text[:cut]
-                self.finish = "stop"
-        if self.finish is None:
-            # Hold back an incomplete UTF-8 sequence and a possible partial stop string.
-            end = len(text.rstrip("\ufffd"))
-            end -= _longest_partial_stop(text[:end], self.stops)
-        else:
-            end = len(text)
-        self.text = text
+        delta = self._text.feed(out["tokens"], self.finish)
+        if delta.n_keep is not None:
+            n_keep = delta.n_keep
+            self.stop_at(n_keep)
+            del self.tokens[n_keep:], self.sources[n_keep:], self.logprobs[n_keep:], self.top_logprobs[n_keep:]
+            self.finish = "stop"
         chunk = StreamChunk(
-            text=text[self.sent : end],
+            text=delta.text,
             token_ids=self.tokens[n_before:],
             sources=self.sources[n_before:],
             finish_reason=self.finish,
             logprobs=self.logprobs[n_before:],
             top_logprobs=self.top_logprobs[n_before:],
         )
-        self.sent = max(self.sent, end)
         return chunk
 
     def result_chunk(self, stats: dict[str, Any], prompt: dict[str, Any] | None = None) -> StreamChunk:

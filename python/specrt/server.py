@@ -1257,7 +1257,7 @@ def create_app(
             return _error(400, str(error), "invalid_request_error", _param_of(str(error)))
         return _error(500, f"{type(error).__name__}: {error}", "server_error")
 
-    byte_level = type(tokenizer.decoder).__name__ == "ByteLevel"
+    byte_level = tokenizer.decoder_type == "ByteLevel"
 
     def _token_text(ids: list[int], as_ids: bool = False) -> list[str]:
         if as_ids:  # vLLM's return_tokens_as_token_ids

@@ -12,6 +12,7 @@ pub mod errors;
 mod request;
 mod runtime;
 mod sampling;
+mod text;
 mod verify;
 
 /// The extension module.
@@ -33,5 +34,9 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(request::request_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(request::check_token_ids, m)?)?;
     m.add("DEFAULT_MAX_SEQ_LEN", specrt_ort::DEFAULT_MAX_SEQ_LEN)?;
+    m.add_class::<text::PyTokenizer>()?;
+    m.add_class::<text::PyEncoding>()?;
+    m.add_class::<text::PyTextAssembler>()?;
+    m.add_class::<text::PyTextDelta>()?;
     Ok(())
 }

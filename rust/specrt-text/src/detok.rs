@@ -84,6 +84,23 @@ pub enum RoundEnd {
     FinishedByToken,
 }
 
+impl RoundEnd {
+    /// From an engine's `finish_reason`: `None` (going on), `"eos"` or `"stop"` (a finishing token), `"length"`.
+    ///
+    /// # Errors
+    /// [`SpecError::Config`] for another name, listing the valid ones.
+    pub fn from_finish_reason(reason: Option<&str>) -> Result<Self> {
+        match reason {
+            None => Ok(Self::Continue),
+            Some("eos" | "stop") => Ok(Self::FinishedByToken),
+            Some("length") => Ok(Self::Finished),
+            Some(other) => Err(SpecError::Config(format!(
+                "finish_reason {other:?} is invalid (expected one of: None, \"eos\", \"stop\", \"length\")"
+            ))),
+        }
+    }
+}
+
 /// A stop string found in the text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StopHit {
