@@ -613,6 +613,25 @@ mod tests {
     }
 
     #[test]
+    fn engine_finish_reasons_map_to_round_ends() {
+        assert_eq!(RoundEnd::from_finish_reason(None), Ok(RoundEnd::Continue));
+        assert_eq!(
+            RoundEnd::from_finish_reason(Some("eos")),
+            Ok(RoundEnd::FinishedByToken)
+        );
+        assert_eq!(
+            RoundEnd::from_finish_reason(Some("stop")),
+            Ok(RoundEnd::FinishedByToken)
+        );
+        assert_eq!(
+            RoundEnd::from_finish_reason(Some("length")),
+            Ok(RoundEnd::Finished)
+        );
+        let err = RoundEnd::from_finish_reason(Some("done")).unwrap_err();
+        assert!(matches!(err, SpecError::Config(m) if m.contains("\"done\" is invalid")));
+    }
+
+    #[test]
     fn metaspace_tokenizers_are_decoded_whole() {
         let tok = metaspace();
         let mut asm =
