@@ -140,3 +140,15 @@ def _decoder(path: Path) -> specrt.Decoder:
     if path not in _DECODERS:
         _DECODERS[path] = specrt.Decoder(path)
     return _DECODERS[path]
+
+
+def test_the_first_chunk_of_a_prompt_scored_stream_carries_the_prompt_scores(tiny_target: Path) -> None:
+    dec = _decoder(tiny_target)
+    chunks = list(dec.stream([3, 1, 4, 1, 5], max_new_tokens=4, temperature=0, prompt_logprobs=2))
+    result = chunks[-1].result
+    assert result is not None and len(result.prompt_logprobs) == 5
+    first = chunks[0]
+    assert first.prompt_token_ids == [3, 1, 4, 1, 5]
+    assert first.prompt_logprobs == result.prompt_logprobs and first.prompt_logprobs[0] is None
+    assert first.prompt_top_logprobs == result.prompt_top_logprobs
+    assert all(c.prompt_logprobs is None for c in chunks[1:])

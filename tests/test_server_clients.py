@@ -457,7 +457,6 @@ def test_converted_folders_load_in_transformers(tiny_decoder) -> None:
         ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions", "unknown field"),
         ("/v1/completions", {"best_of": 3}, "best_of", "ranking"),
         ("/v1/completions", {"best_of": 1, "n": 2}, "best_of", ">= n"),
-        ("/v1/completions", {"echo": True, "logprobs": 0, "stream": True}, "echo", "prompt's log-probabilities"),
         ("/v1/completions", {"suffix": "}"}, "suffix", "insertion"),
         ("/v1/completions", {"guided_regex": "a+"}, "guided_regex", "structured"),
         ("/v1/completions", {"use_beam_search": True}, "use_beam_search", "beam search"),
@@ -686,6 +685,35 @@ def test_echo_logprobs_and_alternatives_equal_a_teacher_forced_target_pass(serve
             assert value == pytest.approx(by_text[text], abs=1e-4)
         if j >= len(prompt):  # a generated token at temperature 0 is the maximum of its alternatives
             assert lp.token_logprobs[j] == pytest.approx(max(lp.top_logprobs[j].values()), abs=1e-6)
+
+
+def test_streamed_echo_with_logprobs_gives_the_same_entries_as_the_whole_response(served) -> None:
+    settings = {
+        "model": "tiny",
+        "prompt": ["def add(a, b):\n    return", "x = 1"],
+        "max_tokens": 6,
+        "temperature": 0,
+        "echo": True,
+        "logprobs": 2,
+        "extra_body": {"ignore_eos": True},
+    }
+    with _sdk(served.base) as client:
+        whole = client.completions.create(**settings)
+        events = list(client.completions.create(**settings, stream=True))
+    for choice in whole.choices:
+        mine = [e.choices[0] for e in events if e.choices and e.choices[0].index == choice.index]
+        assert "".join(c.text for c in mine) == choice.text
+        got: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for c in mine:
+            if c.logprobs is not None:
+                for k in got:
+                    got[k] += getattr(c.logprobs, k) or []
+        want = choice.logprobs
+        assert got["tokens"] == want.tokens and got["text_offset"] == want.text_offset
+        assert got["token_logprobs"][0] is None and got["top_logprobs"][0] is None  # the prompt's first token
+        assert got["token_logprobs"][1:] == pytest.approx(want.token_logprobs[1:], abs=1e-6)
+        assert [sorted(t) for t in got["top_logprobs"][1:]] == [sorted(t) for t in want.top_logprobs[1:]]
+        assert mine[0].text.startswith(settings["prompt"][choice.index])  # the prompt comes in the first event
 
 
 def test_chat_top_logprobs_are_the_targets_log_softmax_and_the_choice_is_their_maximum(served, tiny_decoder) -> None:

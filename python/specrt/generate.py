@@ -153,7 +153,9 @@ class StreamChunk:
 
     ``text`` holds back incomplete UTF-8 and a possible partial stop string until they resolve. ``logprobs`` are the
     target's log-probabilities of ``token_ids`` (as :attr:`GenerationResult.logprobs`). The chunk of the last round
-    already carries ``finish_reason``; the last chunk (no tokens) has ``finish_reason`` and ``result`` set.
+    already carries ``finish_reason``; the last chunk (no tokens) has ``finish_reason`` and ``result`` set. With
+    ``prompt_logprobs``, the first chunk carries the prompt's scores too (``prompt_token_ids``, ``prompt_logprobs``,
+    ``prompt_top_logprobs``, as :class:`GenerationResult` has them; None on the other chunks).
     """
 
     text: str
@@ -163,6 +165,9 @@ class StreamChunk:
     result: GenerationResult | None = None
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -689,7 +694,7 @@ class Decoder:
 
     def _run(self, engine: Any, ids: list[int], config: Any, stops: list[str]) -> Iterator[StreamChunk]:
         engine.start(ids, config)
-        asm = _Assembler(self, ids, stops, engine.stop_at, config.prompt_logprobs is not None)
+        asm = _Assembler(self, ids, stops, engine.stop_at, config.prompt_logprobs is not None, engine.prompt_logprobs)
         try:
             while asm.finish is None:
                 yield asm.feed(engine.step())
@@ -714,9 +719,12 @@ class _Assembler:
         stops: list[str],
         stop_at: Callable[[int], None],
         prompt_scored: bool = False,
+        prompt_scores: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self.decoder, self.ids, self.stops, self.stop_at = decoder, ids, stops, stop_at
         self.prompt_scored = prompt_scored  # the request asked for prompt_logprobs
+        # The engine's prompt scores (complete from the first emitted token on), for the first chunk.
+        self.prompt_scores = prompt_scores
         self.tokens: list[int] = []
         self.sources: list[str] = []
         self.logprobs: list[float] = []
@@ -743,25 +751,31 @@ class _Assembler:
             self.stop_at(n_keep)
             del self.tokens[n_keep:], self.sources[n_keep:], self.logprobs[n_keep:], self.top_logprobs[n_keep:]
             self.finish = "stop"
-        chunk = StreamChunk(
+        scores: dict[str, Any] = {}
+        if n_before == 0 and self.prompt_scored and self.prompt_scores is not None:
+            lps, tops = self._prompt_lists(self.prompt_scores())
+            scores = {"prompt_logprobs": lps, "prompt_top_logprobs": tops, "prompt_token_ids": list(self.ids)}
+        return StreamChunk(
             text=delta.text,
             token_ids=self.tokens[n_before:],
             sources=self.sources[n_before:],
             finish_reason=self.finish,
             logprobs=self.logprobs[n_before:],
             top_logprobs=self.top_logprobs[n_before:],
+            **scores,
         )
-        return chunk
+
+    def _prompt_lists(self, prompt: dict[str, Any] | None) -> tuple[list[float | None], list[list[tuple[int, float]]]]:
+        """The prompt's scores as :class:`GenerationResult` holds them (first position: None / no alternatives)."""
+        if not self.prompt_scored or prompt is None:
+            return [], []
+        return [None, *prompt["logprobs"]], [[], *prompt["top_logprobs"]]
 
     def result_chunk(self, stats: dict[str, Any], prompt: dict[str, Any] | None = None) -> StreamChunk:
         """The last chunk, carrying the :class:`GenerationResult` (``stats``: the engine's statistics dict;
         ``prompt``: its prompt scores, ``Engine.prompt_logprobs()``)."""
         assert self.finish is not None
-        prompt_logprobs: list[float | None] = []
-        prompt_top: list[list[tuple[int, float]]] = []
-        if self.prompt_scored and prompt is not None:
-            prompt_logprobs = [None, *prompt["logprobs"]]
-            prompt_top = [[], *prompt["top_logprobs"]]
+        prompt_logprobs, prompt_top = self._prompt_lists(prompt)
         result = GenerationResult(
             text=self.text,
             token_ids=self.tokens,

@@ -457,7 +457,17 @@ class Scheduler:
             rid = self._next_row_id
             self._next_row_id += 1
             scored = config.prompt_logprobs is not None
-            rows[rid] = (h, _Assembler(self.decoder, ids, stops, functools.partial(batch.stop_at, rid), scored))
+            rows[rid] = (
+                h,
+                _Assembler(
+                    self.decoder,
+                    ids,
+                    stops,
+                    functools.partial(batch.stop_at, rid),
+                    scored,
+                    functools.partial(batch.prompt_logprobs, rid),
+                ),
+            )
 
     def _step(self, batch: Any, rows: dict[int, tuple[RequestHandle, _Assembler]]) -> None:
         outs = batch.step()  # a failed model pass raises: every running row is gone (handled by the caller)

@@ -158,12 +158,6 @@ def _check_policy(req: Any, chat: bool) -> None:
             else "ranking best_of samples by log-probability is not implemented (accepted: best_of == n or null)"
         )
         raise _BadFieldError("best_of", f"best_of {best_of} with n {req.n}: {why}")
-    if getattr(req, "echo", False) and not chat and req.logprobs is not None and req.stream:
-        raise _BadFieldError(
-            "echo",
-            "echo with logprobs is not supported on a stream yet: the prompt's log-probabilities come with the "
-            "result (accepted: echo with logprobs and stream false, or echo without logprobs; docs/openai-api.md)",
-        )
     if getattr(req, "continue_final_message", False) and req.add_generation_prompt:
         raise _BadFieldError(
             "continue_final_message",
@@ -691,6 +685,7 @@ class _Choice:
     result: GenerationResult | None = None
     error: BaseException | None = None
     seen: list[int] = field(default_factory=list)  # tokens whose logprobs were given out (text offsets)
+    prompt_chunk: StreamChunk | None = None  # the first chunk of a prompt-scored stream (echo with logprobs)
     score_only: bool = False  # max_tokens 0 with echo: the one token generated is not returned or counted
 
 
@@ -1325,6 +1320,8 @@ def create_app(
                 body = event_of(c, c.view.rest(chunk.result), [], [], [], _FINISH.get(chunk.result.finish_reason))
                 n_out = len(chunk.result.token_ids)
             else:
+                if chunk.prompt_logprobs is not None:
+                    c.prompt_chunk = chunk
                 text = c.view.feed(chunk)
                 if not (text or chunk.token_ids or c.first):
                     return None
@@ -1491,13 +1488,14 @@ def create_app(
                 "text_offset": [offset + o for o in _offsets(c.seen, start)],
             }
 
-        def prompt_logprobs_of(c: _Choice, r: GenerationResult) -> dict[str, Any]:
-            """The echoed prompt's entries (first token: None, as OpenAI's), from the prefill pass."""
-            ids = r.prompt_token_ids
+        def prompt_logprobs_of(c: _Choice, r: GenerationResult | StreamChunk) -> dict[str, Any]:
+            """The echoed prompt's entries (first token: None, as OpenAI's), from the prefill pass (a result, or
+            the first chunk of a stream)."""
+            ids = r.prompt_token_ids or []
             tops = alternatives(r.prompt_top_logprobs)
             return {
                 "tokens": _token_text(ids, req.return_tokens_as_token_ids),
-                "token_logprobs": list(r.prompt_logprobs),
+                "token_logprobs": list(r.prompt_logprobs or []),
                 "top_logprobs": None if tops is None else [None, *tops[1:]],
                 "text_offset": [len(tokenizer.decode(ids[:j], skip_special_tokens=False)) for j in range(len(ids))],
             }
@@ -1505,12 +1503,16 @@ def create_app(
         def event_of(
             c: _Choice, text: str, ids: list[int], lps: list[float], tops: list, finish: str | None
         ) -> dict[str, Any]:
+            lp = logprobs_of(c, ids, lps, tops)
             if c.first:
+                if lp is not None and req.echo and c.prompt_chunk is not None:  # the prompt's entries come first
+                    head = prompt_logprobs_of(c, c.prompt_chunk)
+                    lp = {k: None if lp[k] is None else head[k] + lp[k] for k in lp}
                 text, c.first = c.echo + text, False
             choice = {
                 "index": c.index,
                 "text": text,
-                "logprobs": logprobs_of(c, ids, lps, tops),
+                "logprobs": lp,
                 "finish_reason": finish,
             }
             return {
