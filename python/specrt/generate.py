@@ -694,7 +694,8 @@ class Decoder:
 
     def _run(self, engine: Any, ids: list[int], config: Any, stops: list[str]) -> Iterator[StreamChunk]:
         engine.start(ids, config)
-        asm = _Assembler(self, ids, stops, engine.stop_at, config.prompt_logprobs is not None, engine.prompt_logprobs)
+        scores = engine.prompt_scores if isinstance(engine, _SoloBatch) else engine.prompt_logprobs
+        asm = _Assembler(self, ids, stops, engine.stop_at, config.prompt_logprobs is not None, scores)
         try:
             while asm.finish is None:
                 yield asm.feed(engine.step())
@@ -824,6 +825,10 @@ class _SoloBatch:
     def stats(self) -> dict[str, Any]:
         """The finished request's statistics (read before :meth:`prompt_logprobs`, which drops its record)."""
         return self.batch.stats(self._ID)
+
+    def prompt_scores(self) -> dict[str, Any] | None:
+        """The running request's prompt scores (complete from its first emitted token on); its record is kept."""
+        return self.batch.prompt_logprobs(self._ID)
 
     def prompt_logprobs(self) -> dict[str, Any] | None:
         """The finished request's prompt scores; its record is dropped."""
