@@ -1,11 +1,62 @@
-"""Type stubs for the Rust extension ``specrt._specrt`` (hand-written; sections per binding file)."""
+"""Type stubs for the Rust extension ``specrt._specrt`` (hand-written; sections per binding file).
+
+Checked against the built module by ``python -m mypy.stubtest specrt._specrt`` (tests/test_stubs.py). Every pyo3
+class is ``@final`` (pyo3 classes cannot be subclassed) and is built by ``__new__`` (pyo3's ``#[new]``), so
+constructors are stubbed as ``__new__``; read-only attributes (``#[getter]``, ``get_all``) are properties.
+"""
 
 import os
+import pathlib
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 import numpy as np
 import numpy.typing as npt
+
+__all__ = [
+    "DEFAULT_MAX_SEQ_LEN",
+    "MAX_DRAFT_TOKENS",
+    "BackendError",
+    "BatchEngine",
+    "ConfigError",
+    "DraftComparison",
+    "Engine",
+    "FolderDefaults",
+    "GenerationCancelled",
+    "InternalError",
+    "ModelFileError",
+    "ModelFileNotFoundError",
+    "NonFiniteLogitsError",
+    "OptimalK",
+    "OrtModel",
+    "ProviderError",
+    "RequestConfig",
+    "Rng",
+    "SequenceLengthError",
+    "ShapeError",
+    "SpecrtError",
+    "Verification",
+    "VocabError",
+    "__version__",
+    "acceptance_prob",
+    "alpha_from_tokens_per_round",
+    "check_token_ids",
+    "compare_drafts",
+    "coupled_choice",
+    "coupled_uniforms",
+    "cycle_cost",
+    "expected_tokens",
+    "log_softmax_at",
+    "optimal_k",
+    "process_logits",
+    "request_defaults",
+    "resolve_request",
+    "runtime_info",
+    "sample",
+    "sample_draft",
+    "speedup",
+    "verify",
+]
 
 __version__: str
 
@@ -42,10 +93,11 @@ class InternalError(SpecrtError, RuntimeError): ...
 
 _Tokens = npt.NDArray[np.integer] | Sequence[int]
 
+@final
 class Rng:
     """Seeded PCG64 stream, twin of numpy's PCG64. Advanced in place when passed as ``rng=``."""
 
-    def __init__(self, seed: int) -> None: ...
+    def __new__(cls, seed: int) -> Rng: ...
     @staticmethod
     def from_state(state: int, inc: int) -> Rng: ...
     @property
@@ -112,12 +164,25 @@ def log_softmax_at(logits: npt.NDArray[np.float32], token: int) -> float:
 
 MAX_DRAFT_TOKENS: int
 
+@final
 class Verification:
-    n_draft: int
-    n_accepted: int
-    tokens: list[int]
-    last: Literal["recovered", "bonus"]
-    accept_probs: list[float]
+    """The result of one verification round. Output tokens = accepted + one recovered or bonus token."""
+
+    @property
+    def n_draft(self) -> int:
+        """Number of draft tokens proposed (k)."""
+    @property
+    def n_accepted(self) -> int:
+        """Number of draft tokens accepted, 0..=k."""
+    @property
+    def tokens(self) -> list[int]:
+        """Emitted token ids (``n_accepted + 1``): accepted drafts, then the recovered or bonus token."""
+    @property
+    def last(self) -> Literal["recovered", "bonus"]:
+        """What the last token is."""
+    @property
+    def accept_probs(self) -> list[float]:
+        """Acceptance probabilities ``min(1, p/q)`` of the evaluated draft positions."""
 
 def verify(
     target_logits: npt.NDArray[np.float32],
@@ -143,14 +208,30 @@ def verify(
 # cost.rs
 # ---------------------------------------------------------------------------------------------------------------
 
+@final
 class OptimalK:
-    k: int
-    speedup: float
+    """The best K and its speedup (K = 0 means "don't speculate")."""
 
+    @property
+    def k(self) -> int:
+        """Best number of draft tokens."""
+    @property
+    def speedup(self) -> float:
+        """Its speedup over target-only decoding."""
+
+@final
 class DraftComparison:
-    speedup_a: float
-    speedup_b: float
-    b_wins: bool
+    """Speedups of two drafts at the same K."""
+
+    @property
+    def speedup_a(self) -> float:
+        """Speedup with draft A."""
+    @property
+    def speedup_b(self) -> float:
+        """Speedup with draft B."""
+    @property
+    def b_wins(self) -> bool:
+        """True when B is strictly faster."""
 
 def runtime_info(ort_library: str | os.PathLike[str]) -> dict[str, Any]: ...
 def acceptance_prob(p: float, q: float) -> float: ...
@@ -170,13 +251,24 @@ def compare_drafts(
 ) -> DraftComparison: ...
 def alpha_from_tokens_per_round(tokens_per_round: float, k: int) -> float: ...
 
+# ---------------------------------------------------------------------------------------------------------------
+# coupled.rs
+# ---------------------------------------------------------------------------------------------------------------
+
+def coupled_uniforms(seed: int, position: int, vocab: int) -> npt.NDArray[np.float64]:
+    """``[vocab] float64`` coupled noise ``u_{position, i}`` in (0, 1] of ``seed`` for token ids ``0 .. vocab``."""
+
+def coupled_choice(weights: npt.NDArray[np.float32], seed: int, position: int) -> int:
+    """The coupled choice ``argmin_i -ln(u_i) / w_i`` from ``[vocab] float32`` non-negative weights."""
+
 # ----- models (rust/specrt-py/src/backend.rs) ---------------------------------------------------------------------
 
+@final
 class OrtModel:
     """One ONNX decoder in one ONNX Runtime session with its KV cache (shared-buffer or Optimum layout)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         path: str | os.PathLike[str],
         *,
         ort_library: str | os.PathLike[str] | None = None,
@@ -186,11 +278,19 @@ class OrtModel:
         intra_op_threads: int | None = None,
         allow_fallback: bool = False,
         layout: str | None = None,
-    ) -> None: ...
+        profile: str | os.PathLike[str] | None = None,
+        device_argmax: bool | None = None,
+    ) -> OrtModel: ...
     def forward(
         self, tokens: npt.NDArray[np.integer] | Sequence[int], n_past: int, n_logits: int = 1
     ) -> npt.NDArray[np.float32]:
         """Logits ``[n_logits, vocab_size] float32`` of the last positions after running ``tokens`` on ``n_past``."""
+    def forward_argmax(
+        self, tokens: npt.NDArray[np.integer] | Sequence[int], n_past: int, n_logits: int = 1
+    ) -> list[int]:
+        """``[n_logits]`` greedy token ids (first maximum of each row) of the last positions, as :meth:`forward`."""
+    def end_profiling(self) -> pathlib.Path:
+        """End ONNX Runtime's profiling (the model was created with ``profile``); the trace file's path."""
     @property
     def vocab_size(self) -> int: ...
     @property
@@ -208,7 +308,7 @@ class OrtModel:
     @property
     def n_cached(self) -> int: ...
     @property
-    def model_path(self) -> str: ...
+    def model_path(self) -> pathlib.Path: ...
     def kv_buffer_addresses(self) -> list[int]: ...
     def logits_address(self) -> int: ...
     @property
@@ -220,11 +320,12 @@ class OrtModel:
 
 # ----- the decode loop (rust/specrt-py/src/engine.rs) -------------------------------------------------------------
 
+@final
 class RequestConfig:
     """The settings of one generation request (shared by Engine.start and BatchEngine.add)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         max_new_tokens: int,
         num_speculative_tokens: int = 4,
@@ -236,8 +337,8 @@ class RequestConfig:
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         seed: int = 0,
-        eos_token_ids: Sequence[int] = ...,
-        stop_token_ids: Sequence[int] = ...,
+        eos_token_ids: Sequence[int] = (),
+        stop_token_ids: Sequence[int] = (),
         ignore_eos: bool = False,
         auto_k: bool = False,
         pinned_c_draft: float | None = None,
@@ -251,7 +352,7 @@ class RequestConfig:
         prompt_logprobs: int | None = None,
         min_tokens: int = 0,
         _fault: str | None = None,
-    ) -> None: ...
+    ) -> RequestConfig: ...
     @property
     def max_new_tokens(self) -> int: ...
     @property
@@ -263,10 +364,11 @@ class RequestConfig:
 
 DEFAULT_MAX_SEQ_LEN: int
 
+@final
 class FolderDefaults:
     """A model folder's generation defaults (generation_config.json; specrt_config.json for the EOS ids)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None: ...
+    def __new__(cls, path: str | os.PathLike[str]) -> FolderDefaults: ...
     def sampling(self) -> dict[str, float | int]: ...
     @property
     def eos_token_ids(self) -> list[int]: ...
@@ -289,11 +391,12 @@ def resolve_request(
 def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> list[int]:
     """Token ids as ints, each 0 <= id < vocab_size (VocabError / TypeError otherwise)."""
 
+@final
 class BatchEngine:
     """Batched rounds over target / draft models in the batched layout; driven round by round by specrt.Scheduler."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         target: str | os.PathLike[str],
         draft: str | os.PathLike[str] | None = None,
         *,
@@ -304,7 +407,7 @@ class BatchEngine:
         prefill_chunk: int = 256,
         provider: str = "cpu",
         allow_fallback: bool = False,
-    ) -> None: ...
+    ) -> BatchEngine: ...
     def add(self, id: int, prompt: Sequence[int], config: RequestConfig) -> None: ...
     def step(self) -> list[dict[str, Any]]:
         """One round: per row ``{"id", "tokens", "sources", "logprobs", "n_drafted", "finish_reason", "error"}``."""
@@ -325,11 +428,12 @@ class BatchEngine:
     @property
     def max_batch(self) -> int: ...
 
+@final
 class Engine:
     """The draft/verify loop over a target and an optional draft model; driven round by round by specrt.Decoder."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         target: str | os.PathLike[str],
         draft: str | os.PathLike[str] | None = None,
         *,
@@ -339,7 +443,8 @@ class Engine:
         max_seq_len: int | None = None,
         intra_op_threads: int | None = None,
         allow_fallback: bool = False,
-    ) -> None: ...
+        cuda_graph: bool = False,
+    ) -> Engine: ...
     def start(self, prompt: Sequence[int], config: RequestConfig) -> None: ...
     def step(self) -> dict[str, Any]:
         """One round: ``{"tokens", "sources", "logprobs", "n_drafted", "finish_reason"}``."""

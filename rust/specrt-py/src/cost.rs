@@ -99,6 +99,11 @@ pub fn speedup(a: f64, k: usize, c_q: f64, c_p: f64, c_verify: Option<f64>) -> P
     cost::speedup(a, k, c_q, c_p, c_verify).map_err(to_pyerr)
 }
 
+const _: () = assert!(
+    cost::DEFAULT_K_MAX == 64,
+    "update optimal_k's text_signature and _specrt.pyi"
+);
+
 /// Exact integer search for the K in 0..=k_max maximising the speedup.
 ///
 /// Args:
@@ -113,7 +118,12 @@ pub fn speedup(a: f64, k: usize, c_q: f64, c_p: f64, c_verify: Option<f64>) -> P
 /// Raises:
 ///     ConfigError: a value out of range or a too short c_verify table.
 #[pyfunction]
-#[pyo3(signature = (a, c_q, c_p, *, k_max=cost::DEFAULT_K_MAX, c_verify=None))]
+// The text signature spells the default out (pyo3 shows a non-literal default as `...`); the assertion above keeps
+// it equal to the constant.
+#[pyo3(
+    signature = (a, c_q, c_p, *, k_max=cost::DEFAULT_K_MAX, c_verify=None),
+    text_signature = "(a, c_q, c_p, *, k_max=64, c_verify=None)"
+)]
 pub fn optimal_k(
     a: f64,
     c_q: f64,
