@@ -20,6 +20,7 @@ __all__ = [
     "BatchEngine",
     "ConfigError",
     "DraftComparison",
+    "Encoding",
     "Engine",
     "FolderDefaults",
     "GenerationCancelled",
@@ -35,6 +36,9 @@ __all__ = [
     "SequenceLengthError",
     "ShapeError",
     "SpecrtError",
+    "TextAssembler",
+    "TextDelta",
+    "Tokenizer",
     "Verification",
     "VocabError",
     "__version__",
@@ -462,6 +466,7 @@ class Engine:
 
 # ----- text in, text out (rust/specrt-py/src/text.rs) -------------------------------------------------------------
 
+@final
 class Encoding:
     """The ids of one encoded text."""
 
@@ -470,6 +475,7 @@ class Encoding:
         """Token ids, each ``0 <= id < vocab size``."""
     def __len__(self) -> int: ...
 
+@final
 class Tokenizer:
     """A ``tokenizer.json`` through the Rust ``tokenizers`` crate (the Python package's version: identical ids and
     text). Safe to share between threads; encode / decode release the GIL."""
@@ -506,6 +512,7 @@ class Tokenizer:
     def decoder_type(self) -> str | None:
         """The ``decoder.type`` of the ``tokenizer.json`` (``"ByteLevel"``, ``"Metaspace"``, ...), or None."""
 
+@final
 class TextDelta:
     """What one round adds to the text."""
 
@@ -522,21 +529,22 @@ class TextDelta:
     def finished(self) -> bool:
         """Whether the text is complete (feed no more)."""
 
+@final
 class TextAssembler:
     """One request's streaming text: each round's committed ids in, the text to emit out. The text is the whole
     generated sequence decoded (incrementally for byte-level tokenizers, whole otherwise); a stop string cuts it
     (it may end mid-token and span tokens); an incomplete UTF-8 sequence and a partial stop string are held back
     until the next round, and flushed when generation finishes."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         tokenizer: Tokenizer,
         stops: Sequence[str],
         *,
         skip_special_tokens: bool = True,
         include_stop_str: bool = False,
         hide_finishing_token: bool = False,
-    ) -> None:
+    ) -> TextAssembler:
         """Raises ConfigError for an empty stop string. ``skip_special_tokens``: leave special tokens' text out
         (stops are matched in the text so produced); ``include_stop_str``: end the text after the stop string;
         ``hide_finishing_token``: leave out the text of the EOS / stop-token-id token that ended generation when no
