@@ -5,6 +5,7 @@ mod args;
 pub mod arrays;
 mod backend;
 mod batch;
+mod chat;
 mod cost;
 mod coupled;
 mod engine;
@@ -28,5 +29,6 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<batch::PyBatchEngine>()?;
     m.add_class::<request::RequestConfig>()?;
+    m.add_class::<chat::PyChatTemplate>()?;
     Ok(())
 }
