@@ -26,7 +26,8 @@ import pytest
 from specrt import _specrt
 from specrt.errors import ConfigError, ModelFileNotFoundError
 
-transformers = pytest.importorskip("transformers")
+#: transformers 5 drops None-valued message keys and aliases reasoning fields, as the Rust renderer does.
+transformers = pytest.importorskip("transformers", minversion="5.0")
 
 #: The moment ``strftime_now`` formats in both renderers.
 FIXED_NOW = dt.datetime(2024, 7, 26, 9, 5, 3)

@@ -19,8 +19,11 @@
 //! | context: `messages`, `tools`, `documents`, `add_generation_prompt`, the special-token strings, then `**kwargs` | the same |
 //!
 //! Not the same: `~` (string concatenation) and string formatting of non-strings inside other filters use
-//! minijinja's formatting (`true`, `none`, `{"a": 1}`) where Python would write `True`, `None`, `{'a': 1}`; unknown
-//! filters and tests are reported when reached rather than when the template is compiled.
+//! minijinja's formatting (`true`, `none`, `{"a": 1}`) where Python would write `True`, `None`, `{'a': 1}`;
+//! `'...'|safe + x` does not HTML-escape `x` (jinja2's `Markup.__add__` does, even without auto-escaping: llama.cpp's
+//! functionary-medium-v3.1 template is the one case seen); unknown filters and tests are reported when reached rather
+//! than when the template is compiled. `tests/test_chat_template.py` compares both on the registry's templates and
+//! llama.cpp's `models/templates` collection.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -1355,6 +1358,56 @@ mod tests {
         assert_eq!(
             render(src, &m).unwrap(),
             r#"{"thinking": "r", "role": "assistant", "reasoning": "r", "reasoning_content": "r"}"#
+        );
+    }
+
+    #[test]
+    fn from_folder_names_bos_and_eos_from_tokenizer_config_or_the_ids() {
+        let dir = std::env::temp_dir().join(format!("specrt-chat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("chat_template.jinja"),
+            "{{ bos_token }}x{{ eos_token }}",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("tokenizer.json"),
+            r#"{"added_tokens": [{"id": 5, "content": "<|eot|>"}], "model": {"vocab": {"<s>": 1, "a": 2}}}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("specrt_config.json"),
+            r#"{"bos_token_id": 1, "eos_token_ids": [5, 2]}"#,
+        )
+        .unwrap();
+        let t = ChatTemplate::from_folder(&dir).unwrap();
+        assert_eq!(
+            t.render(&[], false, None, None, &Map::new()).unwrap(),
+            "<s>x<|eot|>"
+        );
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"bos_token": "<B>", "eos_token": {"content": "<E>"}, "pad_token": null}"#,
+        )
+        .unwrap();
+        let t = ChatTemplate::from_folder(&dir).unwrap();
+        assert_eq!(
+            t.render(&[], false, None, None, &Map::new()).unwrap(),
+            "<B>x<E>"
+        );
+        std::fs::remove_file(dir.join("chat_template.jinja")).unwrap();
+        assert!(
+            matches!(ChatTemplate::from_folder(&dir), Err(SpecError::Io(m)) if m.contains("not found"))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn python_strings_are_quoted_as_repr() {
+        let v = Value::from_serialize(json!(["it's", "say \"hi\"", "both ' \"", "a\nb\\"]));
+        assert_eq!(
+            python_repr(&v),
+            r#"["it's", 'say "hi"', 'both \' "', 'a\nb\\']"#
         );
     }
 
