@@ -185,15 +185,16 @@ impl PyChatTemplate {
     #[pyo3(signature = (source, special_tokens=None, *, now=None))]
     #[pyo3(text_signature = "(source, special_tokens=None, *, now=None)")]
     fn new(
+        py: Python<'_>,
         source: String,
         special_tokens: Option<&Bound<'_, PyAny>>,
         now: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let special = special_map(special_tokens)?;
         let now = now.filter(|n| !n.is_none()).map(to_time).transpose()?;
-        let inner = ChatTemplate::new(source, special)
-            .and_then(|t| t.with_now(now))
-            .map_err(to_pyerr)?;
+        let inner = run_kernel(py, move || {
+            ChatTemplate::new(source, special).and_then(|t| t.with_now(now))
+        })?;
         Ok(Self { inner })
     }
 

@@ -467,6 +467,9 @@ impl ChatTemplate {
     /// # Errors
     /// None in practice (the template already compiled); kept a `Result` for the recompilation it does.
     pub fn with_now(mut self, now: Option<ChatTime>) -> Result<Self> {
+        if now == self.now {
+            return Ok(self);
+        }
         self.env = build_env(&self.source, now)?;
         self.now = now;
         Ok(self)
