@@ -5,6 +5,7 @@ class is ``@final`` (pyo3 classes cannot be subclassed) and is built by ``__new_
 constructors are stubbed as ``__new__``; read-only attributes (``#[getter]``, ``get_all``) are properties.
 """
 
+import datetime
 import os
 import pathlib
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ __all__ = [
     "MAX_DRAFT_TOKENS",
     "BackendError",
     "BatchEngine",
+    "ChatTemplate",
     "ConfigError",
     "DraftComparison",
     "Encoding",
@@ -568,3 +570,59 @@ class TextAssembler:
     @property
     def incremental(self) -> bool:
         """True for byte-level tokenizers (text appended round by round), False when decoded whole each round."""
+
+# ----- chat templates (rust/specrt-py/src/chat.rs) ----------------------------------------------------------------
+
+@final
+class ChatTemplate:
+    """A chat template rendered exactly as Hugging Face transformers' ``apply_chat_template(..., tokenize=False)``
+    renders it (minijinja in Rust, ``rust/specrt-text/src/chat.rs``): trim/lstrip blocks, loop controls,
+    ``raise_exception``, ``strftime_now``, transformers' ``tojson``, Python's str/dict/list methods and
+    ``{% generation %}``.
+
+    Args:
+        source: the Jinja template.
+        special_tokens: name -> string passed to every rendering as transformers passes ``special_tokens_map``
+            (e.g. ``{"bos_token": "<s>", "eos_token": "</s>"}``); None: none.
+        now: the datetime ``strftime_now`` formats; None: the current time (UTC) at each rendering.
+
+    Raises:
+        ConfigError: minijinja cannot compile the template (the message names the construct and the line), a
+            special token is not a string, or ``now`` is not a datetime.
+    """
+
+    def __new__(
+        cls, source: str, special_tokens: dict[str, str] | None = None, *, now: datetime.datetime | None = None
+    ) -> ChatTemplate: ...
+    @staticmethod
+    def from_folder(path: str | os.PathLike[str], *, now: datetime.datetime | None = None) -> ChatTemplate:
+        """The template of a folder written by ``specrt convert``: ``chat_template.jinja`` with the special tokens of
+        ``tokenizer_config.json`` (else ``specrt_config.json``'s ids named through ``tokenizer.json``).
+
+        Raises:
+            ModelFileNotFoundError: the folder has no chat template.
+            ModelFileError: a file is unreadable or malformed.
+            ConfigError: as the constructor.
+        """
+    @property
+    def source(self) -> str:
+        """The template's source text."""
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """The special-token strings passed to every rendering (name -> string)."""
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = False,
+        tools: Sequence[dict[str, Any]] | None = None,
+        documents: Sequence[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """Render as transformers' ``apply_chat_template(messages, tools=tools, documents=documents,
+        add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs)``: ``None``-valued message keys are
+        dropped, reasoning is aliased (``thinking`` / ``reasoning_content``), ``kwargs`` override special tokens.
+
+        Raises:
+            ConfigError: a value that is not JSON-like, the template's ``raise_exception(message)``
+                (``chat template failed: <message>``), or a construct the renderer lacks (named, with its line).
+        """

@@ -201,26 +201,26 @@ class _ModelFolder:
 
 
 def _render_chat(template: str, messages: Sequence[dict[str, Any]], add_generation_prompt: bool, **extra: Any) -> str:
-    """Render a chat template the way Hugging Face transformers does (sandboxed jinja2, trim/lstrip blocks)."""
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    """Render a chat template as Hugging Face transformers' ``apply_chat_template(..., tokenize=False)`` does (in Rust:
+    ``_specrt.ChatTemplate``); ``extra`` (``tools``, ``documents``, ``bos_token``, ...) reaches the template as named.
 
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
+    Raises:
+        ConfigError: the template raised (``chat template failed: <its message>``) or uses a construct the renderer
+            lacks (named, with its line).
+    """
+    tools = extra.pop("tools", None)
+    documents = extra.pop("documents", None)
+    return _compiled_chat_template(template).render(list(messages), add_generation_prompt, tools, documents, **extra)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt, **extra
-        )
-    except jinja2.exceptions.TemplateError as e:
-        raise ConfigError(f"chat template failed: {e}") from e
+@functools.lru_cache(maxsize=16)
+def _compiled_chat_template(template: str, folder: Path | None = None) -> _specrt.ChatTemplate:
+    """``template`` compiled once (a server renders the same one for every request), with the special-token strings
+    of model ``folder`` (``tokenizer_config.json``, else ``specrt_config.json``'s ids) when given."""
+    if folder is None:
+        return _specrt.ChatTemplate(template)
+    compiled = _specrt.ChatTemplate.from_folder(folder)
+    return compiled if compiled.source == template else _specrt.ChatTemplate(template, compiled.special_tokens)
 
 
 def _check_draft_dtype(draft: str | os.PathLike[str] | None, draft_dtype: str | None) -> None:
@@ -504,24 +504,30 @@ class Decoder:
         messages: Sequence[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
+        documents: Sequence[dict[str, Any]] | None = None,
+        **kwargs: Any,
     ) -> str:
-        """Render chat ``messages`` (``[{"role": ..., "content": ...}]``) with the model folder's template.
+        """Render chat ``messages`` (``[{"role": ..., "content": ...}]``) with the model folder's template, exactly as
+        transformers' ``apply_chat_template(messages, tokenize=False)`` on the folder does (``_specrt.ChatTemplate``:
+        the folder's BOS / EOS strings, ``None``-valued message keys dropped).
 
-        ``tools`` (OpenAI's ``[{"type": "function", "function": {...}}]``) reach the template as ``tools``, None when
-        not given, as in transformers' ``apply_chat_template``; the template decides how they are shown.
+        ``tools`` (OpenAI's ``[{"type": "function", "function": {...}}]``) and ``documents`` reach the template as
+        ``tools`` / ``documents``, None when not given, as in transformers; the template decides how they are shown.
+        ``kwargs`` are more template variables (e.g. ``enable_thinking=False``).
 
         Raises:
-            ConfigError: the model has no chat template, or the template rejects the messages.
+            ConfigError: the model has no chat template, or the template rejects the messages (its message), or uses
+                a construct the renderer lacks (named, with its line).
         """
         if not self._target.chat_template:
             raise ConfigError(f"{self.target_path} has no chat_template.jinja; pass a plain prompt instead")
-        return _render_chat(
-            self._target.chat_template,
-            messages,
+        # Compiled on first use: a folder whose template minijinja cannot compile still loads for plain prompts.
+        return _compiled_chat_template(self._target.chat_template, self.target_path).render(
+            list(messages),
             add_generation_prompt,
-            tools=None if tools is None else list(tools),
-            bos_token=self._target.config.get("bos_token", ""),
-            eos_token=self._target.config.get("eos_token", ""),
+            None if tools is None else list(tools),
+            None if documents is None else list(documents),
+            **kwargs,
         )
 
     def encode(self, prompt: str | Sequence[int] | None, messages: Sequence[dict[str, Any]] | None) -> list[int]:

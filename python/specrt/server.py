@@ -1107,10 +1107,8 @@ def create_app(
         tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]
         try:
             text = decoder.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt, tools=tools)
-        except ConfigError as e:
+        except ConfigError as e:  # the template refused these messages, or failed on them (the Rust renderer's)
             raise _BadFieldError("messages", str(e)) from e
-        except Exception as e:  # a template failing on these messages with an error of its own (TypeError, ...)
-            raise _BadFieldError("messages", f"chat template failed: {type(e).__name__}: {e}") from e
         if req.continue_final_message:
             text = _continue_final(text, messages[-1]["content"])
         ids = _encode(text, bool(req.add_special_tokens), "messages", "messages")

@@ -522,7 +522,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         load_prompts(cfg.prompts_file, set_name=cfg.sweep_set, ids=cfg.sweep_ids or None) if cfg.sweeps else []
     )
     machine = _machine(cfg.provider)
-    from specrt.generate import _ModelFolder, _render_chat
+    from specrt.generate import _compiled_chat_template, _ModelFolder
     from specrt.models import resolve_model
 
     phase_s: dict[str, Any] = {}
@@ -556,13 +556,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         """The prompt as text: chat messages through the model's chat template, a completion prompt as it is."""
         if p.messages is None:
             return p.prompt or ""
-        return _render_chat(
-            folder.chat_template or "",
-            [dict(m) for m in p.messages],
-            True,
-            bos_token=folder.config.get("bos_token", ""),
-            eos_token=folder.config.get("eos_token", ""),
-        )
+        # As Decoder.apply_chat_template renders it: the folder's BOS / EOS strings.
+        template = _compiled_chat_template(folder.chat_template, folder.path) if folder.chat_template else None
+        return template.render([dict(m) for m in p.messages], True) if template is not None else ""
 
     def encode(p: Prompt) -> list[int]:
         # The same ids Decoder.encode gives (checked against it below), without loading a model.

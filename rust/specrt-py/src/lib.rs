@@ -5,6 +5,7 @@ mod args;
 pub mod arrays;
 mod backend;
 mod batch;
+mod chat;
 mod cost;
 mod coupled;
 mod engine;
@@ -38,5 +39,6 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<text::PyEncoding>()?;
     m.add_class::<text::PyTextAssembler>()?;
     m.add_class::<text::PyTextDelta>()?;
+    m.add_class::<chat::PyChatTemplate>()?;
     Ok(())
 }
