@@ -52,10 +52,12 @@ def decoders(folders) -> dict[str, specrt.Decoder]:
     }
 
 
-def _rust(folders: dict[str, Path], draft: bool, prompt: str, **kw) -> dict:
+def _rust(folders: dict[str, Path], draft: bool, prompt: str, chat: bool = False, **kw) -> dict:
     argv = [str(EXAMPLE), "--target", str(folders["target"]), "--prompt", prompt, "--json"]
     if draft:
         argv += ["--draft", str(folders["draft"])]
+    if chat:
+        argv.append("--chat")
     for key, value in kw.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -67,7 +69,8 @@ def _rust(folders: dict[str, Path], draft: bool, prompt: str, **kw) -> dict:
     out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stderr.strip().splitlines()[-1])
-    assert out.stdout == prompt + summary["text"] + "\n"  # the text on stdout, as committed
+    # The text on stdout, as committed (a completion's after its prompt).
+    assert out.stdout == ("" if chat else prompt) + summary["text"] + "\n"
     return summary
 
 
@@ -124,3 +127,14 @@ def test_a_stop_string_that_ends_inside_a_token_cuts_the_same_in_python_and_rust
     assert rs["text"] == py.text
     assert rs["token_ids"] == py.token_ids
     assert rs["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("settings", [{"temperature": 0}, {"temperature": 0.7, "seed": 11, "stop": ["."]}])
+def test_a_chat_prompt_gives_the_same_text_and_tokens_in_python_and_rust(folders, decoders, settings) -> None:
+    prompt = PROMPTS[1]
+    kw = {"max_new_tokens": 24, "num_speculative_tokens": 4, **settings}
+    py = decoders["draft"].generate(messages=[{"role": "user", "content": prompt}], **kw)
+    rs = _rust(folders, True, prompt, chat=True, **kw)
+    assert rs["prompt_token_ids"] == py.prompt_token_ids
+    assert rs["token_ids"] == py.token_ids
+    assert rs["text"] == py.text

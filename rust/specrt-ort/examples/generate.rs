@@ -40,6 +40,7 @@ usage: generate --target DIR [--draft DIR] --prompt TEXT [options]
   --proposer NAME                draft | ngram | ngram+draft | none (default: draft with --draft, else none)
   --stop TEXT                    stop string: the text ends before it (repeatable; may end mid-token)
   --stop-token-id ID             extra id that ends generation (repeatable)
+  --chat                         the prompt is one user message, rendered with the folder's chat template
   --ignore-eos                   keep going past the EOS ids
   --json                         statistics as one JSON object on stderr (text, token ids, finish reason)
   --seed S                       random seed (default 0)
@@ -59,6 +60,8 @@ struct Args {
     threads: Option<usize>,
     /// Statistics as one JSON object on stderr (text, token ids, finish reason, counts) instead of the table.
     json: bool,
+    /// The prompt is one user message, rendered with the target folder's chat template.
+    chat: bool,
     request: GenerationRequest,
 }
 
@@ -81,6 +84,7 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Option<Args>, Us
     let mut threads = None;
     let mut r = GenerationRequest::default();
     let mut json = false;
+    let mut chat = false;
     while let Some(flag) = argv.next() {
         if flag == "-h" || flag == "--help" {
             return Ok(None);
@@ -91,6 +95,10 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Option<Args>, Us
         }
         if flag == "--json" {
             json = true;
+            continue;
+        }
+        if flag == "--chat" {
+            chat = true;
             continue;
         }
         // Every other flag takes a value: `--flag VALUE` or `--flag=VALUE`.
@@ -145,6 +153,7 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Option<Args>, Us
         max_seq_len,
         threads,
         json,
+        chat,
         request: r,
     }))
 }
@@ -201,8 +210,14 @@ fn run(args: Args) -> Result<(), String> {
     let tokenizer = pipeline
         .tokenizer()
         .ok_or_else(|| format!("{} has no tokenizer.json", args.target.display()))?;
-    let prompt_ids = tokenizer.encode(&args.prompt, true).map_err(fail)?;
-    print!("{}", args.prompt);
+    let prompt_ids = if args.chat {
+        let message = serde_json::json!({"role": "user", "content": args.prompt});
+        pipeline.chat_prompt_ids(&[message]).map_err(fail)?
+    } else {
+        let ids = tokenizer.encode(&args.prompt, true).map_err(fail)?;
+        print!("{}", args.prompt); // a completion continues the prompt: show it
+        ids
+    };
     let mut stdout = std::io::stdout();
     let out = pipeline
         .generate_ids_text_stream(&prompt_ids, &args.request, |step| {

@@ -57,6 +57,7 @@ use std::str::FromStr;
 
 use serde_json::{Map, Value};
 use specrt_text::detok::{RoundEnd, TextAssembler, TextOptions};
+use specrt_text::chat::ChatTemplate;
 use specrt_text::tokenizer::Tokenizer;
 
 use specrt_core::{
@@ -70,6 +71,8 @@ use crate::options::OrtOptions;
 
 /// Name of the Hugging Face generation defaults file in a model folder.
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+/// Name of the chat template file in a model folder.
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 /// Name of the tokenizer file in a model folder (compared between draft and target).
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 /// Largest K that [`SpeculativeTokens::Auto`] considers (Python's `num_speculative_tokens="auto"`).
@@ -446,6 +449,8 @@ pub struct Pipeline {
     defaults: FolderDefaults,
     /// The target folder's `tokenizer.json` (`None` for [`Pipeline::from_engine`] or a folder without one).
     tokenizer: Option<Tokenizer>,
+    /// The target folder's chat template (`None` without one).
+    chat_template: Option<ChatTemplate>,
     providers: Vec<&'static str>,
     fallback_reason: Option<String>,
 }
@@ -478,11 +483,18 @@ impl Pipeline {
             None => None,
         };
         let tokenizer = folder_tokenizer(&target_file)?;
+        let folder = target_file.parent().unwrap_or(Path::new("."));
+        let chat_template = if folder.join(CHAT_TEMPLATE_FILE).is_file() {
+            Some(ChatTemplate::from_folder(folder)?)
+        } else {
+            None
+        };
         let mut pipeline = Self::from_engine(
             Engine::new(Box::new(target_backend), draft_backend)?,
             defaults,
         );
         pipeline.tokenizer = tokenizer;
+        pipeline.chat_template = chat_template;
         pipeline.providers = providers;
         pipeline.fallback_reason = fallback_reason;
         Ok(pipeline)
@@ -495,6 +507,7 @@ impl Pipeline {
             engine,
             defaults,
             tokenizer: None,
+            chat_template: None,
             providers: Vec::new(),
             fallback_reason: None,
         }
@@ -610,6 +623,29 @@ impl Pipeline {
     #[must_use]
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.tokenizer.as_ref()
+    }
+
+    /// The target folder's chat template (`None` when it has no `chat_template.jinja`).
+    #[must_use]
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// The prompt ids of chat `messages` (`[{"role": ..., "content": ...}, ...]` as JSON values): rendered with the
+    /// target folder's chat template as transformers' `apply_chat_template(..., add_generation_prompt=True)` does,
+    /// then encoded without added special tokens (the template places them), as Python's `Decoder` does.
+    ///
+    /// Errors: [`SpecError::Config`] without a chat template or tokenizer, or when the template refuses the
+    /// messages (its message, or the construct it cannot render).
+    pub fn chat_prompt_ids(&self, messages: &[serde_json::Value]) -> Result<Vec<u32>> {
+        let template = self.chat_template.as_ref().ok_or_else(|| {
+            SpecError::Config(format!(
+                "this pipeline has no chat template (the target folder has no {CHAT_TEMPLATE_FILE}); pass a plain \
+                 prompt"
+            ))
+        })?;
+        let text = template.render(messages, true, None, None, &Map::new())?;
+        self.text_tokenizer()?.encode(&text, false)
     }
 
     /// Use `tokenizer` for the text API (a pipeline built with [`Pipeline::from_engine`]).
