@@ -56,8 +56,8 @@ use std::path::Path;
 use std::str::FromStr;
 
 use serde_json::{Map, Value};
-use specrt_text::detok::{RoundEnd, TextAssembler, TextOptions};
 use specrt_text::chat::ChatTemplate;
+use specrt_text::detok::{RoundEnd, TextAssembler, TextOptions};
 use specrt_text::tokenizer::Tokenizer;
 
 use specrt_core::{
