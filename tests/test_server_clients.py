@@ -451,7 +451,6 @@ def test_converted_folders_load_in_transformers(tiny_decoder) -> None:
         ),
         ("/v1/chat/completions", {"logit_bias": {"5": 3.0}}, "logit_bias", "not implemented"),
         ("/v1/chat/completions", {"min_tokens": 40, "max_tokens": 8}, "min_tokens", "min_tokens 40 is invalid"),
-        ("/v1/chat/completions", {"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs", "{}"),
         ("/v1/chat/completions", {"echo": True}, "echo", "false"),
         ("/v1/chat/completions", {"continue_final_message": True}, "continue_final_message", "add_generation_prompt"),
         ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions", "unknown field"),
@@ -773,3 +772,37 @@ def test_max_tokens_zero_with_echo_scores_the_prompt_only(served) -> None:
     # The same scores as the prompt part of a one-token request.
     assert c.logprobs.token_logprobs == o.logprobs.token_logprobs[:n]
     assert c.logprobs.top_logprobs == o.logprobs.top_logprobs[:n]
+
+
+def test_chat_template_kwargs_and_documents_reach_the_template(tmp_path) -> None:
+    import shutil
+
+    import specrt
+    from specrt.convert import convert
+    from specrt.convert.tiny import write_tiny_gguf
+
+    folder = convert(write_tiny_gguf(tmp_path / "t.gguf", arch="qwen2", seed=4, n_layers=1), tmp_path / "t")
+    custom = tmp_path / "custom"
+    shutil.copytree(folder, custom)
+    (custom / "chat_template.jinja").write_text(
+        "{% if enable_thinking is defined and not enable_thinking %}[no-think]{% endif %}"
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        "{% for d in documents or [] %}[doc {{ d.title }}: {{ d.text }}]{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    dec = specrt.Decoder(custom, max_seq_len=256)
+    messages = [{"role": "user", "content": "hi"}]
+    with TestClient(create_app(dec, model_name="t")) as c:
+        plain = c.post("/tokenize", json={"messages": messages}).json()["tokens"]
+        body = {
+            "messages": messages,
+            "chat_template_kwargs": {"enable_thinking": False},
+            "documents": [{"title": "a", "text": "b"}],
+        }
+        got = c.post("/tokenize", json=body).json()["tokens"]
+        assert dec.tokenizer.decode(plain, skip_special_tokens=False) == "<user>hi<assistant>"
+        assert dec.tokenizer.decode(got, skip_special_tokens=False) == "[no-think]<user>hi[doc a: b]<assistant>"
+        r = c.post("/v1/chat/completions", json={**body, "max_tokens": 2, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(got)
+        bad = c.post("/v1/chat/completions", json={"messages": messages, "chat_template_kwargs": {"messages": []}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs", bad.text

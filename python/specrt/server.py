@@ -115,8 +115,6 @@ _REFUSED_UNLESS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "reasoning_effort": (lambda v: v is None, "null", "the served models take no reasoning effort"),
     "verbosity": (lambda v: v is None, "null", "the served models take no verbosity setting"),
     "chat_template": (lambda v: v is None, "null", "the model folder's chat template is the only one"),
-    "chat_template_kwargs": (lambda v: not v, "null or {}", "extra chat template arguments are not passed yet"),
-    "documents": (lambda v: v is None, "null", "documents are not passed to the chat template yet"),
     "mm_processor_kwargs": (lambda v: not v, "null or {}", "specrt serves text-only models"),
     "include_reasoning": (lambda v: v, "true", "reasoning text is not separated from the answer"),
 }
@@ -1105,10 +1103,22 @@ def create_app(
         ``add_special_tokens``."""
         messages = _messages(req.messages)
         tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]
+        extra = dict(req.chat_template_kwargs or {})
         try:
-            text = decoder.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt, tools=tools)
+            text = decoder.apply_chat_template(
+                messages,
+                add_generation_prompt=req.add_generation_prompt,
+                tools=tools,
+                documents=req.documents,
+                **extra,
+            )
         except ConfigError as e:  # the template refused these messages, or failed on them (the Rust renderer's)
-            raise _BadFieldError("messages", str(e)) from e
+            param = "chat_template_kwargs" if extra and "reserved" in str(e) else "messages"
+            raise _BadFieldError(param, str(e)) from e
+        except TypeError as e:  # a kwarg named like one of the renderer's own parameters (messages, tools, ...)
+            raise _BadFieldError(
+                "chat_template_kwargs", f"chat_template_kwargs: {e} (the renderer sets that argument itself)"
+            ) from e
         if req.continue_final_message:
             text = _continue_final(text, messages[-1]["content"])
         ids = _encode(text, bool(req.add_special_tokens), "messages", "messages")
