@@ -806,3 +806,13 @@ def test_chat_template_kwargs_and_documents_reach_the_template(tmp_path) -> None
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(got)
         bad = c.post("/v1/chat/completions", json={"messages": messages, "chat_template_kwargs": {"messages": []}})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs", bad.text
+        assert bad.json()["error"]["message"].startswith("chat_template_kwargs: 'messages' cannot be set here")
+        # A value the renderer cannot take names its own field (raw JSON: NaN is not JSON, Python's json sends it).
+        for field, value in [
+            ("chat_template_kwargs", {"x": float("nan")}),
+            ("documents", [{"title": "a", "score": float("inf")}]),
+            ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"default": float("nan")}}}]),
+        ]:
+            raw = json.dumps({"messages": messages, field: value})
+            r = c.post("/tokenize", content=raw, headers={"content-type": "application/json"})
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)

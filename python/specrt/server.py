@@ -36,6 +36,7 @@ up to N together in batched rounds (continuous batching; each request gets the t
 
 import asyncio
 import contextlib
+import inspect
 import json
 import math
 import re
@@ -757,6 +758,19 @@ def _param_of(message: str) -> str | None:
     return _SETTING_FIELDS.get(word)
 
 
+#: Where the chat renderer's value errors point ("tools[0]...: the float NaN is not finite") -> the request field.
+_TEMPLATE_VALUE_FIELDS = {"tools": "tools", "documents": "documents", "kwargs": "chat_template_kwargs"}
+
+
+def _template_param(message: str, has_kwargs: bool) -> str:
+    """The request field a chat-template error is about: a value of ``tools`` / ``documents`` /
+    ``chat_template_kwargs`` the renderer cannot take, a reserved kwarg name, else the messages."""
+    head = re.split(r"[\[:\s]", message, maxsplit=1)[0]
+    if head in _TEMPLATE_VALUE_FIELDS:
+        return _TEMPLATE_VALUE_FIELDS[head]
+    return "chat_template_kwargs" if has_kwargs and "reserved" in message else "messages"
+
+
 def _continue_final(text: str, final: str) -> str:
     """``text`` (a rendered chat) cut right after the final message's content, so the model continues it
     (transformers' ``continue_final_message``; templates that strip the content are matched stripped)."""
@@ -1113,11 +1127,14 @@ def create_app(
                 **extra,
             )
         except ConfigError as e:  # the template refused these messages, or failed on them (the Rust renderer's)
-            param = "chat_template_kwargs" if extra and "reserved" in str(e) else "messages"
-            raise _BadFieldError(param, str(e)) from e
+            raise _BadFieldError(_template_param(str(e), bool(extra)), str(e)) from e
         except TypeError as e:  # a kwarg named like one of the renderer's own parameters (messages, tools, ...)
+            own = inspect.signature(decoder.apply_chat_template).parameters
+            clash = sorted(k for k in extra if k in own and own[k].kind != inspect.Parameter.VAR_KEYWORD)
             raise _BadFieldError(
-                "chat_template_kwargs", f"chat_template_kwargs: {e} (the renderer sets that argument itself)"
+                "chat_template_kwargs",
+                f"chat_template_kwargs: {', '.join(map(repr, clash))} cannot be set here (the request's own fields "
+                "set them)",
             ) from e
         if req.continue_final_message:
             text = _continue_final(text, messages[-1]["content"])
