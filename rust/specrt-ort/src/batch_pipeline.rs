@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use specrt_core::{BatchBackend, BatchEngine, BatchOptions};
-use specrt_core::{FinishReason, GenerationOutput, Result, SpecError};
+use specrt_core::{GenerationOutput, Result, SpecError};
 use specrt_text::detok::{RoundEnd, TextAssembler, TextOptions};
 use specrt_text::tokenizer::Tokenizer;
 
@@ -215,11 +215,7 @@ impl BatchPipeline {
                 });
                 continue;
             }
-            let end = match row.out.finish_reason {
-                None => RoundEnd::Continue,
-                Some(FinishReason::Length) => RoundEnd::Finished,
-                Some(_) => RoundEnd::FinishedByToken,
-            };
+            let end = RoundEnd::from_finish(row.out.finish_reason);
             let tokens = row.out.tokens;
             let (text, finished) = match self.texts.get_mut(&id) {
                 Some(Some(assembler)) => {
@@ -260,7 +256,7 @@ mod tests {
     use super::*;
     use crate::pipeline::Pipeline;
     use specrt_core::testing::{MockBatchModel, MockModel};
-    use specrt_core::Engine;
+    use specrt_core::{Engine, FinishReason};
 
     const VOCAB: usize = 48;
 

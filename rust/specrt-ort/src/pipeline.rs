@@ -61,8 +61,8 @@ use specrt_text::detok::{RoundEnd, TextAssembler, TextOptions};
 use specrt_text::tokenizer::Tokenizer;
 
 use specrt_core::{
-    AutoK, Backend, Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig,
-    NgramProposer, PinnedCosts, Result, SamplingParams, SpecError, StepOutput, MAX_DRAFT_TOKENS,
+    AutoK, Backend, Engine, GenerationConfig, GenerationOutput, NgramConfig, NgramProposer,
+    PinnedCosts, Result, SamplingParams, SpecError, StepOutput, MAX_DRAFT_TOKENS,
 };
 
 use crate::backend::OrtBackend;
@@ -699,11 +699,7 @@ impl Pipeline {
         self.engine.start(prompt_ids, cfg)?;
         loop {
             let step = self.engine.step()?;
-            let end = match step.finish_reason {
-                None => RoundEnd::Continue,
-                Some(FinishReason::Length) => RoundEnd::Finished,
-                Some(_) => RoundEnd::FinishedByToken,
-            };
+            let end = RoundEnd::from_finish(step.finish_reason);
             let n_drafted = step.n_drafted;
             let tokens = step.tokens.clone();
             let delta = text.feed(&tokens, end)?;

@@ -291,7 +291,7 @@ fn ids_of(name: &str, value: &Bound<'_, PyAny>, vocab: Option<usize>) -> PyResul
 )]
 fn request_of(settings: &Bound<'_, PyDict>, vocab: Option<usize>) -> PyResult<GenerationRequest> {
     let mut r = GenerationRequest::default();
-    let mut lookup: [Option<&'static str>; 2] = [None, None];
+    let mut bad_lookup = false; // an n-gram length that is not a non-negative int
     let mut lookup_values: Vec<(&'static str, Bound<'_, PyAny>)> = Vec::new();
     for (key, value) in settings.iter() {
         let key: String = key.extract()?;
@@ -335,7 +335,7 @@ fn request_of(settings: &Bound<'_, PyDict>, vocab: Option<usize>) -> PyResult<Ge
                 match as_int(&value).and_then(|n| usize::try_from(n).ok()) {
                     Some(n) if name == "prompt_lookup_min" => r.prompt_lookup_min = n,
                     Some(n) => r.prompt_lookup_max = n,
-                    None => lookup[usize::from(name == "prompt_lookup_max")] = Some(name),
+                    None => bad_lookup = true,
                 }
             }
             "pinned_costs" => {
@@ -436,7 +436,7 @@ fn request_of(settings: &Bound<'_, PyDict>, vocab: Option<usize>) -> PyResult<Ge
         }
     }
     // n-gram lengths that are not non-negative ints matter only to a proposer that looks n-grams up.
-    if lookup.iter().any(Option::is_some) && r.proposer.is_some_and(Proposer::uses_ngram) {
+    if bad_lookup && r.proposer.is_some_and(Proposer::uses_ngram) {
         let shown: Vec<String> = lookup_values
             .iter()
             .map(|(n, v)| {

@@ -90,6 +90,7 @@ impl RoundEnd {
     /// # Errors
     /// [`SpecError::Config`] for another name, listing the valid ones.
     pub fn from_finish_reason(reason: Option<&str>) -> Result<Self> {
+        // (The engine's typed reason: [`RoundEnd::from_finish`].)
         match reason {
             None => Ok(Self::Continue),
             Some("eos" | "stop") => Ok(Self::FinishedByToken),
@@ -97,6 +98,20 @@ impl RoundEnd {
             Some(other) => Err(SpecError::Config(format!(
                 "finish_reason {other:?} is invalid (expected one of: None, \"eos\", \"stop\", \"length\")"
             ))),
+        }
+    }
+}
+
+impl RoundEnd {
+    /// How a round ended, from the engine's finish reason of the round (`None` = generation goes on).
+    #[must_use]
+    pub fn from_finish(reason: Option<specrt_core::FinishReason>) -> Self {
+        match reason {
+            None => Self::Continue,
+            Some(specrt_core::FinishReason::Length) => Self::Finished,
+            Some(specrt_core::FinishReason::Eos | specrt_core::FinishReason::Stop) => {
+                Self::FinishedByToken
+            }
         }
     }
 }
