@@ -18,7 +18,7 @@ __all__ = [
     "DEFAULT_MAX_SEQ_LEN",
     "MAX_DRAFT_TOKENS",
     "BackendError",
-    "BatchEngine",
+    "BatchPipeline",
     "ChatTemplate",
     "ConfigError",
     "DraftComparison",
@@ -46,6 +46,7 @@ __all__ = [
     "__version__",
     "acceptance_prob",
     "alpha_from_tokens_per_round",
+    "check_decoder_options",
     "check_token_ids",
     "compare_drafts",
     "coupled_choice",
@@ -328,7 +329,7 @@ class OrtModel:
 
 @final
 class RequestConfig:
-    """The settings of one generation request (shared by Engine.start and BatchEngine.add)."""
+    """The settings of one generation request (Engine.start's; BatchPipeline.submit resolves its own)."""
 
     def __new__(
         cls,
@@ -394,12 +395,27 @@ def resolve_request(
 ) -> tuple[RequestConfig, list[str], list[int] | None]:
     """Decoder.stream()'s settings -> (RequestConfig, stop strings, checked prompt ids or None)."""
 
+def check_decoder_options(
+    *,
+    provider: Any,
+    device_id: Any,
+    max_seq_len: Any,
+    intra_op_threads: Any,
+    allow_fallback: Any,
+    cuda_graph: Any,
+    max_batch: Any,
+    prefill_chunk: Any,
+) -> str:
+    """Check a Decoder's own options (``specrt_ort::DecoderOptions``); returns ``"gqa"``, ``"gqa-graph"`` or
+    ``"batched"``. Raises ConfigError naming a bad option."""
+
 def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> list[int]:
     """Token ids as ints, each 0 <= id < vocab_size (VocabError / TypeError otherwise)."""
 
 @final
-class BatchEngine:
-    """Batched rounds over target / draft models in the batched layout; driven round by round by specrt.Scheduler."""
+class BatchPipeline:
+    """Batched rounds over target / draft models in the batched layout, text out (``specrt_ort::BatchPipeline``):
+    requests resolved at ``submit``, streamed text and stop strings Rust's; ``specrt.Scheduler`` adds the queue."""
 
     def __new__(
         cls,
@@ -413,14 +429,14 @@ class BatchEngine:
         prefill_chunk: int = 256,
         provider: str = "cpu",
         allow_fallback: bool = False,
-    ) -> BatchEngine: ...
-    def add(self, id: int, prompt: Sequence[int], config: RequestConfig) -> None: ...
+    ) -> BatchPipeline: ...
+    def submit(self, prompt: Sequence[int], settings: dict[str, Any]) -> int: ...
     def step(self) -> list[dict[str, Any]]:
-        """One round: per row ``{"id", "tokens", "sources", "logprobs", "n_drafted", "finish_reason", "error"}``."""
+        """One round: per request ``{"id", "text", "tokens", "sources", "logprobs", "top_logprobs", "n_drafted",
+        "finish_reason", "prompt", "done", "error"}``."""
     def cancel(self, id: int) -> bool: ...
-    def stop_at(self, id: int, n_keep: int) -> None: ...
-    def stats(self, id: int) -> dict[str, Any] | None: ...
-    def prompt_logprobs(self, id: int) -> dict[str, Any] | None: ...
+    @property
+    def is_idle(self) -> bool: ...
     @property
     def n_running(self) -> int: ...
     @property

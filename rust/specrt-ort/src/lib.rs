@@ -75,7 +75,8 @@ pub use batched::{BatchedOrtBackend, MAX_BATCH};
 pub use cuda_graph::MAX_GRAPH_TOKENS;
 pub use discover::find_ort_library;
 pub use options::{
-    physical_cores, KvLayout, Memory, MemoryPlan, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN,
+    physical_cores, Attention, DecoderOptions, KvLayout, Memory, MemoryPlan, OrtOptions, Provider,
+    DEFAULT_MAX_SEQ_LEN,
 };
 pub use pipeline::{
     check_ids, resolve_request, FolderDefaults, GenerationRequest, Pipeline, Proposer,
