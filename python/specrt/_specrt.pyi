@@ -552,7 +552,8 @@ class TextAssembler:
     """One request's streaming text: each round's committed ids in, the text to emit out. The text is the whole
     generated sequence decoded (incrementally for byte-level tokenizers, whole otherwise); a stop string cuts it
     (it may end mid-token and span tokens); an incomplete UTF-8 sequence and a partial stop string are held back
-    until the next round, and flushed when generation finishes."""
+    until the next round, and flushed when generation finishes. Which text: vLLM's ``skip_special_tokens`` and
+    ``include_stop_str_in_output`` (the one definition, Rust ``specrt_text::detok::TextOptions``)."""
 
     def __new__(
         cls,
@@ -560,13 +561,13 @@ class TextAssembler:
         stops: Sequence[str],
         *,
         skip_special_tokens: bool = True,
-        include_stop_str: bool = False,
-        hide_finishing_token: bool = False,
+        include_stop_str_in_output: bool = False,
     ) -> TextAssembler:
-        """Raises ConfigError for an empty stop string. ``skip_special_tokens``: leave special tokens' text out
-        (stops are matched in the text so produced); ``include_stop_str``: end the text after the stop string;
-        ``hide_finishing_token``: leave out the text of the EOS / stop-token-id token that ended generation when no
-        stop string did (vLLM without ``include_stop_str_in_output``)."""
+        """Raises ConfigError for an empty stop string. Stops are matched in the text without special tokens
+        whatever ``skip_special_tokens`` says (where the engine stops). ``skip_special_tokens`` False: the text
+        keeps special tokens' text and is cut before the first stop string occurring in it.
+        ``include_stop_str_in_output``: keep the stop string that ended generation, or the text of the EOS /
+        stop-token-id token that ended it (both left out otherwise)."""
     def feed(self, tokens: Sequence[int], finish_reason: Literal["eos", "stop", "length"] | None) -> TextDelta:
         """Add one round's committed ids (``finish_reason``: the engine's for the round). After a stop string the
         assembler's tokens are cut to ``n_keep``; the caller cuts the engine's with ``stop_at(n_keep)``.

@@ -118,7 +118,8 @@ class GenerationResult:
     """What :meth:`Decoder.generate` returns.
 
     Attributes:
-        text: the generated text (special tokens skipped; ends before a matched stop string).
+        text: the generated text as vLLM's defaults define it (Rust ``TextOptions``): special tokens skipped; ends
+            before a matched stop string; the text of the EOS or stop token id that ended generation left out.
         token_ids: the emitted token ids (an EOS or stop token id that ended generation included).
         finish_reason: ``"eos"``, ``"stop"`` (stop string or stop token id) or ``"length"``.
         logprobs: the target's log-probability (natural log, raw logits) of each emitted token; empty when the
@@ -239,18 +240,6 @@ def _check_draft_dtype(draft: str | os.PathLike[str] | None, draft_dtype: str | 
             f"draft_dtype {draft_dtype!r} applies to model names, but the draft {str(draft)!r} is a folder, loaded as "
             "it was converted (pass a model name, or the folder converted to that dtype without draft_dtype)"
         )
-
-
-def _longest_partial_stop(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string (the server's text views;
-    the Decoder's own text is ``_specrt.TextAssembler``'s)."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
 
 
 # OpenAI's and llama.cpp's names for stream()'s parameters: a TypeError for one of them says which name to use.

@@ -34,7 +34,7 @@ use std::path::Path;
 use specrt_core::{BatchBackend, BatchEngine, BatchOptions};
 use specrt_core::{FinishReason, GenerationOutput, PromptLogprobs, Result, SpecError, StepOutput};
 use specrt_text::chat::ChatTemplate;
-use specrt_text::detok::{RoundEnd, TextAssembler, TextOptions};
+use specrt_text::detok::{RoundEnd, TextAssembler};
 use specrt_text::tokenizer::Tokenizer;
 
 use crate::batched::BatchedOrtBackend;
@@ -200,7 +200,7 @@ impl BatchPipeline {
             Some(t) => Some(TextAssembler::new(
                 t.clone(),
                 request.stop.clone(),
-                TextOptions::default(),
+                request.text,
             )?),
             None if !request.stop.is_empty() => {
                 return Err(SpecError::Config(

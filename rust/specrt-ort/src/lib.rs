@@ -90,3 +90,6 @@ pub use runtime::{
 pub use specrt_core;
 /// The text crate (tokenizer, detokenization, stop strings, chat templates), re-exported likewise.
 pub use specrt_text;
+/// Which text a request gets ([`GenerationRequest::text`]): vLLM's `skip_special_tokens` and
+/// `include_stop_str_in_output`.
+pub use specrt_text::detok::TextOptions;

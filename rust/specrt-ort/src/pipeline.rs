@@ -389,6 +389,9 @@ pub struct GenerationRequest {
     pub stop: Vec<String>,
     /// Extra ids that end generation (emitted, finish reason "stop"); each `< vocab_size`.
     pub stop_token_ids: Vec<u32>,
+    /// Which text the output gets: vLLM's `skip_special_tokens` (default true) and `include_stop_str_in_output`
+    /// (default false), [`TextOptions`]. Token-level generation has no text and ignores it.
+    pub text: TextOptions,
     /// Keep going past the folder's EOS ids (stop token ids still stop).
     pub ignore_eos: bool,
     /// Coupled sampling (default false): the choice at each position depends on `(seed, position)` alone, so the
@@ -430,6 +433,7 @@ impl Default for GenerationRequest {
             seed: 0,
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
+            text: TextOptions::default(),
             ignore_eos: false,
             coupled: false,
             logprobs: true,
@@ -687,7 +691,7 @@ impl Pipeline {
     ) -> Result<TextOutput> {
         let tokenizer = self.text_tokenizer()?.clone();
         let cfg = self.resolve(request)?;
-        let mut text = TextAssembler::new(tokenizer, request.stop.clone(), TextOptions::default())?;
+        let mut text = TextAssembler::new(tokenizer, request.stop.clone(), request.text)?;
         self.engine.start(prompt_ids, cfg)?;
         loop {
             let step = self.engine.step()?;
