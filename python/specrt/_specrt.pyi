@@ -16,6 +16,8 @@ import numpy.typing as npt
 
 __all__ = [
     "DEFAULT_MAX_SEQ_LEN",
+    "DEFAULT_PREFIX_CACHE_BYTES",
+    "DEFAULT_PREFIX_CACHING",
     "MAX_DRAFT_TOKENS",
     "BackendError",
     "BatchEngine",
@@ -369,6 +371,8 @@ class RequestConfig:
 # ----- the one request resolver (rust/specrt-py/src/request.rs -> specrt_ort::resolve_request) --------------------
 
 DEFAULT_MAX_SEQ_LEN: int
+DEFAULT_PREFIX_CACHING: bool
+DEFAULT_PREFIX_CACHE_BYTES: int
 
 @final
 class FolderDefaults:
@@ -413,6 +417,8 @@ class BatchEngine:
         prefill_chunk: int = 256,
         provider: str = "cpu",
         allow_fallback: bool = False,
+        prefix_caching: bool | None = None,
+        prefix_cache_bytes: int | None = None,
     ) -> BatchEngine: ...
     def add(self, id: int, prompt: Sequence[int], config: RequestConfig) -> None: ...
     def step(self) -> list[dict[str, Any]]:
@@ -450,6 +456,7 @@ class Engine:
         intra_op_threads: int | None = None,
         allow_fallback: bool = False,
         cuda_graph: bool = False,
+        prefix_caching: bool | None = None,
     ) -> Engine: ...
     def start(self, prompt: Sequence[int], config: RequestConfig) -> None: ...
     def step(self) -> dict[str, Any]:

@@ -6,7 +6,10 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use specrt_core::{BatchBackend, BatchEngine, BatchOptions, RowStep};
+use specrt_core::{
+    BatchBackend, BatchEngine, BatchOptions, RowStep, DEFAULT_PREFIX_CACHE_BYTES,
+    DEFAULT_PREFIX_CACHING,
+};
 use specrt_ort::{BatchedOrtBackend, Provider};
 
 use crate::args::{ort_options, prompt_ids};
@@ -31,6 +34,10 @@ use crate::request::RequestConfig;
 ///     prefill_chunk: most prompt tokens a joining request prefills per round (the longest the others wait).
 ///     provider: ``"cpu"`` (the batched layout runs on CPU only for now).
 ///     allow_fallback: run on CPU if another provider was asked for and cannot be used.
+///     prefix_caching: keep finished rows' KV in the prefix store and copy the longest matching prefix into a
+///         joining row's slot (default ``DEFAULT_PREFIX_CACHING``: on).
+///     prefix_cache_bytes: the prefix store's budget, both models together, least recently used dropped first
+///         (default ``DEFAULT_PREFIX_CACHE_BYTES``, 1 GiB).
 ///
 /// Raises:
 ///     FileNotFoundError, ModelFileError: a model or the library is missing or unreadable. ConfigError: a model
@@ -61,7 +68,7 @@ impl PyBatchEngine {
     #[new]
     #[pyo3(signature = (
         target, draft=None, *, ort_library, max_batch=4, max_seq_len=None, intra_op_threads=None,
-        prefill_chunk=256, provider="cpu", allow_fallback=false
+        prefill_chunk=256, provider="cpu", allow_fallback=false, prefix_caching=None, prefix_cache_bytes=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -75,6 +82,8 @@ impl PyBatchEngine {
         prefill_chunk: usize,
         provider: &str,
         allow_fallback: bool,
+        prefix_caching: Option<bool>,
+        prefix_cache_bytes: Option<usize>,
     ) -> PyResult<Self> {
         let provider: Provider = provider.parse().map_err(to_pyerr)?;
         let options = ort_options(
@@ -101,6 +110,8 @@ impl PyBatchEngine {
                 d,
                 BatchOptions {
                     prefill_chunk,
+                    prefix_caching: prefix_caching.unwrap_or(DEFAULT_PREFIX_CACHING),
+                    prefix_cache_bytes: prefix_cache_bytes.unwrap_or(DEFAULT_PREFIX_CACHE_BYTES),
                     ..BatchOptions::default()
                 },
             )
