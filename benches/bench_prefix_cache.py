@@ -5,13 +5,14 @@
     python benches/bench_prefix_cache.py --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
     python benches/bench_prefix_cache.py --json benches/results/prefix-cache.json
 
-A 4-turn chat whose rendered history reaches about 600 tokens by turn 4 (each user turn a ~110-token paragraph,
-answers of ``--max-new-tokens`` greedy tokens); each turn's prompt is the whole history rendered with the model's
-chat template, so turn n repeats turn n - 1's prompt and its answer (as far as re-tokenizing the answer's text gives
-the generated ids again). The chat runs ``--repeats`` times on one Decoder with prefix caching and on one without
-(interleaved, after a warm-up chat on each; a fresh first turn each time, so turn 1 is a miss for both). TTFT is the
-wall time from calling ``Decoder.stream`` to its first chunk (prefill plus the first round). Reports per turn: prompt
-tokens, reused tokens, median TTFT on and off and their ratio; and whether both decoders gave the same token ids.
+A 4-turn chat whose rendered history reaches about 600 tokens by turn 4: a ~340-token first message giving
+context, then short questions; answers of ``--max-new-tokens`` greedy tokens, EOS ignored. Each turn's prompt is the
+whole history rendered with the model's chat template, so turn n repeats turn n - 1's prompt and its answer (as far
+as re-tokenizing the answer's text gives the generated ids again). The chat runs ``--repeats`` times on one Decoder
+with prefix caching and on one without (interleaved, after a warm-up chat on each; each chat's first message is new,
+so turn 1 reuses at most the template's default system prompt). TTFT is the wall time from calling ``Decoder.stream`` to its first chunk (prefill
+plus the first round). Reports per turn: prompt tokens, reused tokens, median TTFT on and off and their ratio; and
+whether both decoders gave the same token ids.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def chat(dec: specrt.Decoder, turn_tag: int, max_new_tokens: int, **kwargs: Any)
     messages: list[dict[str, str]] = []
     turns = []
     for i, q in enumerate(QUESTIONS):
-        content = (f"Chat {turn_tag}. " if i == 0 else "") + PARAGRAPH + q
+        content = f"Chat {turn_tag}. " + PARAGRAPH * 3 + q if i == 0 else q
         messages.append({"role": "user", "content": content})
         prompt = dec.apply_chat_template(messages)
         t0 = time.perf_counter()
@@ -78,7 +79,7 @@ def main() -> None:
     ap.add_argument("--draft", default=None)
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--max-batch", type=int, default=1)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
