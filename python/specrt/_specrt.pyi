@@ -16,6 +16,8 @@ import numpy.typing as npt
 
 __all__ = [
     "DEFAULT_MAX_SEQ_LEN",
+    "DEFAULT_PREFIX_CACHE_BYTES",
+    "DEFAULT_PREFIX_CACHING",
     "MAX_DRAFT_TOKENS",
     "BackendError",
     "BatchPipeline",
@@ -370,6 +372,8 @@ class RequestConfig:
 # ----- the one request resolver (rust/specrt-py/src/request.rs -> specrt_ort::resolve_request) --------------------
 
 DEFAULT_MAX_SEQ_LEN: int
+DEFAULT_PREFIX_CACHING: bool
+DEFAULT_PREFIX_CACHE_BYTES: int
 
 @final
 class FolderDefaults:
@@ -405,6 +409,7 @@ def check_decoder_options(
     cuda_graph: Any,
     max_batch: Any,
     prefill_chunk: Any,
+    prefix_caching: Any = None,
 ) -> str:
     """Check a Decoder's own options (``specrt_ort::DecoderOptions``); returns ``"gqa"``, ``"gqa-graph"`` or
     ``"batched"``. Raises ConfigError naming a bad option."""
@@ -429,6 +434,8 @@ class BatchPipeline:
         prefill_chunk: int = 256,
         provider: str = "cpu",
         allow_fallback: bool = False,
+        prefix_caching: bool | None = None,
+        prefix_cache_bytes: int | None = None,
     ) -> BatchPipeline: ...
     def submit(self, prompt: Sequence[int], settings: dict[str, Any]) -> int: ...
     def step(self) -> list[dict[str, Any]]:
@@ -466,6 +473,7 @@ class Engine:
         intra_op_threads: int | None = None,
         allow_fallback: bool = False,
         cuda_graph: bool = False,
+        prefix_caching: bool | None = None,
     ) -> Engine: ...
     def start(self, prompt: Sequence[int], config: RequestConfig) -> None: ...
     def step(self) -> dict[str, Any]:

@@ -324,6 +324,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=_positive_int, default=None, help="ONNX Runtime threads (default: the physical cores)"
     )
     sv.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        default=None,
+        help="prefill every prompt in full (default: reuse the KV of a prompt's leading tokens that an earlier "
+        "request left, e.g. a chat's history or a shared system prompt; ARCHITECTURE.md, 'Prefix caching')",
+    )
+    sv.add_argument(
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
@@ -391,6 +399,8 @@ def _decoder(a: argparse.Namespace) -> Any:
             cuda_graph=getattr(a, "cuda_graph", False),
             dtype=a.dtype,
             draft_dtype=a.draft_dtype,
+            # Only the flag's False is passed: the default is the Decoder's (one definition, on the Rust side).
+            **({"prefix_caching": False} if getattr(a, "prefix_caching", None) is False else {}),
         )
     except ConfigError as e:  # the Decoder's checks (Rust's) name its options; the CLI names its flags
         raise ConfigError(_as_flags(str(e))) from e

@@ -50,6 +50,9 @@ class Stats:
         accepted_at: rounds in which draft position i was accepted.
         n_drafted_ngram, n_accepted_ngram: of n_drafted / n_accepted, the prompt-lookup (n-gram) proposals.
         rounds_by_k: rounds_by_k[k] = rounds that verified k draft tokens (how often each K was chosen).
+        n_cached_tokens: of n_prompt_tokens, those whose target KV was reused from an earlier generation instead of
+            prefilled (prefix caching; OpenAI's ``usage.prompt_tokens_details.cached_tokens``); 0 = a miss.
+        n_cached_tokens_dft: the same for the draft model (0 when the request does not run it).
     """
 
     n_prompt_tokens: int
@@ -72,6 +75,13 @@ class Stats:
     n_drafted_ngram: int = 0
     n_accepted_ngram: int = 0
     rounds_by_k: tuple[int, ...] = ()
+    n_cached_tokens: int = 0
+    n_cached_tokens_dft: int = 0
+
+    @property
+    def prefix_cache_hit(self) -> bool:
+        """Whether the target reused a cached prefix of the prompt."""
+        return self.n_cached_tokens > 0
 
     @property
     def n_emitted(self) -> int:
@@ -102,6 +112,8 @@ class Stats:
             n_drafted_ngram=d["n_drafted_ngram"],
             n_accepted_ngram=d["n_accepted_ngram"],
             rounds_by_k=tuple(d["rounds_by_k"]),
+            n_cached_tokens=d["n_cached_tokens"],
+            n_cached_tokens_dft=d["n_cached_tokens_dft"],
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -361,6 +373,10 @@ class Decoder:
             batched attention reads every slot's whole capacity, so keep ``max_seq_len`` near what requests need.
         prefill_chunk: with ``max_batch`` > 1, most prompt tokens a joining request prefills per round (the
             longest the running rows wait).
+        prefix_caching: reuse the KV of a prompt's leading tokens that a previous generation left in the caches
+            (its prompt and output, matched token id by token id) and prefill only the rest (default on;
+            ``Stats.n_cached_tokens`` counts the reused tokens). The output is unchanged up to the pass shape's
+            rounding: reused rows were computed by other passes than a fresh prefill's.
 
     Raises:
         UnknownModelError, ModelFileError, FileNotFoundError: a model cannot be found or read.
@@ -385,6 +401,7 @@ class Decoder:
         draft_dtype: str | None = None,
         max_batch: int = 1,
         prefill_chunk: int = 256,
+        prefix_caching: bool = _specrt.DEFAULT_PREFIX_CACHING,
     ) -> None:
         from specrt.models import resolve_model
 
@@ -398,6 +415,7 @@ class Decoder:
             cuda_graph=cuda_graph,
             max_batch=max_batch,
             prefill_chunk=prefill_chunk,
+            prefix_caching=prefix_caching,
         )
         _check_draft_dtype(draft, draft_dtype)
 
@@ -438,10 +456,14 @@ class Decoder:
         self._scheduler: Any = None  # the Scheduler that owns a batching decoder
         self._solo_id: int | None = None  # the batched request of a stream() on a batching decoder
         if batched:
-            self._batch = _specrt.BatchPipeline(*models, max_batch=max_batch, prefill_chunk=prefill_chunk, **common)
+            self._batch = _specrt.BatchPipeline(
+                *models, max_batch=max_batch, prefill_chunk=prefill_chunk, prefix_caching=prefix_caching, **common
+            )
             self._engine: Any = self._batch
         else:
-            self._engine = _specrt.Engine(*models, device_id=device_id, cuda_graph=cuda_graph, **common)
+            self._engine = _specrt.Engine(
+                *models, device_id=device_id, cuda_graph=cuda_graph, prefix_caching=prefix_caching, **common
+            )
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id holding _lock
         self._defaults = self._target.defaults

@@ -482,6 +482,18 @@ class _Metrics:
         self.generation_tokens = Counter("specrt_generation_tokens", "Tokens generated (finished requests)", registry=r)
         self.drafted = Counter("specrt_draft_tokens", "Draft tokens proposed and verified", registry=r)
         self.accepted = Counter("specrt_accepted_tokens", "Draft tokens the target accepted", registry=r)
+        # vLLM's prefix_cache_queries / prefix_cache_hits are in tokens; these count requests and reused tokens.
+        self.prefix_cache = Counter(
+            "specrt_prefix_cache_requests",
+            "Finished requests by prefix-cache outcome (hit: the target reused a cached prompt prefix)",
+            ["outcome"],
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            "specrt_prefix_cache_reused_tokens",
+            "Prompt tokens whose target KV was reused (finished requests)",
+            registry=r,
+        )
         self.acceptance = Gauge(
             "specrt_acceptance_rate", "Accepted / drafted tokens since start (NaN until a token is drafted)", registry=r
         )
@@ -523,6 +535,8 @@ class _Metrics:
         if result is not None:
             s = result.stats
             self.prompt_tokens.inc(s.n_prompt_tokens)
+            self.prefix_cache.labels("hit" if s.prefix_cache_hit else "miss").inc()
+            self.cached_tokens.inc(s.n_cached_tokens)
             self.generation_tokens.inc(len(result.token_ids))
             self.drafted.inc(s.n_drafted)
             self.accepted.inc(s.n_accepted)

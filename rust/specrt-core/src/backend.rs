@@ -113,4 +113,24 @@ pub trait BatchBackend: Send {
     ///
     /// Errors: [`crate::SpecError::Config`] for a slot `>= max_batch` or `n_valid > max_seq_len`.
     fn move_slot(&mut self, from: usize, to: usize, n_valid: usize) -> Result<()>;
+
+    /// Bytes one cached position of one slot takes (keys and values of every layer): what a kept prefix costs in
+    /// the prefix store's budget ([`crate::BatchOptions::prefix_cache_bytes`]).
+    fn kv_bytes_per_token(&self) -> usize;
+
+    /// Copy the first `n` cached positions of `slot` into the prefix store under `key` (prefix caching: the
+    /// engine keeps a finished row's KV for later requests that begin with the same tokens). A key already stored
+    /// is replaced.
+    ///
+    /// Errors: [`crate::SpecError::Config`] for a slot `>= max_batch` or `n` beyond the positions cached in it.
+    fn store_prefix(&mut self, key: u64, slot: usize, n: usize) -> Result<()>;
+
+    /// Copy the first `n` positions stored under `key` into `slot` (which then holds them as valid KV).
+    ///
+    /// Errors: [`crate::SpecError::Config`] for an unknown key, `n` beyond the stored positions, or a slot
+    /// `>= max_batch`.
+    fn load_prefix(&mut self, key: u64, slot: usize, n: usize) -> Result<()>;
+
+    /// Free what is stored under `key` (an unknown key is ignored).
+    fn drop_prefix(&mut self, key: u64);
 }

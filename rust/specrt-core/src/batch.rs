@@ -37,6 +37,7 @@ use crate::engine::{
 };
 use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
+use crate::prefix::{PrefixPool, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING};
 use crate::sampling::Sampler;
 use crate::stats::Stats;
 use crate::verify::{Verification, VerifyMode};
@@ -56,6 +57,14 @@ pub struct BatchOptions {
     /// Cost-model settings of the per-batch-size K controllers (used by rows with `auto_k`; each row's own
     /// `auto_k.k_max` caps its K further).
     pub auto_k: AutoK,
+    /// Prefix caching ([`DEFAULT_PREFIX_CACHING`]: on): a row that leaves the batch has the KV of its valid prefix
+    /// copied into the prefix store, and a joining request whose prompt begins with a stored prefix has it copied
+    /// into its slot and prefills only the rest (ARCHITECTURE.md, "Prefix caching").
+    pub prefix_caching: bool,
+    /// Budget of the prefix store in bytes, target and draft together ([`DEFAULT_PREFIX_CACHE_BYTES`]); the least
+    /// recently used prefixes are dropped to stay within it, and a prefix larger than it is not kept. 0 = keep
+    /// nothing.
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for BatchOptions {
@@ -63,6 +72,8 @@ impl Default for BatchOptions {
         Self {
             prefill_chunk: 256,
             auto_k: AutoK::default(),
+            prefix_caching: DEFAULT_PREFIX_CACHING,
+            prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
         }
     }
 }
@@ -132,6 +143,8 @@ pub struct BatchEngine {
     controllers: Vec<Option<KController>>,
     plain_first: Vec<usize>,
     steps: Vec<RowStep>,
+    // The index of the prefix store (the KV copies live in the backends).
+    pool: PrefixPool,
 }
 
 impl BatchEngine {
@@ -160,7 +173,6 @@ impl BatchEngine {
             draft,
             vocab,
             max_batch,
-            opts,
             sampler_tgt: Sampler::new(vocab),
             sampler_dft: Sampler::new(vocab),
             ver: Verification::default(),
@@ -170,6 +182,8 @@ impl BatchEngine {
             controllers: vec![None; max_batch + 1],
             plain_first: vec![0; max_batch + 1],
             steps: Vec::with_capacity(max_batch),
+            pool: PrefixPool::new(opts.prefix_cache_bytes),
+            opts,
         })
     }
 
@@ -343,16 +357,103 @@ impl BatchEngine {
         self.controllers.get(b).and_then(Option::as_ref)
     }
 
-    /// Move row `i` out of the batch: the last row takes its slot (caches copied), and it is kept for
-    /// [`BatchEngine::take_output`] when it finished (a cancelled or failed row is dropped).
+    /// Prefixes in the prefix store and the bytes they take (target and draft together).
+    #[must_use]
+    pub fn prefix_cache_usage(&self) -> (usize, usize) {
+        self.pool.usage()
+    }
+
+    /// Move row `i` out of the batch: its valid KV goes to the prefix store (unless it failed), the last row takes
+    /// its slot (caches copied), and it is kept for [`BatchEngine::take_output`] when it finished (a cancelled or
+    /// failed row is dropped).
     fn retire(&mut self, i: usize) -> Result<()> {
+        let kept = self.keep_prefix(i);
         let last = self.rows.len() - 1;
         let moved = self.remove_row_slot(i, last);
         let row = self.rows.swap_remove(i);
         if row.req.finish_reason.is_some() && row.failed.is_none() {
             self.finished.push((row.id, row.req));
         }
-        moved
+        kept.and(moved)
+    }
+
+    /// Copy row `i`'s valid prefix in each model (`tokens[..n_past_*]`, cut to the committed tokens) into the prefix
+    /// store, dropping what it makes redundant or what the budget no longer holds.
+    ///
+    /// Errors: backend errors of the copy (the entry is then forgotten).
+    fn keep_prefix(&mut self, i: usize) -> Result<()> {
+        let row = &self.rows[i];
+        if !self.opts.prefix_caching || row.failed.is_some() {
+            return Ok(());
+        }
+        let tokens = &row.req.tokens;
+        let n_tgt = row.req.n_past_tgt.min(tokens.len());
+        let n_dft = if row.use_draft {
+            row.req.n_past_dft.min(tokens.len())
+        } else {
+            0
+        };
+        let bytes = n_tgt * self.target.kv_bytes_per_token()
+            + self
+                .draft
+                .as_ref()
+                .map_or(0, |d| n_dft * d.kv_bytes_per_token());
+        let Some((key, dropped)) = self.pool.insert(tokens, n_tgt, n_dft, bytes) else {
+            return Ok(());
+        };
+        for k in dropped {
+            self.target.drop_prefix(k);
+            if let Some(d) = self.draft.as_mut() {
+                d.drop_prefix(k);
+            }
+        }
+        let mut stored = if n_tgt > 0 {
+            self.target.store_prefix(key, i, n_tgt)
+        } else {
+            Ok(())
+        };
+        if let (Some(d), true, true) = (self.draft.as_mut(), n_dft > 0, stored.is_ok()) {
+            stored = d.store_prefix(key, i, n_dft);
+        }
+        if stored.is_err() {
+            self.pool.remove(key);
+            self.target.drop_prefix(key);
+            if let Some(d) = self.draft.as_mut() {
+                d.drop_prefix(key);
+            }
+        }
+        stored
+    }
+
+    /// Prefix caching for the request just admitted into row `i` (slot `i`): copy in the stored prefix that gives
+    /// its prompt the longest reuse, in each model, and start its prefill after it.
+    ///
+    /// Errors: backend errors of the copy.
+    fn reuse_prefix(&mut self, i: usize) -> Result<()> {
+        if !self.opts.prefix_caching {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let row = &mut self.rows[i];
+        let prompt = &row.req.tokens[..row.req.n_prompt];
+        let score_prompt = row.req.cfg.prompt_logprobs.is_some();
+        let Some((key, reuse)) = self.pool.lookup(prompt, score_prompt, row.use_draft) else {
+            return Ok(());
+        };
+        if reuse.n_tgt > 0 {
+            self.target.load_prefix(key, i, reuse.n_tgt)?;
+        }
+        if reuse.n_dft > 0 {
+            let d = self.draft.as_mut().expect("a draft reuse needs a draft");
+            d.load_prefix(key, i, reuse.n_dft)?;
+        }
+        row.prefilled = reuse.n_tgt;
+        row.req.n_past_tgt = reuse.n_tgt;
+        row.req.n_past_dft = reuse.n_dft;
+        row.req.stats.n_cached_tokens = reuse.n_tgt as u64;
+        row.req.stats.n_cached_tokens_dft = reuse.n_dft as u64;
+        row.req.stats.prefill_ms += ms_since(t0);
+        Ok(())
     }
 
     /// Copy the last row's caches into slot `i` (before `swap_remove(i)`).
@@ -377,7 +478,13 @@ impl BatchEngine {
         self.steps.clear();
         while self.rows.len() < self.max_batch {
             match self.waiting.pop_front() {
-                Some(row) => self.rows.push(row),
+                Some(row) => {
+                    self.rows.push(row);
+                    if let Err(e) = self.reuse_prefix(self.rows.len() - 1) {
+                        self.rows.clear();
+                        return Err(e);
+                    }
+                }
                 None => break,
             }
         }
@@ -418,16 +525,20 @@ impl BatchEngine {
             .target
             .forward_rows(i, &rows, row.req.prefill_logits(end - start))?;
         row.req.record_prompt_logprobs(logits, self.vocab, start)?;
-        let rows = [BatchRow {
-            tokens: &row.req.tokens[start..end],
-            n_past: start,
-        }];
         // Rows with auto K prefill the draft lazily: only if and when the batch drafts for them (catch-up below),
-        // so a load at which speculation does not pay never pays for the draft's prefill either.
-        if row.use_draft && row.req.cfg.auto_k.is_none() {
+        // so a load at which speculation does not pay never pays for the draft's prefill either. The draft may
+        // have reused another prefix length than the target: it reads at most a chunk from where its cache ends
+        // (a draft still behind when the target is done catches up before it drafts).
+        let start_dft = row.req.n_past_dft;
+        if row.use_draft && row.req.cfg.auto_k.is_none() && start_dft < end {
+            let end_dft = (start_dft + self.opts.prefill_chunk).min(end);
+            let rows = [BatchRow {
+                tokens: &row.req.tokens[start_dft..end_dft],
+                n_past: start_dft,
+            }];
             let d = self.draft.as_mut().expect("use_draft");
             d.forward_rows(i, &rows, 1)?;
-            row.req.n_past_dft = end;
+            row.req.n_past_dft = end_dft;
         }
         row.prefilled = end;
         row.req.n_past_tgt = end;

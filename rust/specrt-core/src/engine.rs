@@ -14,6 +14,7 @@ use crate::backend::Backend;
 use crate::coupled::CoupledNoise;
 use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
+use crate::prefix::{PrefixReuse, DEFAULT_PREFIX_CACHING};
 use crate::rng::Rng;
 use crate::sampling::{
     log_softmax_at, log_softmax_with, top_logprobs, Fault, PenaltyContext, Sampler, SamplingParams,
@@ -724,6 +725,12 @@ pub struct Engine {
     request: Option<Request>,
     // Reused output of `step`.
     out: StepOutput,
+    // Prefix caching: reuse what each cache holds at the next `start`.
+    prefix_caching: bool,
+    // Token ids whose KV the target / draft cache holds, taken from the last request when the next one starts
+    // (while a request runs, its `tokens[..n_past_*]` are the truth and these are empty).
+    cached_tgt: Vec<u32>,
+    cached_dft: Vec<u32>,
 }
 
 impl Engine {
@@ -748,7 +755,43 @@ impl Engine {
             ver: Verification::default(),
             request: None,
             out: StepOutput::default(),
+            prefix_caching: DEFAULT_PREFIX_CACHING,
+            cached_tgt: Vec::new(),
+            cached_dft: Vec::new(),
         })
+    }
+
+    /// Turn prefix caching on or off ([`DEFAULT_PREFIX_CACHING`]: on). On, [`Engine::start`] reuses each cache's
+    /// positions that the new prompt's token ids repeat from the previous generation (its prompt and output, as far
+    /// as each model's KV is valid) and prefills only the rest; off, it prefills the whole prompt and forgets what
+    /// the caches hold.
+    pub fn set_prefix_caching(&mut self, on: bool) {
+        self.prefix_caching = on;
+        if !on {
+            self.cached_tgt.clear();
+            self.cached_dft.clear();
+        }
+    }
+
+    /// Whether prefix caching is on ([`Engine::set_prefix_caching`]).
+    #[must_use]
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
+    }
+
+    /// Take from the current (or last) request the token ids whose KV each cache holds: `tokens[..n_past_*]`, cut
+    /// to the committed tokens (a round cut by a stop has valid KV for accepted drafts it did not emit).
+    fn keep_cached_prefix(&mut self) {
+        let Some(req) = self.request.as_ref().filter(|_| self.prefix_caching) else {
+            return;
+        };
+        for (kept, n) in [
+            (&mut self.cached_tgt, req.n_past_tgt),
+            (&mut self.cached_dft, req.n_past_dft),
+        ] {
+            kept.clear();
+            kept.extend_from_slice(&req.tokens[..n.min(req.tokens.len())]);
+        }
     }
 
     /// Vocabulary size shared by target and draft.
@@ -771,11 +814,15 @@ impl Engine {
     }
 
     /// Start a generation: validate, prefill both caches with all prompt tokens but the last (that one is the
-    /// first input of the first round). Any generation in progress is dropped.
+    /// first input of the first round). Any generation in progress is dropped. With prefix caching
+    /// ([`Engine::set_prefix_caching`], on by default) each cache prefills only the prompt positions after the
+    /// longest prefix it already holds from the previous generation ([`PrefixReuse`]; counted in
+    /// [`Stats::n_cached_tokens`]).
     ///
     /// Errors: [`SpecError::Config`] (empty prompt, bad settings), [`SpecError::Vocab`] (a prompt id >= vocab),
     /// [`SpecError::Length`] (prompt + max_new_tokens beyond [`Engine::max_seq_len`]), backend errors.
     pub fn start(&mut self, prompt: &[u32], cfg: GenerationConfig) -> Result<()> {
+        self.keep_cached_prefix();
         self.request = None;
         let mut req = Request::new(prompt, cfg, self.vocab, self.max_seq_len())?;
         let cfg = &req.cfg;
@@ -804,25 +851,38 @@ impl Engine {
         let n_past = prompt.len() - 1;
         // A request that never runs the draft model (n-gram only, or K = 0) does not prefill it either.
         let use_draft = self.draft.is_some() && req.may_draft();
-        if n_past > 0 {
-            if req.cfg.prompt_logprobs.is_some() {
-                // Scored in chunks, each pass's rows reduced to the values asked for before the next.
-                for a in (0..n_past).step_by(PROMPT_LOGPROBS_CHUNK) {
-                    let b = (a + PROMPT_LOGPROBS_CHUNK).min(n_past);
-                    let logits = self.target.forward(&prompt[a..b], a, b - a)?;
-                    req.record_prompt_logprobs(logits, self.vocab, a)?;
-                }
-            } else {
-                self.target.forward(&prompt[..n_past], 0, 1)?;
+        // Prefix caching: positions each cache already holds for this prompt. From here on the caches change, so
+        // what they hold is this request's to say (a failed prefill leaves nothing to reuse).
+        let reuse = if self.prefix_caching {
+            PrefixReuse::of(
+                prompt,
+                &self.cached_tgt,
+                &self.cached_dft,
+                req.cfg.prompt_logprobs.is_some(),
+            )
+        } else {
+            PrefixReuse::default()
+        };
+        self.cached_tgt.clear();
+        self.cached_dft.clear();
+        if req.cfg.prompt_logprobs.is_some() {
+            // Scored in chunks, each pass's rows reduced to the values asked for before the next.
+            for a in (0..n_past).step_by(PROMPT_LOGPROBS_CHUNK) {
+                let b = (a + PROMPT_LOGPROBS_CHUNK).min(n_past);
+                let logits = self.target.forward(&prompt[a..b], a, b - a)?;
+                req.record_prompt_logprobs(logits, self.vocab, a)?;
             }
-            if use_draft {
-                let d = self.draft.as_mut().expect("use_draft");
-                let t_draft = Instant::now();
-                d.forward(&prompt[..n_past], 0, 1)?;
-                // The prefill is the request's first measure of what a draft catch-up pass costs per token.
-                if let Some(c) = req.controller.as_mut() {
-                    c.observe_catchup(ms_since(t_draft), n_past);
-                }
+        } else if n_past > reuse.n_tgt {
+            self.target
+                .forward(&prompt[reuse.n_tgt..n_past], reuse.n_tgt, 1)?;
+        }
+        if use_draft && n_past > reuse.n_dft {
+            let d = self.draft.as_mut().expect("use_draft");
+            let t_draft = Instant::now();
+            d.forward(&prompt[reuse.n_dft..n_past], reuse.n_dft, 1)?;
+            // The prefill is the request's first measure of what a draft catch-up pass costs per token.
+            if let Some(c) = req.controller.as_mut() {
+                c.observe_catchup(ms_since(t_draft), n_past - reuse.n_dft);
             }
         }
         // Size every per-round buffer for the largest K of this request now, so rounds never allocate.
@@ -838,7 +898,10 @@ impl Engine {
             self.probs_dft.resize(k_max * self.vocab, 0.0);
         }
         req.n_past_tgt = n_past;
-        req.n_past_dft = if use_draft { n_past } else { 0 };
+        // A draft this request does not run keeps what it held, for a later request to reuse.
+        req.n_past_dft = if use_draft { n_past } else { reuse.n_dft };
+        req.stats.n_cached_tokens = reuse.n_tgt as u64;
+        req.stats.n_cached_tokens_dft = if use_draft { reuse.n_dft as u64 } else { 0 };
         req.stats.prefill_ms = ms_since(t0);
         self.sampler_tgt.inject_fault(req.cfg.fault);
         self.request = Some(req);

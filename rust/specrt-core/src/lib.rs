@@ -13,6 +13,7 @@ pub mod coupled;
 pub mod engine;
 pub mod error;
 pub mod ngram;
+pub mod prefix;
 pub mod rng;
 pub mod sampling;
 pub mod stats;
@@ -30,6 +31,9 @@ pub use engine::{
 };
 pub use error::{Result, SpecError};
 pub use ngram::{NgramProposer, MAX_NGRAM_LEN};
+pub use prefix::{
+    common_prefix_len, PrefixReuse, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING,
+};
 pub use rng::{PcgState, Rng};
 pub use sampling::{PenaltyContext, Sampler, SamplingParams};
 pub use stats::Stats;

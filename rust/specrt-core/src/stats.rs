@@ -7,6 +7,11 @@
 pub struct Stats {
     /// Prompt length in tokens.
     pub n_prompt_tokens: u64,
+    /// Of `n_prompt_tokens`, those whose target KV was reused from an earlier generation instead of prefilled
+    /// (prefix caching; OpenAI's `usage.prompt_tokens_details.cached_tokens`). 0 = a prefix-cache miss.
+    pub n_cached_tokens: u64,
+    /// Of `n_prompt_tokens`, those whose draft KV was reused (0 when the request does not run the draft).
+    pub n_cached_tokens_dft: u64,
     /// Verification rounds run (each is one target forward pass over K + 1 tokens).
     pub n_rounds: u64,
     /// Draft tokens proposed and verified (sum of K over rounds).
@@ -36,6 +41,12 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Whether the target reused a cached prefix of the prompt (a prefix-cache hit; a miss otherwise).
+    #[must_use]
+    pub fn prefix_cache_hit(&self) -> bool {
+        self.n_cached_tokens > 0
+    }
+
     /// Emitted tokens: accepted + recovered + bonus.
     #[must_use]
     pub fn n_emitted(&self) -> u64 {

@@ -2,7 +2,12 @@
 //!
 //! Its logits at each position are a pseudo-random function of the last three tokens and the position, so any
 //! bookkeeping error (a wrong `n_past`, a token fed twice or skipped) changes the outputs. It keeps the token
-//! sequence as its "KV cache" and rejects an `n_past` beyond what it holds.
+//! sequence as its "KV cache" and rejects an `n_past` beyond what it holds. With
+//! [`MockModel::with_full_context`] the logits depend on the whole prefix instead, so a cache reused for other
+//! tokens (prefix caching) changes every later row.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::backend::{Backend, BatchBackend, BatchRow};
 use crate::error::{Result, SpecError};
@@ -17,6 +22,10 @@ pub struct MockModel {
     noise: f32,
     scale: f32,
     boost: Option<(u32, f32)>,
+    // Tokens (the last ones) each row's logits depend on.
+    window: usize,
+    // Tokens fed in all forward calls, shared with the test that made the model.
+    fed: Option<Arc<AtomicUsize>>,
     // The tokens whose KV the cache holds.
     cache: Vec<u32>,
     // [n_logits, vocab] output of the last call.
@@ -53,6 +62,8 @@ impl MockModel {
             noise: 0.0,
             scale,
             boost: None,
+            window: 3,
+            fed: None,
             cache: Vec::with_capacity(max_seq),
             out: Vec::new(),
             n_calls: 0,
@@ -75,11 +86,32 @@ impl MockModel {
         self
     }
 
+    /// Logits that depend on every token of the prefix, not only the last three (a reused cache holding other
+    /// tokens than the engine believes changes all later rows).
+    #[must_use]
+    pub fn with_full_context(mut self) -> Self {
+        self.window = usize::MAX;
+        self
+    }
+
+    /// Count the tokens fed to this model (and its clones: each slot of a [`MockBatchModel`]) in `counter`.
+    #[must_use]
+    pub fn with_counter(mut self, counter: Arc<AtomicUsize>) -> Self {
+        self.fed = Some(counter);
+        self
+    }
+
+    /// The token ids the model's cache holds (valid or stale: the engine names how many are valid).
+    #[must_use]
+    pub fn cached(&self) -> &[u32] {
+        &self.cache
+    }
+
     /// Logits (`[vocab]`) after the prefix `seq` (non-empty).
     pub fn row(&self, seq: &[u32], out: &mut [f32]) {
         let n = seq.len();
         let mut h = mix(self.seed ^ (n as u64).wrapping_mul(0x1000_0001));
-        for &t in &seq[n.saturating_sub(3)..] {
+        for &t in &seq[n.saturating_sub(self.window)..] {
             h = mix(h ^ u64::from(t));
         }
         let hn = mix(h ^ self.noise_seed.wrapping_mul(0x5851_F42D_4C95_7F2D));
@@ -127,6 +159,9 @@ impl Backend for MockModel {
         }
         self.n_calls += 1;
         self.n_tokens_fed += tokens.len();
+        if let Some(c) = &self.fed {
+            c.fetch_add(tokens.len(), Ordering::Relaxed);
+        }
         self.cache.truncate(n_past);
         self.cache.extend_from_slice(tokens);
         let total = self.cache.len();
@@ -147,6 +182,9 @@ impl Backend for MockModel {
 #[derive(Clone, Debug)]
 pub struct MockBatchModel {
     slots: Vec<MockModel>,
+    // The prefix store: key -> the token ids of the stored positions.
+    stored: std::collections::HashMap<u64, Vec<u32>>,
+    kv_bytes_per_token: usize,
     out: Vec<f32>,
     /// Batched passes run.
     pub n_passes: usize,
@@ -162,10 +200,37 @@ impl MockBatchModel {
         m.cache.clear();
         Self {
             slots: vec![m; max_batch],
+            stored: std::collections::HashMap::new(),
+            kv_bytes_per_token: 1,
             out: Vec::new(),
             n_passes: 0,
             n_rows_fed: 0,
         }
+    }
+}
+
+impl MockBatchModel {
+    /// Report `bytes` per cached position ([`BatchBackend::kv_bytes_per_token`]; default 1).
+    #[must_use]
+    pub fn with_kv_bytes_per_token(mut self, bytes: usize) -> Self {
+        self.kv_bytes_per_token = bytes;
+        self
+    }
+
+    /// Prefixes in the store.
+    #[must_use]
+    pub fn n_stored(&self) -> usize {
+        self.stored.len()
+    }
+
+    fn check_slot(&self, slot: usize) -> Result<()> {
+        if slot >= self.slots.len() {
+            return Err(SpecError::Config(format!(
+                "mock slot {slot}: {} slots",
+                self.slots.len()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -244,5 +309,39 @@ impl BatchBackend for MockBatchModel {
         dst.clear();
         dst.extend_from_slice(&cache);
         Ok(())
+    }
+
+    fn kv_bytes_per_token(&self) -> usize {
+        self.kv_bytes_per_token
+    }
+
+    fn store_prefix(&mut self, key: u64, slot: usize, n: usize) -> Result<()> {
+        self.check_slot(slot)?;
+        let cache = &self.slots[slot].cache;
+        let kept = cache.get(..n).ok_or_else(|| {
+            SpecError::Config(format!(
+                "mock store_prefix: n {n} beyond the {} cached positions",
+                cache.len()
+            ))
+        })?;
+        self.stored.insert(key, kept.to_vec());
+        Ok(())
+    }
+
+    fn load_prefix(&mut self, key: u64, slot: usize, n: usize) -> Result<()> {
+        self.check_slot(slot)?;
+        let kept = self
+            .stored
+            .get(&key)
+            .and_then(|t| t.get(..n))
+            .ok_or_else(|| SpecError::Config(format!("mock load_prefix: key {key}, n {n}")))?;
+        let dst = &mut self.slots[slot].cache;
+        dst.clear();
+        dst.extend_from_slice(kept);
+        Ok(())
+    }
+
+    fn drop_prefix(&mut self, key: u64) {
+        self.stored.remove(&key);
     }
 }

@@ -3,6 +3,8 @@
 //! string cut) gives exactly its solo output: greedy, seeded temperature 1 with fixed K, and coupled sampling with
 //! auto K (whose choice of K depends on the batch).
 
+mod common;
+
 use specrt_core::testing::{MockBatchModel, MockModel};
 use specrt_core::{
     AutoK, Backend, BatchBackend, BatchEngine, BatchOptions, Engine, FinishReason,
@@ -202,18 +204,7 @@ fn run_batched(
 }
 
 fn assert_same(batched: &GenerationOutput, solo: &GenerationOutput, what: &str) {
-    assert_eq!(batched.tokens, solo.tokens, "{what}: tokens");
-    assert_eq!(batched.sources, solo.sources, "{what}: sources");
-    assert_eq!(batched.logprobs, solo.logprobs, "{what}: logprobs");
-    assert_eq!(
-        batched.top_logprobs, solo.top_logprobs,
-        "{what}: top_logprobs"
-    );
-    assert_eq!(batched.prompt, solo.prompt, "{what}: prompt scores");
-    assert_eq!(
-        batched.finish_reason, solo.finish_reason,
-        "{what}: finish reason"
-    );
+    common::assert_same_tokens(batched, solo, what);
     let (b, s) = (&batched.stats, &solo.stats);
     assert_eq!(
         (

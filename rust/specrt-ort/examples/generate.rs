@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 
-use specrt_ort::specrt_core::GenerationOutput;
+use specrt_ort::specrt_core::{BatchOptions, GenerationOutput};
 use specrt_ort::{
     find_ort_library, BatchPipeline, GenerationRequest, OrtOptions, Pipeline, Proposer,
     SpeculativeTokens, DEFAULT_MAX_SEQ_LEN,
@@ -274,9 +274,14 @@ fn run(args: Args) -> Result<(), String> {
 /// All prompts at once in batched rounds (`BatchPipeline`): each request's text on stdout when it finishes
 /// (`[i] text`), with `--json` one JSON object per request on stderr (as the single-stream one, plus `"index"`).
 fn run_batched(args: &Args, options: &OrtOptions, max_batch: usize) -> Result<(), String> {
-    let mut batch =
-        BatchPipeline::load(&args.target, args.draft.as_deref(), options, max_batch, 256)
-            .map_err(fail)?;
+    let mut batch = BatchPipeline::load(
+        &args.target,
+        args.draft.as_deref(),
+        options,
+        max_batch,
+        BatchOptions::default(),
+    )
+    .map_err(fail)?;
     let tokenizer = batch
         .tokenizer()
         .cloned()

@@ -6,6 +6,7 @@
 //!
 //! ```no_run
 //! use std::path::Path;
+//! use specrt_ort::specrt_core::BatchOptions;
 //! use specrt_ort::{find_ort_library, BatchPipeline, GenerationRequest, OrtOptions};
 //!
 //! let options = OrtOptions::new(find_ort_library(None)?);
@@ -13,8 +14,8 @@
 //!     Path::new("/models/smollm2-135m-instruct/fp32-B"), // the batched layout (`specrt convert --attention batched`)
 //!     None,
 //!     &options,
-//!     4,   // max_batch
-//!     256, // prefill_chunk
+//!     4, // max_batch
+//!     BatchOptions::default(), // prefill_chunk 256, prefix caching on
 //! )?;
 //! let request = GenerationRequest { max_new_tokens: 32, temperature: Some(0.0), ..GenerationRequest::default() };
 //! let a = batch.submit_text("The capital of France is", &request)?;
@@ -85,8 +86,8 @@ pub struct BatchPipeline {
 
 impl BatchPipeline {
     /// Load a target folder (and an optional draft, loaded with [`OrtOptions::for_draft`]) converted with
-    /// `--attention batched`, holding up to `max_batch` rows; `prefill_chunk` = most prompt tokens a joining request
-    /// prefills per round.
+    /// `--attention batched`, holding up to `max_batch` rows, with the batched engine's `batch_options` (`prefill_chunk`
+    /// = most prompt tokens a joining request prefills per round; prefix caching and its byte budget).
     ///
     /// Errors: as [`crate::Pipeline::load`], and [`SpecError::Config`] for a folder not in the batched layout or a
     /// zero `prefill_chunk`.
@@ -95,7 +96,7 @@ impl BatchPipeline {
         draft: Option<&Path>,
         options: &OrtOptions,
         max_batch: usize,
-        prefill_chunk: usize,
+        batch_options: BatchOptions,
     ) -> Result<Self> {
         let target_file = resolve_model_file(target)?;
         let defaults = FolderDefaults::read(&target_file)?;
@@ -110,14 +111,7 @@ impl BatchPipeline {
             ),
             None => None,
         };
-        let engine = BatchEngine::new(
-            Box::new(t),
-            d,
-            BatchOptions {
-                prefill_chunk,
-                ..BatchOptions::default()
-            },
-        )?;
+        let engine = BatchEngine::new(Box::new(t), d, batch_options)?;
         let tokenizer = crate::pipeline::folder_tokenizer(&target_file)?;
         let mut pipeline = Self::from_engine(engine, defaults, tokenizer);
         pipeline.chat_template = crate::pipeline::folder_chat_template(&target_file)?;

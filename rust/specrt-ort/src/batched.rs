@@ -121,6 +121,8 @@ pub struct BatchedOrtBackend {
     n_keep: Box<[i64]>,
     /// Per slot: positions with valid KV (written by a pass or [`BatchBackend::move_slot`]).
     cached: Box<[usize]>,
+    /// The prefix store ([`BatchBackend::store_prefix`]): key -> copies of a slot's first positions.
+    stored: std::collections::HashMap<u64, StoredPrefix>,
     names: Vec<LayerNames>,
     /// Passes with at least this many new tokens per row run on the prefill graph (when loaded).
     prefill_min_tokens: usize,
@@ -133,6 +135,15 @@ pub struct BatchedOrtBackend {
     model_file: PathBuf,
     /// A pruned-vocabulary model: its `[rows, N]` logits are expanded to `[rows, vocab]` (`-inf` outside).
     subset: Option<VocabSubset>,
+}
+
+/// The first `n` positions of one slot's KV, copied out (prefix caching).
+struct StoredPrefix {
+    n: usize,
+    /// Per layer `[kv_heads, head_dim, n]` float32: the keys, transposed as in the slot.
+    key_t: Vec<Box<[f32]>>,
+    /// Per layer `[kv_heads, n, head_dim]` float32: the values.
+    value: Vec<Box<[f32]>>,
 }
 
 fn to_i64(x: usize) -> i64 {
@@ -270,6 +281,7 @@ impl BatchedOrtBackend {
             past_lengths: vec![0; max_batch].into_boxed_slice(),
             n_keep: vec![0].into_boxed_slice(),
             cached: vec![0; max_batch].into_boxed_slice(),
+            stored: std::collections::HashMap::new(),
             names,
             prefill_min_tokens,
             prefill_session,
@@ -626,5 +638,83 @@ impl BatchBackend for BatchedOrtBackend {
         }
         self.cached[to] = n_valid;
         Ok(())
+    }
+
+    /// Keys and values of every layer, float32: `2 * layers * kv_heads * head_dim * 4` bytes.
+    fn kv_bytes_per_token(&self) -> usize {
+        2 * self.key_t.len() * self.io.kv_heads * self.io.head_dim * std::mem::size_of::<f32>()
+    }
+
+    /// See [`BatchBackend::store_prefix`]: copies the first `n` positions of every layer's `key_t` / `value` rows
+    /// of `slot` into host buffers of their own (`n * kv_bytes_per_token` bytes).
+    fn store_prefix(&mut self, key: u64, slot: usize, n: usize) -> Result<()> {
+        if slot >= self.max_batch || n > self.cached[slot] {
+            return Err(SpecError::Config(format!(
+                "store_prefix: slot {slot} (of {}), n {n} (it caches {})",
+                self.max_batch,
+                self.cached.get(slot).copied().unwrap_or(0)
+            )));
+        }
+        let (kvh, hd, l) = (self.io.kv_heads, self.io.head_dim, self.max_seq_len);
+        let mut kept = StoredPrefix {
+            n,
+            key_t: Vec::with_capacity(self.key_t.len()),
+            value: Vec::with_capacity(self.value.len()),
+        };
+        for (key_t, value) in self.key_t.iter().zip(&self.value) {
+            let mut k = Vec::with_capacity(kvh * hd * n);
+            let mut v = Vec::with_capacity(kvh * n * hd);
+            for h in 0..kvh {
+                for d in 0..hd {
+                    let src = ((slot * kvh + h) * hd + d) * l;
+                    k.extend_from_slice(&key_t[src..src + n]);
+                }
+                let src = (slot * kvh + h) * l * hd;
+                v.extend_from_slice(&value[src..src + n * hd]);
+            }
+            kept.key_t.push(k.into_boxed_slice());
+            kept.value.push(v.into_boxed_slice());
+        }
+        self.stored.insert(key, kept);
+        Ok(())
+    }
+
+    /// See [`BatchBackend::load_prefix`]: the stored rows are copied back into `slot`'s `key_t` / `value` rows.
+    fn load_prefix(&mut self, key: u64, slot: usize, n: usize) -> Result<()> {
+        let kept = self
+            .stored
+            .get(&key)
+            .filter(|k| n <= k.n && slot < self.max_batch);
+        let Some(kept) = kept else {
+            return Err(SpecError::Config(format!(
+                "load_prefix: key {key} (stored: {}), n {n}, slot {slot} (of {})",
+                self.stored.contains_key(&key),
+                self.max_batch
+            )));
+        };
+        let (kvh, hd, l, m) = (self.io.kv_heads, self.io.head_dim, self.max_seq_len, kept.n);
+        for ((key_t, value), (k, v)) in self
+            .key_t
+            .iter_mut()
+            .zip(self.value.iter_mut())
+            .zip(kept.key_t.iter().zip(&kept.value))
+        {
+            for h in 0..kvh {
+                for d in 0..hd {
+                    let dst = ((slot * kvh + h) * hd + d) * l;
+                    let src = (h * hd + d) * m;
+                    key_t[dst..dst + n].copy_from_slice(&k[src..src + n]);
+                }
+                let dst = (slot * kvh + h) * l * hd;
+                let src = h * m * hd;
+                value[dst..dst + n * hd].copy_from_slice(&v[src..src + n * hd]);
+            }
+        }
+        self.cached[slot] = n;
+        Ok(())
+    }
+
+    fn drop_prefix(&mut self, key: u64) {
+        self.stored.remove(&key);
     }
 }

@@ -523,3 +523,110 @@ fn a_missing_prefill_graph_is_an_error_naming_it() {
     BatchedOrtBackend::new(&dir, &options(&lib, L), 1).unwrap();
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Prefix caching in the batched engine on the real model: kept prefixes copied out of finished rows' slots and
+/// into joining rows' slots give the tokens an engine without prefix caching gives (greedy and coupled sampling,
+/// the model as its own draft on its prefill graph), with requests one at a time (a chat continuation, a prefix
+/// of a kept sequence) and a wave sharing a long first part; a tiny budget keeps nothing and changes nothing.
+#[test]
+fn batched_prefix_caching_gives_the_tokens_of_a_full_prefill() {
+    use specrt_core::{
+        BatchEngine, BatchOptions, GenerationConfig, GenerationOutput, SamplingParams,
+    };
+    let Some((lib, _, batched)) = env_paths() else {
+        return;
+    };
+    let engine = |opts: BatchOptions| {
+        let t = BatchedOrtBackend::new(&batched, &options(&lib, 128), 3).unwrap();
+        let d = BatchedOrtBackend::new(&batched, &options(&lib, 128).for_draft(), 3).unwrap();
+        BatchEngine::new(
+            Box::new(t),
+            Some(Box::new(d)),
+            BatchOptions {
+                prefill_chunk: 16,
+                ..opts
+            },
+        )
+        .unwrap()
+    };
+    let run = |e: &mut BatchEngine,
+               reqs: &[(u64, Vec<u32>, GenerationConfig)]|
+     -> Vec<GenerationOutput> {
+        for (id, p, c) in reqs {
+            e.add(*id, p, c.clone()).unwrap();
+        }
+        while !e.is_idle() {
+            for r in e.step().unwrap() {
+                assert!(r.error.is_none(), "{:?}", r.error);
+            }
+        }
+        reqs.iter()
+            .map(|(id, _, _)| e.take_output(*id).unwrap())
+            .collect()
+    };
+    let mut cached = engine(BatchOptions::default());
+    let mut fresh = engine(BatchOptions {
+        prefix_caching: false,
+        ..BatchOptions::default()
+    });
+    let mut tiny = engine(BatchOptions {
+        prefix_cache_bytes: 1,
+        ..BatchOptions::default()
+    });
+    let vocab = cached.vocab_size() as u32;
+    let seq = |seed: u32, n: u32| -> Vec<u32> { (0..n).map(|i| (i * 37 + seed) % vocab).collect() };
+    let greedy = GenerationConfig {
+        max_new_tokens: 10,
+        num_speculative_tokens: 3,
+        sampling: SamplingParams::greedy(),
+        ..GenerationConfig::default()
+    };
+    let coupled = GenerationConfig {
+        sampling: SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        },
+        coupled: true,
+        seed: 9,
+        ..greedy.clone()
+    };
+    let mut id = 0;
+    let mut hits = 0;
+    for cfg in [&greedy, &coupled] {
+        let mut prev = seq(5, 20);
+        for turn in 0..3 {
+            let p = match turn {
+                0 => prev.clone(),
+                1 => [&prev[..], &seq(7, 8)[..]].concat(),
+                _ => prev[..15].to_vec(),
+            };
+            id += 1;
+            let req = [(id, p.clone(), cfg.clone())];
+            let a = run(&mut cached, &req).remove(0);
+            let b = run(&mut fresh, &req).remove(0);
+            let c = run(&mut tiny, &req).remove(0);
+            assert_eq!(a.tokens, b.tokens, "turn {turn}");
+            assert_eq!(c.tokens, b.tokens, "turn {turn}, tiny budget");
+            assert_eq!((b.stats.n_cached_tokens, c.stats.n_cached_tokens), (0, 0));
+            hits += usize::from(a.stats.prefix_cache_hit());
+            prev = [&p[..], &a.tokens[..]].concat();
+        }
+        // A wave of three sharing a 30-token first part, after one that kept it.
+        let shared = seq(11, 30);
+        let wave: Vec<_> = (0..4u32)
+            .map(|q| {
+                id += 1;
+                (id, [&shared[..], &seq(q + 1, 5)[..]].concat(), cfg.clone())
+            })
+            .collect();
+        run(&mut cached, &wave[..1]);
+        let a = run(&mut cached, &wave[1..]);
+        let b = run(&mut fresh, &wave[1..]);
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.tokens, y.tokens);
+            assert!(x.stats.n_cached_tokens >= 30, "{}", x.stats.n_cached_tokens);
+        }
+    }
+    assert!(hits >= 4, "{hits} hits");
+    assert_eq!(tiny.prefix_cache_usage(), (0, 0));
+}

@@ -309,3 +309,66 @@ fn bad_settings_are_config_errors_naming_the_value() {
         "{err}"
     );
 }
+
+/// Prefix caching on the real model: a session of requests (the same prompt twice, a prefix of the cached
+/// sequence, a prompt diverging mid-way, a chat continuation longer than anything cached) gives the tokens a
+/// pipeline without prefix caching gives, greedy and coupled at temperature 1, with the model as its own draft
+/// (which runs its prefill graph) and with prompt lookup; log-probabilities agree to float32 rounding (reused KV
+/// rows were computed by decode and verification passes instead of one prefill pass). Seeded sampling without
+/// coupling is not compared: the draft's reused rows come from its decode graph where a fresh prefill runs its
+/// int8 prefill graph, so its proposals, and with them the seeded sample, may differ (the distribution does not).
+#[test]
+fn prefix_caching_gives_the_tokens_of_a_full_prefill() {
+    let Some((lib, model)) = env_paths() else {
+        return;
+    };
+    let options = options(&lib);
+    let mut cached = Pipeline::load(&model, Some(&model), &options).unwrap();
+    let mut fresh = Pipeline::load(&model, Some(&model), &options).unwrap();
+    fresh.engine_mut().set_prefix_caching(false);
+    assert!(cached.engine_mut().prefix_caching());
+    let vocab = cached.vocab_size() as u32;
+    let base = prompt(vocab as usize);
+    let extra =
+        |seed: u32, n: u32| -> Vec<u32> { (0..n).map(|i| (i * 53 + seed) % vocab).collect() };
+    let requests = [
+        GenerationRequest {
+            num_speculative_tokens: SpeculativeTokens::Fixed(4),
+            ..greedy(12)
+        },
+        GenerationRequest {
+            num_speculative_tokens: SpeculativeTokens::Fixed(3),
+            temperature: Some(1.0),
+            seed: 5,
+            coupled: true,
+            ..greedy(12)
+        },
+        GenerationRequest {
+            num_speculative_tokens: SpeculativeTokens::Fixed(4),
+            proposer: Some(Proposer::Ngram),
+            ..greedy(12)
+        },
+    ];
+    for request in &requests {
+        let mut prev: Vec<u32> = Vec::new();
+        for i in 0..5 {
+            let p: Vec<u32> = match i {
+                0 | 1 => base.clone(),
+                2 => base[..7].to_vec(),
+                3 => [&base[..9], &extra(3, 6)[..]].concat(),
+                _ => [&prev[..], &extra(11, 9)[..]].concat(),
+            };
+            let a = cached.generate(&p, request).unwrap();
+            let b = fresh.generate(&p, request).unwrap();
+            assert_eq!(a.tokens, b.tokens, "request {i}, {request:?}");
+            for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                assert!((x - y).abs() < 1e-4, "request {i}: logprob {x} vs {y}");
+            }
+            assert_eq!(b.stats.n_cached_tokens, 0);
+            if i > 0 {
+                assert!(a.stats.n_cached_tokens > 0, "request {i}: no reuse");
+            }
+            prev = [&p[..], &a.tokens[..]].concat();
+        }
+    }
+}

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use specrt_core::{BatchOptions, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING};
 use specrt_ort::{BatchEvent, BatchPipeline, Provider};
 
 use crate::args::ort_options;
@@ -33,6 +34,10 @@ use crate::request::{ids_of, request_of};
 ///     prefill_chunk: most prompt tokens a joining request prefills per round (the longest the others wait).
 ///     provider: ``"cpu"`` (the batched layout runs on CPU only for now).
 ///     allow_fallback: run on CPU if another provider was asked for and cannot be used.
+///     prefix_caching: keep finished rows' KV in the prefix store and copy the longest matching prefix into a
+///         joining row's slot (default ``DEFAULT_PREFIX_CACHING``: on).
+///     prefix_cache_bytes: the prefix store's budget, both models together, least recently used dropped first
+///         (default ``DEFAULT_PREFIX_CACHE_BYTES``, 1 GiB).
 ///
 /// Raises:
 ///     FileNotFoundError, ModelFileError: a model or the library is missing or unreadable. ConfigError: a model
@@ -87,7 +92,7 @@ impl PyBatchPipeline {
     #[new]
     #[pyo3(signature = (
         target, draft=None, *, ort_library, max_batch=4, max_seq_len=None, intra_op_threads=None,
-        prefill_chunk=256, provider="cpu", allow_fallback=false
+        prefill_chunk=256, provider="cpu", allow_fallback=false, prefix_caching=None, prefix_cache_bytes=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -101,6 +106,8 @@ impl PyBatchPipeline {
         prefill_chunk: usize,
         provider: &str,
         allow_fallback: bool,
+        prefix_caching: Option<bool>,
+        prefix_cache_bytes: Option<usize>,
     ) -> PyResult<Self> {
         let provider: Provider = provider.parse().map_err(to_pyerr)?;
         let options = ort_options(
@@ -112,13 +119,19 @@ impl PyBatchPipeline {
             allow_fallback,
             false,
         );
+        let batch_options = BatchOptions {
+            prefill_chunk,
+            prefix_caching: prefix_caching.unwrap_or(DEFAULT_PREFIX_CACHING),
+            prefix_cache_bytes: prefix_cache_bytes.unwrap_or(DEFAULT_PREFIX_CACHE_BYTES),
+            ..BatchOptions::default()
+        };
         let pipeline = run_kernel(py, move || {
             BatchPipeline::load(
                 &target,
                 draft.as_deref(),
                 &options,
                 max_batch,
-                prefill_chunk,
+                batch_options,
             )
         })?;
         Ok(Self {

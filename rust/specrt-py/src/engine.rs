@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use specrt_core::{Backend, Engine, Stats, StepOutput};
+use specrt_core::{Backend, Engine, Stats, StepOutput, DEFAULT_PREFIX_CACHING};
 use specrt_ort::{OrtBackend, Provider};
 
 use crate::args::{ort_options, prompt_ids};
@@ -28,6 +28,8 @@ use crate::request::RequestConfig;
 ///         model's ``max_position_embeddings`` (capped by it in any case).
 ///     intra_op_threads: ONNX Runtime intra-op threads per session; default: number of physical cores.
 ///     allow_fallback: if CUDA cannot be used, run on CPU instead of raising ``ProviderError``.
+///     prefix_caching: reuse the KV of the prompt prefix that the previous generation left in each cache (default
+///         ``DEFAULT_PREFIX_CACHING``: on); ``stats()["n_cached_tokens"]`` counts the reused prompt tokens.
 ///
 /// Raises:
 ///     FileNotFoundError: a model or the library is missing. VocabError: draft and target vocab sizes differ.
@@ -52,6 +54,9 @@ fn lock(m: &Mutex<Engine>) -> std::sync::MutexGuard<'_, Engine> {
 pub(crate) fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("n_prompt_tokens", s.n_prompt_tokens)?;
+    d.set_item("n_cached_tokens", s.n_cached_tokens)?;
+    d.set_item("n_cached_tokens_dft", s.n_cached_tokens_dft)?;
+    d.set_item("prefix_cache_hit", s.prefix_cache_hit())?;
     d.set_item("n_rounds", s.n_rounds)?;
     d.set_item("n_drafted", s.n_drafted)?;
     d.set_item("n_accepted", s.n_accepted)?;
@@ -104,7 +109,7 @@ impl PyEngine {
     #[new]
     #[pyo3(signature = (
         target, draft=None, *, ort_library, provider="cpu", device_id=0, max_seq_len=None,
-        intra_op_threads=None, allow_fallback=false, cuda_graph=false
+        intra_op_threads=None, allow_fallback=false, cuda_graph=false, prefix_caching=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -118,6 +123,7 @@ impl PyEngine {
         intra_op_threads: Option<usize>,
         allow_fallback: bool,
         cuda_graph: bool,
+        prefix_caching: Option<bool>,
     ) -> PyResult<Self> {
         let provider: Provider = provider.parse().map_err(to_pyerr)?;
         let options = ort_options(
@@ -137,7 +143,9 @@ impl PyEngine {
                 Some(p) => Some(Box::new(OrtBackend::new(p, &draft_options)?) as Box<dyn Backend>),
                 None => None,
             };
-            Ok((Engine::new(Box::new(t), d)?, providers))
+            let mut engine = Engine::new(Box::new(t), d)?;
+            engine.set_prefix_caching(prefix_caching.unwrap_or(DEFAULT_PREFIX_CACHING));
+            Ok((engine, providers))
         })?;
         Ok(Self {
             vocab_size: engine.vocab_size(),

@@ -37,6 +37,14 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(request::request_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(request::check_token_ids, m)?)?;
     m.add("DEFAULT_MAX_SEQ_LEN", specrt_ort::DEFAULT_MAX_SEQ_LEN)?;
+    m.add(
+        "DEFAULT_PREFIX_CACHING",
+        specrt_core::DEFAULT_PREFIX_CACHING,
+    )?;
+    m.add(
+        "DEFAULT_PREFIX_CACHE_BYTES",
+        specrt_core::DEFAULT_PREFIX_CACHE_BYTES,
+    )?;
     m.add_class::<text::PyTokenizer>()?;
     m.add_class::<text::PyEncoding>()?;
     m.add_class::<text::PyTextAssembler>()?;

@@ -27,10 +27,12 @@ fn opt_int_option(name: &str, value: &Bound<'_, PyAny>, expected: &str) -> PyRes
 ///
 /// Raises:
 ///     ConfigError: an option of the wrong type or out of range (named, with its allowed values); ``cuda_graph``
-///         without provider ``"cuda"`` or with ``max_batch`` > 1; an unknown provider.
+///         without provider ``"cuda"`` or with ``max_batch`` > 1; an unknown provider; a ``prefix_caching`` that is
+///         not a bool.
 #[pyfunction]
 #[pyo3(signature = (
-    *, provider, device_id, max_seq_len, intra_op_threads, allow_fallback, cuda_graph, max_batch, prefill_chunk
+    *, provider, device_id, max_seq_len, intra_op_threads, allow_fallback, cuda_graph, max_batch, prefill_chunk,
+    prefix_caching=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn check_decoder_options(
@@ -42,6 +44,7 @@ pub fn check_decoder_options(
     cuda_graph: &Bound<'_, PyAny>,
     max_batch: &Bound<'_, PyAny>,
     prefill_chunk: &Bound<'_, PyAny>,
+    prefix_caching: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<&'static str> {
     let options = DecoderOptions {
         provider: match provider.extract::<String>() {
@@ -64,6 +67,9 @@ pub fn check_decoder_options(
         )?,
     };
     boolean("allow_fallback", allow_fallback)?;
+    if let Some(v) = prefix_caching {
+        boolean("prefix_caching", v)?;
+    }
     options
         .check()
         .map(specrt_ort::Attention::as_str)
