@@ -551,7 +551,7 @@ class TextAssembler:
         (stops are matched in the text so produced); ``include_stop_str``: end the text after the stop string;
         ``hide_finishing_token``: leave out the text of the EOS / stop-token-id token that ended generation when no
         stop string did (vLLM without ``include_stop_str_in_output``)."""
-    def feed(self, tokens: Sequence[int], finish_reason: Literal["eos", "stop", "length"] | None) -> TextDelta:
+    def feed(self, tokens: Sequence[int], finish_reason: Literal["eos", "stop", "length", "grammar"] | None) -> TextDelta:
         """Add one round's committed ids (``finish_reason``: the engine's for the round). After a stop string the
         assembler's tokens are cut to ``n_keep``; the caller cuts the engine's with ``stop_at(n_keep)``.
 

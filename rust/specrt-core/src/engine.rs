@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use crate::adaptive::{AutoK, KController, RoundKind};
 use crate::backend::Backend;
+use crate::constraint::{apply_mask, mask_allows, mask_set, mask_words, Constraint};
 use crate::coupled::CoupledNoise;
 use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
@@ -169,6 +170,8 @@ pub enum FinishReason {
     Stop,
     /// `max_new_tokens` were emitted.
     Length,
+    /// The request's constraint is complete: nothing can follow but the end (no EOS token is emitted).
+    Grammar,
 }
 
 impl FinishReason {
@@ -179,6 +182,7 @@ impl FinishReason {
             Self::Eos => "eos",
             Self::Stop => "stop",
             Self::Length => "length",
+            Self::Grammar => "grammar",
         }
     }
 }
@@ -279,6 +283,8 @@ pub(crate) struct Request {
     pub(crate) prompt_scores: PromptLogprobs,
     pub(crate) finish_reason: Option<FinishReason>,
     pub(crate) controller: Option<KController>,
+    // The request's constraint (structured output), at the committed output tokens between rounds.
+    pub(crate) constraint: Option<Box<dyn Constraint>>,
     // The last round: generated count before it, draft positions counted in `n_drafted`, and whether they were
     // n-gram proposals (so a stop string can uncount what it cuts off).
     pub(crate) last_round: (usize, u64, bool),
@@ -373,6 +379,7 @@ impl Request {
             prompt_scores: PromptLogprobs::default(),
             finish_reason: None,
             controller,
+            constraint: None,
             last_round: (0, 0, false),
             cfg,
         })
@@ -434,6 +441,70 @@ impl Request {
     /// Generated tokens still allowed (`max_new_tokens` minus those emitted).
     pub(crate) fn remaining(&self) -> usize {
         self.cfg.max_new_tokens - (self.tokens.len() - self.n_prompt)
+    }
+
+    /// The mask of the next position (`[mask_words(vocab)] u32`) from the constraint in its current state: its
+    /// allowed tokens, with the EOS ids allowed exactly where it accepts (never under `ignore_eos`).
+    ///
+    /// Errors: [`SpecError::Config`] if the constraint allows no token (or there is none); matcher errors.
+    pub(crate) fn next_mask(&mut self, mask: &mut [u32]) -> Result<()> {
+        let c = self.constraint.as_mut().ok_or_else(|| {
+            SpecError::Internal("next_mask on a request without a constraint".to_owned())
+        })?;
+        c.fill_mask(mask)?;
+        let eos_ok = !self.cfg.ignore_eos && c.is_accepting()?;
+        for &e in &self.cfg.eos_token_ids {
+            mask_set(mask, e, eos_ok);
+        }
+        if mask.iter().all(|&w| w == 0) {
+            return Err(SpecError::Config(format!(
+                "the constraint allows no token after {} generated tokens (accepting: {eos_ok}, ignore_eos: {})",
+                c.len(),
+                self.cfg.ignore_eos
+            )));
+        }
+        Ok(())
+    }
+
+    /// Cut deterministic proposals `tokens` (`[k]`, n-gram continuations) at the first one the constraint refuses
+    /// (its mask, EOS included), advancing the constraint through the kept ones and writing the mask of each row
+    /// into `masks` (`[k + 1, words]`, row i = the state after the first i proposals). Returns `(mask rows written,
+    /// whether the kept proposals end the sequence)`: a refusal at i keeps i proposals and writes i + 1 rows (the
+    /// last is the bonus row's); an EOS or a completing token at i keeps i + 1 and writes i + 1 rows (the row after
+    /// an end is never emitted); all kept writes k rows.
+    ///
+    /// Errors: matcher errors, as [`Request::next_mask`].
+    pub(crate) fn constrain_proposals(
+        &mut self,
+        tokens: &mut Vec<u32>,
+        masks: &mut [u32],
+        words: usize,
+    ) -> Result<(usize, bool)> {
+        for i in 0..tokens.len() {
+            let mask = &mut masks[i * words..(i + 1) * words];
+            self.next_mask(mask)?;
+            let d = tokens[i];
+            if !mask_allows(mask, d) {
+                tokens.truncate(i);
+                return Ok((i + 1, false));
+            }
+            if self.is_eos(d) {
+                tokens.truncate(i + 1);
+                return Ok((i + 1, true));
+            }
+            let c = self.constraint.as_mut().expect("next_mask checked it");
+            c.advance(d)?;
+            if c.is_complete()? {
+                tokens.truncate(i + 1);
+                return Ok((i + 1, true));
+            }
+        }
+        Ok((tokens.len(), false))
+    }
+
+    /// Whether `tok` is one of the request's EOS ids.
+    pub(crate) fn is_eos(&self, tok: u32) -> bool {
+        self.cfg.eos_token_ids.contains(&tok)
     }
 
     /// Choose draft token `i` of a round from the draft's logits `[vocab]` (the round starts at the committed
@@ -535,6 +606,12 @@ impl Request {
         let n_acc = ver.n_accepted;
         let use_penalties = self.cfg.sampling.has_penalties();
         let gen_before = self.tokens.len() - self.n_prompt;
+        // The constraint was advanced through the round's proposals: back to the committed tokens, then through
+        // the emitted ones (the penalty context's push-then-truncate).
+        let keep_constraint = self.cfg.fault == Some(Fault::NoConstraintRollback);
+        if let (Some(c), false) = (self.constraint.as_mut(), keep_constraint) {
+            c.truncate(gen_before)?;
+        }
         let stats = &mut self.stats;
         stats.n_rounds += 1;
         stats.draft_ms += draft_ms;
@@ -593,10 +670,26 @@ impl Request {
             }
             out.tokens.push(tok);
             out.sources.push(source);
-            let finish = if !self.cfg.ignore_eos && self.cfg.eos_token_ids.contains(&tok) {
+            let is_eos = self.cfg.eos_token_ids.contains(&tok);
+            let mut complete = false;
+            if let (Some(c), false) = (self.constraint.as_mut(), is_eos) {
+                match c.advance(tok) {
+                    Ok(()) => complete = c.is_complete()?,
+                    // The broken variant ignores what its stale state refuses.
+                    Err(_) if keep_constraint => {}
+                    Err(e) => {
+                        return Err(SpecError::Internal(format!(
+                            "the constraint refused emitted token {tok} (it was allowed by its mask): {e}"
+                        )))
+                    }
+                }
+            }
+            let finish = if !self.cfg.ignore_eos && is_eos {
                 Some(FinishReason::Eos)
             } else if self.cfg.stop_token_ids.contains(&tok) {
                 Some(FinishReason::Stop)
+            } else if complete {
+                Some(FinishReason::Grammar)
             } else if self.tokens.len() - self.n_prompt >= self.cfg.max_new_tokens {
                 Some(FinishReason::Length)
             } else {
@@ -672,6 +765,9 @@ impl Request {
         self.logprobs.truncate(n_keep);
         self.top_logprobs.truncate(n_keep);
         self.tokens.truncate(self.n_prompt + n_keep);
+        if let Some(c) = self.constraint.as_mut() {
+            c.truncate(c.len().min(n_keep))?;
+        }
         if let (Some(ng), true) = (ngram, self.cfg.ngram.is_some()) {
             ng.truncate(self.tokens.len());
         }
@@ -721,6 +817,13 @@ pub struct Engine {
     ngram: Option<NgramProposer>,
     // Reused result of the round's verification.
     ver: Verification,
+    // Constrained requests: [k + 1, mask_words(vocab)] the mask of each target row of the round (row i: after
+    // d_1 .. d_i), [k + 1, vocab] the masked target rows, [vocab] the masked draft row, [vocab] the unmasked q of
+    // the `MaskTargetOnly` test fault.
+    masks: Vec<u32>,
+    masked_tgt: Vec<f32>,
+    masked_dft: Vec<f32>,
+    q_fault: Vec<f32>,
     request: Option<Request>,
     // Reused output of `step`.
     out: StepOutput,
@@ -746,6 +849,10 @@ impl Engine {
             ids_tgt: Vec::with_capacity(MAX_DRAFT_TOKENS + 1),
             ngram: None,
             ver: Verification::default(),
+            masks: Vec::new(),
+            masked_tgt: Vec::new(),
+            masked_dft: Vec::new(),
+            q_fault: Vec::new(),
             request: None,
             out: StepOutput::default(),
         })
@@ -776,8 +883,43 @@ impl Engine {
     /// Errors: [`SpecError::Config`] (empty prompt, bad settings), [`SpecError::Vocab`] (a prompt id >= vocab),
     /// [`SpecError::Length`] (prompt + max_new_tokens beyond [`Engine::max_seq_len`]), backend errors.
     pub fn start(&mut self, prompt: &[u32], cfg: GenerationConfig) -> Result<()> {
+        self.start_with(prompt, cfg, None)
+    }
+
+    /// [`Engine::start`] with a constraint on the output (structured output, [`crate::constraint`]): every
+    /// emitted token is one it allows, EOS only where it accepts, and the generation ends with
+    /// [`FinishReason::Grammar`] once it is complete (also under `ignore_eos`, which then masks EOS out). The
+    /// constraint must be fresh (no token consumed). Greedy rounds read the models' logits (no `ids_only` rounds).
+    ///
+    /// Errors: as [`Engine::start`]; [`SpecError::Config`] for a constraint that consumed tokens already.
+    pub fn start_with(
+        &mut self,
+        prompt: &[u32],
+        cfg: GenerationConfig,
+        constraint: Option<Box<dyn Constraint>>,
+    ) -> Result<()> {
         self.request = None;
         let mut req = Request::new(prompt, cfg, self.vocab, self.max_seq_len())?;
+        if let Some(mut c) = constraint {
+            if !c.is_empty() {
+                return Err(SpecError::Config(format!(
+                    "the constraint has consumed {} tokens already (expected a fresh one)",
+                    c.len()
+                )));
+            }
+            if c.is_complete()? {
+                // Nothing may be generated at all.
+                req.finish_reason = Some(FinishReason::Grammar);
+            }
+            let rows = req.k_max() + 1;
+            self.masks.resize(rows * mask_words(self.vocab), 0);
+            self.masked_tgt.resize(rows * self.vocab, 0.0);
+            self.masked_dft.resize(self.vocab, 0.0);
+            if req.cfg.fault == Some(Fault::MaskTargetOnly) {
+                self.q_fault.resize(self.vocab, 0.0);
+            }
+            req.constraint = Some(c);
+        }
         let cfg = &req.cfg;
         match cfg.ngram {
             Some(ng) => {
@@ -876,8 +1018,15 @@ impl Engine {
         let len = req.tokens.len();
         let remaining = req.remaining();
         let draft_usable = self.draft.is_some() && req.cfg.use_draft_model;
-        // Greedy without penalties or log-probabilities: the models' argmax ids are all a round reads.
-        let ids_only = req.cfg.ids_only();
+        let constrained = req.constraint.is_some();
+        let words = mask_words(vocab);
+        // Greedy without penalties or log-probabilities: the models' argmax ids are all a round reads (not under a
+        // constraint: the mask must see the logits).
+        let ids_only = req.cfg.ids_only() && !constrained;
+        // Constrained rounds: mask rows filled so far (row i = the state after d_1 .. d_i), and whether the
+        // proposals end the sequence (an EOS or a completing token: no row after it is ever emitted).
+        let mut n_masks = 0usize;
+        let mut ended = false;
         // K is fixed before any random draw of the round, so the round is lossless whatever K is; it never drafts
         // past max_new_tokens.
         let k_cap = if draft_usable || req.cfg.ngram.is_some() {
@@ -912,7 +1061,13 @@ impl Engine {
                 _ => offered,
             };
             self.tokens_dft.truncate(take);
-            if take > 0 {
+            if constrained && take > 0 {
+                // Cut at the first token the constraint refuses; it stays advanced through the rest (rows' masks).
+                // (Nothing kept: the draft model may still draft; its masks start at row 0 again.)
+                (n_masks, ended) =
+                    req.constrain_proposals(&mut self.tokens_dft, &mut self.masks, words)?;
+            }
+            if !self.tokens_dft.is_empty() {
                 mode = VerifyMode::Deterministic;
             }
         }
@@ -935,12 +1090,43 @@ impl Engine {
                 let mut n_past = req.n_past_dft;
                 let mut prev = [0u32; 1];
                 let t_first = Instant::now();
+                n_masks = 0;
                 for i in 0..k {
                     let input: &[u32] = if i == 0 { &req.tokens[n_past..] } else { &prev };
                     let n_input = input.len();
+                    n_draft_passes += 1;
                     let d = if ids_only {
                         draft.forward_argmax(input, n_past, 1, &mut self.ids_dft)?;
                         self.ids_dft[0]
+                    } else if constrained {
+                        // The mask of draft position i is the one target row i needs.
+                        let logits = draft.forward(input, n_past, 1)?;
+                        let mask = &mut self.masks[i * words..(i + 1) * words];
+                        req.next_mask(mask)?;
+                        n_masks = i + 1;
+                        let has_mass = apply_mask(logits, mask, &mut self.masked_dft)?;
+                        if !has_mass {
+                            // The draft gives every allowed token probability 0 (a pruned vocabulary): it stops
+                            // here, and this position is the target's bonus row.
+                            n_past += n_input;
+                            if i == 0 {
+                                first_pass = (ms_since(t_first), n_input);
+                            }
+                            break;
+                        }
+                        let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
+                        if req.cfg.fault == Some(Fault::MaskTargetOnly) {
+                            let params = req.cfg.sampling;
+                            let ctx = params.has_penalties().then_some(&req.penalties);
+                            self.sampler_dft.process(logits, 0, &params, ctx)?;
+                            self.sampler_dft.write_probs(&mut self.q_fault)?;
+                        }
+                        let d =
+                            req.draft_choice(&mut self.sampler_dft, &self.masked_dft, i, q_row)?;
+                        if req.cfg.fault == Some(Fault::MaskTargetOnly) {
+                            q_row.copy_from_slice(&self.q_fault);
+                        }
+                        d
                     } else {
                         let logits = draft.forward(input, n_past, 1)?;
                         let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
@@ -952,14 +1138,42 @@ impl Engine {
                     if i == 0 {
                         first_pass = (ms_since(t_first), n_input);
                     }
+                    if constrained {
+                        // Nothing follows an EOS or a token that completes the constraint: stop drafting.
+                        if req.is_eos(d) {
+                            ended = true;
+                            break;
+                        }
+                        let c = req.constraint.as_mut().expect("constrained");
+                        c.advance(d)?;
+                        if c.is_complete()? {
+                            ended = true;
+                            break;
+                        }
+                    }
                 }
                 // A rejected draft leaves no trace in the penalties.
                 req.penalties.truncate(n_committed);
                 req.n_past_dft = n_past;
-                n_draft_passes = k;
             }
         }
         let k = self.tokens_dft.len();
+        // Draft tokens the draft model read in this round: d_1 .. d_{K-1}, or all K when it stopped for lack of
+        // mass (its last pass read d_K and proposed nothing).
+        let n_fed_dft = if n_draft_passes > k {
+            k
+        } else {
+            k.saturating_sub(1)
+        };
+        if constrained && n_masks == k {
+            // The extra mask of the round: the bonus row's (anything after an end is never emitted).
+            let row = &mut self.masks[k * words..(k + 1) * words];
+            if ended {
+                row.fill(u32::MAX);
+            } else {
+                req.next_mask(row)?;
+            }
+        }
         let draft_ms = ms_since(t_draft);
 
         // Target: one pass over the last committed token and the K drafts, K + 1 rows of logits.
@@ -982,13 +1196,26 @@ impl Engine {
         } else {
             &[]
         };
+        // Constrained: verification sees the masked target rows; log-probabilities stay the raw rows'.
+        let logits_ver: &[f32] = if constrained {
+            for j in 0..=k {
+                apply_mask(
+                    &logits_tgt[j * vocab..(j + 1) * vocab],
+                    &self.masks[j * words..(j + 1) * words],
+                    &mut self.masked_tgt[j * vocab..(j + 1) * vocab],
+                )?;
+            }
+            &self.masked_tgt[..(k + 1) * vocab]
+        } else {
+            logits_tgt
+        };
         let ver = &mut self.ver;
         if ids_only {
             verify_greedy_ids_into(&self.ids_tgt, &self.tokens_dft, vocab, ver)?;
         } else {
             req.verify(
                 &mut self.sampler_tgt,
-                logits_tgt,
+                logits_ver,
                 probs_dft,
                 &self.tokens_dft,
                 mode,
@@ -998,8 +1225,8 @@ impl Engine {
         let n_acc = ver.n_accepted;
         req.n_past_tgt = len + n_acc;
         if n_draft_passes > 0 {
-            // The draft saw the committed prefix and d_1 .. d_{K-1}.
-            req.n_past_dft = len + n_acc.min(k - 1);
+            // The draft saw the committed prefix and d_1 .. d_{K-1} (all K when it stopped for lack of mass).
+            req.n_past_dft = len + n_acc.min(n_fed_dft);
         }
         if let Some(c) = req.controller.as_mut() {
             if mode == VerifyMode::Deterministic {
@@ -1098,9 +1325,22 @@ impl Engine {
         &mut self,
         prompt: &[u32],
         cfg: GenerationConfig,
+        on_step: impl FnMut(&StepOutput) -> bool,
+    ) -> Result<GenerationOutput> {
+        self.generate_with(prompt, cfg, None, on_step)
+    }
+
+    /// [`Engine::generate`] with a constraint on the output ([`Engine::start_with`]).
+    ///
+    /// Errors: as [`Engine::start_with`] and [`Engine::step`].
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        cfg: GenerationConfig,
+        constraint: Option<Box<dyn Constraint>>,
         mut on_step: impl FnMut(&StepOutput) -> bool,
     ) -> Result<GenerationOutput> {
-        self.start(prompt, cfg)?;
+        self.start_with(prompt, cfg, constraint)?;
         while self.finish_reason().is_none() {
             let out = self.step()?;
             if !on_step(out) && out.finish_reason.is_none() {
