@@ -285,6 +285,8 @@ pub(crate) struct Request {
     pub(crate) controller: Option<KController>,
     // The request's constraint (structured output), at the committed output tokens between rounds.
     pub(crate) constraint: Option<Box<dyn Constraint>>,
+    // Bit i set: proposal i of the last round was a grammar-forced token.
+    pub(crate) forced_bits: u64,
     // The last round: generated count before it, draft positions counted in `n_drafted`, and whether they were
     // n-gram proposals (so a stop string can uncount what it cuts off).
     pub(crate) last_round: (usize, u64, bool),
@@ -380,6 +382,7 @@ impl Request {
             finish_reason: None,
             controller,
             constraint: None,
+            forced_bits: 0,
             last_round: (0, 0, false),
             cfg,
         })
@@ -448,10 +451,12 @@ impl Request {
     ///
     /// Errors: [`SpecError::Config`] if the constraint allows no token (or there is none); matcher errors.
     pub(crate) fn next_mask(&mut self, mask: &mut [u32]) -> Result<()> {
+        let t0 = Instant::now();
         let c = self.constraint.as_mut().ok_or_else(|| {
             SpecError::Internal("next_mask on a request without a constraint".to_owned())
         })?;
         c.fill_mask(mask)?;
+        self.stats.mask_ms += ms_since(t0);
         let eos_ok = !self.cfg.ignore_eos && c.is_accepting()?;
         for &e in &self.cfg.eos_token_ids {
             mask_set(mask, e, eos_ok);
@@ -649,6 +654,9 @@ impl Request {
                     if mode == VerifyMode::Deterministic {
                         stats.n_accepted_ngram += 1;
                     }
+                    if self.forced_bits >> i & 1 == 1 {
+                        stats.n_accepted_forced += 1;
+                    }
                 }
                 TokenSource::Recovered => stats.n_recovered += 1,
                 TokenSource::Bonus => stats.n_bonus += 1,
@@ -715,6 +723,7 @@ impl Request {
         if ngram_round {
             stats.n_drafted_ngram += counted;
         }
+        stats.n_drafted_forced += u64::from(forced_before(self.forced_bits, counted));
         self.last_round = (gen_before, counted, ngram_round);
         if let (Some(ng), true) = (ngram, self.cfg.ngram.is_some()) {
             ng.extend(&out.tokens);
@@ -750,6 +759,9 @@ impl Request {
                     if ngram_round {
                         stats.n_accepted_ngram -= 1;
                     }
+                    if self.forced_bits >> pos & 1 == 1 {
+                        stats.n_accepted_forced -= 1;
+                    }
                 }
                 TokenSource::Recovered => stats.n_recovered -= 1,
                 TokenSource::Bonus => stats.n_bonus -= 1,
@@ -761,6 +773,9 @@ impl Request {
         if ngram_round {
             stats.n_drafted_ngram -= counted - kept;
         }
+        stats.n_drafted_forced -= u64::from(
+            forced_before(self.forced_bits, counted) - forced_before(self.forced_bits, kept),
+        );
         self.last_round.1 = kept;
         self.logprobs.truncate(n_keep);
         self.top_logprobs.truncate(n_keep);
@@ -817,13 +832,9 @@ pub struct Engine {
     ngram: Option<NgramProposer>,
     // Reused result of the round's verification.
     ver: Verification,
-    // Constrained requests: [k + 1, mask_words(vocab)] the mask of each target row of the round (row i: after
-    // d_1 .. d_i), [k + 1, vocab] the masked target rows, [vocab] the masked draft row, [vocab] the unmasked q of
-    // the `MaskTargetOnly` test fault.
-    masks: Vec<u32>,
+    // Constrained requests: [k + 1, vocab] the masked target rows, and the proposal scratch.
     masked_tgt: Vec<f32>,
-    masked_dft: Vec<f32>,
-    q_fault: Vec<f32>,
+    cons: ConstrainedScratch,
     request: Option<Request>,
     // Reused output of `step`.
     out: StepOutput,
@@ -849,10 +860,8 @@ impl Engine {
             ids_tgt: Vec::with_capacity(MAX_DRAFT_TOKENS + 1),
             ngram: None,
             ver: Verification::default(),
-            masks: Vec::new(),
             masked_tgt: Vec::new(),
-            masked_dft: Vec::new(),
-            q_fault: Vec::new(),
+            cons: ConstrainedScratch::default(),
             request: None,
             out: StepOutput::default(),
         })
@@ -911,12 +920,16 @@ impl Engine {
                 // Nothing may be generated at all.
                 req.finish_reason = Some(FinishReason::Grammar);
             }
-            let rows = req.k_max() + 1;
-            self.masks.resize(rows * mask_words(self.vocab), 0);
+            // Rows for the largest round: K drafts plus forced tokens up to the proposal cap, and the bonus row.
+            let rows = MAX_DRAFT_TOKENS.min(req.cfg.max_new_tokens) + 1;
+            self.cons.masks.resize(rows * mask_words(self.vocab), 0);
             self.masked_tgt.resize(rows * self.vocab, 0.0);
-            self.masked_dft.resize(self.vocab, 0.0);
+            self.cons.masked_dft.resize(self.vocab, 0.0);
             if req.cfg.fault == Some(Fault::MaskTargetOnly) {
-                self.q_fault.resize(self.vocab, 0.0);
+                self.cons.q_fault.resize(self.vocab, 0.0);
+            }
+            if self.probs_dft.len() < (rows - 1) * self.vocab {
+                self.probs_dft.resize((rows - 1) * self.vocab, 0.0);
             }
             req.constraint = Some(c);
         }
@@ -1029,7 +1042,8 @@ impl Engine {
         let mut ended = false;
         // K is fixed before any random draw of the round, so the round is lossless whatever K is; it never drafts
         // past max_new_tokens.
-        let k_cap = if draft_usable || req.cfg.ngram.is_some() {
+        // (A constrained request proposes grammar-forced tokens even without a draft model.)
+        let k_cap = if draft_usable || req.cfg.ngram.is_some() || constrained {
             remaining - 1
         } else {
             0
@@ -1065,7 +1079,7 @@ impl Engine {
                 // Cut at the first token the constraint refuses; it stays advanced through the rest (rows' masks).
                 // (Nothing kept: the draft model may still draft; its masks start at row 0 again.)
                 (n_masks, ended) =
-                    req.constrain_proposals(&mut self.tokens_dft, &mut self.masks, words)?;
+                    req.constrain_proposals(&mut self.tokens_dft, &mut self.cons.masks, words)?;
             }
             if !self.tokens_dft.is_empty() {
                 mode = VerifyMode::Deterministic;
@@ -1076,7 +1090,38 @@ impl Engine {
         let mut n_draft_passes = 0;
         // (ms, input tokens) of this round's first draft pass.
         let mut first_pass = (0.0, 0usize);
-        if mode == VerifyMode::Stochastic && draft_usable {
+        // Constrained: draft tokens the draft model read this round (set by the constrained proposer).
+        let mut n_fed_cons = None;
+        req.forced_bits = 0;
+        if mode == VerifyMode::Stochastic && constrained && k_fixed > 0 {
+            // Grammar-forced tokens (free, verified as point masses) and the draft model's tokens between them.
+            let k = match (req.controller.as_mut(), draft_usable) {
+                (Some(c), true) => c.choose(k_cap),
+                (None, true) => k_fixed,
+                (_, false) => 0,
+            };
+            let draft = if draft_usable {
+                self.draft.as_mut()
+            } else {
+                None
+            };
+            let p = propose_constrained(
+                req,
+                draft,
+                k,
+                k_cap.min(MAX_DRAFT_TOKENS),
+                &mut self.cons,
+                &mut self.sampler_dft,
+                &mut self.probs_dft,
+                &mut self.tokens_dft,
+                vocab,
+            )?;
+            n_masks = p.n_masks;
+            ended = p.ended;
+            n_draft_passes = p.n_passes;
+            first_pass = p.first_pass;
+            n_fed_cons = Some(p.n_fed);
+        } else if mode == VerifyMode::Stochastic && draft_usable {
             let k = match req.controller.as_mut() {
                 Some(c) => c.choose(k_cap),
                 None => k_fixed,
@@ -1090,43 +1135,12 @@ impl Engine {
                 let mut n_past = req.n_past_dft;
                 let mut prev = [0u32; 1];
                 let t_first = Instant::now();
-                n_masks = 0;
                 for i in 0..k {
                     let input: &[u32] = if i == 0 { &req.tokens[n_past..] } else { &prev };
                     let n_input = input.len();
-                    n_draft_passes += 1;
                     let d = if ids_only {
                         draft.forward_argmax(input, n_past, 1, &mut self.ids_dft)?;
                         self.ids_dft[0]
-                    } else if constrained {
-                        // The mask of draft position i is the one target row i needs.
-                        let logits = draft.forward(input, n_past, 1)?;
-                        let mask = &mut self.masks[i * words..(i + 1) * words];
-                        req.next_mask(mask)?;
-                        n_masks = i + 1;
-                        let has_mass = apply_mask(logits, mask, &mut self.masked_dft)?;
-                        if !has_mass {
-                            // The draft gives every allowed token probability 0 (a pruned vocabulary): it stops
-                            // here, and this position is the target's bonus row.
-                            n_past += n_input;
-                            if i == 0 {
-                                first_pass = (ms_since(t_first), n_input);
-                            }
-                            break;
-                        }
-                        let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
-                        if req.cfg.fault == Some(Fault::MaskTargetOnly) {
-                            let params = req.cfg.sampling;
-                            let ctx = params.has_penalties().then_some(&req.penalties);
-                            self.sampler_dft.process(logits, 0, &params, ctx)?;
-                            self.sampler_dft.write_probs(&mut self.q_fault)?;
-                        }
-                        let d =
-                            req.draft_choice(&mut self.sampler_dft, &self.masked_dft, i, q_row)?;
-                        if req.cfg.fault == Some(Fault::MaskTargetOnly) {
-                            q_row.copy_from_slice(&self.q_fault);
-                        }
-                        d
                     } else {
                         let logits = draft.forward(input, n_past, 1)?;
                         let q_row = &mut self.probs_dft[i * vocab..(i + 1) * vocab];
@@ -1138,36 +1152,20 @@ impl Engine {
                     if i == 0 {
                         first_pass = (ms_since(t_first), n_input);
                     }
-                    if constrained {
-                        // Nothing follows an EOS or a token that completes the constraint: stop drafting.
-                        if req.is_eos(d) {
-                            ended = true;
-                            break;
-                        }
-                        let c = req.constraint.as_mut().expect("constrained");
-                        c.advance(d)?;
-                        if c.is_complete()? {
-                            ended = true;
-                            break;
-                        }
-                    }
                 }
                 // A rejected draft leaves no trace in the penalties.
                 req.penalties.truncate(n_committed);
                 req.n_past_dft = n_past;
+                n_draft_passes = k;
             }
         }
         let k = self.tokens_dft.len();
-        // Draft tokens the draft model read in this round: d_1 .. d_{K-1}, or all K when it stopped for lack of
-        // mass (its last pass read d_K and proposed nothing).
-        let n_fed_dft = if n_draft_passes > k {
-            k
-        } else {
-            k.saturating_sub(1)
-        };
+        // Draft tokens the draft model read in this round: d_1 .. d_{K-1} (constrained rounds: those before its
+        // last pass, all K when it stopped for lack of mass).
+        let n_fed_dft = n_fed_cons.unwrap_or(k.saturating_sub(1));
         if constrained && n_masks == k {
             // The extra mask of the round: the bonus row's (anything after an end is never emitted).
-            let row = &mut self.masks[k * words..(k + 1) * words];
+            let row = &mut self.cons.masks[k * words..(k + 1) * words];
             if ended {
                 row.fill(u32::MAX);
             } else {
@@ -1201,9 +1199,15 @@ impl Engine {
             for j in 0..=k {
                 apply_mask(
                     &logits_tgt[j * vocab..(j + 1) * vocab],
-                    &self.masks[j * words..(j + 1) * words],
+                    &self.cons.masks[j * words..(j + 1) * words],
                     &mut self.masked_tgt[j * vocab..(j + 1) * vocab],
                 )?;
+                if req.cfg.fault == Some(Fault::ForcedUnverified) && req.forced_bits >> j & 1 == 1 {
+                    // The broken variant: a forced token is taken as certain (p = its point mass).
+                    let row = &mut self.masked_tgt[j * vocab..(j + 1) * vocab];
+                    row.fill(f32::NEG_INFINITY);
+                    row[self.tokens_dft[j] as usize] = 0.0;
+                }
             }
             &self.masked_tgt[..(k + 1) * vocab]
         } else {
@@ -1350,6 +1354,177 @@ impl Engine {
         }
         self.output()
     }
+}
+
+/// Forced proposals among the first `n` of a round (`bits`: bit i = proposal i was forced).
+fn forced_before(bits: u64, n: u64) -> u32 {
+    let m = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+    (bits & m).count_ones()
+}
+
+/// Scratch of constrained rounds (allocated by [`Engine::start_with`], reused).
+#[derive(Default)]
+struct ConstrainedScratch {
+    // [k + 1, mask_words(vocab)] the mask of each target row of the round (row i: after the first i proposals).
+    masks: Vec<u32>,
+    // [vocab] the masked draft row; [vocab] the unmasked q of the `MaskTargetOnly` test fault.
+    masked_dft: Vec<f32>,
+    q_fault: Vec<f32>,
+    // The tokens the constraint forces at the current position.
+    forced: Vec<u32>,
+    // The draft model's next input: committed tokens it has not read, then proposals since its last pass.
+    input: Vec<u32>,
+}
+
+/// What [`propose_constrained`] proposed (the tokens themselves are in `tokens_dft`).
+#[derive(Default)]
+struct ConstrainedProposal {
+    // Mask rows written (row i = the state after the first i proposals).
+    n_masks: usize,
+    // The proposals end the sequence (an EOS or a completing token).
+    ended: bool,
+    // Draft passes run, proposals the draft model read, and (ms, input tokens) of the first pass.
+    n_passes: usize,
+    n_fed: usize,
+    first_pass: (f64, usize),
+}
+
+/// The proposals of a constrained round, at most `cap`: at each position the tokens the constraint forces
+/// (proposed without a draft pass, with a one-hot `q` row: the stochastic rule on a one-hot row is the
+/// deterministic rule), otherwise, while fewer than `k_draft` came from it, the draft model's sample from its masked
+/// `q` (its pass reads every proposal since its previous pass, forced ones included). The constraint advances
+/// through the proposals and each row's mask is written to `sc.masks`; drafting stops at an EOS, at completion, or
+/// where the draft's masked row has no mass (that position becomes the bonus row). Penalties are restored and
+/// `req.n_past_dft` set to what the draft cache holds; `req.forced_bits` marks the forced proposals.
+///
+/// Errors: backend, logits processing and matcher errors; [`SpecError::Internal`] if the constraint forces a token
+/// its own mask refuses.
+#[allow(clippy::too_many_arguments)]
+fn propose_constrained(
+    req: &mut Request,
+    mut draft: Option<&mut Box<dyn Backend>>,
+    k_draft: usize,
+    cap: usize,
+    sc: &mut ConstrainedScratch,
+    sampler_dft: &mut Sampler,
+    probs_dft: &mut [f32],
+    tokens_dft: &mut Vec<u32>,
+    vocab: usize,
+) -> Result<ConstrainedProposal> {
+    let words = mask_words(vocab);
+    let n_committed = req.penalties.len();
+    let use_penalties = req.cfg.sampling.has_penalties();
+    let mut out = ConstrainedProposal::default();
+    let mut n_past = req.n_past_dft;
+    sc.input.clear();
+    sc.input.extend_from_slice(&req.tokens[n_past..]);
+    let mut n_model = 0;
+    let res = (|| -> Result<()> {
+        'round: while tokens_dft.len() < cap && !out.ended {
+            let t0 = Instant::now();
+            let c = req.constraint.as_mut().expect("constrained");
+            c.forced_tokens(&mut sc.forced)?;
+            req.stats.mask_ms += ms_since(t0);
+            if !sc.forced.is_empty() {
+                for fi in 0..sc.forced.len() {
+                    let i = tokens_dft.len();
+                    if i >= cap {
+                        break 'round;
+                    }
+                    let f = sc.forced[fi];
+                    let mask = &mut sc.masks[i * words..(i + 1) * words];
+                    req.next_mask(mask)?;
+                    out.n_masks = i + 1;
+                    if !mask_allows(mask, f) {
+                        return Err(SpecError::Internal(format!(
+                            "the constraint forces token {f} at proposal {i} but its mask refuses it"
+                        )));
+                    }
+                    let q_row = &mut probs_dft[i * vocab..(i + 1) * vocab];
+                    q_row.fill(0.0);
+                    q_row[f as usize] = 1.0;
+                    tokens_dft.push(f);
+                    sc.input.push(f);
+                    req.forced_bits |= 1 << i;
+                    if use_penalties {
+                        req.penalties.push(f)?;
+                    }
+                    if advance_proposal(req, f)? {
+                        out.ended = true;
+                        break 'round;
+                    }
+                }
+                continue;
+            }
+            let Some(d_model) = draft.as_mut() else {
+                break;
+            };
+            if n_model >= k_draft {
+                break;
+            }
+            let i = tokens_dft.len();
+            let t_pass = Instant::now();
+            let logits = d_model.forward(&sc.input, n_past, 1)?;
+            n_past += sc.input.len();
+            out.n_passes += 1;
+            out.n_fed = i;
+            if out.n_passes == 1 {
+                out.first_pass = (ms_since(t_pass), sc.input.len());
+            }
+            sc.input.clear();
+            // The mask of draft position i is the one target row i needs.
+            let mask = &mut sc.masks[i * words..(i + 1) * words];
+            req.next_mask(mask)?;
+            out.n_masks = i + 1;
+            if !apply_mask(logits, mask, &mut sc.masked_dft)? {
+                // The draft gives every allowed token probability 0 (a pruned vocabulary): it stops here, and this
+                // position is the target's bonus row.
+                break;
+            }
+            let q_row = &mut probs_dft[i * vocab..(i + 1) * vocab];
+            let fault = req.cfg.fault == Some(Fault::MaskTargetOnly);
+            if fault {
+                let params = req.cfg.sampling;
+                let ctx = params.has_penalties().then_some(&req.penalties);
+                sampler_dft.process(logits, 0, &params, ctx)?;
+                sampler_dft.write_probs(&mut sc.q_fault)?;
+            }
+            let d = req.draft_choice(sampler_dft, &sc.masked_dft, i, q_row)?;
+            if fault {
+                q_row.copy_from_slice(&sc.q_fault);
+            }
+            tokens_dft.push(d);
+            sc.input.push(d);
+            n_model += 1;
+            if advance_proposal(req, d)? {
+                out.ended = true;
+            }
+        }
+        Ok(())
+    })();
+    // A rejected proposal leaves no trace in the penalties.
+    req.penalties.truncate(n_committed);
+    res?;
+    if out.n_passes > 0 {
+        req.n_past_dft = n_past;
+    }
+    Ok(out)
+}
+
+/// Advance a constrained request's constraint by proposal `d`; returns whether the sequence ends with it (an EOS
+/// id, which the constraint never consumes, or a token that completes it).
+///
+/// Errors: matcher errors (a refusal included).
+fn advance_proposal(req: &mut Request, d: u32) -> Result<bool> {
+    if req.is_eos(d) {
+        return Ok(true);
+    }
+    let t0 = Instant::now();
+    let c = req.constraint.as_mut().expect("constrained");
+    c.advance(d)?;
+    let complete = c.is_complete()?;
+    req.stats.mask_ms += ms_since(t0);
+    Ok(complete)
 }
 
 /// The draft's vocabulary must be the target's.

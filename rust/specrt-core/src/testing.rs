@@ -249,12 +249,15 @@ impl BatchBackend for MockBatchModel {
 
 /// A deterministic finite automaton over token ids as a [`crate::Constraint`] (for tests): state 0 is the start,
 /// `next[s]` lists the `(token, next state)` pairs allowed in state `s`, `accepting[s]` whether the sequence may
-/// end there. A state that accepts and allows no token is complete.
+/// end there. A state that accepts and allows no token is complete. Forced tokens: the chain of states that allow
+/// one token and do not accept, or a fixed list for a state ([`MockConstraint::with_forced`]: a canonical spelling
+/// where other tokens are allowed too, as a tokenizer with several spellings of the forced bytes).
 #[derive(Clone, Debug)]
 pub struct MockConstraint {
     vocab: usize,
     next: std::sync::Arc<Vec<Vec<(u32, usize)>>>,
     accepting: std::sync::Arc<Vec<bool>>,
+    forced: std::sync::Arc<Vec<(usize, Vec<u32>)>>,
     // [1 + consumed] the state before each consumed token, then the current one.
     states: Vec<usize>,
 }
@@ -279,8 +282,18 @@ impl MockConstraint {
             vocab,
             next: std::sync::Arc::new(next),
             accepting: std::sync::Arc::new(accepting),
+            forced: std::sync::Arc::new(Vec::new()),
             states: vec![0],
         }
+    }
+
+    /// The same automaton forcing `tokens` in `state` (whatever else that state allows).
+    #[must_use]
+    pub fn with_forced(mut self, state: usize, tokens: Vec<u32>) -> Self {
+        let mut f = (*self.forced).clone();
+        f.push((state, tokens));
+        self.forced = std::sync::Arc::new(f);
+        self
     }
 
     /// The same automaton in its start state.
@@ -372,6 +385,10 @@ impl crate::Constraint for MockConstraint {
     fn forced_tokens(&mut self, out: &mut Vec<u32>) -> Result<()> {
         out.clear();
         let mut s = self.state();
+        if let Some((_, f)) = self.forced.iter().find(|e| e.0 == s) {
+            out.extend_from_slice(f);
+            return Ok(());
+        }
         while !self.accepting[s] && self.next[s].len() == 1 && out.len() < 64 {
             let (t, n) = self.next[s][0];
             out.push(t);

@@ -6,11 +6,15 @@
 //!
 //! ```text
 //! state 0 (start):            0 -> 1, 1 -> 2, 2 -> 1
-//! state 1:                    3 -> 3          (a forced token)
+//! state 1:                    3 -> 3, 4 -> 5  (forces 3: the canonical spelling; 4 0 spells the same)
+//! state 5:                    0 -> 3          (a forced token, the only one allowed)
 //! state 2 (accepting):        0 -> 2, 4 -> 4  (EOS allowed, may go on)
 //! state 3:                    1 -> 2, 4 -> 4
 //! state 4 (accepting, complete)
 //! ```
+//!
+//! Every speculative round proposes the forced tokens without a draft pass (verified as point-mass drafts), so
+//! each speculative case below runs them.
 //!
 //! The exact distribution of a sequence is the product over its positions of the target's processed row (the mock's
 //! logits for the prompt + prefix, `-inf` outside the automaton's allowed tokens and EOS where it accepts, then
@@ -39,13 +43,15 @@ fn automaton() -> MockConstraint {
         V,
         vec![
             vec![(0, 1), (1, 2), (2, 1)],
-            vec![(3, 3)],
+            vec![(3, 3), (4, 5)],
             vec![(0, 2), (4, 4)],
             vec![(1, 2), (4, 4)],
             vec![],
+            vec![(0, 3)],
         ],
-        vec![false, false, true, false, true],
+        vec![false, false, true, false, true, false],
     )
+    .with_forced(1, vec![3])
 }
 
 fn target() -> MockModel {
@@ -138,6 +144,9 @@ struct Fit {
     /// Draft tokens proposed / accepted over all runs (to show the rounds speculated).
     n_drafted: u64,
     n_accepted: u64,
+    /// Of those, grammar-forced proposals.
+    n_drafted_forced: u64,
+    n_accepted_forced: u64,
 }
 
 impl Fit {
@@ -162,6 +171,7 @@ fn fit(
     let mut e = Engine::new(Box::new(t.clone()), d).unwrap();
     let mut counts: HashMap<Vec<u32>, u64> = HashMap::new();
     let (mut n_errors, mut n_drafted, mut n_accepted) = (0, 0, 0);
+    let (mut n_drafted_forced, mut n_accepted_forced) = (0, 0);
     for seed in 0..n {
         let cfg = GenerationConfig {
             seed,
@@ -182,6 +192,8 @@ fn fit(
                 }
                 n_drafted += out.stats.n_drafted;
                 n_accepted += out.stats.n_accepted;
+                n_drafted_forced += out.stats.n_drafted_forced;
+                n_accepted_forced += out.stats.n_accepted_forced;
                 *counts.entry(out.tokens).or_insert(0) += 1;
             }
             Err(_) => n_errors += 1,
@@ -222,6 +234,8 @@ fn fit(
         n_errors,
         n_drafted,
         n_accepted,
+        n_drafted_forced,
+        n_accepted_forced,
     };
     eprintln!("{f:?}");
     f
@@ -251,6 +265,35 @@ fn constrained_speculative_sequences_at_temperature_one_are_target_only_constrai
     let f = fit(&target(), boxed(draft()), &PROMPT, DRAWS, &t1(3));
     assert_exact(&f);
     assert!(f.n_accepted > 0 && f.n_accepted < f.n_drafted, "{f:?}");
+    assert!(
+        f.n_drafted_forced > 0 && f.n_accepted_forced < f.n_drafted_forced,
+        "forced tokens were proposed and some rejected: {f:?}"
+    );
+}
+
+#[test]
+fn grammar_forced_tokens_alone_are_free_drafts_and_stay_exact() {
+    // No draft model: a speculating request proposes only the forced tokens.
+    let cfg = GenerationConfig {
+        use_draft_model: false,
+        ..t1(3)
+    };
+    let f = fit(&target(), None, &PROMPT, DRAWS, &cfg);
+    assert_exact(&f);
+    assert!(
+        f.n_drafted > 0 && f.n_drafted == f.n_drafted_forced,
+        "{f:?}"
+    );
+}
+
+#[test]
+fn the_sequence_test_catches_forced_tokens_accepted_without_verification() {
+    let cfg = GenerationConfig {
+        fault: Some(Fault::ForcedUnverified),
+        ..t1(3)
+    };
+    let f = fit(&target(), boxed(draft()), &PROMPT, DRAWS, &cfg);
+    assert!(!f.passes(), "the broken variant passed: {f:?}");
 }
 
 #[test]
@@ -334,7 +377,8 @@ fn the_sequence_test_catches_a_constraint_not_rolled_back_after_a_rejection() {
 const VOCAB: usize = 64;
 const EOS64: u32 = 63;
 
-/// A pseudo-random automaton over 0..63 (EOS 63 excluded): 12 states, each allowing 1..=12 tokens.
+/// A pseudo-random automaton over 0..63 (EOS 63 excluded): 12 states, each allowing 1..=12 tokens (states 1, 6:
+/// one token, forced).
 fn automaton64(seed: u64) -> MockConstraint {
     let mut h = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next_u = || {
@@ -348,7 +392,12 @@ fn automaton64(seed: u64) -> MockConstraint {
     let mut accepting = Vec::new();
     for s in 0..n_states {
         #[allow(clippy::cast_possible_truncation)]
-        let n = 1 + (next_u() % 12) as usize;
+        let n = if s % 5 == 1 {
+            // A forced token.
+            1
+        } else {
+            1 + (next_u() % 12) as usize
+        };
         let mut row: Vec<(u32, usize)> = Vec::new();
         for _ in 0..n {
             #[allow(clippy::cast_possible_truncation)]
@@ -374,7 +423,7 @@ fn greedy_constrained_speculative_output_equals_greedy_constrained_target_only_o
         prompt_lookup_min: 1,
         prompt_lookup_max: 3,
     });
-    let mut n_accepted = 0;
+    let (mut n_accepted, mut n_forced) = (0, 0);
     for seed in 0..6u64 {
         let c = automaton64(seed);
         let t = MockModel::new(VOCAB, 512, seed, 4.0);
@@ -419,6 +468,14 @@ fn greedy_constrained_speculative_output_equals_greedy_constrained_target_only_o
                 cfg(4),
             ),
             (
+                "forced only".into(),
+                None,
+                GenerationConfig {
+                    use_draft_model: false,
+                    ..cfg(4)
+                },
+            ),
+            (
                 "logprobs".into(),
                 boxed(d.clone()),
                 GenerationConfig {
@@ -438,12 +495,14 @@ fn greedy_constrained_speculative_output_equals_greedy_constrained_target_only_o
                 "seed {seed} {name}"
             );
             n_accepted += out.stats.n_accepted;
+            n_forced += out.stats.n_drafted_forced;
         }
     }
     assert!(
         n_accepted > 0,
         "no draft token was accepted: nothing was tested"
     );
+    assert!(n_forced > 0, "no forced token was proposed");
 }
 
 #[test]
