@@ -576,7 +576,9 @@ class TextAssembler:
         keeps special tokens' text and is cut before the first stop string occurring in it.
         ``include_stop_str_in_output``: keep the stop string that ended generation, or the text of the EOS /
         stop-token-id token that ended it (both left out otherwise)."""
-    def feed(self, tokens: Sequence[int], finish_reason: Literal["eos", "stop", "length"] | None) -> TextDelta:
+    def feed(
+        self, tokens: Sequence[int], finish_reason: Literal["eos", "stop", "length", "grammar"] | None
+    ) -> TextDelta:
         """Add one round's committed ids (``finish_reason``: the engine's for the round). After a stop string the
         assembler's tokens are cut to ``n_keep``; the caller cuts the engine's with ``stop_at(n_keep)``.
 

@@ -133,7 +133,8 @@ class GenerationResult:
         text: the generated text as vLLM's defaults define it (Rust ``TextOptions``): special tokens skipped; ends
             before a matched stop string; the text of the EOS or stop token id that ended generation left out.
         token_ids: the emitted token ids (an EOS or stop token id that ended generation included).
-        finish_reason: ``"eos"``, ``"stop"`` (stop string or stop token id) or ``"length"``.
+        finish_reason: ``"eos"``, ``"stop"`` (stop string or stop token id), ``"length"`` or ``"grammar"`` (the
+            output constraint is complete).
         logprobs: the target's log-probability (natural log, raw logits) of each emitted token; empty when the
             request passed ``logprobs=False``.
         top_logprobs: per emitted token, the request's ``top_logprobs`` most likely tokens of the target's

@@ -61,7 +61,7 @@ from specrt.scheduler import (
 
 __all__ = ["create_app", "run_server"]
 
-_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "grammar": "stop"}
 
 #: Most stop strings a request may give (OpenAI allows 4, vLLM sets no limit; lm-eval sends its ``until`` strings and
 #: EOS): each round searches the new text for each of them.

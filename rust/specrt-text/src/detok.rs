@@ -98,7 +98,8 @@ pub enum RoundEnd {
 }
 
 impl RoundEnd {
-    /// From an engine's `finish_reason`: `None` (going on), `"eos"` or `"stop"` (a finishing token), `"length"`.
+    /// From an engine's `finish_reason`: `None` (going on), `"eos"` or `"stop"` (a finishing token), `"length"` or
+    /// `"grammar"` (the constraint is complete: its last token is text).
     ///
     /// # Errors
     /// [`SpecError::Config`] for another name, listing the valid ones.
@@ -107,9 +108,10 @@ impl RoundEnd {
         match reason {
             None => Ok(Self::Continue),
             Some("eos" | "stop") => Ok(Self::FinishedByToken),
-            Some("length") => Ok(Self::Finished),
+            Some("length" | "grammar") => Ok(Self::Finished),
             Some(other) => Err(SpecError::Config(format!(
-                "finish_reason {other:?} is invalid (expected one of: None, \"eos\", \"stop\", \"length\")"
+                "finish_reason {other:?} is invalid (expected one of: None, \"eos\", \"stop\", \"length\", \
+                 \"grammar\")"
             ))),
         }
     }
@@ -121,7 +123,9 @@ impl RoundEnd {
     pub fn from_finish(reason: Option<specrt_core::FinishReason>) -> Self {
         match reason {
             None => Self::Continue,
-            Some(specrt_core::FinishReason::Length) => Self::Finished,
+            Some(specrt_core::FinishReason::Length | specrt_core::FinishReason::Grammar) => {
+                Self::Finished
+            }
             Some(specrt_core::FinishReason::Eos | specrt_core::FinishReason::Stop) => {
                 Self::FinishedByToken
             }
