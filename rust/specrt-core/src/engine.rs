@@ -967,8 +967,11 @@ impl Engine {
                 // Nothing may be generated at all.
                 req.finish_reason = Some(FinishReason::Grammar);
             }
-            // Rows for the largest round: K drafts plus forced tokens up to the proposal cap, and the bonus row.
-            let rows = MAX_DRAFT_TOKENS.min(req.cfg.max_new_tokens) + 1;
+            // Rows for the largest round: K drafts plus up to MAX_FORCED_PER_ROUND forced tokens, and the bonus row.
+            let rows = (req.k_max() + MAX_FORCED_PER_ROUND)
+                .min(MAX_DRAFT_TOKENS)
+                .min(req.cfg.max_new_tokens)
+                + 1;
             self.cons.masks.resize(rows * mask_words(self.vocab), 0);
             self.masked_tgt.resize(rows * self.vocab, 0.0);
             self.cons.masked_dft.resize(self.vocab, 0.0);
@@ -1172,7 +1175,9 @@ impl Engine {
                 req,
                 draft,
                 k,
-                k_cap.min(MAX_DRAFT_TOKENS),
+                (k_fixed + MAX_FORCED_PER_ROUND)
+                    .min(k_cap)
+                    .min(MAX_DRAFT_TOKENS),
                 &mut self.cons,
                 &mut self.sampler_dft,
                 &mut self.probs_dft,
@@ -1418,6 +1423,10 @@ impl Engine {
         self.output()
     }
 }
+
+/// Most grammar-forced tokens a round proposes beyond its K (they cost no draft pass, but a target row each, and
+/// the round's buffers are sized for `K + MAX_FORCED_PER_ROUND` rows).
+pub const MAX_FORCED_PER_ROUND: usize = 16;
 
 /// Forced proposals among the first `n` of a round (`bits`: bit i = proposal i was forced).
 fn forced_before(bits: u64, n: u64) -> u32 {

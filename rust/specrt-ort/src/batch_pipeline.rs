@@ -184,6 +184,11 @@ impl BatchPipeline {
     /// [`SpecError::Length`] for the prompt ([`specrt_core::check_prompt`]), [`SpecError::Config`] for stop strings
     /// without a tokenizer. Nothing is queued on an error.
     pub fn submit_ids(&mut self, prompt_ids: &[u32], request: &GenerationRequest) -> Result<u64> {
+        if request.constraint.is_some() {
+            return Err(SpecError::Config(
+                "structured output (constraint) is not supported by batched rounds yet; use Pipeline".to_owned(),
+            ));
+        }
         let cfg = resolve_request(
             request,
             &self.defaults,

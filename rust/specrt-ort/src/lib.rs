@@ -88,6 +88,9 @@ pub use runtime::{
 };
 /// The core crate (engine, settings, outputs, statistics, errors), re-exported so that one dependency suffices.
 pub use specrt_core;
+/// The structured-output crate (llguidance constraints) this crate builds on.
+pub use specrt_grammar;
+pub use specrt_grammar::OutputConstraint;
 /// The text crate (tokenizer, detokenization, stop strings, chat templates), re-exported likewise.
 pub use specrt_text;
 /// Which text a request gets ([`GenerationRequest::text`]): vLLM's `skip_special_tokens` and

@@ -61,9 +61,11 @@ use specrt_text::detok::{RoundEnd, TextAssembler, TextOptions};
 use specrt_text::tokenizer::Tokenizer;
 
 use specrt_core::{
-    AutoK, Backend, Engine, GenerationConfig, GenerationOutput, NgramConfig, NgramProposer,
-    PinnedCosts, Result, SamplingParams, SpecError, StepOutput, MAX_DRAFT_TOKENS,
+    AutoK, Backend, Constraint, Engine, GenerationConfig, GenerationOutput, NgramConfig,
+    NgramProposer, PinnedCosts, Result, SamplingParams, SpecError, StepOutput, MAX_DRAFT_TOKENS,
 };
+
+use specrt_grammar::{GrammarCompiler, OutputConstraint};
 
 use crate::backend::OrtBackend;
 use crate::model::{resolve_model_file, CONFIG_FILE};
@@ -409,6 +411,10 @@ pub struct GenerationRequest {
     /// vLLM's `min_tokens`: no EOS or stop token id before this many tokens (default 0 = off;
     /// [`specrt_core::SamplingParams::min_tokens`]).
     pub min_tokens: u32,
+    /// Structured output: a constraint on the output (JSON Schema, any JSON object, regex, Lark grammar, choice;
+    /// `None` = free text, the default). Checked by [`resolve_request`] (a bad schema, regex or grammar is a
+    /// [`SpecError::Config`] naming it); compiled for the target folder's tokenizer when the generation starts.
+    pub constraint: Option<OutputConstraint>,
     /// A deliberate sampler fault (tests of the tests only; `None` in any real use).
     #[doc(hidden)]
     pub fault: Option<specrt_core::sampling::Fault>,
@@ -440,6 +446,7 @@ impl Default for GenerationRequest {
             top_logprobs: 0,
             prompt_logprobs: None,
             min_tokens: 0,
+            constraint: None,
             fault: None,
         }
     }
@@ -457,6 +464,8 @@ pub struct Pipeline {
     chat_template: Option<ChatTemplate>,
     providers: Vec<&'static str>,
     fallback_reason: Option<String>,
+    /// llguidance's parser factory over the tokenizer, built by the first constrained request.
+    grammar: Option<GrammarCompiler>,
 }
 
 impl Pipeline {
@@ -509,6 +518,7 @@ impl Pipeline {
             chat_template: None,
             providers: Vec::new(),
             fallback_reason: None,
+            grammar: None,
         }
     }
 
@@ -614,7 +624,36 @@ impl Pipeline {
             ));
         }
         let cfg = self.resolve(request)?;
-        self.engine.generate(prompt_ids, cfg, on_step)
+        let constraint = self.compile_constraint(request)?;
+        self.engine
+            .generate_with(prompt_ids, cfg, constraint, on_step)
+    }
+
+    /// A fresh matcher of `request.constraint` for this pipeline's tokenizer (`None` without one). The first
+    /// constrained request builds llguidance's parser factory over the tokenizer (kept for later requests).
+    ///
+    /// Errors: [`SpecError::Config`] without a tokenizer or EOS ids, or when the constraint does not compile.
+    pub fn compile_constraint(
+        &mut self,
+        request: &GenerationRequest,
+    ) -> Result<Option<Box<dyn Constraint>>> {
+        let Some(spec) = &request.constraint else {
+            return Ok(None);
+        };
+        if self.grammar.is_none() {
+            let tokenizer = self.tokenizer.as_ref().ok_or_else(|| {
+                SpecError::Config(format!(
+                    "structured output needs the target folder's {TOKENIZER_FILE} (this pipeline has none)"
+                ))
+            })?;
+            self.grammar = Some(GrammarCompiler::new(
+                tokenizer,
+                self.engine.vocab_size(),
+                &self.defaults.eos_token_ids,
+            )?);
+        }
+        let compiler = self.grammar.as_ref().expect("just built");
+        Ok(Some(Box::new(compiler.compile(spec)?)))
     }
 
     /// The target folder's tokenizer (`None` when the folder has no `tokenizer.json`, or for
@@ -691,8 +730,9 @@ impl Pipeline {
     ) -> Result<TextOutput> {
         let tokenizer = self.text_tokenizer()?.clone();
         let cfg = self.resolve(request)?;
+        let constraint = self.compile_constraint(request)?;
         let mut text = TextAssembler::new(tokenizer, request.stop.clone(), request.text)?;
-        self.engine.start(prompt_ids, cfg)?;
+        self.engine.start_with(prompt_ids, cfg, constraint)?;
         loop {
             let step = self.engine.step()?;
             let end = RoundEnd::from_finish(step.finish_reason);
@@ -831,6 +871,10 @@ pub fn resolve_request(
         return Err(SpecError::Config(
             "stop strings must be non-empty".to_owned(),
         ));
+    }
+    if let Some(c) = &request.constraint {
+        // The schema, regex or grammar itself (no tokenizer needed): refused before the request queues.
+        c.validate()?;
     }
     let stop_token_ids = request.stop_token_ids.clone();
     if let Some(vocab) = vocab_size {

@@ -115,6 +115,20 @@ impl Tokenizer {
             })
     }
 
+    /// The tokenizer serialised back to `tokenizer.json` text (compact), for libraries that read the file format
+    /// (llguidance's token bytes).
+    ///
+    /// # Errors
+    /// [`SpecError::Internal`] if `tokenizers` fails to serialise it (it does not for a tokenizer that loaded).
+    pub fn to_json(&self) -> Result<String> {
+        self.inner.to_string(false).map_err(|e| {
+            SpecError::Internal(format!(
+                "tokenizers failed to serialise {}: {e}",
+                self.origin
+            ))
+        })
+    }
+
     /// The text of `ids` (`skip_special_tokens`: leave out added tokens marked special). Ids outside the vocabulary
     /// are left out, as `tokenizers` does; an incomplete UTF-8 sequence decodes to U+FFFD.
     ///

@@ -1,0 +1,379 @@
+//! specrt-grammar: structured output on llguidance.
+//!
+//! [`OutputConstraint`] is the request's constraint (JSON Schema, any JSON object, regex, Lark grammar, a choice
+//! among strings); [`GrammarCompiler`] holds llguidance's parser factory over one model's tokenizer and compiles a
+//! constraint into a [`GrammarConstraint`], which implements [`specrt_core::Constraint`] (the trait the engine
+//! masks with; see `docs/structured-output.md`).
+//!
+//! Grammar syntax: regexes in Rust `regex` syntax (llguidance's `regex_to_lark`), Lark grammars in llguidance's
+//! Lark variant (<https://github.com/guidance-ai/llguidance/blob/main/docs/syntax.md>), JSON Schemas in llguidance's
+//! subset (<https://github.com/guidance-ai/llguidance/blob/main/docs/json_schema.md>). JSON is written compactly
+//! as OpenAI's structured output writes it: `", "` between items, `": "` after keys, no other whitespace
+//! outside strings (llguidance's `whitespace_flexible: false`), so keys, separators and punctuation are forced.
+
+use std::sync::{Arc, OnceLock};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Value};
+use specrt_core::{mask_words, Constraint, Result, SpecError};
+use specrt_text::tokenizer::Tokenizer;
+
+/// A constraint on a request's output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputConstraint {
+    /// Output is JSON valid against `schema` (llguidance's subset of JSON Schema). `strict` (OpenAI's): a schema
+    /// keyword llguidance does not support is an error; not strict: such keywords are ignored (llguidance's
+    /// `lenient`), so the output may not check them.
+    JsonSchema {
+        /// The schema (a JSON object).
+        schema: Value,
+        /// Refuse unsupported keywords instead of ignoring them.
+        strict: bool,
+    },
+    /// Any JSON object (OpenAI's `json_object`).
+    JsonObject,
+    /// Output matches the regular expression (Rust `regex` syntax, whole output).
+    Regex(String),
+    /// Output is a sentence of the Lark grammar (llguidance's Lark syntax; the start rule is `start`).
+    Lark(String),
+    /// Output is exactly one of the strings (at least one, each non-empty).
+    Choice(Vec<String>),
+}
+
+impl OutputConstraint {
+    /// The constraint's kind as request fields name it: `"json_schema"`, `"json_object"`, `"regex"`, `"grammar"`,
+    /// `"choice"`.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::JsonSchema { .. } => "json_schema",
+            Self::JsonObject => "json_object",
+            Self::Regex(_) => "regex",
+            Self::Lark(_) => "grammar",
+            Self::Choice(_) => "choice",
+        }
+    }
+
+    /// llguidance's grammar for the constraint.
+    ///
+    /// Errors: [`SpecError::Config`] for a schema that is not a JSON object or an empty choice list / string.
+    fn grammar(&self) -> Result<TopLevelGrammar> {
+        let json_options = |lenient: bool| {
+            json!({
+                "item_separator": ", ",
+                "key_separator": ": ",
+                "whitespace_flexible": false,
+                "lenient": lenient,
+            })
+        };
+        Ok(match self {
+            Self::JsonSchema { schema, strict } => {
+                let Value::Object(obj) = schema else {
+                    return Err(SpecError::Config(format!(
+                        "json_schema {} is invalid (expected a JSON object)",
+                        short(&schema.to_string())
+                    )));
+                };
+                let mut obj = obj.clone();
+                obj.insert("x-guidance".to_owned(), json_options(!strict));
+                TopLevelGrammar::from_json_schema(Value::Object(obj))
+            }
+            Self::JsonObject => TopLevelGrammar::from_json_schema(
+                json!({"type": "object", "x-guidance": json_options(false)}),
+            ),
+            Self::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            Self::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+            Self::Choice(choices) => {
+                if choices.is_empty() || choices.iter().any(String::is_empty) {
+                    return Err(SpecError::Config(format!(
+                        "choice {choices:?} is invalid (expected at least one non-empty string)"
+                    )));
+                }
+                // Lark string literals take JSON's escapes.
+                let alts: Vec<String> = choices
+                    .iter()
+                    .map(|c| serde_json::to_string(c).expect("a string serialises"))
+                    .collect();
+                TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
+            }
+        })
+    }
+
+    /// Check the constraint compiles (schema, regex or grammar syntax, supported schema features), without a model:
+    /// over a byte-level vocabulary. [`specrt_ort::resolve_request`] calls it, so a bad constraint is refused before
+    /// the request queues.
+    ///
+    /// Errors: [`SpecError::Config`] naming the kind and llguidance's message.
+    pub fn validate(&self) -> Result<()> {
+        static FACTORY: OnceLock<std::result::Result<ParserFactory, String>> = OnceLock::new();
+        let factory = FACTORY
+            .get_or_init(|| {
+                let env: TokEnv = Arc::new(ApproximateTokEnv::single_byte());
+                new_factory(&env).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| SpecError::Internal(format!("llguidance byte-level factory: {e}")))?;
+        factory
+            .create_parser(self.grammar()?)
+            .map(|_| ())
+            .map_err(|e| self.error(&e.to_string()))
+    }
+
+    fn error(&self, message: &str) -> SpecError {
+        let what = match self {
+            Self::JsonSchema { schema, .. } => short(&schema.to_string()),
+            Self::JsonObject => String::new(),
+            Self::Regex(s) | Self::Lark(s) => short(s),
+            Self::Choice(c) => short(&format!("{c:?}")),
+        };
+        SpecError::Config(format!("{} {what} is invalid: {message}", self.kind()))
+    }
+}
+
+/// The first 200 characters of `s` (for messages).
+fn short(s: &str) -> String {
+    if s.chars().count() <= 200 {
+        format!("{s:?}")
+    } else {
+        let head: String = s.chars().take(200).collect();
+        format!("{head:?}...")
+    }
+}
+
+fn new_factory(env: &TokEnv) -> anyhow::Result<ParserFactory> {
+    let mut f = ParserFactory::new_simple(env)?;
+    // Warnings go nowhere (errors come back as results).
+    f.quiet();
+    Ok(f)
+}
+
+/// llguidance's view of a tokenizer: the token trie from `tokenizer.json`'s token bytes (padded with placeholder
+/// special tokens to the model's vocabulary size) and `tokenizers`' encoder for byte strings.
+struct SpecrtTokEnv {
+    trie: TokTrie,
+    tokenizer: Tokenizer,
+}
+
+impl TokenizerEnv for SpecrtTokEnv {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        self.trie.tokenize_with_greedy_fallback(s, |text| {
+            self.tokenizer.encode(text, false).unwrap_or_default()
+        })
+    }
+}
+
+/// llguidance's parser factory over one model's tokenizer (build once per model; compiling a constraint is then
+/// cheap).
+pub struct GrammarCompiler {
+    factory: ParserFactory,
+    env: TokEnv,
+    vocab: usize,
+}
+
+impl GrammarCompiler {
+    /// A compiler for a model with `vocab_size` logits (>= the tokenizer's ids; the rest are placeholders no
+    /// constraint allows) whose end of sequence is any of `eos_token_ids` (at least one).
+    ///
+    /// Errors: [`SpecError::Config`] for no EOS id, an EOS id `>= vocab_size`, a vocabulary smaller than the
+    /// tokenizer's, or a tokenizer llguidance cannot read (neither byte-level nor byte-fallback).
+    pub fn new(tokenizer: &Tokenizer, vocab_size: usize, eos_token_ids: &[u32]) -> Result<Self> {
+        let Some(&first_eos) = eos_token_ids.first() else {
+            return Err(SpecError::Config(
+                "structured output needs the model's EOS ids (the folder gives none)".to_owned(),
+            ));
+        };
+        if let Some(&bad) = eos_token_ids.iter().find(|&&e| e as usize >= vocab_size) {
+            return Err(SpecError::Config(format!(
+                "EOS id {bad} is out of range (expected < vocab size {vocab_size})"
+            )));
+        }
+        let json: Value = serde_json::from_str(&tokenizer.to_json()?)
+            .map_err(|e| SpecError::Internal(format!("tokenizer.json round trip: {e}")))?;
+        let mut bytes = llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| {
+            SpecError::Config(format!("structured output cannot use this tokenizer: {e}"))
+        })?;
+        if bytes.len() > vocab_size {
+            return Err(SpecError::Config(format!(
+                "the tokenizer has {} ids, more than the model's vocab size {vocab_size}",
+                bytes.len()
+            )));
+        }
+        while bytes.len() < vocab_size {
+            let mut name = format!(".<[{}]>", bytes.len()).into_bytes();
+            name[0] = TokTrie::SPECIAL_TOKEN_MARKER;
+            bytes.push(name);
+        }
+        let vocab_u32 = u32::try_from(vocab_size)
+            .map_err(|_| SpecError::Config(format!("vocab size {vocab_size} is too large")))?;
+        let info = TokRxInfo::new(vocab_u32, first_eos);
+        let trie = TokTrie::from(&info, &bytes).with_eos_tokens(eos_token_ids);
+        let env: TokEnv = Arc::new(SpecrtTokEnv {
+            trie,
+            tokenizer: tokenizer.clone(),
+        });
+        let factory = new_factory(&env)
+            .map_err(|e| SpecError::Internal(format!("llguidance parser factory: {e}")))?;
+        Ok(Self {
+            factory,
+            env,
+            vocab: vocab_size,
+        })
+    }
+
+    /// Vocabulary size of the masks.
+    #[must_use]
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    /// A fresh matcher of `constraint` for one request.
+    ///
+    /// Errors: [`SpecError::Config`] naming the constraint's kind when it does not compile.
+    pub fn compile(&self, constraint: &OutputConstraint) -> Result<GrammarConstraint> {
+        let parser = self
+            .factory
+            .create_parser(constraint.grammar()?)
+            .map_err(|e| constraint.error(&e.to_string()))?;
+        Ok(GrammarConstraint {
+            matcher: Matcher::new(Ok(parser)),
+            env: self.env.clone(),
+            n_consumed: 0,
+            words: mask_words(self.vocab),
+            kind: constraint.kind(),
+        })
+    }
+}
+
+/// One request's llguidance matcher as a [`specrt_core::Constraint`].
+pub struct GrammarConstraint {
+    matcher: Matcher,
+    env: TokEnv,
+    n_consumed: usize,
+    words: usize,
+    kind: &'static str,
+}
+
+impl GrammarConstraint {
+    fn err(&self, e: &anyhow::Error) -> SpecError {
+        SpecError::Config(format!("{} constraint: {e}", self.kind))
+    }
+
+    /// The bytes the grammar forces next (llguidance's `compute_ff_bytes`; works for every tokenizer).
+    pub fn forced_bytes(&mut self) -> Vec<u8> {
+        self.matcher.compute_ff_bytes()
+    }
+
+    /// The tokens the grammar forces next in the tokenizer's canonical spelling (llguidance's
+    /// `compute_ff_tokens`; empty for tokenizers llguidance does not consider canonical).
+    pub fn forced_canonical_tokens(&mut self) -> Vec<u32> {
+        self.matcher.compute_ff_tokens()
+    }
+
+    /// The bytes of `tokens` (special tokens marked with 0xff).
+    #[must_use]
+    pub fn token_bytes(&self, tokens: &[u32]) -> Vec<u8> {
+        self.env.tok_trie().decode(tokens)
+    }
+}
+
+impl Constraint for GrammarConstraint {
+    fn len(&self) -> usize {
+        self.n_consumed
+    }
+
+    fn fill_mask(&mut self, mask: &mut [u32]) -> Result<()> {
+        if mask.len() != self.words {
+            return Err(SpecError::Shape(format!(
+                "mask has {} words, expected {}",
+                mask.len(),
+                self.words
+            )));
+        }
+        let m = self.matcher.compute_mask().map_err(|e| self.err(&e))?;
+        let src = m.as_slice();
+        let n = src.len().min(mask.len());
+        mask[..n].copy_from_slice(&src[..n]);
+        mask[n..].fill(0);
+        Ok(())
+    }
+
+    fn advance(&mut self, token: u32) -> Result<()> {
+        // Validated first: a refused token must leave the matcher usable (consuming it would poison it).
+        let n = self
+            .matcher
+            .try_consume_tokens(&[token])
+            .map_err(|e| self.err(&e))?;
+        if n != 1 {
+            return Err(SpecError::Config(format!(
+                "{} constraint refuses token {token} after {} tokens",
+                self.kind, self.n_consumed
+            )));
+        }
+        self.n_consumed += 1;
+        Ok(())
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.n_consumed {
+            return Err(SpecError::Config(format!(
+                "truncate({len}) is invalid (expected <= {} consumed tokens)",
+                self.n_consumed
+            )));
+        }
+        if len < self.n_consumed {
+            self.matcher
+                .rollback(self.n_consumed - len)
+                .map_err(|e| self.err(&e))?;
+            self.n_consumed = len;
+        }
+        Ok(())
+    }
+
+    fn is_accepting(&mut self) -> Result<bool> {
+        self.matcher.is_accepting().map_err(|e| self.err(&e))
+    }
+
+    fn is_complete(&mut self) -> Result<bool> {
+        if let Some(e) = self.matcher.get_error() {
+            return Err(SpecError::Config(format!("{} constraint: {e}", self.kind)));
+        }
+        Ok(self.matcher.is_stopped())
+    }
+
+    fn forced_tokens(&mut self, out: &mut Vec<u32>) -> Result<()> {
+        out.clear();
+        out.extend(self.matcher.compute_ff_tokens());
+        if out.is_empty() {
+            // Not canonical (or nothing canonical to say): spell the forced bytes with the tokenizer, drop the last
+            // token (the free text after it may merge with it), keep what the grammar accepts.
+            let bytes = self.matcher.compute_ff_bytes();
+            if bytes.is_empty() {
+                return Ok(());
+            }
+            let mut toks = self.env.tokenize_bytes(&bytes);
+            toks.pop();
+            let n = self
+                .matcher
+                .validate_tokens(&toks)
+                .map_err(|e| self.err(&e))?;
+            toks.truncate(n);
+            *out = toks;
+        }
+        if let Some(e) = self.matcher.get_error() {
+            return Err(SpecError::Config(format!("{} constraint: {e}", self.kind)));
+        }
+        Ok(())
+    }
+
+    fn validate_tokens(&mut self, tokens: &[u32]) -> Result<usize> {
+        self.matcher
+            .validate_tokens(tokens)
+            .map_err(|e| self.err(&e))
+    }
+}

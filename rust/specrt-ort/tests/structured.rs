@@ -1,0 +1,148 @@
+//! Structured output on a real model: greedy JSON-schema-constrained output of SmolLM2-135M-Instruct is valid JSON
+//! of the schema and ends by grammar completion, and greedy constrained speculative output (int4 draft) equals
+//! greedy constrained target-only output token for token; a regex and a choice likewise; a bad schema is a
+//! ConfigError before anything runs. Runs when `SPECRT_ORT_LIBRARY` is set and the SmolLM2 folders exist
+//! (`SPECRT_TEST_SMOLLM2`, default `~/.cache/specrt/models/smollm2-135m-instruct`, with `fp32/` and `int4/`);
+//! otherwise returns early.
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+use specrt_core::{FinishReason, SpecError};
+use specrt_ort::{
+    GenerationRequest, OrtOptions, OutputConstraint, Pipeline, Proposer, SpeculativeTokens,
+};
+
+fn folders() -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let lib: PathBuf = std::env::var_os("SPECRT_ORT_LIBRARY")?.into();
+    let root: PathBuf = match std::env::var_os("SPECRT_TEST_SMOLLM2") {
+        Some(p) => p.into(),
+        None => PathBuf::from(std::env::var_os("HOME")?)
+            .join(".cache/specrt/models/smollm2-135m-instruct"),
+    };
+    let (t, d) = (root.join("fp32"), root.join("int4"));
+    (t.is_dir() && d.is_dir()).then_some((lib, t, d))
+}
+
+fn pipeline() -> Option<Pipeline> {
+    let (lib, t, d) = folders()?;
+    let mut options = OrtOptions::new(&lib);
+    options.max_seq_len = Some(512);
+    Some(Pipeline::load(&t, Some(&d), &options).unwrap())
+}
+
+fn greedy(constraint: OutputConstraint, proposer: Proposer) -> GenerationRequest {
+    GenerationRequest {
+        max_new_tokens: 80,
+        temperature: Some(0.0),
+        num_speculative_tokens: SpeculativeTokens::Fixed(4),
+        proposer: Some(proposer),
+        constraint: Some(constraint),
+        ..GenerationRequest::default()
+    }
+}
+
+fn person_schema() -> OutputConstraint {
+    OutputConstraint::JsonSchema {
+        schema: json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 24},
+                "age": {"type": "integer", "minimum": 0, "maximum": 130},
+                "city": {"type": "string", "enum": ["Paris", "London", "Tokyo"]}
+            },
+            "required": ["name", "age", "city"],
+            "additionalProperties": false
+        }),
+        strict: true,
+    }
+}
+
+#[test]
+fn greedy_json_schema_output_is_valid_and_speculation_changes_no_token() {
+    let Some(mut p) = pipeline() else { return };
+    let prompt = p
+        .chat_prompt_ids(&[json!({"role": "user",
+            "content": "Give me a JSON object describing a person: name, age and city."})])
+        .unwrap();
+    let tok = p.tokenizer().unwrap().clone();
+    let reference = p
+        .generate(&prompt, &greedy(person_schema(), Proposer::TargetOnly))
+        .unwrap();
+    let spec = p
+        .generate(&prompt, &greedy(person_schema(), Proposer::DraftModel))
+        .unwrap();
+    let text = tok.decode(&reference.tokens, true).unwrap();
+    eprintln!(
+        "{text}  [{} tokens, {:?}; speculative: {} drafted, {} accepted, {} forced drafted, {} forced accepted, \
+         mask {:.1} ms]",
+        reference.tokens.len(),
+        reference.finish_reason,
+        spec.stats.n_drafted,
+        spec.stats.n_accepted,
+        spec.stats.n_drafted_forced,
+        spec.stats.n_accepted_forced,
+        spec.stats.mask_ms
+    );
+    assert_eq!(reference.finish_reason, FinishReason::Grammar, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    let obj = v.as_object().unwrap();
+    assert_eq!(obj.len(), 3, "{text}");
+    assert!(obj["name"]
+        .as_str()
+        .is_some_and(|s| s.chars().count() <= 24));
+    assert!(obj["age"].as_u64().is_some_and(|a| a <= 130));
+    assert!(["Paris", "London", "Tokyo"].contains(&obj["city"].as_str().unwrap()));
+    assert_eq!(spec.tokens, reference.tokens);
+    assert_eq!(spec.finish_reason, reference.finish_reason);
+    assert!(
+        spec.stats.n_drafted_forced > 0,
+        "the schema forces keys and separators"
+    );
+}
+
+#[test]
+fn greedy_regex_and_choice_outputs_match_and_speculation_changes_no_token() {
+    let Some(mut p) = pipeline() else { return };
+    let tok = p.tokenizer().unwrap().clone();
+    let prompt = p
+        .chat_prompt_ids(&[
+            json!({"role": "user", "content": "What is the date of the first moon landing?"}),
+        ])
+        .unwrap();
+    let date = OutputConstraint::Regex(r"(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])".into());
+    let choice =
+        OutputConstraint::Choice(vec!["1969".into(), "1970".into(), "I don't know".into()]);
+    for c in [date, choice] {
+        let reference = p
+            .generate(&prompt, &greedy(c.clone(), Proposer::TargetOnly))
+            .unwrap();
+        let spec = p
+            .generate(&prompt, &greedy(c.clone(), Proposer::DraftModel))
+            .unwrap();
+        let text = tok.decode(&reference.tokens, true).unwrap();
+        eprintln!("{}: {text:?}", c.kind());
+        assert_eq!(reference.finish_reason, FinishReason::Grammar, "{text}");
+        match &c {
+            OutputConstraint::Choice(options) => assert!(options.contains(&text), "{text}"),
+            _ => assert!(
+                text.len() == 10 && text.as_bytes()[4] == b'-' && text.as_bytes()[7] == b'-',
+                "{text}"
+            ),
+        }
+        assert_eq!(spec.tokens, reference.tokens, "{}", c.kind());
+    }
+}
+
+#[test]
+fn a_bad_schema_is_a_config_error_before_anything_runs() {
+    let Some(mut p) = pipeline() else { return };
+    let bad = OutputConstraint::JsonSchema {
+        schema: json!({"type": "object", "properties": {"a": {"type": "nope"}}}),
+        strict: true,
+    };
+    match p.generate(&[1, 2, 3], &greedy(bad, Proposer::DraftModel)) {
+        Err(SpecError::Config(m)) => assert!(m.starts_with("json_schema "), "{m}"),
+        other => panic!("expected a ConfigError, got {other:?}"),
+    }
+}
