@@ -343,7 +343,7 @@ def test_invalid_provider_settings_fail_before_anything_runs(capsys) -> None:
         (bench.BenchConfig(acceptance=1.5), r"acceptance 1.5 is invalid"),
         (bench.BenchConfig(verify_ns=(0, 4)), r"verify ns \[0\] are invalid"),
         (bench.BenchConfig(provider="cuda", peers=("genai",)), r"run on CPU with the real models only"),
-        (bench.BenchConfig(cuda_graph=True), r"cuda graphs \(--cuda-graph\) need provider 'cuda' \(--provider cuda\)"),
+        (bench.BenchConfig(cuda_graph=True), r"cuda_graph needs provider 'cuda' \(got provider 'cpu'\)"),
     ]
     for cfg, pattern in cases:
         with pytest.raises(ValueError, match=pattern):

@@ -566,8 +566,8 @@ def _cost(a: argparse.Namespace) -> int:
     from specrt import _specrt
     from specrt.errors import ConfigError
 
-    if not 0 <= a.max_k <= 64:
-        raise ConfigError(f"--max-k {a.max_k} is invalid (expected 0 <= K <= 64)")
+    if not 0 <= a.max_k <= _specrt.MAX_DRAFT_TOKENS:  # the engine's K range (Rust's constant)
+        raise ConfigError(f"--max-k {a.max_k} is invalid (expected 0 <= K <= {_specrt.MAX_DRAFT_TOKENS})")
     best = _specrt.optimal_k(a.alpha, a.c_draft, a.c_target)  # validates the arguments before printing
     print(f"a={a.alpha} c_q={a.c_draft} c_p={a.c_target}  (Leviathan et al. 2023: E = (1 - a^(K+1)) / (1 - a))")
     print(f"{'K':>3} {'E tokens/round':>15} {'cycle cost':>11} {'speedup':>8}")

@@ -146,19 +146,27 @@ def validate_config(cfg: BenchConfig) -> None:
         ValueError: a bad ``baseline``, ``repeats``, peer name, hf mode, provider, dtype for the provider, random
             shape name, acceptance or verify n, naming the value and what is allowed.
     """
+    from specrt import _specrt
     from specrt.bench.random_models import SHAPE_PAIRS
 
-    if cfg.provider not in PROVIDERS:
-        raise ValueError(
-            f"provider {cfg.provider!r} is invalid (expected one of: {', '.join(repr(p) for p in PROVIDERS)})"
-        )
+    # The provider and cuda_graph rules are the Decoder's (Rust's DecoderOptions; ConfigError is a ValueError).
+    _specrt.check_decoder_options(
+        provider=cfg.provider,
+        device_id=0,
+        max_seq_len=None,
+        intra_op_threads=None,
+        allow_fallback=False,
+        cuda_graph=cfg.cuda_graph,
+        max_batch=1,
+        prefill_chunk=1,
+    )
+    if cfg.provider not in PROVIDERS:  # an alias the Decoder takes ("gpu"): the report keys by the plain names
+        raise ValueError(f"provider {cfg.provider!r} is invalid here (expected one of: 'cpu', 'cuda')")
     if cfg.provider == "cuda" and model_dtype(cfg) != "fp16":
         raise ValueError(
             f"dtype {cfg.dtype!r} is invalid with provider 'cuda' (expected 'fp16': the CUDA path runs float16 "
             "models; leave --dtype out to get it)"
         )
-    if cfg.cuda_graph and cfg.provider != "cuda":
-        raise ValueError(f"cuda graphs (--cuda-graph) need provider 'cuda' (--provider cuda), got {cfg.provider!r}")
     if cfg.random_shapes is not None and cfg.random_shapes not in SHAPE_PAIRS:
         raise ValueError(f"random shapes {cfg.random_shapes!r} are unknown (expected one of: {', '.join(SHAPE_PAIRS)})")
     if cfg.acceptance is not None and not 0.0 <= cfg.acceptance <= 1.0:
