@@ -5,14 +5,14 @@
     python benches/bench_prefix_cache.py --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
     python benches/bench_prefix_cache.py --json benches/results/prefix-cache.json
 
-A 4-turn chat whose rendered history reaches about 600 tokens by turn 4: a ~340-token first message giving
-context, then short questions; answers of ``--max-new-tokens`` greedy tokens, EOS ignored. Each turn's prompt is the
-whole history rendered with the model's chat template, so turn n repeats turn n - 1's prompt and its answer (as far
-as re-tokenizing the answer's text gives the generated ids again). The chat runs ``--repeats`` times on one Decoder
-with prefix caching and on one without (interleaved, after a warm-up chat on each; each chat's first message is new,
-so turn 1 reuses at most the template's default system prompt). TTFT is the wall time from calling ``Decoder.stream`` to its first chunk (prefill
-plus the first round). Reports per turn: prompt tokens, reused tokens, median TTFT on and off and their ratio; and
-whether both decoders gave the same token ids.
+A 4-turn chat whose rendered history reaches about 600 tokens by turn 4: a ~340-token first message giving context,
+then short questions; answers of ``--max-new-tokens`` greedy tokens, EOS ignored. Each turn's prompt is the whole
+history rendered with the model's chat template, so turn n repeats turn n - 1's prompt and its answer (as far as re-
+tokenizing the answer's text gives the generated ids again). The chat runs ``--repeats`` times on one Decoder with
+prefix caching and on one without (interleaved, after a warm-up chat on each; each chat's first message is new, so
+turn 1 reuses at most the template's default system prompt). TTFT is the wall time from calling ``Decoder.stream`` to
+its first chunk (prefill plus the first round). Reports per turn: prompt tokens, reused tokens, median TTFT on and off
+and their ratio; and whether both decoders gave the same token ids.
 """
 
 from __future__ import annotations

@@ -122,28 +122,28 @@ def test_concurrent_requests_each_equal_their_solo_run(pair, solo, solo_results,
 
 
 def test_rows_share_rounds_and_a_waiting_request_joins_when_a_row_frees(pair) -> None:
-    """On the engine the Scheduler drives: 3 rows commit tokens in the same rounds; a 4th waits for a slot."""
-    from specrt import _specrt
-
+    """On the pipeline the Scheduler drives: 3 rows commit tokens in the same rounds; a 4th waits for a slot."""
     dec = batched(pair, 3)
     eng = dec._batch
-    cfg = _specrt.RequestConfig(max_new_tokens=6, temperature=0.0, num_speculative_tokens=2, ignore_eos=True)
-    long = _specrt.RequestConfig(max_new_tokens=40, temperature=0.0, num_speculative_tokens=2, ignore_eos=True)
-    eng.add(1, [1, 2, 3], cfg)
-    eng.add(2, [4, 5], long)
-    eng.add(3, [6], long)
-    eng.add(4, [7, 8, 9], long)
+    cfg = {"max_new_tokens": 6, "temperature": 0.0, "num_speculative_tokens": 2, "ignore_eos": True}
+    long = {**cfg, "max_new_tokens": 40}
+    ids = [eng.submit([1, 2, 3], cfg), eng.submit([4, 5], long), eng.submit([6], long), eng.submit([7, 8, 9], long)]
     seen: list[set[int]] = []
-    while eng.n_running or eng.n_waiting:
-        seen.append({r["id"] for r in eng.step() if r["tokens"]})
+    emitted: dict[int, int] = {}
+    while not eng.is_idle:
+        events = eng.step()
+        seen.append({e["id"] for e in events if e["tokens"]})
+        for e in events:
+            if e["done"] is not None:
+                emitted[e["id"]] = e["done"]["stats"]["n_emitted"]
+    one, two, three, four = ids
     assert max(len(s) for s in seen) == 3, seen
-    first_four = next(i for i, s in enumerate(seen) if 4 in s)
-    last_one = max(i for i, s in enumerate(seen) if 1 in s)
+    first_four = next(i for i, s in enumerate(seen) if four in s)
+    last_one = max(i for i, s in enumerate(seen) if one in s)
     assert first_four > last_one, "request 4 joined only after request 1 left its slot"
-    assert any({2, 3, 4} <= s for s in seen[first_four:]), "the joined request shares rounds with the others"
-    for rid in (1, 2, 3, 4):
-        assert eng.stats(rid)["n_emitted"] == (6 if rid == 1 else 40)
-        assert eng.cancel(rid)
+    assert any({two, three, four} <= s for s in seen[first_four:]), "the joined request shares rounds with the others"
+    assert emitted == {one: 6, two: 40, three: 40, four: 40}
+    assert not eng.cancel(one), "a finished request has left the pipeline"
 
 
 def test_decoder_generate_on_a_batching_decoder_equals_the_single_stream_decoder(pair, solo, solo_results) -> None:

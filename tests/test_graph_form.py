@@ -155,7 +155,7 @@ def test_cuda_graph_needs_the_cuda_provider_and_single_stream(capsys: pytest.Cap
     from specrt import cli
     from specrt.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="cuda_graph needs provider 'cuda' \\(got 'cpu'\\)"):
+    with pytest.raises(ConfigError, match="cuda_graph needs provider 'cuda' \\(got provider 'cpu'\\)"):
         specrt.Decoder("does-not-matter", cuda_graph=True)
     with pytest.raises(ConfigError, match="provider 'tpu' is invalid \\(expected one of: 'cpu', 'cuda'\\)"):
         specrt.Decoder("does-not-matter", provider="tpu", cuda_graph=True)

@@ -138,3 +138,59 @@ def test_a_chat_prompt_gives_the_same_text_and_tokens_in_python_and_rust(folders
     assert rs["prompt_token_ids"] == py.prompt_token_ids
     assert rs["token_ids"] == py.token_ids
     assert rs["text"] == py.text
+
+
+def _rust_batched(folders: dict[str, Path], prompts: list[str], max_batch: int, chat: bool = False, **kw) -> list:
+    """The Rust ``BatchPipeline`` (the example's ``--max-batch``): one JSON summary per prompt, in order."""
+    argv = [str(EXAMPLE), "--target", str(folders["target-B"]), "--draft", str(folders["draft-B"]), "--json"]
+    argv += ["--max-batch", str(max_batch), "--max-seq-len", "256"]
+    for p in prompts:
+        argv += ["--prompt", p]
+    if chat:
+        argv.append("--chat")
+    for key, value in kw.items():
+        for v in value if isinstance(value, list) else [value]:
+            argv += ["--" + key.replace("_", "-"), str(v)]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summaries = [json.loads(line) for line in out.stderr.strip().splitlines() if line.startswith("{")]
+    assert [s["index"] for s in summaries] == list(range(len(prompts)))
+    return summaries
+
+
+@pytest.fixture(scope="module")
+def batched(folders) -> specrt.Decoder:
+    from specrt.models import resolve_model
+
+    folders["target-B"] = resolve_model("smollm2-135m-instruct", "fp32", attention="batched")
+    folders["draft-B"] = resolve_model("smollm2-135m-instruct", "int4", attention="batched", prefill_graph=True)
+    return specrt.Decoder(folders["target-B"], folders["draft-B"], max_batch=3, max_seq_len=256)
+
+
+@pytest.mark.parametrize(
+    ("chat", "settings"),
+    [
+        (False, {"temperature": 0, "num_speculative_tokens": 4}),
+        (False, {"temperature": 0.8, "seed": 7, "num_speculative_tokens": 3, "stop": ["e,", "。"]}),
+        (True, {"temperature": 0.7, "seed": 11, "num_speculative_tokens": 2, "stop": ["."]}),
+        (False, {"temperature": 0, "proposer": "ngram+draft", "num_speculative_tokens": 3}),
+    ],
+)
+def test_batched_python_and_rust_give_the_same_text_and_tokens(folders, batched, chat, settings) -> None:
+    """The Python Scheduler and the Rust BatchPipeline, the same three requests sharing rounds from the start."""
+    from specrt.scheduler import Scheduler
+
+    kw = {"max_new_tokens": 24, **settings}
+    with Scheduler(batched) as sched:
+        with sched._cond:  # all three queued before the worker's first round: the same batch as Rust's
+            handles = [
+                sched.submit(**({"messages": [{"role": "user", "content": p}]} if chat else {"prompt": p}), **kw)
+                for p in PROMPTS
+            ]
+        py = [h.result(timeout=600) for h in handles]
+    rs = _rust_batched(folders, PROMPTS, 3, chat=chat, **kw)
+    for i, (p, r) in enumerate(zip(py, rs, strict=True)):
+        assert r["prompt_token_ids"] == p.prompt_token_ids, i
+        assert r["token_ids"] == p.token_ids, i
+        assert r["text"] == p.text, i
+        assert r["finish_reason"] == p.finish_reason, i

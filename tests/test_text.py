@@ -7,13 +7,19 @@ Python ``tokenizers`` package and the Python detokenizer they replaced.
 - ``TextAssembler``: chunk for chunk the output of the old Python ``_Assembler.feed`` (kept below as the oracle,
   decoding with the Python package) on random token streams with stop strings that end mid-token and span tokens,
   for byte-level tokenizers (incremental) and Metaspace / WordPiece ones (decoded whole).
+- The server's text views (``TextAssembler`` with vLLM's ``skip_special_tokens`` / ``include_stop_str_in_output``)
+  chunk for chunk the output of the old Python ``_TextView`` (kept below as the oracle) over the old Decoder, on
+  random streams ended by length, an EOS or a stop token id, with stop strings that end mid-token or hold a special
+  token's text, for the tiny and SmolLM2 tokenizers (and Metaspace / WordPiece: the whole text).
 - ``Decoder``: greedy generation with a stop string streams what the oracle makes of the same rounds.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tokenizers
@@ -291,7 +297,7 @@ def test_views_show_special_tokens_keep_the_stop_string_and_hide_the_finishing_t
     rs, py = _pair_from_file(tiny_tokenizer_json)
     ids = py.encode("hi<|im_end|>there, more", add_special_tokens=False).ids
     im_end = py.token_to_id("<|im_end|>")
-    asm = _specrt.TextAssembler(rs, ["re,"], skip_special_tokens=False, include_stop_str=True)
+    asm = _specrt.TextAssembler(rs, ["re,"], skip_special_tokens=False, include_stop_str_in_output=True)
     text = ""
     for i in ids:
         d = asm.feed([i], None)
@@ -300,7 +306,7 @@ def test_views_show_special_tokens_keep_the_stop_string_and_hide_the_finishing_t
             break
     assert text == asm.text == "hi<|im_end|>there,"
     assert asm.tokens == ids[: len(asm.tokens)] and py.decode(asm.tokens, skip_special_tokens=False).startswith(text)
-    asm = _specrt.TextAssembler(rs, [], hide_finishing_token=True, skip_special_tokens=False)
+    asm = _specrt.TextAssembler(rs, [], skip_special_tokens=False)  # the EOS that ended it: left out
     out = asm.feed(ids[:3], None).text + asm.feed([im_end], "eos").text
     assert out == py.decode(ids[:3], skip_special_tokens=False) and asm.tokens == [*ids[:3], im_end]
     with pytest.raises(ConfigError, match="already finished"):
@@ -309,6 +315,162 @@ def test_views_show_special_tokens_keep_the_stop_string_and_hide_the_finishing_t
         _specrt.TextAssembler(rs, []).feed([1], "done")
     with pytest.raises(ConfigError, match="empty"):
         _specrt.TextAssembler(rs, ["a", ""])
+
+
+# ----- the server's text views against its old Python _TextView --------------------------------------------------
+@dataclass
+class _Chunk:
+    """The fields of a ``StreamChunk`` the old view read."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+@dataclass
+class _Result:
+    """The fields of a ``GenerationResult`` the old view read."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+
+
+class _OldTextView:
+    """python/specrt/server.py's ``_TextView`` as it was (over the Decoder's chunks and result)."""
+
+    def __init__(self, tokenizer: Any, stops: list[str], skip_special: bool, include_stop: bool, custom: bool) -> None:
+        self.tokenizer, self.stops = tokenizer, stops
+        self.skip_special, self.include_stop = skip_special, include_stop
+        self.custom = custom or not skip_special
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+
+    def _first_stop(self, text: str) -> tuple[int, str] | None:
+        found = [(text.find(s), k, s) for k, s in enumerate(self.stops) if s in text]
+        if not found:
+            return None
+        i, _, s = min(found)
+        return i, s
+
+    def feed(self, chunk: _Chunk) -> str:
+        self.ids += chunk.token_ids
+        if not self.custom:
+            delta = chunk.text
+        elif chunk.finish_reason is not None:
+            delta = ""
+        else:
+            text = self._decode(self.ids)
+            end = len(text.rstrip("\ufffd"))
+            end -= _longest_partial_stop(text[:end], self.stops)
+            hit = self._first_stop(text[:end])
+            if hit is not None:
+                end = hit[0]
+            delta = text[len(self.sent) : end] if text.startswith(self.sent) else ""
+        self.sent += delta
+        return delta
+
+    def final(self, result: _Result) -> str:
+        ids = result.token_ids
+        hit = None
+        if result.finish_reason == "stop" and self.stops:
+            plain = self.tokenizer.decode(ids, skip_special_tokens=True)
+            cut = len(result.text)
+            hit = next((s for s in self.stops if plain.startswith(s, cut)), None)
+        if hit is not None:
+            if self.skip_special:
+                return result.text + (hit if self.include_stop else "")
+            text = self._decode(ids)
+            first = self._first_stop(text)
+            if first is not None:
+                text = text[: first[0] + (len(first[1]) if self.include_stop else 0)]
+            return text
+        if not self.custom:
+            return result.text
+        ended_by_token = result.finish_reason in ("eos", "stop") and bool(ids)
+        return self._decode(ids[:-1] if ended_by_token and not self.include_stop else ids)
+
+    def rest(self, result: _Result) -> str:
+        text = self.final(result)
+        delta = text[len(self.sent) :] if text.startswith(self.sent) else ""
+        self.sent += delta
+        return delta
+
+
+def _old_decoder(py: tokenizers.Tokenizer, rounds: list[list[int]], stops: list[str], finish: str):
+    """What the Decoder streamed before the port (the old ``_Assembler``): its chunks and its result; the last
+    round ends with ``finish``."""
+    old = _OldAssembler(py, stops)
+    chunks = []
+    for j, r in enumerate(rounds):
+        n_before = len(old.tokens)
+        text = old.feed(r, finish if j + 1 == len(rounds) else None)
+        chunks.append(_Chunk(text, old.tokens[n_before:], old.finish))
+        if old.finish is not None:
+            break
+    assert old.finish is not None
+    return chunks, _Result(old.text, list(old.tokens), old.finish)
+
+
+def _view_case(rng: random.Random, rs: _specrt.Tokenizer, py: tokenizers.Tokenizer):
+    """A random stream (as :func:`_random_case`) ended by length, by an EOS (a special token, as models' are) or by
+    a stop token id (any token: the request then has stop_token_ids), and the request's view options."""
+    rounds, stops = _random_case(rng, py)
+    finish = rng.choice(["length", "eos", "stop"])
+    custom = finish == "stop" or rng.random() < 0.3  # stop_token_ids given (and not hit unless finish is "stop")
+    if finish != "length":
+        rounds = [r for r in rounds if r] or [[]]
+        last = rng.choice(rs.special_ids) if finish == "eos" else rng.randrange(py.get_vocab_size())
+        rounds[-1] = [*rounds[-1], last]
+    if rng.random() < 0.3:  # a stop string holding a special token's text
+        stops.append(py.id_to_token(rng.choice(rs.special_ids)))
+    return rounds, stops, finish, custom, rng.random() < 0.5, rng.random() < 0.5
+
+
+def _smollm2_tokenizer() -> Path | None:
+    """SmolLM2's tokenizer.json: the model cache's, else ../shared/reference's (None without either)."""
+    for p in _cached_tokenizers():
+        if "smollm2" in str(p).lower():
+            return p
+    ref = Path(__file__).resolve().parents[2] / "shared" / "reference" / "tokenizers" / "smollm2" / "tokenizer.json"
+    return ref if ref.is_file() else None
+
+
+def test_text_views_equal_the_old_python_text_view(tiny_tokenizer_json: Path) -> None:
+    """The server's views (``TextAssembler`` with vLLM's skip_special_tokens / include_stop_str_in_output, fed the
+    Decoder's chunks, or the whole result at once) against the old ``_TextView`` over the old Decoder: the same text
+    for every chunk before the last, the same whole text streamed and not."""
+    pairs = [("tiny", *_pair_from_file(tiny_tokenizer_json))]
+    smol = _smollm2_tokenizer()
+    if smol is not None:
+        pairs.append(("smollm2", *_pair_from_file(smol)))
+    pairs += [("metaspace", *_pair_from_json(_metaspace_json())), ("wordpiece", *_pair_from_json(_wordpiece_json()))]
+    rng = random.Random(27)
+    n_checked = 0
+    for name, rs, py in pairs:
+        byte_level = rs.decoder_type == "ByteLevel"
+        for case in range(400 if name in ("tiny", "smollm2") else 150):
+            rounds, stops, finish, custom, skip, include = _view_case(rng, rs, py)
+            chunks, result = _old_decoder(py, rounds, stops, finish)
+            old = _OldTextView(py, stops, skip, include, custom)
+            want = [old.feed(c) for c in chunks]
+            want.append(old.rest(result))
+            whole = _OldTextView(py, stops, skip, include, custom).final(result)
+            assert "".join(want) == whole
+            opts = {"skip_special_tokens": skip, "include_stop_str_in_output": include}
+            asm = _specrt.TextAssembler(rs, stops, **opts)
+            got = [asm.feed(c.token_ids, c.finish_reason).text for c in chunks]
+            where = (name, case, rounds, stops, finish, custom, skip, include)
+            assert asm.finished and asm.text == whole and "".join(got) == whole, where
+            if byte_level:  # (other decoders rewrite earlier text: the old view and the new slice it differently)
+                assert got[:-1] == want[: len(got) - 1], where
+            once = _specrt.TextAssembler(rs, stops, **opts).feed(result.token_ids, result.finish_reason)
+            assert once.finished and once.text == whole, where
+            n_checked += 1
+    assert n_checked >= 1100
 
 
 # ----- end to end through Decoder ---------------------------------------------------------------------------------

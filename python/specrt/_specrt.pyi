@@ -20,7 +20,7 @@ __all__ = [
     "DEFAULT_PREFIX_CACHING",
     "MAX_DRAFT_TOKENS",
     "BackendError",
-    "BatchEngine",
+    "BatchPipeline",
     "ChatTemplate",
     "ConfigError",
     "DraftComparison",
@@ -48,6 +48,7 @@ __all__ = [
     "__version__",
     "acceptance_prob",
     "alpha_from_tokens_per_round",
+    "check_decoder_options",
     "check_token_ids",
     "compare_drafts",
     "coupled_choice",
@@ -330,7 +331,7 @@ class OrtModel:
 
 @final
 class RequestConfig:
-    """The settings of one generation request (shared by Engine.start and BatchEngine.add)."""
+    """The settings of one generation request (Engine.start's; BatchPipeline.submit resolves its own)."""
 
     def __new__(
         cls,
@@ -398,12 +399,28 @@ def resolve_request(
 ) -> tuple[RequestConfig, list[str], list[int] | None]:
     """Decoder.stream()'s settings -> (RequestConfig, stop strings, checked prompt ids or None)."""
 
+def check_decoder_options(
+    *,
+    provider: Any,
+    device_id: Any,
+    max_seq_len: Any,
+    intra_op_threads: Any,
+    allow_fallback: Any,
+    cuda_graph: Any,
+    max_batch: Any,
+    prefill_chunk: Any,
+    prefix_caching: Any = None,
+) -> str:
+    """Check a Decoder's own options (``specrt_ort::DecoderOptions``); returns ``"gqa"``, ``"gqa-graph"`` or
+    ``"batched"``. Raises ConfigError naming a bad option."""
+
 def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> list[int]:
     """Token ids as ints, each 0 <= id < vocab_size (VocabError / TypeError otherwise)."""
 
 @final
-class BatchEngine:
-    """Batched rounds over target / draft models in the batched layout; driven round by round by specrt.Scheduler."""
+class BatchPipeline:
+    """Batched rounds over target / draft models in the batched layout, text out (``specrt_ort::BatchPipeline``):
+    requests resolved at ``submit``, streamed text and stop strings Rust's; ``specrt.Scheduler`` adds the queue."""
 
     def __new__(
         cls,
@@ -419,14 +436,14 @@ class BatchEngine:
         allow_fallback: bool = False,
         prefix_caching: bool | None = None,
         prefix_cache_bytes: int | None = None,
-    ) -> BatchEngine: ...
-    def add(self, id: int, prompt: Sequence[int], config: RequestConfig) -> None: ...
+    ) -> BatchPipeline: ...
+    def submit(self, prompt: Sequence[int], settings: dict[str, Any]) -> int: ...
     def step(self) -> list[dict[str, Any]]:
-        """One round: per row ``{"id", "tokens", "sources", "logprobs", "n_drafted", "finish_reason", "error"}``."""
+        """One round: per request ``{"id", "text", "tokens", "sources", "logprobs", "top_logprobs", "n_drafted",
+        "finish_reason", "prompt", "done", "error"}``."""
     def cancel(self, id: int) -> bool: ...
-    def stop_at(self, id: int, n_keep: int) -> None: ...
-    def stats(self, id: int) -> dict[str, Any] | None: ...
-    def prompt_logprobs(self, id: int) -> dict[str, Any] | None: ...
+    @property
+    def is_idle(self) -> bool: ...
     @property
     def n_running(self) -> int: ...
     @property
@@ -543,7 +560,8 @@ class TextAssembler:
     """One request's streaming text: each round's committed ids in, the text to emit out. The text is the whole
     generated sequence decoded (incrementally for byte-level tokenizers, whole otherwise); a stop string cuts it
     (it may end mid-token and span tokens); an incomplete UTF-8 sequence and a partial stop string are held back
-    until the next round, and flushed when generation finishes."""
+    until the next round, and flushed when generation finishes. Which text: vLLM's ``skip_special_tokens`` and
+    ``include_stop_str_in_output`` (the one definition, Rust ``specrt_text::detok::TextOptions``)."""
 
     def __new__(
         cls,
@@ -551,14 +569,16 @@ class TextAssembler:
         stops: Sequence[str],
         *,
         skip_special_tokens: bool = True,
-        include_stop_str: bool = False,
-        hide_finishing_token: bool = False,
+        include_stop_str_in_output: bool = False,
     ) -> TextAssembler:
-        """Raises ConfigError for an empty stop string. ``skip_special_tokens``: leave special tokens' text out
-        (stops are matched in the text so produced); ``include_stop_str``: end the text after the stop string;
-        ``hide_finishing_token``: leave out the text of the EOS / stop-token-id token that ended generation when no
-        stop string did (vLLM without ``include_stop_str_in_output``)."""
-    def feed(self, tokens: Sequence[int], finish_reason: Literal["eos", "stop", "length"] | None) -> TextDelta:
+        """Raises ConfigError for an empty stop string. Stops are matched in the text without special tokens
+        whatever ``skip_special_tokens`` says (where the engine stops). ``skip_special_tokens`` False: the text
+        keeps special tokens' text and is cut before the first stop string occurring in it.
+        ``include_stop_str_in_output``: keep the stop string that ended generation, or the text of the EOS /
+        stop-token-id token that ended it (both left out otherwise)."""
+    def feed(
+        self, tokens: Sequence[int], finish_reason: Literal["eos", "stop", "length", "grammar"] | None
+    ) -> TextDelta:
         """Add one round's committed ids (``finish_reason``: the engine's for the round). After a stop string the
         assembler's tokens are cut to ``n_keep``; the caller cuts the engine's with ``stop_at(n_keep)``.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -386,23 +387,40 @@ def _decoder(a: argparse.Namespace) -> Any:
     from specrt.errors import ConfigError
     from specrt.generate import Decoder
 
-    if getattr(a, "cuda_graph", False) and a.provider != "cuda":
-        raise ConfigError(f"--cuda-graph needs --provider cuda (got --provider {a.provider})")
+    try:
+        return Decoder(
+            a.target,
+            a.draft,
+            provider=a.provider,
+            allow_fallback=a.allow_fallback,
+            max_seq_len=a.max_seq_len,
+            intra_op_threads=a.threads,
+            max_batch=getattr(a, "max_batch", 1),
+            cuda_graph=getattr(a, "cuda_graph", False),
+            dtype=a.dtype,
+            draft_dtype=a.draft_dtype,
+            # Only the flag's False is passed: the default is the Decoder's (one definition, on the Rust side).
+            **({"prefix_caching": False} if getattr(a, "prefix_caching", None) is False else {}),
+        )
+    except ConfigError as e:  # the Decoder's checks (Rust's) name its options; the CLI names its flags
+        raise ConfigError(_as_flags(str(e))) from e
 
-    return Decoder(
-        a.target,
-        a.draft,
-        provider=a.provider,
-        allow_fallback=a.allow_fallback,
-        max_seq_len=a.max_seq_len,
-        intra_op_threads=a.threads,
-        max_batch=getattr(a, "max_batch", 1),
-        cuda_graph=getattr(a, "cuda_graph", False),
-        dtype=a.dtype,
-        draft_dtype=a.draft_dtype,
-        # Only the flag's False is passed: the default is the Decoder's (one definition, on the Rust side).
-        **({"prefix_caching": False} if getattr(a, "prefix_caching", None) is False else {}),
-    )
+
+#: The Decoder's option names -> this CLI's flags, for the messages of the Decoder's checks.
+_DECODER_FLAGS = {
+    "cuda_graph": "--cuda-graph",
+    "max_batch": "--max-batch",
+    "max_seq_len": "--max-seq-len",
+    "intra_op_threads": "--threads",
+    "draft_dtype": "--draft-dtype",
+    "allow_fallback": "--allow-fallback",
+}
+
+
+def _as_flags(message: str) -> str:
+    """``message`` with the Decoder's option names as the CLI's flags (``provider 'cuda'`` -> ``--provider cuda``)."""
+    message = re.sub(r"\bprovider '([^']*)'", r"--provider \1", message)
+    return re.sub(r"\b(" + "|".join(_DECODER_FLAGS) + r")\b", lambda m: _DECODER_FLAGS[m.group(1)], message)
 
 
 def _serve(a: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 from specrt import _specrt
 from specrt._ort import find_ort_library
-from specrt.errors import ConfigError, ModelFileError, VocabError
+from specrt.errors import ConfigError, ModelFileError, SpecrtError, VocabError
 
 __all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk", "check_request"]
 
@@ -130,9 +130,11 @@ class GenerationResult:
     """What :meth:`Decoder.generate` returns.
 
     Attributes:
-        text: the generated text (special tokens skipped; ends before a matched stop string).
+        text: the generated text as vLLM's defaults define it (Rust ``TextOptions``): special tokens skipped; ends
+            before a matched stop string; the text of the EOS or stop token id that ended generation left out.
         token_ids: the emitted token ids (an EOS or stop token id that ended generation included).
-        finish_reason: ``"eos"``, ``"stop"`` (stop string or stop token id) or ``"length"``.
+        finish_reason: ``"eos"``, ``"stop"`` (stop string or stop token id), ``"length"`` or ``"grammar"`` (the
+            output constraint is complete).
         logprobs: the target's log-probability (natural log, raw logits) of each emitted token; empty when the
             request passed ``logprobs=False``.
         top_logprobs: per emitted token, the request's ``top_logprobs`` most likely tokens of the target's
@@ -253,36 +255,6 @@ def _check_draft_dtype(draft: str | os.PathLike[str] | None, draft_dtype: str | 
         )
 
 
-def _check_bool(name: str, value: Any) -> bool:
-    """``value`` must be a bool (ConfigError naming ``name`` otherwise): a string such as ``"false"`` would be
-    truthy, and the Rust side would raise a TypeError that names no parameter."""
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} {value!r} is invalid (expected True or False)")
-    return value
-
-
-def _check_int(name: str, value: Any, lo: int, hi: float, expected: str) -> int:
-    """``value`` as an int in ``[lo, hi]`` (ConfigError otherwise): guards the integer types of the Rust engine,
-    which would otherwise raise OverflowError for values it cannot represent."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} {value!r} is invalid (expected {expected})")
-    if not lo <= value <= hi:
-        raise ConfigError(f"{name} {value} is invalid (expected {expected})")
-    return value
-
-
-def _longest_partial_stop(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string (the server's text views;
-    the Decoder's own text is ``_specrt.TextAssembler``'s)."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
-
-
 # OpenAI's and llama.cpp's names for stream()'s parameters: a TypeError for one of them says which name to use.
 _ALIASES = {"max_tokens": "max_new_tokens", "n_predict": "max_new_tokens", "stop_sequences": "stop"}
 
@@ -321,6 +293,11 @@ def check_request(caller: str = "Decoder.generate", *, has_draft: bool, **kwargs
     _request_settings(_bind_stream_args(caller, kwargs), has_draft=has_draft)
 
 
+def _settings_of(a: dict[str, Any]) -> dict[str, Any]:
+    """The request settings among :meth:`Decoder.stream`'s arguments ``a`` (the prompt and messages left out)."""
+    return {k: v for k, v in a.items() if k not in ("self", "prompt", "messages")}
+
+
 def _request_settings(
     a: dict[str, Any],
     *,
@@ -338,9 +315,8 @@ def _request_settings(
     Raises:
         ConfigError, VocabError, SequenceLengthError, TypeError: as :meth:`Decoder.stream` documents.
     """
-    settings = {k: v for k, v in a.items() if k not in ("self", "prompt", "messages")}
     return _specrt.resolve_request(
-        settings,
+        _settings_of(a),
         has_draft=has_draft,
         defaults=defaults,
         vocab_size=vocab_size,
@@ -430,27 +406,19 @@ class Decoder:
     ) -> None:
         from specrt.models import resolve_model
 
-        if intra_op_threads is not None and (isinstance(intra_op_threads, bool) or intra_op_threads < 1):
-            raise ConfigError(f"intra_op_threads {intra_op_threads} is invalid (expected >= 1, or None for the cores)")
-        if max_seq_len is not None and max_seq_len < 1:
-            raise ConfigError(f"max_seq_len {max_seq_len} is invalid (expected >= 1)")
+        # The one definition of these options' ranges and combinations is Rust's (``specrt_ort::DecoderOptions``).
+        attention = _specrt.check_decoder_options(
+            provider=provider,
+            device_id=device_id,
+            max_seq_len=max_seq_len,
+            intra_op_threads=intra_op_threads,
+            allow_fallback=allow_fallback,
+            cuda_graph=cuda_graph,
+            max_batch=max_batch,
+            prefill_chunk=prefill_chunk,
+            prefix_caching=prefix_caching,
+        )
         _check_draft_dtype(draft, draft_dtype)
-        _check_bool("allow_fallback", allow_fallback)
-        _check_bool("cuda_graph", cuda_graph)
-        _check_bool("prefix_caching", prefix_caching)
-        _check_int("max_batch", max_batch, 1, 64, "an integer 1 <= max_batch <= 64")
-        _check_int("prefill_chunk", prefill_chunk, 1, 1 << 20, "an integer >= 1")
-        if cuda_graph:
-            name = str(provider).strip().lower()
-            if name not in ("cpu", "cuda", "gpu", "cpuexecutionprovider", "cudaexecutionprovider"):
-                raise ConfigError(f"provider {provider!r} is invalid (expected one of: 'cpu', 'cuda')")
-            if name in ("cpu", "cpuexecutionprovider"):
-                raise ConfigError(
-                    f"cuda_graph needs provider 'cuda' (got {provider!r}): CUDA graphs replay GPU kernels"
-                )
-        if cuda_graph and max_batch > 1:
-            raise ConfigError(f"cuda_graph runs single-stream decoding (max_batch 1), got max_batch {max_batch}")
-        attention = "batched" if max_batch > 1 else "gqa-graph" if cuda_graph else "gqa"
 
         self.max_batch = max_batch
         self.target_path = resolve_model(target, dtype, attention=attention)
@@ -487,11 +455,12 @@ class Decoder:
         }
         self._batch: Any = None
         self._scheduler: Any = None  # the Scheduler that owns a batching decoder
+        self._solo_id: int | None = None  # the batched request of a stream() on a batching decoder
         if batched:
-            self._batch = _specrt.BatchEngine(
+            self._batch = _specrt.BatchPipeline(
                 *models, max_batch=max_batch, prefill_chunk=prefill_chunk, prefix_caching=prefix_caching, **common
             )
-            self._engine: Any = _SoloBatch(self._batch)
+            self._engine: Any = self._batch
         else:
             self._engine = _specrt.Engine(
                 *models, device_id=device_id, cuda_graph=cuda_graph, prefix_caching=prefix_caching, **common
@@ -674,7 +643,8 @@ class Decoder:
             KeyboardInterrupt: stops promptly (between rounds); the decoder stays usable.
             TypeError: a token id that is not an integer.
         """
-        ids, config, stops = self._prepare(dict(locals()))
+        a = dict(locals())
+        ids, config, stops = self._prepare(a)
         self._check_not_scheduled()
         me = threading.get_ident()
         if self._owner == me:
@@ -687,7 +657,10 @@ class Decoder:
             self._check_not_scheduled()  # a Scheduler may have taken the decoder over while this call waited
             self._owner = me
             try:
-                yield from self._run(self._engine, ids, config, stops)
+                if self._batch is not None:
+                    yield from self._run_batched(ids, _settings_of(a), config.prompt_logprobs is not None)
+                else:
+                    yield from self._run(self._engine, ids, config, stops)
             finally:
                 self._owner = None
 
@@ -720,17 +693,43 @@ class Decoder:
         """
         return self._prepare(_bind_stream_args("Scheduler.submit", kwargs))
 
+    def submission(self, **kwargs: Any) -> tuple[list[int], dict[str, Any], bool]:
+        """A batched request from :meth:`stream`'s keyword arguments (for :class:`specrt.scheduler.Scheduler`): the
+        prompt ids, the settings for ``BatchPipeline.submit`` (which resolves and checks them) and whether the
+        prompt is scored.
+
+        Raises:
+            TypeError: an argument :meth:`stream` does not take. ConfigError: both or neither of prompt and messages,
+                or a chat template that fails.
+        """
+        a = _bind_stream_args("Scheduler.submit", kwargs)
+        return self.encode(a["prompt"], a["messages"]), _settings_of(a), a["prompt_logprobs"] is not None
+
     def _run(self, engine: Any, ids: list[int], config: Any, stops: list[str]) -> Iterator[StreamChunk]:
         engine.start(ids, config)
-        scores = engine.prompt_scores if isinstance(engine, _SoloBatch) else engine.prompt_logprobs
-        asm = _Assembler(self, ids, stops, engine.stop_at, config.prompt_logprobs is not None, scores)
-        try:
-            while asm.finish is None:
-                yield asm.feed(engine.step())
-        finally:
-            if asm.finish is None and isinstance(engine, _SoloBatch):
-                engine.abandon()  # a stream closed early frees its batch row now
+        asm = _Assembler(self, ids, stops, engine.stop_at, config.prompt_logprobs is not None, engine.prompt_logprobs)
+        while asm.finish is None:
+            yield asm.feed(engine.step())
         yield asm.result_chunk(engine.stats(), engine.prompt_logprobs())
+
+    def _run_batched(self, ids: list[int], settings: dict[str, Any], scored: bool) -> Iterator[StreamChunk]:
+        """One request alone on the batching decoder's ``BatchPipeline`` (no Scheduler owns it)."""
+        if self._solo_id is not None:
+            self._batch.cancel(self._solo_id)  # a stream left unfinished leaves its row behind
+        rid = self._solo_id = self._batch.submit(ids, settings)
+        events = _BatchedChunks(ids, scored)
+        try:
+            while not events.done:
+                for e in self._batch.step():
+                    if e["id"] == rid:
+                        if e["error"] is not None:
+                            raise e["error"]
+                        yield from events.chunks(e)
+                if not events.done and self._batch.is_idle:
+                    raise SpecrtError(f"batched request {rid} left the batch without finishing")  # a bug
+        finally:
+            self._batch.cancel(rid)  # a stream closed early frees its batch row now (a no-op once finished)
+            self._solo_id = None
 
     def __repr__(self) -> str:
         return f"Decoder(target={str(self.target_path)!r}, draft={str(self.draft_path) if self.draft_path else None!r})"
@@ -820,49 +819,51 @@ class _Assembler:
         return StreamChunk(text="", token_ids=[], sources=[], finish_reason=self.finish, result=result)
 
 
-class _SoloBatch:
-    """``Engine``'s start / step / stop_at / stats over a ``BatchEngine`` running one request at a time:
-    :meth:`Decoder.stream` on a batching decoder (its own request id, apart from those of
-    :class:`specrt.scheduler.Scheduler`)."""
+class _BatchedChunks:
+    """One batched request's events (``BatchPipeline.step``'s dicts) -> :class:`StreamChunk` s. Its text, stop-string
+    cut and finish are Rust's (``specrt_ort::BatchPipeline``); this only builds the Python objects."""
 
-    _ID = (1 << 64) - 1
+    def __init__(self, ids: list[int], scored: bool) -> None:
+        self.ids = ids
+        self.scored = scored  # the request asked for prompt_logprobs
+        self.done = False
 
-    def __init__(self, batch: Any) -> None:
-        self.batch = batch
+    @staticmethod
+    def _prompt_lists(prompt: dict[str, Any]) -> tuple[list[float | None], list[list[tuple[int, float]]]]:
+        return [None, *prompt["logprobs"]], [[], *prompt["top_logprobs"]]
 
-    def start(self, ids: list[int], config: Any) -> None:
-        self.batch.cancel(self._ID)  # a stream left early leaves its row behind
-        self.batch.add(self._ID, ids, config)
-
-    def step(self) -> dict[str, Any]:
-        while self.batch.n_running or self.batch.n_waiting:
-            for row in self.batch.step():
-                if row["id"] == self._ID:
-                    if row["error"] is not None:
-                        raise row["error"]
-                    return row
-        raise ConfigError("no generation in progress (call start first)")
-
-    def stop_at(self, n_keep: int) -> None:
-        self.batch.stop_at(self._ID, n_keep)
-
-    def abandon(self) -> None:
-        """Drop the request (a stream closed before it finished)."""
-        self.batch.cancel(self._ID)
-
-    def stats(self) -> dict[str, Any]:
-        """The finished request's statistics (read before :meth:`prompt_logprobs`, which drops its record)."""
-        return self.batch.stats(self._ID)
-
-    def prompt_scores(self) -> dict[str, Any] | None:
-        """The running request's prompt scores (complete from its first emitted token on); its record is kept."""
-        return self.batch.prompt_logprobs(self._ID)
-
-    def prompt_logprobs(self) -> dict[str, Any] | None:
-        """The finished request's prompt scores; its record is dropped."""
-        scores = self.batch.prompt_logprobs(self._ID)
-        self.batch.cancel(self._ID)
-        return scores
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.batch, name)
+    def chunks(self, e: dict[str, Any]) -> list[StreamChunk]:
+        """The chunks of one event: the round's, then (on the last event) the one carrying the result."""
+        scores: dict[str, Any] = {}
+        if e["prompt"] is not None:
+            lps, tops = self._prompt_lists(e["prompt"])
+            scores = {"prompt_logprobs": lps, "prompt_top_logprobs": tops, "prompt_token_ids": list(self.ids)}
+        out = [
+            StreamChunk(
+                text=e["text"],
+                token_ids=e["tokens"],
+                sources=e["sources"],
+                finish_reason=e["finish_reason"],
+                logprobs=e["logprobs"],
+                top_logprobs=e["top_logprobs"],
+                **scores,
+            )
+        ]
+        d = e["done"]
+        if d is not None:
+            self.done = True
+            lps, tops = self._prompt_lists(d["prompt"]) if self.scored else ([], [])
+            result = GenerationResult(
+                text=d["text"],
+                token_ids=d["tokens"],
+                finish_reason=d["finish_reason"],
+                logprobs=d["logprobs"],
+                sources=d["sources"],
+                stats=Stats._from_engine(d["stats"]),
+                prompt_token_ids=self.ids,
+                top_logprobs=d["top_logprobs"],
+                prompt_logprobs=lps,
+                prompt_top_logprobs=tops,
+            )
+            out.append(StreamChunk(text="", token_ids=[], sources=[], finish_reason=d["finish_reason"], result=result))
+        return out

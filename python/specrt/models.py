@@ -21,6 +21,7 @@ complete. Provenance and licenses: ``models/README.md`` in the repository.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -292,6 +293,18 @@ def _source(name: str) -> ModelSource:
 
 def _is_model_folder(path: Path) -> bool:
     return (path / "model.onnx").is_file() and (path / "specrt_config.json").is_file()
+
+
+def _stale(path: Path) -> bool:
+    """Whether a cached folder was converted in a form this version no longer writes (it is converted again): a
+    prefill graph with 8-bit weights (wrong on x86 CPUs without VNNI; ``convert.graph.INT8_WEIGHT_MAX``)."""
+    from specrt.convert.graph import INT8_WEIGHT_MAX
+
+    try:
+        cfg = json.loads((path / "specrt_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True
+    return "prefill_graph" in cfg and cfg.get("prefill_int8_weight_max") != INT8_WEIGHT_MAX
 
 
 def _sha256(path: Path) -> str:
@@ -583,7 +596,7 @@ def _pull_into(
         )
     out = out.with_name(out.name + ("-P" if prefill_graph else "") + ATTENTION_SUFFIX[attention])
     src = _source(name)
-    if _is_model_folder(out) and not force:
+    if _is_model_folder(out) and not force and not _stale(out):
         return out
     need = src.fp32_bytes + (0 if (cache_dir() / "gguf" / src.gguf_name).is_file() else src.download_bytes * 2)
     _check_space(cache_dir(), need, f"pull {name}")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specrt.errors import GenerationCancelled, SpecrtError
-from specrt.generate import Decoder, GenerationResult, StreamChunk, _Assembler
+from specrt.generate import Decoder, GenerationResult, StreamChunk, _BatchedChunks
 
 __all__ = ["QueueFullError", "RequestHandle", "RequestTimeoutError", "Scheduler", "SchedulerClosedError"]
 
@@ -237,7 +236,6 @@ class Scheduler:
         self._active: list[RequestHandle] = []  # handles generating now
         self._n_running = 0
         self._n = 0
-        self._next_row_id = 0  # batch-engine ids of this scheduler's requests
         batched = getattr(decoder, "_batch", None) is not None
         if batched:
             self._take_over(decoder)
@@ -249,7 +247,6 @@ class Scheduler:
         """Become the only user of a batching decoder (its requests share one batch): direct ``generate`` /
         ``stream`` calls raise ConfigError until :meth:`close`."""
         from specrt.errors import ConfigError
-        from specrt.generate import _SoloBatch
 
         if not decoder._lock.acquire(blocking=False):
             raise ConfigError(
@@ -262,7 +259,9 @@ class Scheduler:
                     "first, or submit to it"
                 )
             decoder._scheduler = self
-            decoder._batch.cancel(_SoloBatch._ID)  # a stream left unfinished frees its row
+            if decoder._solo_id is not None:  # a stream left unfinished frees its row
+                decoder._batch.cancel(decoder._solo_id)
+                decoder._solo_id = None
         finally:
             decoder._lock.release()
 
@@ -407,14 +406,14 @@ class Scheduler:
 
     def _work_batched(self) -> None:
         """Batched rounds: admit queued requests into free rows, run one round, deliver each row's chunk."""
-        rows: dict[int, tuple[RequestHandle, _Assembler]] = {}
+        rows: dict[int, tuple[RequestHandle, _BatchedChunks]] = {}
         try:
             while self._batched_round(rows):
                 pass
         finally:
             self.decoder._scheduler = None
 
-    def _batched_round(self, rows: dict[int, tuple[RequestHandle, _Assembler]]) -> bool:
+    def _batched_round(self, rows: dict[int, tuple[RequestHandle, _BatchedChunks]]) -> bool:
         """One iteration of the batched worker; False when closed and drained. An unexpected error ends the
         requests in the batch (with that error), never the worker."""
         batch = self.decoder._batch
@@ -442,56 +441,43 @@ class Scheduler:
         self._set_active([h for h, _ in rows.values()])
         return True
 
-    def _admit(self, batch: Any, rows: dict[int, tuple[RequestHandle, _Assembler]], admitted: list) -> None:
+    def _admit(self, batch: Any, rows: dict[int, tuple[RequestHandle, _BatchedChunks]], admitted: list) -> None:
         for h in admitted:
             if not _may_start(h):
                 self._finished(h)
                 continue
             try:
-                ids, config, stops = self.decoder.prepare(**h.kwargs)
-                batch.add(self._next_row_id, ids, config)
+                ids, settings, scored = self.decoder.submission(**h.kwargs)
+                rid = batch.submit(ids, settings)  # resolved and checked by the one resolver (Rust)
             except Exception as e:  # the request's own error: the others go on
                 h._finish(None, e)
                 self._finished(h)
                 continue
-            rid = self._next_row_id
-            self._next_row_id += 1
-            scored = config.prompt_logprobs is not None
-            rows[rid] = (
-                h,
-                _Assembler(
-                    self.decoder,
-                    ids,
-                    stops,
-                    functools.partial(batch.stop_at, rid),
-                    scored,
-                    functools.partial(batch.prompt_logprobs, rid),
-                ),
-            )
+            rows[rid] = (h, _BatchedChunks(ids, scored))
 
-    def _step(self, batch: Any, rows: dict[int, tuple[RequestHandle, _Assembler]]) -> None:
-        outs = batch.step()  # a failed model pass raises: every running row is gone (handled by the caller)
-        for out in outs:
-            rid = out["id"]
+    def _step(self, batch: Any, rows: dict[int, tuple[RequestHandle, _BatchedChunks]]) -> None:
+        events = batch.step()  # a failed model pass raises: every running row is gone (handled by the caller)
+        for e in events:
+            rid = e["id"]
             if rid not in rows:  # not admitted by this scheduler (cannot happen after _take_over; be safe)
                 batch.cancel(rid)
                 continue
-            h, asm = rows[rid]
+            h, chunks = rows[rid]
             done = True
             try:
-                if out["error"] is not None:
-                    h._finish(None, out["error"])
+                if e["error"] is not None:
+                    h._finish(None, e["error"])
                 else:
-                    chunk = asm.feed(out)
-                    done = _deliver(h, chunk)
-                    if chunk.finish_reason is not None:
-                        done = _deliver(h, asm.result_chunk(batch.stats(rid), batch.prompt_logprobs(rid)))
-            except Exception as e:  # this request's own failure: the others go on
+                    for chunk in chunks.chunks(e):
+                        done = _deliver(h, chunk)
+                        if done:
+                            break
+            except Exception as err:  # this request's own failure: the others go on
                 if not h.done:
-                    h._finish(None, e)
+                    h._finish(None, err)
                 done = True
             if done:
-                batch.cancel(rid)  # frees the row (or drops a finished row's record)
+                batch.cancel(rid)  # frees the row of a request that ended early (a no-op once it finished)
                 del rows[rid]
                 self._finished(h)
         # Cancelled or expired requests that committed nothing this round (prefilling) leave too.

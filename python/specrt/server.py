@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 from specrt import _specrt
 from specrt.errors import ConfigError, GenerationCancelled, SpecrtError, VocabError
-from specrt.generate import Decoder, GenerationResult, StreamChunk, _longest_partial_stop
+from specrt.generate import Decoder, GenerationResult, StreamChunk
 from specrt.scheduler import (
     QueueFullError,
     RequestHandle,
@@ -61,7 +61,7 @@ from specrt.scheduler import (
 
 __all__ = ["create_app", "run_server"]
 
-_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "grammar": "stop"}
 
 #: Most stop strings a request may give (OpenAI allows 4, vLLM sets no limit; lm-eval sends its ``until`` strings and
 #: EOS): each round searches the new text for each of them.
@@ -608,81 +608,6 @@ def _usage(n_prompt: int, n_out: int) -> dict[str, int]:
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
 
-class _TextView:
-    """One choice's text as vLLM's ``skip_special_tokens`` and ``include_stop_str_in_output`` define it.
-
-    At their defaults (special tokens skipped, the stop string left out) and without ``stop_token_ids`` the text is
-    the Decoder's own: chunks pass through. Otherwise it is decoded here from the token ids: the token that ended the
-    generation (EOS or a stop token id) is left out unless ``include_stop_str_in_output``, a stop string is cut off
-    (kept with ``include_stop_str_in_output``), and text is held back while it may still change (an incomplete UTF-8
-    sequence, a possible partial stop string, the last round's tokens until the result says why it ended). Stop
-    strings are matched in the text without special tokens, where the Decoder finds them.
-    """
-
-    def __init__(self, tokenizer: Any, stops: list[str], skip_special: bool, include_stop: bool, custom: bool) -> None:
-        self.tokenizer, self.stops = tokenizer, stops
-        self.skip_special, self.include_stop = skip_special, include_stop
-        self.custom = custom or not skip_special
-        self.ids: list[int] = []  # the tokens so far
-        self.sent = ""  # the text given out so far
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
-
-    def _first_stop(self, text: str) -> tuple[int, str] | None:
-        found = [(text.find(s), k, s) for k, s in enumerate(self.stops) if s in text]
-        if not found:
-            return None
-        i, _, s = min(found)
-        return i, s
-
-    def feed(self, chunk: StreamChunk) -> str:
-        """The text to send for one round's chunk."""
-        self.ids += chunk.token_ids
-        if not self.custom:
-            delta = chunk.text
-        elif chunk.finish_reason is not None:
-            delta = ""  # the result (next) says whether the last token is a stop token, to be left out
-        else:
-            text = self._decode(self.ids)
-            end = len(text.rstrip("\ufffd"))
-            end -= _longest_partial_stop(text[:end], self.stops)
-            hit = self._first_stop(text[:end])
-            if hit is not None:
-                end = hit[0]
-            delta = text[len(self.sent) : end] if text.startswith(self.sent) else ""
-        self.sent += delta
-        return delta
-
-    def final(self, result: GenerationResult) -> str:
-        """The whole text of a finished generation."""
-        ids = result.token_ids
-        hit = None
-        if result.finish_reason == "stop" and self.stops:
-            plain = self.tokenizer.decode(ids, skip_special_tokens=True)
-            cut = len(result.text)  # the Decoder's text ends where the stop string begins
-            hit = next((s for s in self.stops if plain.startswith(s, cut)), None)
-        if hit is not None:
-            if self.skip_special:
-                return result.text + (hit if self.include_stop else "")
-            text = self._decode(ids)
-            first = self._first_stop(text)
-            if first is not None:
-                text = text[: first[0] + (len(first[1]) if self.include_stop else 0)]
-            return text
-        if not self.custom:
-            return result.text
-        ended_by_token = result.finish_reason in ("eos", "stop") and bool(ids)
-        return self._decode(ids[:-1] if ended_by_token and not self.include_stop else ids)
-
-    def rest(self, result: GenerationResult) -> str:
-        """The text not yet sent, once the result is in."""
-        text = self.final(result)
-        delta = text[len(self.sent) :] if text.startswith(self.sent) else ""
-        self.sent += delta
-        return delta
-
-
 @dataclass
 class _Choice:
     """One generation of a request: prompt ``prompt_index``'s sample ``index % n``, choice ``index``."""
@@ -691,15 +616,23 @@ class _Choice:
     prompt_index: int
     handle: RequestHandle
     n_prompt: int
-    view: _TextView
+    # The choice's text as vLLM's skip_special_tokens / include_stop_str_in_output define it (Rust's TextAssembler
+    # over the Decoder's rounds): fed each streamed chunk, or the whole result at once.
+    view: _specrt.TextAssembler
     echo: str = ""  # text put before the generated text (completions' echo)
     first: bool = True  # nothing sent yet
     chunks: Any = None  # the handle's async iterator (streaming)
     result: GenerationResult | None = None
     error: BaseException | None = None
+    n_out: int = 0  # tokens streamed so far
     seen: list[int] = field(default_factory=list)  # tokens whose logprobs were given out (text offsets)
     prompt_chunk: StreamChunk | None = None  # the first chunk of a prompt-scored stream (echo with logprobs)
     score_only: bool = False  # max_tokens 0 with echo: the one token generated is not returned or counted
+
+
+def _whole_text(c: _Choice, result: GenerationResult) -> str:
+    """The text of a finished choice that was not streamed (its view fed the whole result)."""
+    return c.view.feed(result.token_ids, result.finish_reason).text
 
 
 async def _merged(choices: list[_Choice]) -> AsyncIterator[tuple[_Choice, StreamChunk]]:
@@ -1225,12 +1158,11 @@ def create_app(
             for k, ids in enumerate(prompts):
                 for i, seed in enumerate(_seeds(req)):
                     handle = scheduler.submit(ids, **{**kw, "max_new_tokens": budgets[k], "seed": seed})
-                    view = _TextView(
+                    view = _specrt.TextAssembler(
                         tokenizer,
                         stops,
-                        req.skip_special_tokens,
-                        req.include_stop_str_in_output,
-                        custom=bool(req.stop_token_ids),
+                        skip_special_tokens=req.skip_special_tokens,
+                        include_stop_str_in_output=req.include_stop_str_in_output,
                     )
                     choices.append(_Choice(k * req.n + i, k, handle, len(ids), view, echoes[k] if echoes else ""))
         except (QueueFullError, SchedulerClosedError, ConfigError, SpecrtError, ValueError) as e:
@@ -1356,16 +1288,19 @@ def create_app(
             """The server-sent event of one chunk of choice ``c`` (None: nothing to send)."""
             if chunk.result is not None:
                 c.result = chunk.result
-                body = event_of(c, c.view.rest(chunk.result), [], [], [], _FINISH.get(chunk.result.finish_reason))
+                # (The chunk of the last round finished the view; the result has no tokens of its own.)
+                rest = "" if c.view.finished else c.view.feed([], chunk.result.finish_reason).text
+                body = event_of(c, rest, [], [], [], _FINISH.get(chunk.result.finish_reason))
                 n_out = len(chunk.result.token_ids)
             else:
                 if chunk.prompt_logprobs is not None:
                     c.prompt_chunk = chunk
-                text = c.view.feed(chunk)
+                text = c.view.feed(chunk.token_ids, chunk.finish_reason).text
+                c.n_out += len(chunk.token_ids)
                 if not (text or chunk.token_ids or c.first):
                     return None
                 body = event_of(c, text, chunk.token_ids, chunk.logprobs, chunk.top_logprobs, None)
-                n_out = len(c.view.ids)
+                n_out = c.n_out
             if continuous:  # vLLM's continuous_usage_stats: this choice's counts so far
                 body["usage"] = _usage(c.n_prompt, n_out)
             return _sse(body)
@@ -1570,7 +1505,7 @@ def create_app(
                 head = prompt_logprobs_of(c, r)
                 # (top_logprobs is None on both sides with logprobs 0, a list on both otherwise)
                 lps = {k: None if lps[k] is None else head[k] + lps[k] for k in lps}
-            return {"text": c.echo + c.view.final(r), "logprobs": lps}
+            return {"text": c.echo + _whole_text(c, r), "logprobs": lps}
 
         head = {"id": rid, "object": "text_completion", "created": created}
         return await _reply(request, endpoint, req, choices, head, "text_completion", event_of, final_of)
@@ -1645,7 +1580,7 @@ def create_app(
 
         def final_of(c: _Choice, r: GenerationResult) -> dict[str, Any]:
             return {
-                "message": {"role": "assistant", "content": c.view.final(r)},
+                "message": {"role": "assistant", "content": _whole_text(c, r)},
                 "logprobs": logprobs_of(r.token_ids, r.logprobs, r.top_logprobs),
             }
 

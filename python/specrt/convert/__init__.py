@@ -37,7 +37,7 @@ from specrt.convert.errors import (
     UnsupportedModelError,
 )
 from specrt.convert.gguf_reader import ARCH_INFO, GGUFModel, ModelSpec
-from specrt.convert.graph import ATTENTION_FORMS, WeightPlan
+from specrt.convert.graph import ATTENTION_FORMS, INT8_WEIGHT_MAX, WeightPlan
 from specrt.convert.hf_reader import HFFormatError, HFModel, hf_tokenizer, is_hf_folder
 
 __all__ = [
@@ -478,6 +478,7 @@ def convert(
                         "prefill_graph": "prefill.onnx",
                         "prefill_min_tokens": PREFILL_MIN_TOKENS,
                         "prefill_weights": dataclasses.asdict(prefill_plan),
+                        "prefill_int8_weight_max": INT8_WEIGHT_MAX,
                     }
                     if prefill_graph
                     else {}

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use crate::adaptive::{AutoK, KController, RoundKind};
 use crate::backend::Backend;
+use crate::constraint::{apply_mask, mask_allows, mask_set, mask_words, Constraint};
 use crate::coupled::CoupledNoise;
 use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
@@ -170,6 +171,8 @@ pub enum FinishReason {
     Stop,
     /// `max_new_tokens` were emitted.
     Length,
+    /// The request's constraint is complete: nothing can follow but the end (no EOS token is emitted).
+    Grammar,
 }
 
 impl FinishReason {
@@ -180,6 +183,7 @@ impl FinishReason {
             Self::Eos => "eos",
             Self::Stop => "stop",
             Self::Length => "length",
+            Self::Grammar => "grammar",
         }
     }
 }
@@ -280,6 +284,10 @@ pub(crate) struct Request {
     pub(crate) prompt_scores: PromptLogprobs,
     pub(crate) finish_reason: Option<FinishReason>,
     pub(crate) controller: Option<KController>,
+    // The request's constraint (structured output), at the committed output tokens between rounds.
+    pub(crate) constraint: Option<Box<dyn Constraint>>,
+    // Bit i set: proposal i of the last round was a grammar-forced token.
+    pub(crate) forced_bits: u64,
     // The last round: generated count before it, draft positions counted in `n_drafted`, and whether they were
     // n-gram proposals (so a stop string can uncount what it cuts off).
     pub(crate) last_round: (usize, u64, bool),
@@ -374,6 +382,8 @@ impl Request {
             prompt_scores: PromptLogprobs::default(),
             finish_reason: None,
             controller,
+            constraint: None,
+            forced_bits: 0,
             last_round: (0, 0, false),
             cfg,
         })
@@ -435,6 +445,72 @@ impl Request {
     /// Generated tokens still allowed (`max_new_tokens` minus those emitted).
     pub(crate) fn remaining(&self) -> usize {
         self.cfg.max_new_tokens - (self.tokens.len() - self.n_prompt)
+    }
+
+    /// The mask of the next position (`[mask_words(vocab)] u32`) from the constraint in its current state: its
+    /// allowed tokens, with the EOS ids allowed exactly where it accepts (never under `ignore_eos`).
+    ///
+    /// Errors: [`SpecError::Config`] if the constraint allows no token (or there is none); matcher errors.
+    pub(crate) fn next_mask(&mut self, mask: &mut [u32]) -> Result<()> {
+        let t0 = Instant::now();
+        let c = self.constraint.as_mut().ok_or_else(|| {
+            SpecError::Internal("next_mask on a request without a constraint".to_owned())
+        })?;
+        c.fill_mask(mask)?;
+        self.stats.mask_ms += ms_since(t0);
+        let eos_ok = !self.cfg.ignore_eos && c.is_accepting()?;
+        for &e in &self.cfg.eos_token_ids {
+            mask_set(mask, e, eos_ok);
+        }
+        if mask.iter().all(|&w| w == 0) {
+            return Err(SpecError::Config(format!(
+                "the constraint allows no token after {} generated tokens (accepting: {eos_ok}, ignore_eos: {})",
+                c.len(),
+                self.cfg.ignore_eos
+            )));
+        }
+        Ok(())
+    }
+
+    /// Cut deterministic proposals `tokens` (`[k]`, n-gram continuations) at the first one the constraint refuses
+    /// (its mask, EOS included), advancing the constraint through the kept ones and writing the mask of each row
+    /// into `masks` (`[k + 1, words]`, row i = the state after the first i proposals). Returns `(mask rows written,
+    /// whether the kept proposals end the sequence)`: a refusal at i keeps i proposals and writes i + 1 rows (the
+    /// last is the bonus row's); an EOS or a completing token at i keeps i + 1 and writes i + 1 rows (the row after
+    /// an end is never emitted); all kept writes k rows.
+    ///
+    /// Errors: matcher errors, as [`Request::next_mask`].
+    pub(crate) fn constrain_proposals(
+        &mut self,
+        tokens: &mut Vec<u32>,
+        masks: &mut [u32],
+        words: usize,
+    ) -> Result<(usize, bool)> {
+        for i in 0..tokens.len() {
+            let mask = &mut masks[i * words..(i + 1) * words];
+            self.next_mask(mask)?;
+            let d = tokens[i];
+            if !mask_allows(mask, d) {
+                tokens.truncate(i);
+                return Ok((i + 1, false));
+            }
+            if self.is_eos(d) {
+                tokens.truncate(i + 1);
+                return Ok((i + 1, true));
+            }
+            let c = self.constraint.as_mut().expect("next_mask checked it");
+            c.advance(d)?;
+            if c.is_complete()? {
+                tokens.truncate(i + 1);
+                return Ok((i + 1, true));
+            }
+        }
+        Ok((tokens.len(), false))
+    }
+
+    /// Whether `tok` is one of the request's EOS ids.
+    pub(crate) fn is_eos(&self, tok: u32) -> bool {
+        self.cfg.eos_token_ids.contains(&tok)
     }
 
     /// Choose draft token `i` of a round from the draft's logits `[vocab]` (the round starts at the committed
@@ -536,6 +612,12 @@ impl Request {
         let n_acc = ver.n_accepted;
         let use_penalties = self.cfg.sampling.has_penalties();
         let gen_before = self.tokens.len() - self.n_prompt;
+        // The constraint was advanced through the round's proposals: back to the committed tokens, then through
+        // the emitted ones (the penalty context's push-then-truncate).
+        let keep_constraint = self.cfg.fault == Some(Fault::NoConstraintRollback);
+        if let (Some(c), false) = (self.constraint.as_mut(), keep_constraint) {
+            c.truncate(gen_before)?;
+        }
         let stats = &mut self.stats;
         stats.n_rounds += 1;
         stats.draft_ms += draft_ms;
@@ -573,6 +655,9 @@ impl Request {
                     if mode == VerifyMode::Deterministic {
                         stats.n_accepted_ngram += 1;
                     }
+                    if self.forced_bits >> i & 1 == 1 {
+                        stats.n_accepted_forced += 1;
+                    }
                 }
                 TokenSource::Recovered => stats.n_recovered += 1,
                 TokenSource::Bonus => stats.n_bonus += 1,
@@ -594,10 +679,26 @@ impl Request {
             }
             out.tokens.push(tok);
             out.sources.push(source);
-            let finish = if !self.cfg.ignore_eos && self.cfg.eos_token_ids.contains(&tok) {
+            let is_eos = self.cfg.eos_token_ids.contains(&tok);
+            let mut complete = false;
+            if let (Some(c), false) = (self.constraint.as_mut(), is_eos) {
+                match c.advance(tok) {
+                    Ok(()) => complete = c.is_complete()?,
+                    // The broken variant ignores what its stale state refuses.
+                    Err(_) if keep_constraint => {}
+                    Err(e) => {
+                        return Err(SpecError::Internal(format!(
+                            "the constraint refused emitted token {tok} (it was allowed by its mask): {e}"
+                        )))
+                    }
+                }
+            }
+            let finish = if !self.cfg.ignore_eos && is_eos {
                 Some(FinishReason::Eos)
             } else if self.cfg.stop_token_ids.contains(&tok) {
                 Some(FinishReason::Stop)
+            } else if complete {
+                Some(FinishReason::Grammar)
             } else if self.tokens.len() - self.n_prompt >= self.cfg.max_new_tokens {
                 Some(FinishReason::Length)
             } else {
@@ -623,6 +724,7 @@ impl Request {
         if ngram_round {
             stats.n_drafted_ngram += counted;
         }
+        stats.n_drafted_forced += u64::from(forced_before(self.forced_bits, counted));
         self.last_round = (gen_before, counted, ngram_round);
         if let (Some(ng), true) = (ngram, self.cfg.ngram.is_some()) {
             ng.extend(&out.tokens);
@@ -658,6 +760,9 @@ impl Request {
                     if ngram_round {
                         stats.n_accepted_ngram -= 1;
                     }
+                    if self.forced_bits >> pos & 1 == 1 {
+                        stats.n_accepted_forced -= 1;
+                    }
                 }
                 TokenSource::Recovered => stats.n_recovered -= 1,
                 TokenSource::Bonus => stats.n_bonus -= 1,
@@ -669,10 +774,16 @@ impl Request {
         if ngram_round {
             stats.n_drafted_ngram -= counted - kept;
         }
+        stats.n_drafted_forced -= u64::from(
+            forced_before(self.forced_bits, counted) - forced_before(self.forced_bits, kept),
+        );
         self.last_round.1 = kept;
         self.logprobs.truncate(n_keep);
         self.top_logprobs.truncate(n_keep);
         self.tokens.truncate(self.n_prompt + n_keep);
+        if let Some(c) = self.constraint.as_mut() {
+            c.truncate(c.len().min(n_keep))?;
+        }
         if let (Some(ng), true) = (ngram, self.cfg.ngram.is_some()) {
             ng.truncate(self.tokens.len());
         }
@@ -722,6 +833,9 @@ pub struct Engine {
     ngram: Option<NgramProposer>,
     // Reused result of the round's verification.
     ver: Verification,
+    // Constrained requests: [k + 1, vocab] the masked target rows, and the proposal scratch.
+    masked_tgt: Vec<f32>,
+    cons: ConstrainedScratch,
     request: Option<Request>,
     // Reused output of `step`.
     out: StepOutput,
@@ -753,6 +867,8 @@ impl Engine {
             ids_tgt: Vec::with_capacity(MAX_DRAFT_TOKENS + 1),
             ngram: None,
             ver: Verification::default(),
+            masked_tgt: Vec::new(),
+            cons: ConstrainedScratch::default(),
             request: None,
             out: StepOutput::default(),
             prefix_caching: DEFAULT_PREFIX_CACHING,
@@ -822,9 +938,48 @@ impl Engine {
     /// Errors: [`SpecError::Config`] (empty prompt, bad settings), [`SpecError::Vocab`] (a prompt id >= vocab),
     /// [`SpecError::Length`] (prompt + max_new_tokens beyond [`Engine::max_seq_len`]), backend errors.
     pub fn start(&mut self, prompt: &[u32], cfg: GenerationConfig) -> Result<()> {
+        self.start_with(prompt, cfg, None)
+    }
+
+    /// [`Engine::start`] with a constraint on the output (structured output, [`crate::constraint`]): every
+    /// emitted token is one it allows, EOS only where it accepts, and the generation ends with
+    /// [`FinishReason::Grammar`] once it is complete (also under `ignore_eos`, which then masks EOS out). The
+    /// constraint must be fresh (no token consumed). Greedy rounds read the models' logits (no `ids_only` rounds).
+    ///
+    /// Errors: as [`Engine::start`]; [`SpecError::Config`] for a constraint that consumed tokens already.
+    pub fn start_with(
+        &mut self,
+        prompt: &[u32],
+        cfg: GenerationConfig,
+        constraint: Option<Box<dyn Constraint>>,
+    ) -> Result<()> {
         self.keep_cached_prefix();
         self.request = None;
         let mut req = Request::new(prompt, cfg, self.vocab, self.max_seq_len())?;
+        if let Some(mut c) = constraint {
+            if !c.is_empty() {
+                return Err(SpecError::Config(format!(
+                    "the constraint has consumed {} tokens already (expected a fresh one)",
+                    c.len()
+                )));
+            }
+            if c.is_complete()? {
+                // Nothing may be generated at all.
+                req.finish_reason = Some(FinishReason::Grammar);
+            }
+            // Rows for the largest round: K drafts plus forced tokens up to the proposal cap, and the bonus row.
+            let rows = MAX_DRAFT_TOKENS.min(req.cfg.max_new_tokens) + 1;
+            self.cons.masks.resize(rows * mask_words(self.vocab), 0);
+            self.masked_tgt.resize(rows * self.vocab, 0.0);
+            self.cons.masked_dft.resize(self.vocab, 0.0);
+            if req.cfg.fault == Some(Fault::MaskTargetOnly) {
+                self.cons.q_fault.resize(self.vocab, 0.0);
+            }
+            if self.probs_dft.len() < (rows - 1) * self.vocab {
+                self.probs_dft.resize((rows - 1) * self.vocab, 0.0);
+            }
+            req.constraint = Some(c);
+        }
         let cfg = &req.cfg;
         match cfg.ngram {
             Some(ng) => {
@@ -939,11 +1094,19 @@ impl Engine {
         let len = req.tokens.len();
         let remaining = req.remaining();
         let draft_usable = self.draft.is_some() && req.cfg.use_draft_model;
-        // Greedy without penalties or log-probabilities: the models' argmax ids are all a round reads.
-        let ids_only = req.cfg.ids_only();
+        let constrained = req.constraint.is_some();
+        let words = mask_words(vocab);
+        // Greedy without penalties or log-probabilities: the models' argmax ids are all a round reads (not under a
+        // constraint: the mask must see the logits).
+        let ids_only = req.cfg.ids_only() && !constrained;
+        // Constrained rounds: mask rows filled so far (row i = the state after d_1 .. d_i), and whether the
+        // proposals end the sequence (an EOS or a completing token: no row after it is ever emitted).
+        let mut n_masks = 0usize;
+        let mut ended = false;
         // K is fixed before any random draw of the round, so the round is lossless whatever K is; it never drafts
         // past max_new_tokens.
-        let k_cap = if draft_usable || req.cfg.ngram.is_some() {
+        // (A constrained request proposes grammar-forced tokens even without a draft model.)
+        let k_cap = if draft_usable || req.cfg.ngram.is_some() || constrained {
             remaining - 1
         } else {
             0
@@ -975,7 +1138,13 @@ impl Engine {
                 _ => offered,
             };
             self.tokens_dft.truncate(take);
-            if take > 0 {
+            if constrained && take > 0 {
+                // Cut at the first token the constraint refuses; it stays advanced through the rest (rows' masks).
+                // (Nothing kept: the draft model may still draft; its masks start at row 0 again.)
+                (n_masks, ended) =
+                    req.constrain_proposals(&mut self.tokens_dft, &mut self.cons.masks, words)?;
+            }
+            if !self.tokens_dft.is_empty() {
                 mode = VerifyMode::Deterministic;
             }
         }
@@ -984,7 +1153,38 @@ impl Engine {
         let mut n_draft_passes = 0;
         // (ms, input tokens) of this round's first draft pass.
         let mut first_pass = (0.0, 0usize);
-        if mode == VerifyMode::Stochastic && draft_usable {
+        // Constrained: draft tokens the draft model read this round (set by the constrained proposer).
+        let mut n_fed_cons = None;
+        req.forced_bits = 0;
+        if mode == VerifyMode::Stochastic && constrained && k_fixed > 0 {
+            // Grammar-forced tokens (free, verified as point masses) and the draft model's tokens between them.
+            let k = match (req.controller.as_mut(), draft_usable) {
+                (Some(c), true) => c.choose(k_cap),
+                (None, true) => k_fixed,
+                (_, false) => 0,
+            };
+            let draft = if draft_usable {
+                self.draft.as_mut()
+            } else {
+                None
+            };
+            let p = propose_constrained(
+                req,
+                draft,
+                k,
+                k_cap.min(MAX_DRAFT_TOKENS),
+                &mut self.cons,
+                &mut self.sampler_dft,
+                &mut self.probs_dft,
+                &mut self.tokens_dft,
+                vocab,
+            )?;
+            n_masks = p.n_masks;
+            ended = p.ended;
+            n_draft_passes = p.n_passes;
+            first_pass = p.first_pass;
+            n_fed_cons = Some(p.n_fed);
+        } else if mode == VerifyMode::Stochastic && draft_usable {
             let k = match req.controller.as_mut() {
                 Some(c) => c.choose(k_cap),
                 None => k_fixed,
@@ -1023,6 +1223,18 @@ impl Engine {
             }
         }
         let k = self.tokens_dft.len();
+        // Draft tokens the draft model read in this round: d_1 .. d_{K-1} (constrained rounds: those before its
+        // last pass, all K when it stopped for lack of mass).
+        let n_fed_dft = n_fed_cons.unwrap_or(k.saturating_sub(1));
+        if constrained && n_masks == k {
+            // The extra mask of the round: the bonus row's (anything after an end is never emitted).
+            let row = &mut self.cons.masks[k * words..(k + 1) * words];
+            if ended {
+                row.fill(u32::MAX);
+            } else {
+                req.next_mask(row)?;
+            }
+        }
         let draft_ms = ms_since(t_draft);
 
         // Target: one pass over the last committed token and the K drafts, K + 1 rows of logits.
@@ -1045,13 +1257,32 @@ impl Engine {
         } else {
             &[]
         };
+        // Constrained: verification sees the masked target rows; log-probabilities stay the raw rows'.
+        let logits_ver: &[f32] = if constrained {
+            for j in 0..=k {
+                apply_mask(
+                    &logits_tgt[j * vocab..(j + 1) * vocab],
+                    &self.cons.masks[j * words..(j + 1) * words],
+                    &mut self.masked_tgt[j * vocab..(j + 1) * vocab],
+                )?;
+                if req.cfg.fault == Some(Fault::ForcedUnverified) && req.forced_bits >> j & 1 == 1 {
+                    // The broken variant: a forced token is taken as certain (p = its point mass).
+                    let row = &mut self.masked_tgt[j * vocab..(j + 1) * vocab];
+                    row.fill(f32::NEG_INFINITY);
+                    row[self.tokens_dft[j] as usize] = 0.0;
+                }
+            }
+            &self.masked_tgt[..(k + 1) * vocab]
+        } else {
+            logits_tgt
+        };
         let ver = &mut self.ver;
         if ids_only {
             verify_greedy_ids_into(&self.ids_tgt, &self.tokens_dft, vocab, ver)?;
         } else {
             req.verify(
                 &mut self.sampler_tgt,
-                logits_tgt,
+                logits_ver,
                 probs_dft,
                 &self.tokens_dft,
                 mode,
@@ -1061,8 +1292,8 @@ impl Engine {
         let n_acc = ver.n_accepted;
         req.n_past_tgt = len + n_acc;
         if n_draft_passes > 0 {
-            // The draft saw the committed prefix and d_1 .. d_{K-1}.
-            req.n_past_dft = len + n_acc.min(k - 1);
+            // The draft saw the committed prefix and d_1 .. d_{K-1} (all K when it stopped for lack of mass).
+            req.n_past_dft = len + n_acc.min(n_fed_dft);
         }
         if let Some(c) = req.controller.as_mut() {
             if mode == VerifyMode::Deterministic {
@@ -1161,9 +1392,22 @@ impl Engine {
         &mut self,
         prompt: &[u32],
         cfg: GenerationConfig,
+        on_step: impl FnMut(&StepOutput) -> bool,
+    ) -> Result<GenerationOutput> {
+        self.generate_with(prompt, cfg, None, on_step)
+    }
+
+    /// [`Engine::generate`] with a constraint on the output ([`Engine::start_with`]).
+    ///
+    /// Errors: as [`Engine::start_with`] and [`Engine::step`].
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        cfg: GenerationConfig,
+        constraint: Option<Box<dyn Constraint>>,
         mut on_step: impl FnMut(&StepOutput) -> bool,
     ) -> Result<GenerationOutput> {
-        self.start(prompt, cfg)?;
+        self.start_with(prompt, cfg, constraint)?;
         while self.finish_reason().is_none() {
             let out = self.step()?;
             if !on_step(out) && out.finish_reason.is_none() {
@@ -1173,6 +1417,177 @@ impl Engine {
         }
         self.output()
     }
+}
+
+/// Forced proposals among the first `n` of a round (`bits`: bit i = proposal i was forced).
+fn forced_before(bits: u64, n: u64) -> u32 {
+    let m = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+    (bits & m).count_ones()
+}
+
+/// Scratch of constrained rounds (allocated by [`Engine::start_with`], reused).
+#[derive(Default)]
+struct ConstrainedScratch {
+    // [k + 1, mask_words(vocab)] the mask of each target row of the round (row i: after the first i proposals).
+    masks: Vec<u32>,
+    // [vocab] the masked draft row; [vocab] the unmasked q of the `MaskTargetOnly` test fault.
+    masked_dft: Vec<f32>,
+    q_fault: Vec<f32>,
+    // The tokens the constraint forces at the current position.
+    forced: Vec<u32>,
+    // The draft model's next input: committed tokens it has not read, then proposals since its last pass.
+    input: Vec<u32>,
+}
+
+/// What [`propose_constrained`] proposed (the tokens themselves are in `tokens_dft`).
+#[derive(Default)]
+struct ConstrainedProposal {
+    // Mask rows written (row i = the state after the first i proposals).
+    n_masks: usize,
+    // The proposals end the sequence (an EOS or a completing token).
+    ended: bool,
+    // Draft passes run, proposals the draft model read, and (ms, input tokens) of the first pass.
+    n_passes: usize,
+    n_fed: usize,
+    first_pass: (f64, usize),
+}
+
+/// The proposals of a constrained round, at most `cap`: at each position the tokens the constraint forces
+/// (proposed without a draft pass, with a one-hot `q` row: the stochastic rule on a one-hot row is the
+/// deterministic rule), otherwise, while fewer than `k_draft` came from it, the draft model's sample from its masked
+/// `q` (its pass reads every proposal since its previous pass, forced ones included). The constraint advances
+/// through the proposals and each row's mask is written to `sc.masks`; drafting stops at an EOS, at completion, or
+/// where the draft's masked row has no mass (that position becomes the bonus row). Penalties are restored and
+/// `req.n_past_dft` set to what the draft cache holds; `req.forced_bits` marks the forced proposals.
+///
+/// Errors: backend, logits processing and matcher errors; [`SpecError::Internal`] if the constraint forces a token
+/// its own mask refuses.
+#[allow(clippy::too_many_arguments)]
+fn propose_constrained(
+    req: &mut Request,
+    mut draft: Option<&mut Box<dyn Backend>>,
+    k_draft: usize,
+    cap: usize,
+    sc: &mut ConstrainedScratch,
+    sampler_dft: &mut Sampler,
+    probs_dft: &mut [f32],
+    tokens_dft: &mut Vec<u32>,
+    vocab: usize,
+) -> Result<ConstrainedProposal> {
+    let words = mask_words(vocab);
+    let n_committed = req.penalties.len();
+    let use_penalties = req.cfg.sampling.has_penalties();
+    let mut out = ConstrainedProposal::default();
+    let mut n_past = req.n_past_dft;
+    sc.input.clear();
+    sc.input.extend_from_slice(&req.tokens[n_past..]);
+    let mut n_model = 0;
+    let res = (|| -> Result<()> {
+        'round: while tokens_dft.len() < cap && !out.ended {
+            let t0 = Instant::now();
+            let c = req.constraint.as_mut().expect("constrained");
+            c.forced_tokens(&mut sc.forced)?;
+            req.stats.mask_ms += ms_since(t0);
+            if !sc.forced.is_empty() {
+                for fi in 0..sc.forced.len() {
+                    let i = tokens_dft.len();
+                    if i >= cap {
+                        break 'round;
+                    }
+                    let f = sc.forced[fi];
+                    let mask = &mut sc.masks[i * words..(i + 1) * words];
+                    req.next_mask(mask)?;
+                    out.n_masks = i + 1;
+                    if !mask_allows(mask, f) {
+                        return Err(SpecError::Internal(format!(
+                            "the constraint forces token {f} at proposal {i} but its mask refuses it"
+                        )));
+                    }
+                    let q_row = &mut probs_dft[i * vocab..(i + 1) * vocab];
+                    q_row.fill(0.0);
+                    q_row[f as usize] = 1.0;
+                    tokens_dft.push(f);
+                    sc.input.push(f);
+                    req.forced_bits |= 1 << i;
+                    if use_penalties {
+                        req.penalties.push(f)?;
+                    }
+                    if advance_proposal(req, f)? {
+                        out.ended = true;
+                        break 'round;
+                    }
+                }
+                continue;
+            }
+            let Some(d_model) = draft.as_mut() else {
+                break;
+            };
+            if n_model >= k_draft {
+                break;
+            }
+            let i = tokens_dft.len();
+            let t_pass = Instant::now();
+            let logits = d_model.forward(&sc.input, n_past, 1)?;
+            n_past += sc.input.len();
+            out.n_passes += 1;
+            out.n_fed = i;
+            if out.n_passes == 1 {
+                out.first_pass = (ms_since(t_pass), sc.input.len());
+            }
+            sc.input.clear();
+            // The mask of draft position i is the one target row i needs.
+            let mask = &mut sc.masks[i * words..(i + 1) * words];
+            req.next_mask(mask)?;
+            out.n_masks = i + 1;
+            if !apply_mask(logits, mask, &mut sc.masked_dft)? {
+                // The draft gives every allowed token probability 0 (a pruned vocabulary): it stops here, and this
+                // position is the target's bonus row.
+                break;
+            }
+            let q_row = &mut probs_dft[i * vocab..(i + 1) * vocab];
+            let fault = req.cfg.fault == Some(Fault::MaskTargetOnly);
+            if fault {
+                let params = req.cfg.sampling;
+                let ctx = params.has_penalties().then_some(&req.penalties);
+                sampler_dft.process(logits, 0, &params, ctx)?;
+                sampler_dft.write_probs(&mut sc.q_fault)?;
+            }
+            let d = req.draft_choice(sampler_dft, &sc.masked_dft, i, q_row)?;
+            if fault {
+                q_row.copy_from_slice(&sc.q_fault);
+            }
+            tokens_dft.push(d);
+            sc.input.push(d);
+            n_model += 1;
+            if advance_proposal(req, d)? {
+                out.ended = true;
+            }
+        }
+        Ok(())
+    })();
+    // A rejected proposal leaves no trace in the penalties.
+    req.penalties.truncate(n_committed);
+    res?;
+    if out.n_passes > 0 {
+        req.n_past_dft = n_past;
+    }
+    Ok(out)
+}
+
+/// Advance a constrained request's constraint by proposal `d`; returns whether the sequence ends with it (an EOS
+/// id, which the constraint never consumes, or a token that completes it).
+///
+/// Errors: matcher errors (a refusal included).
+fn advance_proposal(req: &mut Request, d: u32) -> Result<bool> {
+    if req.is_eos(d) {
+        return Ok(true);
+    }
+    let t0 = Instant::now();
+    let c = req.constraint.as_mut().expect("constrained");
+    c.advance(d)?;
+    let complete = c.is_complete()?;
+    req.stats.mask_ms += ms_since(t0);
+    Ok(complete)
 }
 
 /// The draft's vocabulary must be the target's.

@@ -8,6 +8,7 @@
 pub mod adaptive;
 pub mod backend;
 pub mod batch;
+pub mod constraint;
 pub mod cost;
 pub mod coupled;
 pub mod engine;
@@ -24,6 +25,7 @@ pub mod verify;
 pub use adaptive::{AutoK, KController, PinnedCosts, RoundKind};
 pub use backend::{Backend, BatchBackend, BatchRow};
 pub use batch::{BatchEngine, BatchOptions, RowStep};
+pub use constraint::{apply_mask, mask_allows, mask_set, mask_words, Constraint};
 pub use coupled::CoupledNoise;
 pub use engine::{
     check_prompt, Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig,

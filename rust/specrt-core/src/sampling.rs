@@ -644,6 +644,14 @@ pub enum Fault {
     /// On rejection, sample the recovered token from the draft row `q` instead of `norm(max(0, p - q))` (a real
     /// bug class: the output is then no longer distributed as `p`).
     ResidualFromDraft,
+    /// Constrained decoding: the draft samples from its masked `q`, but verification is given the unmasked `q` (the
+    /// mask applied to the target's `p` only).
+    MaskTargetOnly,
+    /// Constrained decoding: the constraint is not truncated back to the committed tokens after verification
+    /// (refusals of the emitted tokens are then ignored).
+    NoConstraintRollback,
+    /// Constrained decoding: grammar-forced tokens are emitted without verification.
+    ForcedUnverified,
 }
 
 impl Sampler {

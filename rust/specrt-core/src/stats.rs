@@ -26,6 +26,10 @@ pub struct Stats {
     pub n_drafted_ngram: u64,
     /// Of `n_accepted`, tokens proposed by prompt lookup (n-gram).
     pub n_accepted_ngram: u64,
+    /// Of `n_drafted`, grammar-forced tokens of a constrained request (proposed without a draft pass).
+    pub n_drafted_forced: u64,
+    /// Of `n_accepted`, grammar-forced tokens.
+    pub n_accepted_forced: u64,
     /// `rounds_by_k[k]`: rounds that verified `k` draft tokens (how often each K was chosen).
     pub rounds_by_k: Vec<u64>,
     /// `accepted_at[i]`: rounds in which draft position `i` (0-based) was accepted and emitted.
@@ -38,6 +42,9 @@ pub struct Stats {
     pub target_ms: f64,
     /// Wall time in verification, log-probabilities and bookkeeping (everything but the models), ms.
     pub core_ms: f64,
+    /// Of the draft and core time, wall time in the request's constraint (masks, forced tokens, advancing through
+    /// proposals), ms; 0 without one.
+    pub mask_ms: f64,
 }
 
 impl Stats {

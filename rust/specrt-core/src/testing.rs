@@ -345,3 +345,162 @@ impl BatchBackend for MockBatchModel {
         self.stored.remove(&key);
     }
 }
+
+/// A deterministic finite automaton over token ids as a [`crate::Constraint`] (for tests): state 0 is the start,
+/// `next[s]` lists the `(token, next state)` pairs allowed in state `s`, `accepting[s]` whether the sequence may
+/// end there. A state that accepts and allows no token is complete. Forced tokens: the chain of states that allow
+/// one token and do not accept, or a fixed list for a state ([`MockConstraint::with_forced`]: a canonical spelling
+/// where other tokens are allowed too, as a tokenizer with several spellings of the forced bytes).
+#[derive(Clone, Debug)]
+pub struct MockConstraint {
+    vocab: usize,
+    next: std::sync::Arc<Vec<Vec<(u32, usize)>>>,
+    accepting: std::sync::Arc<Vec<bool>>,
+    forced: std::sync::Arc<Vec<(usize, Vec<u32>)>>,
+    // [1 + consumed] the state before each consumed token, then the current one.
+    states: Vec<usize>,
+}
+
+impl MockConstraint {
+    /// An automaton over `vocab` tokens (see the type's docs).
+    ///
+    /// # Panics
+    /// If the tables disagree in length, a token is `>= vocab` or a target state does not exist (test input).
+    #[must_use]
+    pub fn new(vocab: usize, next: Vec<Vec<(u32, usize)>>, accepting: Vec<bool>) -> Self {
+        assert_eq!(next.len(), accepting.len(), "one accepting flag per state");
+        for row in &next {
+            for &(t, s) in row {
+                assert!(
+                    (t as usize) < vocab && s < next.len(),
+                    "bad edge ({t}, {s})"
+                );
+            }
+        }
+        Self {
+            vocab,
+            next: std::sync::Arc::new(next),
+            accepting: std::sync::Arc::new(accepting),
+            forced: std::sync::Arc::new(Vec::new()),
+            states: vec![0],
+        }
+    }
+
+    /// The same automaton forcing `tokens` in `state` (whatever else that state allows).
+    #[must_use]
+    pub fn with_forced(mut self, state: usize, tokens: Vec<u32>) -> Self {
+        let mut f = (*self.forced).clone();
+        f.push((state, tokens));
+        self.forced = std::sync::Arc::new(f);
+        self
+    }
+
+    /// The same automaton in its start state.
+    #[must_use]
+    pub fn fresh(&self) -> Self {
+        Self {
+            states: vec![0],
+            ..self.clone()
+        }
+    }
+
+    fn state(&self) -> usize {
+        *self.states.last().expect("never empty")
+    }
+
+    /// Whether the automaton accepts the whole of `tokens` from the start (EOS ids excluded by the caller).
+    #[must_use]
+    pub fn accepts(&self, tokens: &[u32]) -> bool {
+        let mut s = 0;
+        for &t in tokens {
+            match self.next[s].iter().find(|e| e.0 == t) {
+                Some(&(_, n)) => s = n,
+                None => return false,
+            }
+        }
+        self.accepting[s]
+    }
+
+    /// The tokens allowed in the current state.
+    #[must_use]
+    pub fn allowed(&self) -> Vec<u32> {
+        self.next[self.state()].iter().map(|e| e.0).collect()
+    }
+}
+
+impl crate::Constraint for MockConstraint {
+    fn len(&self) -> usize {
+        self.states.len() - 1
+    }
+
+    fn fill_mask(&mut self, mask: &mut [u32]) -> Result<()> {
+        if mask.len() != crate::constraint::mask_words(self.vocab) {
+            return Err(SpecError::Shape(format!(
+                "mask of {} words for vocab {}",
+                mask.len(),
+                self.vocab
+            )));
+        }
+        mask.fill(0);
+        for &(t, _) in &self.next[self.state()] {
+            crate::constraint::mask_set(mask, t, true);
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, token: u32) -> Result<()> {
+        let s = self.state();
+        match self.next[s].iter().find(|e| e.0 == token) {
+            Some(&(_, n)) => {
+                self.states.push(n);
+                Ok(())
+            }
+            None => Err(SpecError::Config(format!(
+                "token {token} is refused in state {s}"
+            ))),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len() {
+            return Err(SpecError::Config(format!(
+                "truncate({len}) beyond {} consumed tokens",
+                self.len()
+            )));
+        }
+        self.states.truncate(len + 1);
+        Ok(())
+    }
+
+    fn is_accepting(&mut self) -> Result<bool> {
+        Ok(self.accepting[self.state()])
+    }
+
+    fn is_complete(&mut self) -> Result<bool> {
+        let s = self.state();
+        Ok(self.accepting[s] && self.next[s].is_empty())
+    }
+
+    fn forced_tokens(&mut self, out: &mut Vec<u32>) -> Result<()> {
+        out.clear();
+        let mut s = self.state();
+        if let Some((_, f)) = self.forced.iter().find(|e| e.0 == s) {
+            out.extend_from_slice(f);
+            return Ok(());
+        }
+        while !self.accepting[s] && self.next[s].len() == 1 && out.len() < 64 {
+            let (t, n) = self.next[s][0];
+            out.push(t);
+            s = n;
+        }
+        Ok(())
+    }
+}
+
+/// Upper quantile of chi-square with `df` degrees of freedom at `z` standard deviations (Wilson-Hilferty:
+/// `df (1 - 2/(9 df) + z sqrt(2/(9 df)))^3`), for the Monte Carlo tests' critical values.
+#[must_use]
+pub fn chi2_quantile(df: f64, z: f64) -> f64 {
+    let a = 2.0 / (9.0 * df);
+    df * (1.0 - a + z * a.sqrt()).powi(3)
+}

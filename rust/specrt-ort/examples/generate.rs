@@ -20,10 +20,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 
-use specrt_ort::specrt_core::GenerationOutput;
+use specrt_ort::specrt_core::{BatchOptions, GenerationOutput};
 use specrt_ort::{
-    find_ort_library, GenerationRequest, OrtOptions, Pipeline, Proposer, SpeculativeTokens,
-    DEFAULT_MAX_SEQ_LEN,
+    find_ort_library, BatchPipeline, GenerationRequest, OrtOptions, Pipeline, Proposer,
+    SpeculativeTokens, DEFAULT_MAX_SEQ_LEN,
 };
 
 const USAGE: &str = "\
@@ -31,7 +31,10 @@ usage: generate --target DIR [--draft DIR] --prompt TEXT [options]
 
   --target DIR                   target model folder (specrt convert / specrt models pull output)
   --draft DIR                    draft model folder (same vocabulary); omit for target-only decoding
-  --prompt TEXT                  prompt text (encoded with the target folder's tokenizer.json)
+  --prompt TEXT                  prompt text (encoded with the target folder's tokenizer.json); repeatable
+                                 with --max-batch
+  --max-batch N                  run the prompts together in batched rounds on N rows (folders in the
+                                 batched layout, specrt convert --attention batched)
   --max-new-tokens N             most tokens to emit (default 128)
   --temperature T                0 = greedy (default: generation_config.json's, else 1)
   --top-k N, --top-p P, --min-p P, --repetition-penalty R
@@ -54,7 +57,10 @@ usage: generate --target DIR [--draft DIR] --prompt TEXT [options]
 struct Args {
     target: PathBuf,
     draft: Option<PathBuf>,
-    prompt: String,
+    /// One prompt, or with `--max-batch` one or more.
+    prompts: Vec<String>,
+    /// Run the prompts together in batched rounds on this many rows (`BatchPipeline`; batched-layout folders).
+    max_batch: Option<usize>,
     ort_library: Option<PathBuf>,
     max_seq_len: usize,
     threads: Option<usize>,
@@ -78,7 +84,8 @@ fn parse_value<T: FromStr>(flag: &str, value: &str, expected: &str) -> Result<T,
 fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Option<Args>, UsageError> {
     let mut target = None;
     let mut draft = None;
-    let mut prompt = None;
+    let mut prompts = Vec::new();
+    let mut max_batch = None;
     let mut ort_library = None;
     let mut max_seq_len = DEFAULT_MAX_SEQ_LEN;
     let mut threads = None;
@@ -116,7 +123,8 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Option<Args>, Us
         match f {
             "--target" => target = Some(PathBuf::from(v)),
             "--draft" => draft = Some(PathBuf::from(v)),
-            "--prompt" => prompt = Some(value.clone()),
+            "--prompt" => prompts.push(value.clone()),
+            "--max-batch" => max_batch = Some(parse_value(f, v, "an integer >= 1")?),
             "--ort-library" => ort_library = Some(PathBuf::from(v)),
             "--max-new-tokens" => r.max_new_tokens = parse_value(f, v, "an integer >= 1")?,
             "--temperature" => r.temperature = Some(parse_value(f, v, "a number")?),
@@ -144,11 +152,19 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Option<Args>, Us
         }
     }
     let target = target.ok_or_else(|| UsageError("--target DIR is required".to_owned()))?;
-    let prompt = prompt.ok_or_else(|| UsageError("--prompt TEXT is required".to_owned()))?;
+    if prompts.is_empty() {
+        return Err(UsageError("--prompt TEXT is required".to_owned()));
+    }
+    if prompts.len() > 1 && max_batch.is_none() {
+        return Err(UsageError(
+            "--prompt is repeatable with --max-batch only (batched rounds)".to_owned(),
+        ));
+    }
     Ok(Some(Args {
         target,
         draft,
-        prompt,
+        prompts,
+        max_batch,
         ort_library,
         max_seq_len,
         threads,
@@ -197,11 +213,35 @@ fn print_stats(out: &GenerationOutput, n_prompt: usize) {
     );
 }
 
+/// A request's statistics on stderr: the table, or with `json` one JSON object (text, token ids, finish reason,
+/// counts; `"index"`: the prompt's position in a batched run).
+fn report(json: bool, index: Option<usize>, text: &str, prompt_ids: &[u32], o: &GenerationOutput) {
+    if !json {
+        print_stats(o, prompt_ids.len());
+        return;
+    }
+    let mut summary = serde_json::json!({
+        "text": text,
+        "prompt_token_ids": prompt_ids,
+        "token_ids": o.tokens,
+        "finish_reason": o.finish_reason.as_str(),
+        "n_drafted": o.stats.n_drafted,
+        "n_accepted": o.stats.n_accepted,
+    });
+    if let Some(i) = index {
+        summary["index"] = i.into();
+    }
+    eprintln!("{summary}");
+}
+
 fn run(args: Args) -> Result<(), String> {
     let library = find_ort_library(args.ort_library.as_deref()).map_err(fail)?;
     let mut options = OrtOptions::new(library);
     options.max_seq_len = Some(args.max_seq_len);
     options.intra_op_threads = args.threads;
+    if let Some(max_batch) = args.max_batch {
+        return run_batched(&args, &options, max_batch);
+    }
     let mut pipeline =
         Pipeline::load(&args.target, args.draft.as_deref(), &options).map_err(fail)?;
 
@@ -211,11 +251,11 @@ fn run(args: Args) -> Result<(), String> {
         .tokenizer()
         .ok_or_else(|| format!("{} has no tokenizer.json", args.target.display()))?;
     let prompt_ids = if args.chat {
-        let message = serde_json::json!({"role": "user", "content": args.prompt});
+        let message = serde_json::json!({"role": "user", "content": args.prompts[0]});
         pipeline.chat_prompt_ids(&[message]).map_err(fail)?
     } else {
-        let ids = tokenizer.encode(&args.prompt, true).map_err(fail)?;
-        print!("{}", args.prompt); // a completion continues the prompt: show it
+        let ids = tokenizer.encode(&args.prompts[0], true).map_err(fail)?;
+        print!("{}", args.prompts[0]); // a completion continues the prompt: show it
         ids
     };
     let mut stdout = std::io::stdout();
@@ -227,19 +267,52 @@ fn run(args: Args) -> Result<(), String> {
         })
         .map_err(fail)?;
     println!();
-    if args.json {
-        let o = &out.output;
-        let summary = serde_json::json!({
-            "text": out.text,
-            "prompt_token_ids": prompt_ids,
-            "token_ids": o.tokens,
-            "finish_reason": o.finish_reason.as_str(),
-            "n_drafted": o.stats.n_drafted,
-            "n_accepted": o.stats.n_accepted,
-        });
-        eprintln!("{summary}");
-    } else {
-        print_stats(&out.output, prompt_ids.len());
+    report(args.json, None, &out.text, &prompt_ids, &out.output);
+    Ok(())
+}
+
+/// All prompts at once in batched rounds (`BatchPipeline`): each request's text on stdout when it finishes
+/// (`[i] text`), with `--json` one JSON object per request on stderr (as the single-stream one, plus `"index"`).
+fn run_batched(args: &Args, options: &OrtOptions, max_batch: usize) -> Result<(), String> {
+    let mut batch = BatchPipeline::load(
+        &args.target,
+        args.draft.as_deref(),
+        options,
+        max_batch,
+        BatchOptions::default(),
+    )
+    .map_err(fail)?;
+    let tokenizer = batch
+        .tokenizer()
+        .cloned()
+        .ok_or_else(|| format!("{} has no tokenizer.json", args.target.display()))?;
+    let mut ids = Vec::new();
+    let mut prompts = Vec::new();
+    for prompt in &args.prompts {
+        let prompt_ids = if args.chat {
+            let message = serde_json::json!({"role": "user", "content": prompt});
+            batch.chat_prompt_ids(&[message]).map_err(fail)?
+        } else {
+            tokenizer.encode(prompt, true).map_err(fail)?
+        };
+        ids.push(batch.submit_ids(&prompt_ids, &args.request).map_err(fail)?);
+        prompts.push(prompt_ids);
+    }
+    let mut done = std::collections::HashMap::new();
+    while !batch.is_idle() {
+        for event in batch.step().map_err(fail)? {
+            if let Some(error) = event.error {
+                return Err(fail(error));
+            }
+            if let Some(out) = event.done {
+                done.insert(event.id, out);
+            }
+        }
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let (text, o) = &done[id];
+        println!("[{i}] {text}");
+        report(args.json, Some(i), text, &prompts[i], o);
     }
     Ok(())
 }

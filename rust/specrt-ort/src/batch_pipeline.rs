@@ -6,6 +6,7 @@
 //!
 //! ```no_run
 //! use std::path::Path;
+//! use specrt_ort::specrt_core::BatchOptions;
 //! use specrt_ort::{find_ort_library, BatchPipeline, GenerationRequest, OrtOptions};
 //!
 //! let options = OrtOptions::new(find_ort_library(None)?);
@@ -13,8 +14,8 @@
 //!     Path::new("/models/smollm2-135m-instruct/fp32-B"), // the batched layout (`specrt convert --attention batched`)
 //!     None,
 //!     &options,
-//!     4,   // max_batch
-//!     256, // prefill_chunk
+//!     4, // max_batch
+//!     BatchOptions::default(), // prefill_chunk 256, prefix caching on
 //! )?;
 //! let request = GenerationRequest { max_new_tokens: 32, temperature: Some(0.0), ..GenerationRequest::default() };
 //! let a = batch.submit_text("The capital of France is", &request)?;
@@ -32,8 +33,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use specrt_core::{BatchBackend, BatchEngine, BatchOptions};
-use specrt_core::{GenerationOutput, Result, SpecError};
-use specrt_text::detok::{RoundEnd, TextAssembler, TextOptions};
+use specrt_core::{FinishReason, GenerationOutput, PromptLogprobs, Result, SpecError, StepOutput};
+use specrt_text::chat::ChatTemplate;
+use specrt_text::detok::{RoundEnd, TextAssembler};
 use specrt_text::tokenizer::Tokenizer;
 
 use crate::batched::BatchedOrtBackend;
@@ -49,13 +51,26 @@ pub struct BatchEvent {
     /// Text to show now (empty for a request submitted as ids without a tokenizer, or while text is held back:
     /// a partial UTF-8 character or a possible partial stop string).
     pub text: String,
-    /// The token ids the round committed for it (before a stop-string cut).
-    pub tokens: Vec<u32>,
+    /// The tokens the round committed for it, cut after the token that ends a stop string (with their sources,
+    /// the target's log-probabilities and alternatives as the request asked, and the finish reason: `Stop` for a
+    /// stop string; `None` while it goes on).
+    pub step: StepOutput,
+    /// On the request's first event, when it asked for `prompt_logprobs`: the prompt's scores.
+    pub prompt: Option<PromptLogprobs>,
     /// On the request's last event: its whole text (cut before a stop string) and output (tokens cut at the
     /// token holding a stop string's last character; finish reason, statistics). The request is then gone.
     pub done: Option<(String, GenerationOutput)>,
     /// The request failed in this round (it has left the batch; the others go on).
     pub error: Option<SpecError>,
+}
+
+/// One request's text and what its events have carried.
+struct Tracked {
+    text: Option<TextAssembler>,
+    /// Tokens its events have carried so far.
+    n_emitted: usize,
+    /// Whether it asked for the prompt's scores (sent on its first event).
+    scored: bool,
 }
 
 /// A batched engine over a target (and optional draft) model folder in the batched layout, with the target
@@ -64,14 +79,15 @@ pub struct BatchPipeline {
     engine: BatchEngine,
     defaults: FolderDefaults,
     tokenizer: Option<Tokenizer>,
-    texts: HashMap<u64, Option<TextAssembler>>,
+    chat_template: Option<ChatTemplate>,
+    requests: HashMap<u64, Tracked>,
     next_id: u64,
 }
 
 impl BatchPipeline {
     /// Load a target folder (and an optional draft, loaded with [`OrtOptions::for_draft`]) converted with
-    /// `--attention batched`, holding up to `max_batch` rows; `prefill_chunk` = most prompt tokens a joining request
-    /// prefills per round.
+    /// `--attention batched`, holding up to `max_batch` rows, with the batched engine's `batch_options` (`prefill_chunk`
+    /// = most prompt tokens a joining request prefills per round; prefix caching and its byte budget).
     ///
     /// Errors: as [`crate::Pipeline::load`], and [`SpecError::Config`] for a folder not in the batched layout or a
     /// zero `prefill_chunk`.
@@ -80,7 +96,7 @@ impl BatchPipeline {
         draft: Option<&Path>,
         options: &OrtOptions,
         max_batch: usize,
-        prefill_chunk: usize,
+        batch_options: BatchOptions,
     ) -> Result<Self> {
         let target_file = resolve_model_file(target)?;
         let defaults = FolderDefaults::read(&target_file)?;
@@ -95,16 +111,11 @@ impl BatchPipeline {
             ),
             None => None,
         };
-        let engine = BatchEngine::new(
-            Box::new(t),
-            d,
-            BatchOptions {
-                prefill_chunk,
-                ..BatchOptions::default()
-            },
-        )?;
+        let engine = BatchEngine::new(Box::new(t), d, batch_options)?;
         let tokenizer = crate::pipeline::folder_tokenizer(&target_file)?;
-        Ok(Self::from_engine(engine, defaults, tokenizer))
+        let mut pipeline = Self::from_engine(engine, defaults, tokenizer);
+        pipeline.chat_template = crate::pipeline::folder_chat_template(&target_file)?;
+        Ok(pipeline)
     }
 
     /// A pipeline over a batched engine built elsewhere (mock models in tests).
@@ -118,7 +129,8 @@ impl BatchPipeline {
             engine,
             defaults,
             tokenizer,
-            texts: HashMap::new(),
+            chat_template: None,
+            requests: HashMap::new(),
             next_id: 0,
         }
     }
@@ -127,6 +139,17 @@ impl BatchPipeline {
     #[must_use]
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.tokenizer.as_ref()
+    }
+
+    /// The prompt ids of chat `messages`, as [`crate::Pipeline::chat_prompt_ids`].
+    ///
+    /// Errors: [`SpecError::Config`] without a chat template or tokenizer, or when the template refuses the
+    /// messages.
+    pub fn chat_prompt_ids(&self, messages: &[serde_json::Value]) -> Result<Vec<u32>> {
+        let tokenizer = self.tokenizer.as_ref().ok_or_else(|| {
+            SpecError::Config("this pipeline has no tokenizer; submit token ids".to_owned())
+        })?;
+        crate::pipeline::chat_ids(self.chat_template.as_ref(), tokenizer, messages)
     }
 
     /// Rows the batch holds.
@@ -138,7 +161,7 @@ impl BatchPipeline {
     /// Whether no request is running or waiting.
     #[must_use]
     pub fn is_idle(&self) -> bool {
-        self.texts.is_empty()
+        self.requests.is_empty()
     }
 
     /// Queue a text prompt (encoded with the target folder's tokenizer, special tokens added as its post-processor
@@ -171,7 +194,7 @@ impl BatchPipeline {
             Some(t) => Some(TextAssembler::new(
                 t.clone(),
                 request.stop.clone(),
-                TextOptions::default(),
+                request.text,
             )?),
             None if !request.stop.is_empty() => {
                 return Err(SpecError::Config(
@@ -181,9 +204,17 @@ impl BatchPipeline {
             None => None,
         };
         let id = self.next_id;
+        let scored = cfg.prompt_logprobs.is_some();
         self.engine.add(id, prompt_ids, cfg)?;
         self.next_id += 1;
-        self.texts.insert(id, text);
+        self.requests.insert(
+            id,
+            Tracked {
+                text,
+                n_emitted: 0,
+                scored,
+            },
+        );
         Ok(id)
     }
 
@@ -191,7 +222,7 @@ impl BatchPipeline {
     ///
     /// Errors: [`SpecError::Backend`] if moving another row's cache into the freed slot fails.
     pub fn cancel(&mut self, id: u64) -> Result<bool> {
-        let known = self.texts.remove(&id).is_some();
+        let known = self.requests.remove(&id).is_some();
         Ok(self.engine.cancel(id)? || known)
     }
 
@@ -205,33 +236,43 @@ impl BatchPipeline {
         for row in steps {
             let id = row.id;
             if let Some(error) = row.error {
-                self.texts.remove(&id);
+                self.requests.remove(&id);
                 events.push(BatchEvent {
                     id,
                     text: String::new(),
-                    tokens: Vec::new(),
+                    step: StepOutput::default(),
+                    prompt: None,
                     done: None,
                     error: Some(error),
                 });
                 continue;
             }
-            let end = RoundEnd::from_finish(row.out.finish_reason);
-            let tokens = row.out.tokens;
-            let (text, finished) = match self.texts.get_mut(&id) {
-                Some(Some(assembler)) => {
-                    let delta = assembler.feed(&tokens, end)?;
+            let Some(tracked) = self.requests.get_mut(&id) else {
+                continue; // cancelled meanwhile (cannot happen within one call; be safe)
+            };
+            let mut step = row.out;
+            let end = RoundEnd::from_finish(step.finish_reason);
+            let (text, finished) = match &mut tracked.text {
+                Some(assembler) => {
+                    let delta = assembler.feed(&step.tokens, end)?;
                     if let Some(hit) = &delta.stop {
                         self.engine.stop_at(id, hit.n_keep)?;
+                        cut_step(&mut step, hit.n_keep.saturating_sub(tracked.n_emitted));
                     }
                     (delta.text, delta.finished)
                 }
-                _ => (String::new(), end != RoundEnd::Continue),
+                None => (String::new(), end != RoundEnd::Continue),
             };
+            let prompt = (tracked.scored && tracked.n_emitted == 0)
+                .then(|| self.engine.prompt_logprobs(id).cloned())
+                .flatten();
+            tracked.n_emitted += step.tokens.len();
             let done = if finished {
-                let assembler = self.texts.remove(&id).flatten();
+                let assembler = self.requests.remove(&id).and_then(|t| t.text);
                 let output = self.engine.take_output(id).ok_or_else(|| {
                     SpecError::Internal(format!("request {id} finished without an output"))
                 })?;
+                step.finish_reason = Some(output.finish_reason);
                 Some((
                     assembler.map(|a| a.text().to_owned()).unwrap_or_default(),
                     output,
@@ -242,13 +283,59 @@ impl BatchPipeline {
             events.push(BatchEvent {
                 id,
                 text,
-                tokens,
+                step,
+                prompt,
                 done,
                 error: None,
             });
         }
         Ok(events)
     }
+
+    /// Vocabulary size shared by target and draft.
+    #[must_use]
+    pub fn vocab_size(&self) -> usize {
+        self.engine.vocab_size()
+    }
+
+    /// Whether a draft model is attached.
+    #[must_use]
+    pub fn has_draft(&self) -> bool {
+        self.engine.has_draft()
+    }
+
+    /// Longest prompt + new tokens per row.
+    #[must_use]
+    pub fn max_seq_len(&self) -> usize {
+        self.engine.max_seq_len()
+    }
+
+    /// Requests in the batch now (prefilling or decoding).
+    #[must_use]
+    pub fn n_running(&self) -> usize {
+        self.engine.n_running()
+    }
+
+    /// Requests waiting for a free row.
+    #[must_use]
+    pub fn n_waiting(&self) -> usize {
+        self.engine.n_waiting()
+    }
+
+    /// The target folder's defaults (generation_config.json; its EOS ids).
+    #[must_use]
+    pub fn defaults(&self) -> &FolderDefaults {
+        &self.defaults
+    }
+}
+
+/// Keep the first `n` tokens of a round (a stop string ended in it) and mark it finished by the stop.
+fn cut_step(step: &mut StepOutput, n: usize) {
+    step.tokens.truncate(n);
+    step.sources.truncate(n);
+    step.logprobs.truncate(n);
+    step.top_logprobs.truncate(n);
+    step.finish_reason = Some(FinishReason::Stop);
 }
 
 #[cfg(test)]
@@ -336,13 +423,34 @@ mod tests {
 
     fn run_all(b: &mut BatchPipeline) -> HashMap<u64, (String, String, GenerationOutput)> {
         let mut streamed: HashMap<u64, String> = HashMap::new();
+        let mut steps: HashMap<u64, StepOutput> = HashMap::new();
         let mut done = HashMap::new();
         while !b.is_idle() {
             for e in b.step().unwrap() {
                 assert!(e.error.is_none(), "{:?}", e.error);
                 streamed.entry(e.id).or_default().push_str(&e.text);
+                let all = steps.entry(e.id).or_default();
+                assert!(
+                    all.finish_reason.is_none(),
+                    "no event after the one that finished"
+                );
+                all.tokens.extend(&e.step.tokens);
+                all.sources.extend(&e.step.sources);
+                all.logprobs.extend(&e.step.logprobs);
+                all.finish_reason = e.step.finish_reason;
                 if let Some((text, out)) = e.done {
+                    // The events' pieces make the output: tokens (cut at a stop string), sources, logprobs.
+                    let all = &steps[&e.id];
+                    assert_eq!(all.tokens, out.tokens);
+                    assert_eq!(all.sources, out.sources);
+                    assert_eq!(all.logprobs, out.logprobs);
+                    assert_eq!(all.finish_reason, Some(out.finish_reason));
                     done.insert(e.id, (streamed[&e.id].clone(), text, out));
+                } else {
+                    assert!(
+                        e.step.finish_reason.is_none(),
+                        "a finish reason comes with the output"
+                    );
                 }
             }
         }
@@ -427,5 +535,47 @@ mod tests {
         let done = run_all(&mut b);
         assert!(!done.contains_key(&a));
         assert_eq!(done[&c].2.tokens.len(), 20);
+    }
+
+    #[test]
+    fn the_first_event_carries_the_prompt_scores_when_asked() {
+        let mut b = batch(2);
+        let (prompt, r) = requests().remove(0);
+        let scored = GenerationRequest {
+            prompt_logprobs: Some(2),
+            ..r.clone()
+        };
+        let a = b.submit_text(&prompt, &scored).unwrap();
+        let plain = b.submit_text(&prompt, &r).unwrap();
+        let mut first: HashMap<u64, Option<PromptLogprobs>> = HashMap::new();
+        let mut later_prompt = false;
+        let mut outputs = HashMap::new();
+        while !b.is_idle() {
+            for e in b.step().unwrap() {
+                match first.entry(e.id) {
+                    std::collections::hash_map::Entry::Occupied(_) => {
+                        later_prompt |= e.prompt.is_some();
+                    }
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        v.insert(e.prompt.clone());
+                    }
+                }
+                if let Some((_, out)) = e.done {
+                    outputs.insert(e.id, out);
+                }
+            }
+        }
+        assert!(
+            !later_prompt,
+            "only the first event carries the prompt's scores"
+        );
+        assert!(first[&plain].is_none());
+        let scores = first[&a].clone().expect("asked for");
+        assert_eq!(
+            scores.logprobs.len(),
+            2,
+            "three prompt tokens: two scored positions"
+        );
+        assert_eq!(scores, outputs[&a].prompt);
     }
 }

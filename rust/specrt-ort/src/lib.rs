@@ -75,7 +75,8 @@ pub use batched::{BatchedOrtBackend, MAX_BATCH};
 pub use cuda_graph::MAX_GRAPH_TOKENS;
 pub use discover::find_ort_library;
 pub use options::{
-    physical_cores, KvLayout, Memory, MemoryPlan, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN,
+    physical_cores, Attention, DecoderOptions, KvLayout, Memory, MemoryPlan, OrtOptions, Provider,
+    DEFAULT_MAX_SEQ_LEN,
 };
 pub use pipeline::{
     check_ids, resolve_request, FolderDefaults, GenerationRequest, Pipeline, Proposer,
@@ -89,3 +90,6 @@ pub use runtime::{
 pub use specrt_core;
 /// The text crate (tokenizer, detokenization, stop strings, chat templates), re-exported likewise.
 pub use specrt_text;
+/// Which text a request gets ([`GenerationRequest::text`]): vLLM's `skip_special_tokens` and
+/// `include_stop_str_in_output`.
+pub use specrt_text::detok::TextOptions;

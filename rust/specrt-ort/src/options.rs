@@ -52,7 +52,7 @@ impl FromStr for Provider {
             "cpu" | "cpuexecutionprovider" => Ok(Provider::Cpu),
             "cuda" | "gpu" | "cudaexecutionprovider" => Ok(Provider::Cuda),
             _ => Err(SpecError::Config(format!(
-                "provider {s:?} is invalid (expected one of: \"cpu\", \"cuda\")"
+                "provider '{s}' is invalid (expected one of: 'cpu', 'cuda')"
             ))),
         }
     }
@@ -164,6 +164,114 @@ impl MemoryPlan {
             },
         }
     }
+}
+
+/// The attention layout a decoder's models are converted in (`specrt convert --attention`), decided by its
+/// options ([`DecoderOptions::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attention {
+    /// One sequence in a shared KV buffer, GroupQueryAttention (single-stream decoding).
+    Gqa,
+    /// [`Attention::Gqa`] in the form CUDA graphs can replay (`cuda_graph`).
+    GqaGraph,
+    /// Rows of a batch on per-row caches (`max_batch` > 1).
+    Batched,
+}
+
+impl Attention {
+    /// The name `specrt convert --attention` and the model cache use: `"gqa"`, `"gqa-graph"`, `"batched"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Attention::Gqa => "gqa",
+            Attention::GqaGraph => "gqa-graph",
+            Attention::Batched => "batched",
+        }
+    }
+}
+
+/// A decoder's own options (Python's `Decoder(...)`, `specrt serve`'s flags), checked before any model is pulled
+/// or loaded. The one definition of their ranges and of how they combine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecoderOptions {
+    /// Execution provider.
+    pub provider: Provider,
+    /// CUDA device ordinal.
+    pub device_id: i64,
+    /// Longest prompt + new tokens (`None` = the model's whole `max_position_embeddings`).
+    pub max_seq_len: Option<i64>,
+    /// ONNX Runtime intra-op threads (`None` = the physical cores).
+    pub intra_op_threads: Option<i64>,
+    /// CUDA graphs of the decode steps ([`OrtOptions::cuda_graph`]).
+    pub cuda_graph: bool,
+    /// Rows decoded together (1 = single-stream).
+    pub max_batch: i64,
+    /// Most prompt tokens a joining request prefills per round (batched).
+    pub prefill_chunk: i64,
+}
+
+impl DecoderOptions {
+    /// `max_batch`'s allowed values, as messages word them.
+    pub const MAX_BATCH: &'static str = "an integer 1 <= max_batch <= 64";
+    /// `prefill_chunk`'s allowed values.
+    pub const PREFILL_CHUNK: &'static str = "an integer >= 1";
+    /// `max_seq_len`'s allowed values.
+    pub const MAX_SEQ_LEN: &'static str = "an integer >= 1, or None for the model's maximum";
+    /// `intra_op_threads`' allowed values.
+    pub const INTRA_OP_THREADS: &'static str = "an integer >= 1, or None for the cores";
+    /// `device_id`'s allowed values.
+    pub const DEVICE_ID: &'static str = "an integer >= 0";
+
+    /// Check the options and say which attention layout the models need: [`Attention::Batched`] for `max_batch`
+    /// > 1, [`Attention::GqaGraph`] with `cuda_graph`, else [`Attention::Gqa`].
+    ///
+    /// Errors: [`SpecError::Config`] naming the option and its allowed values: a count out of range, `cuda_graph`
+    /// without the CUDA provider, or with `max_batch` > 1 (CUDA graphs replay single-stream decode steps).
+    pub fn check(&self) -> Result<Attention> {
+        let bad = |name: &str, value: i64, expected: &str| {
+            Err(SpecError::Config(format!(
+                "{name} {value} is invalid (expected {expected})"
+            )))
+        };
+        if let Some(n) = self.intra_op_threads.filter(|&n| n < 1) {
+            return bad("intra_op_threads", n, Self::INTRA_OP_THREADS);
+        }
+        if let Some(n) = self.max_seq_len.filter(|&n| n < 1) {
+            return bad("max_seq_len", n, Self::MAX_SEQ_LEN);
+        }
+        if self.device_id < 0 || self.device_id > i64::from(i32::MAX) {
+            return bad("device_id", self.device_id, Self::DEVICE_ID);
+        }
+        if !(1..=crate::MAX_BATCH as i64).contains(&self.max_batch) {
+            return bad("max_batch", self.max_batch, Self::MAX_BATCH);
+        }
+        if self.prefill_chunk < 1 {
+            return bad("prefill_chunk", self.prefill_chunk, Self::PREFILL_CHUNK);
+        }
+        if self.cuda_graph && self.provider != Provider::Cuda {
+            return Err(cuda_graph_needs_cuda(self.provider));
+        }
+        if self.cuda_graph && self.max_batch > 1 {
+            return Err(SpecError::Config(format!(
+                "cuda_graph runs single-stream decoding (max_batch 1), got max_batch {}",
+                self.max_batch
+            )));
+        }
+        Ok(if self.max_batch > 1 {
+            Attention::Batched
+        } else if self.cuda_graph {
+            Attention::GqaGraph
+        } else {
+            Attention::Gqa
+        })
+    }
+}
+
+/// The error of `cuda_graph` on another provider than CUDA.
+fn cuda_graph_needs_cuda(provider: Provider) -> SpecError {
+    SpecError::Config(format!(
+        "cuda_graph needs provider 'cuda' (got provider '{provider}'): CUDA graphs replay GPU kernels"
+    ))
 }
 
 /// Options of one [`crate::OrtBackend`] (one model, one session).
@@ -290,10 +398,7 @@ impl OrtOptions {
             }
         }
         if self.cuda_graph && self.provider != Provider::Cuda {
-            return Err(SpecError::Config(format!(
-                "cuda_graph needs provider cuda (got {}): CUDA graphs replay GPU kernels",
-                self.provider
-            )));
+            return Err(cuda_graph_needs_cuda(self.provider));
         }
         if self.device_id < 0 {
             return Err(SpecError::Config(format!(
@@ -381,7 +486,7 @@ mod tests {
             panic!("expected Config")
         };
         assert!(
-            msg.contains("\"tpu\"") && msg.contains("\"cpu\"") && msg.contains("\"cuda\""),
+            msg.contains("provider 'tpu' is invalid (expected one of: 'cpu', 'cuda')"),
             "{msg}"
         );
     }
@@ -456,5 +561,95 @@ mod tests {
         assert_eq!(count_physical_cores(text), 3);
         assert_eq!(count_physical_cores("processor : 0\n"), 0);
         assert!(physical_cores() >= 1);
+    }
+
+    #[test]
+    fn decoder_options_give_the_layout_and_name_what_is_wrong() {
+        let base = DecoderOptions {
+            provider: Provider::Cpu,
+            device_id: 0,
+            max_seq_len: Some(4096),
+            intra_op_threads: None,
+            cuda_graph: false,
+            max_batch: 1,
+            prefill_chunk: 256,
+        };
+        assert_eq!(base.check().unwrap(), Attention::Gqa);
+        let batched = DecoderOptions {
+            max_batch: 4,
+            ..base.clone()
+        };
+        assert_eq!(batched.check().unwrap(), Attention::Batched);
+        let graph = DecoderOptions {
+            provider: Provider::Cuda,
+            cuda_graph: true,
+            ..base.clone()
+        };
+        assert_eq!(graph.check().unwrap(), Attention::GqaGraph);
+        let refused = [
+            (
+                DecoderOptions {
+                    max_batch: 0,
+                    ..base.clone()
+                },
+                "max_batch 0 is invalid (expected an integer 1 <= max_batch <= 64)",
+            ),
+            (
+                DecoderOptions {
+                    max_batch: 65,
+                    ..base.clone()
+                },
+                "max_batch 65",
+            ),
+            (
+                DecoderOptions {
+                    prefill_chunk: 0,
+                    ..base.clone()
+                },
+                "prefill_chunk 0 is invalid",
+            ),
+            (
+                DecoderOptions {
+                    max_seq_len: Some(-3),
+                    ..base.clone()
+                },
+                "max_seq_len -3 is invalid",
+            ),
+            (
+                DecoderOptions {
+                    intra_op_threads: Some(0),
+                    ..base.clone()
+                },
+                "intra_op_threads 0 is invalid",
+            ),
+            (
+                DecoderOptions {
+                    device_id: -1,
+                    ..base.clone()
+                },
+                "device_id -1 is invalid",
+            ),
+            (
+                DecoderOptions {
+                    cuda_graph: true,
+                    ..base.clone()
+                },
+                "cuda_graph needs provider 'cuda' (got provider 'cpu')",
+            ),
+            (
+                DecoderOptions {
+                    max_batch: 2,
+                    ..graph.clone()
+                },
+                "cuda_graph runs single-stream decoding (max_batch 1), got max_batch 2",
+            ),
+        ];
+        for (options, message) in refused {
+            let err = options.check().unwrap_err();
+            assert!(
+                matches!(&err, SpecError::Config(m) if m.contains(message)),
+                "{err}"
+            );
+        }
     }
 }

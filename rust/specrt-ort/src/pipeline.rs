@@ -389,6 +389,9 @@ pub struct GenerationRequest {
     pub stop: Vec<String>,
     /// Extra ids that end generation (emitted, finish reason "stop"); each `< vocab_size`.
     pub stop_token_ids: Vec<u32>,
+    /// Which text the output gets: vLLM's `skip_special_tokens` (default true) and `include_stop_str_in_output`
+    /// (default false), [`TextOptions`]. Token-level generation has no text and ignores it.
+    pub text: TextOptions,
     /// Keep going past the folder's EOS ids (stop token ids still stop).
     pub ignore_eos: bool,
     /// Coupled sampling (default false): the choice at each position depends on `(seed, position)` alone, so the
@@ -430,6 +433,7 @@ impl Default for GenerationRequest {
             seed: 0,
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
+            text: TextOptions::default(),
             ignore_eos: false,
             coupled: false,
             logprobs: true,
@@ -483,12 +487,7 @@ impl Pipeline {
             None => None,
         };
         let tokenizer = folder_tokenizer(&target_file)?;
-        let folder = target_file.parent().unwrap_or(Path::new("."));
-        let chat_template = if folder.join(CHAT_TEMPLATE_FILE).is_file() {
-            Some(ChatTemplate::from_folder(folder)?)
-        } else {
-            None
-        };
+        let chat_template = folder_chat_template(&target_file)?;
         let mut pipeline = Self::from_engine(
             Engine::new(Box::new(target_backend), draft_backend)?,
             defaults,
@@ -638,14 +637,11 @@ impl Pipeline {
     /// Errors: [`SpecError::Config`] without a chat template or tokenizer, or when the template refuses the
     /// messages (its message, or the construct it cannot render).
     pub fn chat_prompt_ids(&self, messages: &[serde_json::Value]) -> Result<Vec<u32>> {
-        let template = self.chat_template.as_ref().ok_or_else(|| {
-            SpecError::Config(format!(
-                "this pipeline has no chat template (the target folder has no {CHAT_TEMPLATE_FILE}); pass a plain \
-                 prompt"
-            ))
-        })?;
-        let text = template.render(messages, true, None, None, &Map::new())?;
-        self.text_tokenizer()?.encode(&text, false)
+        chat_ids(
+            self.chat_template.as_ref(),
+            self.text_tokenizer()?,
+            messages,
+        )
     }
 
     /// Use `tokenizer` for the text API (a pipeline built with [`Pipeline::from_engine`]).
@@ -695,7 +691,7 @@ impl Pipeline {
     ) -> Result<TextOutput> {
         let tokenizer = self.text_tokenizer()?.clone();
         let cfg = self.resolve(request)?;
-        let mut text = TextAssembler::new(tokenizer, request.stop.clone(), TextOptions::default())?;
+        let mut text = TextAssembler::new(tokenizer, request.stop.clone(), request.text)?;
         self.engine.start(prompt_ids, cfg)?;
         loop {
             let step = self.engine.step()?;
@@ -753,6 +749,34 @@ pub(crate) fn check_same_folders(target_file: &Path, draft_file: &Path) -> Resul
 /// The `tokenizer.json` beside a model file, if there is one.
 ///
 /// Errors: [`SpecError::Io`] for a file that `tokenizers` cannot load.
+/// The chat template of a model file's folder (`None` without `chat_template.jinja`).
+pub(crate) fn folder_chat_template(model_file: &Path) -> Result<Option<ChatTemplate>> {
+    let folder = model_file.parent().unwrap_or(Path::new("."));
+    if folder.join(CHAT_TEMPLATE_FILE).is_file() {
+        ChatTemplate::from_folder(folder).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// Chat `messages` rendered with `template` (as transformers' `apply_chat_template(..., add_generation_prompt=True)`)
+/// and encoded without added special tokens (the template places them): [`Pipeline::chat_prompt_ids`] and
+/// [`crate::BatchPipeline::chat_prompt_ids`].
+pub(crate) fn chat_ids(
+    template: Option<&ChatTemplate>,
+    tokenizer: &Tokenizer,
+    messages: &[serde_json::Value],
+) -> Result<Vec<u32>> {
+    let template = template.ok_or_else(|| {
+        SpecError::Config(format!(
+            "this pipeline has no chat template (the target folder has no {CHAT_TEMPLATE_FILE}); pass a plain \
+             prompt"
+        ))
+    })?;
+    let text = template.render(messages, true, None, None, &Map::new())?;
+    tokenizer.encode(&text, false)
+}
+
 pub(crate) fn folder_tokenizer(model_file: &Path) -> Result<Option<Tokenizer>> {
     let path = model_file
         .parent()

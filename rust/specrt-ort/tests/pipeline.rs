@@ -1,6 +1,6 @@
 //! `Pipeline` end to end on a real ONNX model: greedy speculative output equals greedy target-only output token
-//! for token, a folder's `generation_config.json` defaults apply, stop token ids stop, bad settings are errors that
-//! name the value. Like `with_library.rs`, these run only when `SPECRT_ORT_LIBRARY` (absolute path of
+//! for token, a folder's `generation_config.json` defaults apply, stop token ids stop, the request's text options
+//! choose the text, bad settings are errors that name the value. Like `with_library.rs`, these run only when `SPECRT_ORT_LIBRARY` (absolute path of
 //! libonnxruntime.so.1.x) and `SPECRT_TEST_MODEL` (a model folder, e.g. the tiny model `make test-rs` builds at
 //! `target/test-model/model`) are set; otherwise they return early.
 
@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use specrt_core::{FinishReason, PinnedCosts, SpecError};
 use specrt_ort::{
-    GenerationRequest, OrtOptions, Pipeline, Proposer, SpeculativeTokens, AUTO_K_MAX,
+    GenerationRequest, OrtOptions, Pipeline, Proposer, SpeculativeTokens, TextOptions, AUTO_K_MAX,
 };
 
 fn env_paths() -> Option<(PathBuf, PathBuf)> {
@@ -180,6 +180,53 @@ fn stop_token_ids_stop() {
         .unwrap();
     assert_eq!(out.tokens, reference.tokens[..=first]);
     assert_eq!(out.finish_reason, FinishReason::Stop);
+}
+
+#[test]
+fn text_options_leave_out_or_keep_the_stop_token_id_that_ended_the_generation() {
+    let Some((lib, model)) = env_paths() else {
+        return;
+    };
+    let mut p = Pipeline::load(&model, None, &options(&lib)).unwrap();
+    let tokenizer = p
+        .tokenizer()
+        .cloned()
+        .expect("the test model has a tokenizer.json");
+    let ids = prompt(p.vocab_size());
+    let reference = p.generate(&ids, &greedy(40)).unwrap();
+    let stop = reference.tokens[7];
+    let first = reference.tokens.iter().position(|&t| t == stop).unwrap();
+    let kept = &reference.tokens[..=first];
+    for skip_special_tokens in [true, false] {
+        for include_stop_str_in_output in [false, true] {
+            let request = GenerationRequest {
+                stop_token_ids: vec![stop],
+                text: TextOptions {
+                    skip_special_tokens,
+                    include_stop_str_in_output,
+                },
+                ..greedy(40)
+            };
+            let mut streamed = String::new();
+            let out = p
+                .generate_ids_text_stream(&ids, &request, |step| {
+                    streamed.push_str(&step.text);
+                    true
+                })
+                .unwrap();
+            let shown = if include_stop_str_in_output {
+                kept
+            } else {
+                &kept[..first]
+            };
+            assert_eq!(out.output.tokens, kept);
+            assert_eq!(
+                out.text,
+                tokenizer.decode(shown, skip_special_tokens).unwrap()
+            );
+            assert_eq!(streamed, out.text, "the streamed pieces make the text");
+        }
+    }
 }
 
 #[test]

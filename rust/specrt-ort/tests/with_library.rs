@@ -199,7 +199,7 @@ fn cuda_graph_needs_the_cuda_provider() {
     options.cuda_graph = true;
     let err = OrtBackend::new(&model, &options).err().unwrap();
     assert!(
-        matches!(err, SpecError::Config(ref m) if m.contains("cuda_graph needs provider cuda (got cpu)")),
+        matches!(err, SpecError::Config(ref m) if m.contains("cuda_graph needs provider 'cuda' (got provider 'cpu')")),
         "{err}"
     );
 }

@@ -1,28 +1,28 @@
-//! `BatchEngine`: batched rounds (wraps `specrt_core::BatchEngine` over two `specrt_ort::BatchedOrtBackend`s).
-//! Converts and forwards, nothing more; the Python `specrt.Scheduler` drives it round by round.
+//! `BatchPipeline`: many requests in batched rounds, text out (wraps `specrt_ort::BatchPipeline`: the one resolver,
+//! the tokenizer, stop strings and streamed text are Rust's). Converts and forwards, nothing more; the Python
+//! `specrt.Scheduler` adds the queue, threads, timeouts and asyncio.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use specrt_core::{
-    BatchBackend, BatchEngine, BatchOptions, RowStep, DEFAULT_PREFIX_CACHE_BYTES,
-    DEFAULT_PREFIX_CACHING,
-};
-use specrt_ort::{BatchedOrtBackend, Provider};
+use specrt_core::{BatchOptions, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING};
+use specrt_ort::{BatchEvent, BatchPipeline, Provider};
 
-use crate::args::{ort_options, prompt_ids};
+use crate::args::ort_options;
 use crate::engine::{prompt_dict, stats_dict, step_dict};
 use crate::errors::{run_kernel, to_pyerr};
-use crate::request::RequestConfig;
+use crate::request::{ids_of, request_of};
 
 /// Batched rounds over a target and an optional draft model in the batched layout (``specrt convert --attention
 /// batched``): up to ``max_batch`` requests share each draft pass and each verification pass; a finished request
-/// leaves and a waiting one joins at the next round.
+/// leaves and a waiting one joins at the next round. Requests are resolved by the one resolver at ``submit``
+/// (the target folder's generation_config.json defaults, every check); text, stop strings and streamed pieces are
+/// the target folder's tokenizer's (as ``TextAssembler``).
 ///
-/// Low-level: ``specrt.Scheduler`` (Python) adds tokenization, stop strings, streams, timeouts and threads. Each
-/// method locks the engine for its call.
+/// Low-level: ``specrt.Scheduler`` (Python) adds the queue, threads, timeouts and asyncio. Each method locks the
+/// pipeline for its call.
 ///
 /// Args:
 ///     target: target model folder (batched layout).
@@ -42,29 +42,53 @@ use crate::request::RequestConfig;
 /// Raises:
 ///     FileNotFoundError, ModelFileError: a model or the library is missing or unreadable. ConfigError: a model
 ///     not in the batched layout, or a setting out of range. VocabError, ProviderError, BackendError.
-#[pyclass(module = "specrt._specrt", name = "BatchEngine")]
-pub struct PyBatchEngine {
-    inner: Mutex<BatchEngine>,
+#[pyclass(module = "specrt._specrt", name = "BatchPipeline")]
+pub struct PyBatchPipeline {
+    inner: Mutex<BatchPipeline>,
     vocab_size: usize,
     has_draft: bool,
     max_seq_len: usize,
     max_batch: usize,
 }
 
-fn lock(m: &Mutex<BatchEngine>) -> std::sync::MutexGuard<'_, BatchEngine> {
+fn lock(m: &Mutex<BatchPipeline>) -> std::sync::MutexGuard<'_, BatchPipeline> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn row_dict<'py>(py: Python<'py>, r: RowStep) -> PyResult<Bound<'py, PyDict>> {
-    let d = step_dict(py, &r.out)?;
-    d.set_item("id", r.id)?;
-    let error = r.error.map(|e| to_pyerr(e).into_value(py));
-    d.set_item("error", error)?;
+/// One event as a dict: ``Engine.step``'s keys (the round's tokens, sources, logprobs, top_logprobs, n_drafted,
+/// finish_reason) plus ``id``, ``text``, ``prompt`` (a prompt-scores dict or None), ``error`` (an exception or None)
+/// and ``done`` (None, or ``{"text", "tokens", "sources", "logprobs", "top_logprobs", "finish_reason", "stats",
+/// "prompt"}`` on the request's last event).
+fn event_dict(py: Python<'_>, e: BatchEvent) -> PyResult<Bound<'_, PyDict>> {
+    let d = step_dict(py, &e.step)?;
+    d.set_item("id", e.id)?;
+    d.set_item("text", e.text)?;
+    d.set_item("prompt", e.prompt.map(|p| prompt_dict(py, &p)).transpose()?)?;
+    d.set_item("error", e.error.map(|err| to_pyerr(err).into_value(py)))?;
+    let done = match e.done {
+        None => None,
+        Some((text, out)) => {
+            let o = PyDict::new(py);
+            o.set_item("text", text)?;
+            o.set_item("tokens", out.tokens)?;
+            o.set_item(
+                "sources",
+                out.sources.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+            )?;
+            o.set_item("logprobs", out.logprobs)?;
+            o.set_item("top_logprobs", out.top_logprobs)?;
+            o.set_item("finish_reason", out.finish_reason.as_str())?;
+            o.set_item("stats", stats_dict(py, &out.stats)?)?;
+            o.set_item("prompt", prompt_dict(py, &out.prompt)?)?;
+            Some(o)
+        }
+    };
+    d.set_item("done", done)?;
     Ok(d)
 }
 
 #[pymethods]
-impl PyBatchEngine {
+impl PyBatchPipeline {
     #[new]
     #[pyo3(signature = (
         target, draft=None, *, ort_library, max_batch=4, max_seq_len=None, intra_op_threads=None,
@@ -95,90 +119,67 @@ impl PyBatchEngine {
             allow_fallback,
             false,
         );
-        let engine = run_kernel(py, move || {
-            let t = BatchedOrtBackend::new(&target, &options, max_batch)?;
-            let draft_options = options.for_draft();
-            let d = match &draft {
-                Some(p) => Some(
-                    Box::new(BatchedOrtBackend::new(p, &draft_options, max_batch)?)
-                        as Box<dyn BatchBackend>,
-                ),
-                None => None,
-            };
-            BatchEngine::new(
-                Box::new(t),
-                d,
-                BatchOptions {
-                    prefill_chunk,
-                    prefix_caching: prefix_caching.unwrap_or(DEFAULT_PREFIX_CACHING),
-                    prefix_cache_bytes: prefix_cache_bytes.unwrap_or(DEFAULT_PREFIX_CACHE_BYTES),
-                    ..BatchOptions::default()
-                },
+        let batch_options = BatchOptions {
+            prefill_chunk,
+            prefix_caching: prefix_caching.unwrap_or(DEFAULT_PREFIX_CACHING),
+            prefix_cache_bytes: prefix_cache_bytes.unwrap_or(DEFAULT_PREFIX_CACHE_BYTES),
+            ..BatchOptions::default()
+        };
+        let pipeline = run_kernel(py, move || {
+            BatchPipeline::load(
+                &target,
+                draft.as_deref(),
+                &options,
+                max_batch,
+                batch_options,
             )
         })?;
         Ok(Self {
-            vocab_size: engine.vocab_size(),
-            has_draft: engine.has_draft(),
-            max_seq_len: engine.max_seq_len(),
-            max_batch: engine.max_batch(),
-            inner: Mutex::new(engine),
+            vocab_size: pipeline.vocab_size(),
+            has_draft: pipeline.has_draft(),
+            max_seq_len: pipeline.max_seq_len(),
+            max_batch: pipeline.max_batch(),
+            inner: Mutex::new(pipeline),
         })
     }
 
-    /// Queue request ``id`` (an integer unique among requests not yet cancelled); it joins at the next round with
-    /// a free slot.
+    /// Queue a request: ``prompt`` token ids and ``settings`` (``Decoder.stream``'s keyword arguments by name, as
+    /// ``resolve_request`` takes them; ``stop`` strings included). Returns its id; it joins the batch at a later
+    /// ``step`` with a free row. Nothing is queued on an error.
     ///
     /// Raises:
-    ///     ConfigError (a duplicate id, an empty prompt), VocabError, SequenceLengthError.
-    fn add(
+    ///     ConfigError (a setting out of range, named; an empty prompt), VocabError, SequenceLengthError,
+    ///     TypeError (a token id that is not an integer).
+    fn submit(
         &self,
         py: Python<'_>,
-        id: u64,
-        prompt: Vec<i64>,
-        config: PyRef<'_, RequestConfig>,
-    ) -> PyResult<()> {
-        let prompt = prompt_ids(&prompt)?;
-        let cfg = config.0.clone();
-        run_kernel(py, || lock(&self.inner).add(id, &prompt, cfg))
+        prompt: &Bound<'_, PyAny>,
+        settings: &Bound<'_, PyDict>,
+    ) -> PyResult<u64> {
+        let prompt = ids_of("prompt", prompt, Some(self.vocab_size))?;
+        let request = request_of(settings, Some(self.vocab_size))?;
+        run_kernel(py, || lock(&self.inner).submit_ids(&prompt, &request))
     }
 
-    /// Run one round (GIL released); returns one dict per row that committed tokens or failed: the keys of
-    /// ``Engine.step`` plus ``"id"`` and ``"error"`` (the row's exception, or ``None``). A finished row has left the
-    /// batch; its statistics stay readable (``stats``) until ``cancel(id)``.
+    /// Run one round (GIL released); returns one dict per request that committed tokens, finished or failed (see
+    /// the class docs for the keys). A finished or failed request has left the pipeline.
     ///
     /// Raises:
-    ///     BackendError: a model pass failed (every running row is dropped).
+    ///     BackendError, NonFiniteLogitsError: the round itself failed (every running request is dropped).
     fn step<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        let steps = run_kernel(py, || lock(&self.inner).step().map(<[RowStep]>::to_vec))?;
-        steps.into_iter().map(|r| row_dict(py, r)).collect()
+        let events = run_kernel(py, || lock(&self.inner).step())?;
+        events.into_iter().map(|e| event_dict(py, e)).collect()
     }
 
-    /// Remove request ``id`` (running, waiting or finished); returns whether it was known.
+    /// Remove request ``id`` now (running or waiting); returns whether it was known.
     fn cancel(&self, py: Python<'_>, id: u64) -> PyResult<bool> {
         run_kernel(py, || lock(&self.inner).cancel(id))
     }
 
-    /// Keep only the first ``n_keep`` generated tokens of running request ``id`` and finish it (a stop string).
-    fn stop_at(&self, py: Python<'_>, id: u64, n_keep: usize) -> PyResult<()> {
-        run_kernel(py, || lock(&self.inner).stop_at(id, n_keep))
-    }
-
-    /// Statistics of a running or finished request (a dict as ``Engine.stats``; ``None`` if unknown). Model times
-    /// are those of the shared batched passes.
-    fn stats<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let stats = run_kernel(py, || Ok(lock(&self.inner).stats(id).cloned()))?;
-        stats.map(|s| stats_dict(py, &s)).transpose()
-    }
-
-    /// The prompt's scores of request ``id`` (as ``Engine.prompt_logprobs``; complete from its first emitted token
-    /// on), or None for an unknown id.
-    fn prompt_logprobs<'py>(
-        &self,
-        py: Python<'py>,
-        id: u64,
-    ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let p = run_kernel(py, || Ok(lock(&self.inner).prompt_logprobs(id).cloned()))?;
-        p.map(|p| prompt_dict(py, &p)).transpose()
+    /// Whether no request is running or waiting.
+    #[getter]
+    fn is_idle(&self, py: Python<'_>) -> PyResult<bool> {
+        run_kernel(py, || Ok(lock(&self.inner).is_idle()))
     }
 
     /// Rows in the batch now (prefilling or decoding).
@@ -187,7 +188,7 @@ impl PyBatchEngine {
         run_kernel(py, || Ok(lock(&self.inner).n_running()))
     }
 
-    /// Requests waiting for a slot.
+    /// Requests waiting for a row.
     #[getter]
     fn n_waiting(&self, py: Python<'_>) -> PyResult<usize> {
         run_kernel(py, || Ok(lock(&self.inner).n_waiting()))

@@ -177,7 +177,7 @@ impl PyEngine {
 
     /// Run one round (GIL released) and return what it committed:
     /// ``{"tokens": [int], "sources": ["accepted" | "recovered" | "bonus"], "logprobs": [float],
-    /// "top_logprobs": [[(int, float)]], "n_drafted": int, "finish_reason": None | "eos" | "stop" | "length"}``.
+    /// "top_logprobs": [[(int, float)]], "n_drafted": int, "finish_reason": None | "eos" | "stop" | "length" | "grammar"}``.
     ///
     /// Raises:
     ///     ConfigError: no generation started. NonFiniteLogitsError, BackendError: the generation is dropped.

@@ -191,7 +191,7 @@ impl RequestConfig {
 // naming the parameter in every error.
 
 /// A `ConfigError` "`{name} {value!r} is invalid (expected {expected})`".
-fn invalid(name: &str, value: &Bound<'_, PyAny>, expected: &str) -> PyErr {
+pub(crate) fn invalid(name: &str, value: &Bound<'_, PyAny>, expected: &str) -> PyErr {
     let shown = value
         .repr()
         .map_or_else(|_| "<unprintable>".to_owned(), |r| r.to_string());
@@ -201,7 +201,7 @@ fn invalid(name: &str, value: &Bound<'_, PyAny>, expected: &str) -> PyErr {
 }
 
 /// A Python int (not a bool) as `i128`; `None` for a non-int, `Some(Err)` never: ints beyond `i128` saturate.
-fn as_int(value: &Bound<'_, PyAny>) -> Option<i128> {
+pub(crate) fn as_int(value: &Bound<'_, PyAny>) -> Option<i128> {
     if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
         return None;
     }
@@ -244,7 +244,7 @@ fn opt_f32(name: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<f32>
     value.map(|v| float(name, v).map(|x| x as f32)).transpose()
 }
 
-fn boolean(name: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+pub(crate) fn boolean(name: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
     if !value.is_instance_of::<PyBool>() {
         return Err(invalid(name, value, "True or False"));
     }
@@ -253,7 +253,11 @@ fn boolean(name: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
 
 /// Token ids from a Python sequence: each an int (`TypeError` otherwise, as `operator.index`), each in
 /// `0 <= id < vocab` (`VocabError` naming the first bad one and its position; `vocab` `None` = `2**32`).
-fn ids_of(name: &str, value: &Bound<'_, PyAny>, vocab: Option<usize>) -> PyResult<Vec<u32>> {
+pub(crate) fn ids_of(
+    name: &str,
+    value: &Bound<'_, PyAny>,
+    vocab: Option<usize>,
+) -> PyResult<Vec<u32>> {
     let limit = vocab.map_or(1_i128 << 32, |v| v as i128);
     let mut out = Vec::new();
     for (i, item) in value.try_iter()?.enumerate() {
@@ -289,7 +293,10 @@ fn ids_of(name: &str, value: &Bound<'_, PyAny>, vocab: Option<usize>) -> PyResul
     clippy::cast_sign_loss,
     clippy::cast_possible_truncation
 )]
-fn request_of(settings: &Bound<'_, PyDict>, vocab: Option<usize>) -> PyResult<GenerationRequest> {
+pub(crate) fn request_of(
+    settings: &Bound<'_, PyDict>,
+    vocab: Option<usize>,
+) -> PyResult<GenerationRequest> {
     let mut r = GenerationRequest::default();
     let mut bad_lookup = false; // an n-gram length that is not a non-negative int
     let mut lookup_values: Vec<(&'static str, Bound<'_, PyAny>)> = Vec::new();

@@ -148,7 +148,8 @@ impl PyTokenizer {
 
 /// One request's streaming text: each round's committed token ids in, the text to emit out (incremental
 /// detokenization, stop strings across token boundaries, hold-back of an incomplete UTF-8 sequence and of a
-/// partial stop string). See ``specrt_text::detok``.
+/// partial stop string), as vLLM's ``skip_special_tokens`` and ``include_stop_str_in_output`` define it. See
+/// ``specrt_text::detok``.
 #[pyclass(module = "specrt._specrt", name = "TextAssembler")]
 pub struct PyTextAssembler(TextAssembler);
 
@@ -197,30 +198,29 @@ impl PyTextAssembler {
     ///
     /// Args:
     ///     tokenizer: the model's ``Tokenizer``.
-    ///     stops: stop strings (``Sequence[str]``, non-empty strings); the text ends before the first match.
-    ///     skip_special_tokens: leave special tokens' text out (stops are matched in the text so produced).
-    ///     include_stop_str: end the text after the stop string instead of before it.
-    ///     hide_finishing_token: leave out the text of the EOS / stop-token-id token that ended the generation when
-    ///         no stop string did (vLLM without ``include_stop_str_in_output``).
+    ///     stops: stop strings (``Sequence[str]``, non-empty strings), matched in the text without special tokens
+    ///         whatever ``skip_special_tokens`` says (where the engine stops).
+    ///     skip_special_tokens: vLLM's: leave special tokens' text out. With False the text keeps it and is cut
+    ///         before the first stop string occurring in it.
+    ///     include_stop_str_in_output: vLLM's: keep the stop string that ended the generation, or the text of the
+    ///         EOS / stop-token-id token that ended it; without it both are left out.
     ///
     /// Raises:
     ///     ConfigError: an empty stop string.
     #[new]
     #[pyo3(
-        signature = (tokenizer, stops, *, skip_special_tokens=true, include_stop_str=false, hide_finishing_token=false),
-        text_signature = "(tokenizer, stops, *, skip_special_tokens=True, include_stop_str=False, hide_finishing_token=False)"
+        signature = (tokenizer, stops, *, skip_special_tokens=true, include_stop_str_in_output=false),
+        text_signature = "(tokenizer, stops, *, skip_special_tokens=True, include_stop_str_in_output=False)"
     )]
     fn new(
         tokenizer: &PyTokenizer,
         stops: Vec<String>,
         skip_special_tokens: bool,
-        include_stop_str: bool,
-        hide_finishing_token: bool,
+        include_stop_str_in_output: bool,
     ) -> PyResult<Self> {
         let options = TextOptions {
             skip_special_tokens,
-            include_stop_str,
-            hide_finishing_token,
+            include_stop_str_in_output,
         };
         TextAssembler::new(tokenizer.0.clone(), stops, options)
             .map(Self)
