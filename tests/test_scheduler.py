@@ -113,6 +113,7 @@ class ScriptedDecoder:
                     **dict.fromkeys(
                         ["n_prompt_tokens", "n_rounds", "n_drafted", "n_accepted", "n_recovered", "n_bonus"], 0
                     ),
+                    **dict.fromkeys(["n_cached_tokens", "n_cached_tokens_dft"], 0),
                     **dict.fromkeys(["prefill_ms", "draft_ms", "target_ms", "core_ms"], 0.0),
                     **dict.fromkeys(["acceptance_rate", "mean_tokens_per_round"]),
                     **dict.fromkeys(["decode_tokens_per_s", "tokens_per_s"]),

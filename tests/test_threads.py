@@ -188,7 +188,8 @@ def _another_thread_runs_during(call, attempts: int = 20) -> bool:
 def test_the_gil_is_released_while_models_run(tiny) -> None:
     lib = find_ort_library()
     model = _specrt.OrtModel(str(tiny["slow"]), ort_library=lib, max_seq_len=512)
-    eng = _specrt.Engine(str(tiny["slow"]), str(tiny["slow"]), ort_library=lib, max_seq_len=512)
+    # Without prefix caching: each start below repeats the prompt and must prefill it in full (a long native call).
+    eng = _specrt.Engine(str(tiny["slow"]), str(tiny["slow"]), ort_library=lib, max_seq_len=512, prefix_caching=False)
     tokens = np.arange(1, 257, dtype=np.int64)
     model.forward(tokens, 0)  # warm-up
     prompt = [1 + i % 250 for i in range(400)]
