@@ -471,6 +471,12 @@ def test_acceptance_rate_is_nan_until_a_token_is_drafted_and_schema_refusals_are
         m = c.get("/metrics").text
         assert sample(m, "specrt_requests_total", endpoint="completions", outcome="invalid") == 1.0
         assert sample(m, "specrt_requests_total", endpoint="chat_completions", outcome="invalid") == 1.0
+        # Refused when it starts (a stop token id outside the vocabulary): a 400, counted as invalid, not an error.
+        r = c.post("/v1/completions", json={"prompt": "x", "stop_token_ids": [1_000_000_000]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stop_token_ids", r.text
+        m = c.get("/metrics").text
+        assert sample(m, "specrt_requests_total", endpoint="completions", outcome="invalid") == 2.0
+        assert sample(m, "specrt_requests_total", endpoint="completions", outcome="error") in (None, 0.0)
     # With speculation the gauge is accepted / drafted.
     with TestClient(create_app(tiny, model_name="tiny", num_speculative_tokens=3)) as c:
         r = c.post("/v1/completions", json={"prompt": "def f(x):", "max_tokens": 8, "temperature": 0})

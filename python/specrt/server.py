@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from specrt import _specrt
-from specrt.errors import ConfigError, GenerationCancelled, SpecrtError, VocabError
+from specrt.errors import ConfigError, GenerationCancelled, SequenceLengthError, SpecrtError, VocabError
 from specrt.generate import Decoder, GenerationResult, StreamChunk
 from specrt.scheduler import (
     QueueFullError,
@@ -1187,6 +1187,8 @@ def create_app(
             return "timeout"
         if isinstance(error, GenerationCancelled):
             return "cancelled"
+        if isinstance(error, (ConfigError, VocabError, SequenceLengthError)):
+            return "invalid"  # refused when it started (a 400, as one refused before queueing)
         return "error"
 
     async def _wait_all(request: Request, choices: list[_Choice]) -> None:
