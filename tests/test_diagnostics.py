@@ -61,7 +61,7 @@ def test_memory_plan_never_binds_an_output_to_cuda_pinned_memory() -> None:
     # onnxruntime#29713: logits bound to CUDA-pinned host memory failed the first CUDA run.
     assert OrtModel.planned_memory("cuda") == {"kv_cache": "cuda_device", "logits": "host", "inputs": "host"}
     assert OrtModel.planned_memory("cpu") == {"kv_cache": "host", "logits": "host", "inputs": "host"}
-    with pytest.raises(ValueError, match='"tpu" is invalid'):
+    with pytest.raises(ValueError, match="provider 'tpu' is invalid"):
         OrtModel.planned_memory("tpu")
 
 

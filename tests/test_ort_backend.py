@@ -413,7 +413,7 @@ def test_cuda_with_fallback_runs_on_cpu_and_says_why(contract_dir: Path) -> None
 
 
 def test_unknown_provider_names_the_valid_set(contract_dir: Path) -> None:
-    with pytest.raises(ConfigError, match=r'"tpu" is invalid \(expected one of: "cpu", "cuda"\)'):
+    with pytest.raises(ConfigError, match=r"provider 'tpu' is invalid \(expected one of: 'cpu', 'cuda'\)"):
         OrtModel(contract_dir, provider="tpu")
 
 
