@@ -781,8 +781,7 @@ class _Assembler:
             self.finish = "stop"
         scores: dict[str, Any] = {}
         if n_before == 0 and self.prompt_scored and self.prompt_scores is not None:
-            lps, tops = self._prompt_lists(self.prompt_scores())
-            scores = {"prompt_logprobs": lps, "prompt_top_logprobs": tops, "prompt_token_ids": list(self.ids)}
+            scores = _prompt_fields(self.ids, self.prompt_scores())
         return StreamChunk(
             text=delta.text,
             token_ids=self.tokens[n_before:],
@@ -793,30 +792,56 @@ class _Assembler:
             **scores,
         )
 
-    def _prompt_lists(self, prompt: dict[str, Any] | None) -> tuple[list[float | None], list[list[tuple[int, float]]]]:
-        """The prompt's scores as :class:`GenerationResult` holds them (first position: None / no alternatives)."""
-        if not self.prompt_scored or prompt is None:
-            return [], []
-        return [None, *prompt["logprobs"]], [[], *prompt["top_logprobs"]]
-
     def result_chunk(self, stats: dict[str, Any], prompt: dict[str, Any] | None = None) -> StreamChunk:
         """The last chunk, carrying the :class:`GenerationResult` (``stats``: the engine's statistics dict;
         ``prompt``: its prompt scores, ``Engine.prompt_logprobs()``)."""
         assert self.finish is not None
-        prompt_logprobs, prompt_top = self._prompt_lists(prompt)
-        result = GenerationResult(
-            text=self.text,
-            token_ids=self.tokens,
-            finish_reason=self.finish,
-            logprobs=self.logprobs,
-            sources=self.sources,
-            stats=Stats._from_engine(stats),
-            prompt_token_ids=self.ids,
-            top_logprobs=self.top_logprobs,
-            prompt_logprobs=prompt_logprobs,
-            prompt_top_logprobs=prompt_top,
+        return _result_chunk(
+            {
+                "text": self.text,
+                "tokens": self.tokens,
+                "finish_reason": self.finish,
+                "logprobs": self.logprobs,
+                "sources": self.sources,
+                "top_logprobs": self.top_logprobs,
+                "stats": stats,
+                "prompt": prompt,
+            },
+            self.ids,
+            self.prompt_scored,
         )
-        return StreamChunk(text="", token_ids=[], sources=[], finish_reason=self.finish, result=result)
+
+
+def _prompt_lists(prompt: dict[str, Any] | None) -> tuple[list[float | None], list[list[tuple[int, float]]]]:
+    """The engine's prompt scores as :class:`GenerationResult` holds them (first position: None / no alternatives)."""
+    if prompt is None:
+        return [], []
+    return [None, *prompt["logprobs"]], [[], *prompt["top_logprobs"]]
+
+
+def _prompt_fields(ids: list[int], prompt: dict[str, Any] | None) -> dict[str, Any]:
+    """The prompt's scores as the first :class:`StreamChunk` carries them."""
+    lps, tops = _prompt_lists(prompt)
+    return {"prompt_logprobs": lps, "prompt_top_logprobs": tops, "prompt_token_ids": list(ids)}
+
+
+def _result_chunk(out: dict[str, Any], ids: list[int], scored: bool) -> StreamChunk:
+    """The last chunk of a generation, carrying its :class:`GenerationResult`, from its whole output ``out`` (the keys
+    of ``BatchPipeline``'s ``done``: text, tokens, finish_reason, logprobs, sources, top_logprobs, stats, prompt)."""
+    prompt_logprobs, prompt_top = _prompt_lists(out["prompt"]) if scored else ([], [])
+    result = GenerationResult(
+        text=out["text"],
+        token_ids=out["tokens"],
+        finish_reason=out["finish_reason"],
+        logprobs=out["logprobs"],
+        sources=out["sources"],
+        stats=Stats._from_engine(out["stats"]),
+        prompt_token_ids=ids,
+        top_logprobs=out["top_logprobs"],
+        prompt_logprobs=prompt_logprobs,
+        prompt_top_logprobs=prompt_top,
+    )
+    return StreamChunk(text="", token_ids=[], sources=[], finish_reason=out["finish_reason"], result=result)
 
 
 class _BatchedChunks:
@@ -828,16 +853,9 @@ class _BatchedChunks:
         self.scored = scored  # the request asked for prompt_logprobs
         self.done = False
 
-    @staticmethod
-    def _prompt_lists(prompt: dict[str, Any]) -> tuple[list[float | None], list[list[tuple[int, float]]]]:
-        return [None, *prompt["logprobs"]], [[], *prompt["top_logprobs"]]
-
     def chunks(self, e: dict[str, Any]) -> list[StreamChunk]:
         """The chunks of one event: the round's, then (on the last event) the one carrying the result."""
-        scores: dict[str, Any] = {}
-        if e["prompt"] is not None:
-            lps, tops = self._prompt_lists(e["prompt"])
-            scores = {"prompt_logprobs": lps, "prompt_top_logprobs": tops, "prompt_token_ids": list(self.ids)}
+        scores = _prompt_fields(self.ids, e["prompt"]) if e["prompt"] is not None else {}
         out = [
             StreamChunk(
                 text=e["text"],
@@ -849,21 +867,7 @@ class _BatchedChunks:
                 **scores,
             )
         ]
-        d = e["done"]
-        if d is not None:
+        if e["done"] is not None:
             self.done = True
-            lps, tops = self._prompt_lists(d["prompt"]) if self.scored else ([], [])
-            result = GenerationResult(
-                text=d["text"],
-                token_ids=d["tokens"],
-                finish_reason=d["finish_reason"],
-                logprobs=d["logprobs"],
-                sources=d["sources"],
-                stats=Stats._from_engine(d["stats"]),
-                prompt_token_ids=self.ids,
-                top_logprobs=d["top_logprobs"],
-                prompt_logprobs=lps,
-                prompt_top_logprobs=tops,
-            )
-            out.append(StreamChunk(text="", token_ids=[], sources=[], finish_reason=d["finish_reason"], result=result))
+            out.append(_result_chunk(e["done"], self.ids, self.scored))
         return out
