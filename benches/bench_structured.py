@@ -5,6 +5,7 @@ unconstrained speculative, mask work under 5% of a round).
     python benches/bench_structured.py                                   # Qwen pair: fp32 1.5B target, int4 0.5B draft
     python benches/bench_structured.py --target smollm2-135m-instruct --draft smollm2-135m-instruct --limit 20
     python benches/bench_structured.py --json benches/results/structured.json
+    python benches/bench_structured.py --llama-server ~/.cache/specrt/llama.cpp/0.3.36/build/bin   # + the peer
 
 Each prompt of ``tests/data/json_schemas.json`` (a system message asking for JSON only, the schema's request as the user
 message, the chat template's prompt) is decoded greedily three ways on one Decoder, interleaved per prompt:
@@ -14,6 +15,11 @@ decode the same number of tokens). Reports the sums over prompts: decode tokens/
 time, so prefill is left out of all three alike), the ratios, the share of emitted tokens that were grammar-forced
 free drafts, the constraint's time per emitted token and its share of decode time, and the validity of the
 constrained outputs (``jsonschema``, format checks on; outputs cut by ``--max-new-tokens`` counted apart).
+
+With ``--llama-server BIN`` the same prompts go, after specrt's runs, to llama.cpp's ``llama-server`` (built by
+``benches/peers/setup_llama_cpp.sh``) on 127.0.0.1 with the GGUF files specrt converted from (the Q4_K_M target
+and its draft, ``--draft-max K``), greedy, OpenAI's ``response_format`` json_schema: its own decode tokens/s
+(``timings.predicted_per_second``) and validity, target-only (no ``-md``) and with the draft.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -67,6 +74,62 @@ def valid(schema: dict[str, Any], text: str) -> bool:
     return True
 
 
+def llama_server_sweep(
+    bin_dir: Path, target: str, draft: str | None, entries: list[dict[str, Any]], k: int, max_tokens: int
+) -> dict[str, Any]:
+    """llama-server on the schema prompts (one slot, greedy, json_schema response_format): tokens/s and validity."""
+    import httpx
+
+    gguf = models.cache_dir() / "gguf"
+    names = {e.name: e for e in gguf.iterdir()}
+    pick = lambda stem: next(p for n, p in names.items() if n.lower().startswith(stem))  # noqa: E731
+    port = 18731
+    cmd = [str(bin_dir / "llama-server"), "-m", str(pick(target)), "--port", str(port), "--host", "127.0.0.1"]
+    cmd += ["-c", "4096", "-np", "1", "--no-webui"]
+    if draft:
+        cmd += ["-md", str(pick(draft)), "--draft-max", str(k), "--draft-min", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        n_tokens = 0
+        decode_ms = 0.0
+        n_valid = n_cut = 0
+        for e in entries:
+            body = {
+                "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": e["prompt"]}],
+                "temperature": 0.0,
+                "max_tokens": max_tokens,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": e["schema"]}},
+            }
+            r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600).json()
+            if "choices" not in r:
+                print(f"llama-server refused {e['name']}: {str(r)[:200]}", flush=True)
+                continue
+            choice = r["choices"][0]
+            t = r.get("timings", {})
+            n_tokens += max(0, t.get("predicted_n", 0) - 1)
+            decode_ms += t.get("predicted_ms", 0.0)
+            n_cut += choice["finish_reason"] == "length"
+            n_valid += choice["finish_reason"] != "length" and valid(e["schema"], choice["message"]["content"] or "")
+        return {
+            "command": " ".join(cmd),
+            "tokens_per_s": n_tokens / (decode_ms / 1000) if decode_ms else None,
+            "valid": n_valid,
+            "cut_by_length": n_cut,
+            "n_prompts": len(entries),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
@@ -77,6 +140,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=320)
     ap.add_argument("--limit", type=int, default=None, help="first N schemas only")
     ap.add_argument("--json", type=Path, default=None, help="write per-prompt results here")
+    ap.add_argument("--llama-server", type=Path, default=None, help="folder of llama.cpp's llama-server: run the peer")
     a = ap.parse_args()
 
     entries = json.loads((ROOT / "tests" / "data" / "json_schemas.json").read_text())[: a.limit]
@@ -129,6 +193,11 @@ def main() -> None:
         "cut_by_length": {m: sum(r[m]["finish_reason"] == "length" for r in rows) for m in modes[:2]},
         "same_tokens": sum(r["same_tokens"] for r in rows),
     }
+    if a.llama_server:
+        summary["llama-server"] = {
+            "target-only": llama_server_sweep(a.llama_server, a.target, None, entries, a.k, a.max_new_tokens),
+            "draft": llama_server_sweep(a.llama_server, a.target, a.draft, entries, a.k, a.max_new_tokens),
+        }
     print(json.dumps(summary, indent=1))
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 # llama.cpp as a peer of `specrt bench --peers llama.cpp`: built from the llama.cpp source vendored in
 # llama-cpp-python's sdist on PyPI (no other network), with cmake and ninja from PyPI, cached under
 # <specrt cache>/llama.cpp/<version> (the cache is $SPECRT_CACHE_DIR, default ~/.cache/specrt, as specrt's).
-# Prints the folder holding llama-bench, llama-speculative-simple and llama-completion (the peer's target-only
+# Prints the folder holding llama-bench, llama-speculative-simple, llama-server (the serving peer of
+# benches/bench_serve_peers.py and benches/bench_structured.py) and llama-completion (the peer's target-only
 # fallback where `llama-bench -d` fails; llama-cli in llama.cpp versions without llama-completion).
 # Usage: bash setup_llama_cpp.sh [VERSION]   (about 8-10 minutes on 2 cores the first time)
 # Shipped in the specrt package (specrt/bench/peer_setup/); `specrt bench --setup-peer llama.cpp` runs it, as does a
@@ -12,7 +13,7 @@ version="${1:-0.3.36}"
 # SPECRT_CACHE: the name this script read before it followed specrt's SPECRT_CACHE_DIR.
 root="${SPECRT_CACHE_DIR:-${SPECRT_CACHE:-$HOME/.cache/specrt}}/llama.cpp/$version"
 bin="$root/build/bin"
-if [[ -x "$bin/llama-bench" && -x "$bin/llama-speculative-simple" \
+if [[ -x "$bin/llama-bench" && -x "$bin/llama-speculative-simple" && -x "$bin/llama-server" \
       && ( -x "$bin/llama-completion" || -x "$bin/llama-cli" ) ]]; then
   echo "$bin"
   exit 0
@@ -35,9 +36,9 @@ if [[ ! -f "$src/CMakeLists.txt" ]]; then
   rm -rf "$root/extract"
 fi
 PATH="$tools/bin:$PATH" cmake -S "$src" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+  -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON \
   -DGGML_NATIVE=ON >"$root/cmake.log"
-PATH="$tools/bin:$PATH" ninja -C "$root/build" llama-bench llama-speculative-simple >"$root/ninja.log"
+PATH="$tools/bin:$PATH" ninja -C "$root/build" llama-bench llama-speculative-simple llama-server >"$root/ninja.log"
 # The target-only fallback: llama-completion, or llama-cli where this llama.cpp predates llama-completion.
 PATH="$tools/bin:$PATH" ninja -C "$root/build" llama-completion >>"$root/ninja.log" 2>&1 \
   || PATH="$tools/bin:$PATH" ninja -C "$root/build" llama-cli >>"$root/ninja.log" 2>&1 \
