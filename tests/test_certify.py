@@ -100,6 +100,42 @@ def test_certificate_covers_coupled_sampling(pair: dict[str, str]) -> None:
     assert r.passed, render_report(r)
 
 
+# A regex over the tiny byte-level vocabulary with forced stretches (", " then "x") and free ones; ignore_eos keeps
+# it going (it accepts after each ", " but never completes).
+CONSTRAINED = {"temperature": 1.0, "num_speculative_tokens": 4, "ignore_eos": True, "regex": "(x[a-z]{1,3}, )+"}
+
+
+def test_certificate_covers_structured_output_and_needs_the_masks(
+    pair: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import specrt.certify
+
+    cfg = CertifyConfig(pair["target"], pair["draft"], settings=CONSTRAINED, n=4000)
+    good = certify(cfg)
+    assert good.passed and good.parity_passed and good.n >= 4000, render_report(good)
+    # The same test catches the broken sampler under a constraint...
+    bad = certify(
+        CertifyConfig(pair["target"], pair["draft"], settings=CONSTRAINED, n=4000, fault="residual_from_draft")
+    )
+    assert not bad.passed and bad.p_value < bad.alpha, render_report(bad)
+    # ... and scoring a constrained output against the unmasked target distribution fails: the masks reach the score.
+    real = specrt.certify._processing
+    monkeypatch.setattr(specrt.certify, "_processing", lambda dec, s: (real(dec, s)[0], None))
+    unmasked = certify(cfg)
+    assert not unmasked.passed and unmasked.p_value < unmasked.alpha, render_report(unmasked)
+
+
+def test_certify_cli_takes_the_constraint_flags(pair: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    from specrt.cli import main
+
+    args = ["certify", "--target", pair["target"], "--draft", pair["draft"], "--temperature", "1", "--n", "1000"]
+    assert main([*args, "--ignore-eos", "--regex", CONSTRAINED["regex"]]) == 0
+    out = capsys.readouterr().out
+    assert "losslessness certificate: PASSED" in out and "regex=" in out
+    assert main([*args, "--regex", "(", "--max-new-tokens", "8"]) == 2
+    assert 'error: --regex "(" is invalid' in capsys.readouterr().err
+
+
 def test_bad_certificate_settings_are_clear_errors(pair: dict[str, str]) -> None:
     with pytest.raises(ConfigError, match="n 10 is invalid"):
         certify(CertifyConfig(pair["target"], pair["draft"], n=10))

@@ -121,6 +121,9 @@ class ScriptedDecoder:
                     "n_drafted_ngram": 0,
                     "n_accepted_ngram": 0,
                     "rounds_by_k": [],
+                    "n_drafted_forced": 0,
+                    "n_accepted_forced": 0,
+                    "mask_ms": 0.0,
                 }
             )
             result = GenerationResult(

@@ -23,6 +23,7 @@ __all__ = [
     "BatchPipeline",
     "ChatTemplate",
     "ConfigError",
+    "ConstraintMasks",
     "DraftComparison",
     "Encoding",
     "Engine",
@@ -367,6 +368,8 @@ class RequestConfig:
     @property
     def prompt_logprobs(self) -> int | None: ...
     @property
+    def constraint_kind(self) -> str | None: ...
+    @property
     def sampling(self) -> dict[str, float | int]: ...
 
 # ----- the one request resolver (rust/specrt-py/src/request.rs -> specrt_ort::resolve_request) --------------------
@@ -489,6 +492,18 @@ class Engine:
     def max_seq_len(self) -> int: ...
     @property
     def providers(self) -> list[str]: ...
+
+# ----- structured output (rust/specrt-py/src/constraint.rs) -------------------------------------------------------
+
+@final
+class ConstraintMasks:
+    """A constrained request's masks, position by position (the engine's mask and EOS rule)."""
+
+    def __new__(cls, target: str | os.PathLike[str], config: RequestConfig, vocab_size: int) -> ConstraintMasks: ...
+    def masks(self, output_ids: Sequence[int]) -> npt.NDArray[np.bool_]:
+        """``[n, vocab] bool``: row t = the tokens allowed after ``output_ids[:t]``."""
+    @property
+    def kind(self) -> str: ...
 
 # ----- text in, text out (rust/specrt-py/src/text.rs) -------------------------------------------------------------
 

@@ -32,6 +32,11 @@ as much, which the report compares with ``d_alpha``. In fp32 ``e`` is ~1e-5. In 
 differ by ~1e-2 in logits; the report then says whether that bound stays below a tenth of ``d_alpha``, and if not,
 the certificate still runs but flags the result as dominated by kernel differences.
 
+Structured output: with a constraint (``response_format``, ``json_schema``, ``regex``, ``grammar``, ``choice`` among
+the settings) ``p_t`` is the target's distribution masked by the constraint after the tokens before ``x_t`` (the
+engine's mask and EOS rule, from ``_specrt.ConstraintMasks``) and then processed: what target-only constrained
+decoding samples from, which speculation must preserve.
+
 Greedy parity: at temperature 0 the certificate instead (and at any temperature also) checks that speculative
 greedy output equals target-only greedy output token for token on the prompts, reporting any first divergence with
 the target's top-2 logit gap there.
@@ -144,7 +149,8 @@ class CertifyConfig:
             ``"int4"``: a model drafted by its own int4 copy).
         settings: sampling settings passed to ``Decoder.generate`` (temperature, top_k, top_p, min_p,
             repetition_penalty, frequency_penalty, presence_penalty, num_speculative_tokens, proposer,
-            prompt_lookup_min/max, coupled).
+            prompt_lookup_min/max, coupled) and at most one output constraint (response_format, json_schema,
+            regex, grammar, choice: structured output, scored with the constraint's masks).
         prompts: prompt texts (default :data:`DEFAULT_PROMPTS`); ``chat`` renders them as user messages.
         n: pooled positions to test (default 12,000); ``max_new_tokens``: tokens per run (default 128).
         alpha: significance level (default 0.001). ``seed``: first seed (runs use seed, seed + 1, ...).
@@ -204,11 +210,21 @@ _PROCESS_KEYS = (
 )
 
 
-def _processing(dec: Any, settings: dict[str, Any]) -> dict[str, Any]:
+#: The settings that carry an output constraint (structured output); the parity runs keep them.
+_CONSTRAINT_KEYS = ("response_format", "json_schema", "regex", "grammar", "choice")
+
+
+def _processing(dec: Any, settings: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """The processing settings in force, with the model folder's defaults filled in: what the one resolver gives
-    ``generate`` (``RequestConfig.sampling``)."""
+    ``generate`` (``RequestConfig.sampling``); and the masks of the request's output constraint
+    (``_specrt.ConstraintMasks``), None without one."""
+    from specrt import _specrt
+
     _, config, _ = dec.prepare(prompt=[0], **settings)
-    return {k: config.sampling[k] for k in _PROCESS_KEYS}
+    masks = None
+    if config.constraint_kind is not None:
+        masks = _specrt.ConstraintMasks(dec.target_path, config, dec.vocab_size)
+    return {k: config.sampling[k] for k in _PROCESS_KEYS}, masks
 
 
 def _rounds(sources: Sequence[str]) -> list[int]:
@@ -263,7 +279,7 @@ def certify(cfg: CertifyConfig, *, progress: Any = None) -> CertifyReport:
     dec = Decoder(cfg.target, cfg.draft, max_seq_len=cfg.max_seq_len, draft_dtype=cfg.draft_dtype)
     if progress:
         progress(0, cfg.n)  # the models are loaded; the first run's tokens come next
-    processing = _processing(dec, settings)
+    processing, masks = _processing(dec, settings)
     greedy = processing["temperature"] == 0
     if greedy and not cfg.parity:
         raise ConfigError(
@@ -301,11 +317,12 @@ def certify(cfg: CertifyConfig, *, progress: Any = None) -> CertifyReport:
     parity: list[dict[str, Any]] = []
     if cfg.parity and (cfg.draft is not None or (settings.get("proposer") or "").startswith("ngram")):
         spec_kw = {k: v for k, v in settings.items() if k in ("num_speculative_tokens", "proposer")}
-        spec_kw.update({k: v for k, v in settings.items() if k.startswith("prompt_lookup")})
+        spec_kw.update({k: v for k, v in settings.items() if k.startswith("prompt_lookup") or k in _CONSTRAINT_KEYS})
         for ids in prompts:
             kw = {"max_new_tokens": min(cfg.max_new_tokens, 64), "temperature": 0.0}
             kw.update({k: processing[k] for k in ("repetition_penalty", "frequency_penalty", "presence_penalty")})
-            ref = dec.generate(ids, proposer="none", num_speculative_tokens=0, **kw).token_ids
+            cons = {k: v for k, v in settings.items() if k in _CONSTRAINT_KEYS}
+            ref = dec.generate(ids, proposer="none", num_speculative_tokens=0, **kw, **cons).token_ids
             out = dec.generate(ids, **spec_kw, **kw, **extra).token_ids
             entry: dict[str, Any] = {"prompt_tokens": len(ids), "tokens": len(ref), "identical": out == ref}
             if out != ref:
@@ -334,6 +351,10 @@ def certify(cfg: CertifyConfig, *, progress: Any = None) -> CertifyReport:
         rows = np.asarray(model.forward(seq, 0, len(out)))
         if r == 0:
             shape_diff = _replay_diff(model, ids, out, sources, rows)
+        if masks is not None:
+            # [len(out), vocab] bool: the constraint's mask of each position (EOS rule included), applied to the raw
+            # logits as the engine applies it (before processing; penalties keep -inf at -inf).
+            rows = np.where(masks.masks(out), rows, np.float32(-np.inf))
         probs = np.stack(
             [
                 _specrt.process_logits(

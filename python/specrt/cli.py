@@ -116,6 +116,69 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_constraint(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "structured output", "at most one of these; the output is one the constraint allows (docs/structured-output.md)"
+    )
+    g.add_argument(
+        "--json-schema", metavar="FILE", default=None, help="JSON Schema file the output must validate against"
+    )
+    g.add_argument("--json-object", action="store_true", help="the output is any JSON object")
+    g.add_argument("--regex", metavar="RE", default=None, help="regular expression the whole output matches")
+    g.add_argument(
+        "--grammar", metavar="FILE", default=None, help="Lark grammar file (llguidance's syntax, start rule 'start')"
+    )
+    g.add_argument(
+        "--choice", metavar="TEXT", action="append", default=None, help="one allowed output, repeatable (default: none)"
+    )
+
+
+def _read_flag_file(flag: str, path: str) -> str:
+    from specrt.errors import ConfigError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read {flag} {path}: {e}") from e
+
+
+def _constraint_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    """The structured-output flags as :meth:`specrt.Decoder.stream`'s keyword arguments (only those given; the
+    schema and grammar files read here, their contents checked by the one translation in Rust)."""
+    out: dict[str, Any] = {}
+    if a.json_schema is not None:
+        out["json_schema"] = _read_flag_file("--json-schema", a.json_schema)
+    if a.json_object:
+        out["response_format"] = {"type": "json_object"}
+    if a.regex is not None:
+        out["regex"] = a.regex
+    if a.grammar is not None:
+        out["grammar"] = _read_flag_file("--grammar", a.grammar)
+    if a.choice is not None:
+        out["choice"] = a.choice
+    return out
+
+
+#: The structured-output fields -> this CLI's flags, for the messages of the Rust translation.
+_CONSTRAINT_FLAGS = {
+    "response_format": "--json-object",
+    "json_schema": "--json-schema",
+    "regex": "--regex",
+    "grammar": "--grammar",
+    "choice": "--choice",
+}
+
+
+def _as_constraint_flags(message: str) -> str:
+    """``message`` with a leading structured-output field name (``regex "(" is invalid: ...``) and the names in "at
+    most one of ..." as the CLI's flags; the rest (llguidance's own message, the regex itself) is left alone."""
+    names = "|".join(_CONSTRAINT_FLAGS)
+    if message.startswith("structured output takes at most one of"):
+        return re.sub(r"\b(" + names + r")\b", lambda m: _CONSTRAINT_FLAGS[m.group(1)], message)
+    return re.sub(r"^(" + names + r")\b", lambda m: _CONSTRAINT_FLAGS[m.group(1)], message)
+
+
 def _add_model_dtypes(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="fp32", help=f"weights pulled for model names: {_DTYPE_HELP}")
     p.add_argument(
@@ -144,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     g.add_argument("--system", default=None, help="system message, with --chat (default: none)")
     _add_sampling(g)
+    _add_constraint(g)
     _add_model_dtypes(g)
     g.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider")
     g.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
@@ -269,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.add_argument("--chat", action="store_true", help="render each prompt as a user message in the chat template")
     _add_sampling(v)
+    _add_constraint(v)
     v.set_defaults(max_new_tokens=128)
     v.add_argument("--n", type=int, default=12_000, help="pooled positions to test")
     v.add_argument("--alpha", type=float, default=1e-3, help="significance level: fail when the p-value is below")
@@ -469,9 +534,12 @@ def _generate(a: argparse.Namespace) -> int:
         prompt = a.prompt
     from specrt.generate import check_request
 
-    kwargs = _sampling_kwargs(a)
+    kwargs = _sampling_kwargs(a) | _constraint_kwargs(a)
     kwargs["logprobs"] = bool(a.json)
-    check_request("specrt generate", has_draft=a.draft is not None, **kwargs)  # before the models load
+    try:
+        check_request("specrt generate", has_draft=a.draft is not None, **kwargs)  # before the models load
+    except ConfigError as e:
+        raise ConfigError(_as_constraint_flags(str(e))) from e
     dec = _decoder(a)  # printed only with --json; without them greedy rounds read only argmax ids
     if a.chat:
         messages = ([{"role": "system", "content": a.system}] if a.system else []) + [
@@ -588,7 +656,7 @@ def _certify(a: argparse.Namespace) -> int:
     if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
         raise ConfigError(f"--json {a.json}: the folder {os.path.dirname(os.path.abspath(a.json))} does not exist")
 
-    kw = _sampling_kwargs(a)
+    kw = _sampling_kwargs(a) | _constraint_kwargs(a)
     settings = {k: v for k, v in kw.items() if v is not None and k not in ("max_new_tokens", "seed", "stop")}
     if not settings.get("stop_token_ids"):
         settings.pop("stop_token_ids", None)
@@ -617,7 +685,10 @@ def _certify(a: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    report = certify(cfg, progress=progress)
+    try:
+        report = certify(cfg, progress=progress)
+    except ConfigError as e:
+        raise ConfigError(_as_constraint_flags(str(e))) from e
     print(file=sys.stderr)
     print(render_report(report))
     if a.json:

@@ -53,6 +53,9 @@ class Stats:
         n_cached_tokens: of n_prompt_tokens, those whose target KV was reused from an earlier generation instead of
             prefilled (prefix caching; OpenAI's ``usage.prompt_tokens_details.cached_tokens``); 0 = a miss.
         n_cached_tokens_dft: the same for the draft model (0 when the request does not run it).
+        n_drafted_forced, n_accepted_forced: of n_drafted / n_accepted, the tokens an output constraint forced
+            (structured output: proposed without a draft pass, verified as any proposal).
+        mask_ms: wall time in ms spent in the output constraint (masks, forced tokens, advancing); 0 without one.
     """
 
     n_prompt_tokens: int
@@ -77,6 +80,9 @@ class Stats:
     rounds_by_k: tuple[int, ...] = ()
     n_cached_tokens: int = 0
     n_cached_tokens_dft: int = 0
+    n_drafted_forced: int = 0
+    n_accepted_forced: int = 0
+    mask_ms: float = 0.0
 
     @property
     def prefix_cache_hit(self) -> bool:
@@ -114,6 +120,9 @@ class Stats:
             rounds_by_k=tuple(d["rounds_by_k"]),
             n_cached_tokens=d["n_cached_tokens"],
             n_cached_tokens_dft=d["n_cached_tokens_dft"],
+            n_drafted_forced=d["n_drafted_forced"],
+            n_accepted_forced=d["n_accepted_forced"],
+            mask_ms=d["mask_ms"],
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -577,6 +586,11 @@ class Decoder:
         top_logprobs: int = _D["top_logprobs"],
         prompt_logprobs: int | None = _D["prompt_logprobs"],
         min_tokens: int = _D["min_tokens"],
+        response_format: dict[str, Any] | None = _D["response_format"],
+        json_schema: dict[str, Any] | str | None = _D["json_schema"],
+        regex: str | None = _D["regex"],
+        grammar: str | None = _D["grammar"],
+        choice: Sequence[str] | None = _D["choice"],
         _fault: str | None = None,
     ) -> Iterator[StreamChunk]:
         """Generate, yielding text as it is committed.
@@ -629,13 +643,34 @@ class Decoder:
             min_tokens: vLLM's: no EOS id (unless ``ignore_eos``) and no ``stop_token_ids`` id before this many tokens
                 (0 = off; at most ``max_new_tokens``): their logits are -inf at those positions, in the draft's rows and
                 the target's alike (with the penalties), so speculation stays exact. Stop strings still end the text.
+            response_format, json_schema, regex, grammar, choice: structured output, at most one of them (default
+                none): every emitted token is one the constraint allows, EOS comes only where it accepts, and the
+                generation ends with finish reason ``"grammar"`` once nothing but the end can follow. The mask applies
+                after the penalties and before temperature / top-k / top-p / min-p (top-k chooses among the allowed
+                tokens) to the draft's rows and the target's alike, so speculation stays exact (docs/structured-
+                output.md); tokens the constraint forces are proposed without a draft pass (``Stats.n_drafted_forced``).
+                ``logprobs`` stay the target's raw values. Single-stream decoding only (a batching decoder,
+                ``max_batch`` > 1, refuses them for now). Kinds:
+
+                - ``response_format``: OpenAI's ``{"type": "text"}`` (no constraint), ``{"type": "json_object"}`` (any
+                  JSON object) or ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict":
+                  bool}}`` (``strict`` true refuses schema keywords llguidance does not implement; false, the
+                  default, ignores them, so the output may not check them).
+                - ``json_schema``: a JSON Schema (a dict, or its JSON text), not strict; llguidance's subset.
+                - ``regex``: a regular expression (Rust ``regex`` syntax) the whole output matches.
+                - ``grammar``: a grammar in llguidance's Lark syntax (start rule ``start``).
+                - ``choice``: the output is exactly one of these non-empty strings.
+
+                JSON is written compactly (``", "`` between items, ``": "`` after keys, no other whitespace).
             _fault: a deliberate sampler fault, for tests of the tests only (``"residual_from_draft"``).
 
         Yields:
             :class:`StreamChunk` per round; the last one carries the :class:`GenerationResult`.
 
         Raises:
-            ConfigError: a setting out of range (named, with the allowed range).
+            ConfigError: a setting out of range (named, with the allowed range); a bad schema, regex or grammar, a
+                ``response_format`` of unknown type, or two constraints at once (the field named), before anything
+                runs.
             SequenceLengthError: prompt + max_new_tokens exceeds ``max_seq_len``.
             VocabError: a prompt or stop token id outside ``0 <= id < vocab_size``.
             NonFiniteLogitsError: a model produced NaN/inf logits (position named; not detected in argmax-only

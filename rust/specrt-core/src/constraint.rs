@@ -72,6 +72,32 @@ pub fn apply_mask(logits: &[f32], mask: &[u32], out: &mut [f32]) -> Result<bool>
     Ok(any)
 }
 
+/// The mask of the next position from `constraint` in its current state (`mask`: `[mask_words(vocab)] u32`): the
+/// tokens it allows, with the bits of `eos_token_ids` set exactly where it accepts and cleared under `ignore_eos`.
+/// The one definition of the EOS rule: the engine masks its rows with it, and `specrt certify` (through the Python
+/// binding) scores constrained outputs with it.
+///
+/// Errors: [`SpecError::Config`] if the constraint allows no token; the constraint's own errors.
+pub fn next_mask(
+    constraint: &mut dyn Constraint,
+    eos_token_ids: &[u32],
+    ignore_eos: bool,
+    mask: &mut [u32],
+) -> Result<()> {
+    constraint.fill_mask(mask)?;
+    let eos_ok = !ignore_eos && constraint.is_accepting()?;
+    for &e in eos_token_ids {
+        mask_set(mask, e, eos_ok);
+    }
+    if mask.iter().all(|&w| w == 0) {
+        return Err(SpecError::Config(format!(
+            "the constraint allows no token after {} generated tokens (accepting: {eos_ok}, ignore_eos: {ignore_eos})",
+            constraint.len()
+        )));
+    }
+    Ok(())
+}
+
 /// A per-request constraint on the generated tokens (a grammar matcher), over the committed output tokens plus
 /// any draft tokens it was advanced through. The engine advances it through a round's proposals, truncates it back
 /// to the committed length after verification, and re-advances it through the emitted tokens (the penalty

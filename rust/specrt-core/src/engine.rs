@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::adaptive::{AutoK, KController, RoundKind};
 use crate::backend::Backend;
-use crate::constraint::{apply_mask, mask_allows, mask_set, mask_words, Constraint};
+use crate::constraint::{apply_mask, mask_allows, mask_words, next_mask, Constraint};
 use crate::coupled::CoupledNoise;
 use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
@@ -456,20 +456,14 @@ impl Request {
         let c = self.constraint.as_mut().ok_or_else(|| {
             SpecError::Internal("next_mask on a request without a constraint".to_owned())
         })?;
-        c.fill_mask(mask)?;
+        let out = next_mask(
+            c.as_mut(),
+            &self.cfg.eos_token_ids,
+            self.cfg.ignore_eos,
+            mask,
+        );
         self.stats.mask_ms += ms_since(t0);
-        let eos_ok = !self.cfg.ignore_eos && c.is_accepting()?;
-        for &e in &self.cfg.eos_token_ids {
-            mask_set(mask, e, eos_ok);
-        }
-        if mask.iter().all(|&w| w == 0) {
-            return Err(SpecError::Config(format!(
-                "the constraint allows no token after {} generated tokens (accepting: {eos_ok}, ignore_eos: {})",
-                c.len(),
-                self.cfg.ignore_eos
-            )));
-        }
-        Ok(())
+        out
     }
 
     /// Cut deterministic proposals `tokens` (`[k]`, n-gram continuations) at the first one the constraint refuses

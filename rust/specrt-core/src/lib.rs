@@ -25,7 +25,7 @@ pub mod verify;
 pub use adaptive::{AutoK, KController, PinnedCosts, RoundKind};
 pub use backend::{Backend, BatchBackend, BatchRow};
 pub use batch::{BatchEngine, BatchOptions, RowStep};
-pub use constraint::{apply_mask, mask_allows, mask_set, mask_words, Constraint};
+pub use constraint::{apply_mask, mask_allows, mask_set, mask_words, next_mask, Constraint};
 pub use coupled::CoupledNoise;
 pub use engine::{
     check_prompt, Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig,

@@ -377,3 +377,331 @@ impl Constraint for GrammarConstraint {
             .map_err(|e| self.err(&e))
     }
 }
+
+/// The request fields that carry a constraint, by name, as the binding, `specrt serve` and the CLI take them: OpenAI's
+/// `response_format`, then `json_schema`, `regex`, `grammar`, `choice`.
+pub const CONSTRAINT_FIELDS: [&str; 5] = [
+    "response_format",
+    "json_schema",
+    "regex",
+    "grammar",
+    "choice",
+];
+
+/// A request's structured-output fields as JSON values (`None` = not given; JSON `null` counts as not given), before
+/// [`ConstraintFields::resolve`] turns them into at most one [`OutputConstraint`]. Every caller (Rust users, the
+/// Python binding's keyword arguments, the server's request body) goes through this one translation.
+///
+/// - `response_format`: OpenAI's shape, `{"type": "text"}` (no constraint), `{"type": "json_object"}`, or
+///   `{"type": "json_schema", "json_schema": {"name": str, "schema": {...}, "strict": bool}}` (`name` optional
+///   here; `strict` default false, as OpenAI's).
+/// - `json_schema`: a schema (a JSON object), or a string holding one; not strict (unsupported keywords ignored).
+/// - `regex`: a string (Rust `regex` syntax, the whole output).
+/// - `grammar`: a string (llguidance's Lark syntax, start rule `start`).
+/// - `choice`: a list of non-empty strings.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ConstraintFields {
+    /// OpenAI's `response_format`.
+    pub response_format: Option<Value>,
+    /// A JSON Schema (object) or its JSON text.
+    pub json_schema: Option<Value>,
+    /// A regular expression (string).
+    pub regex: Option<Value>,
+    /// A Lark grammar (string).
+    pub grammar: Option<Value>,
+    /// Strings to choose among (list of strings).
+    pub choice: Option<Value>,
+}
+
+impl ConstraintFields {
+    /// Set field `name` (one of [`CONSTRAINT_FIELDS`]) to `value`; returns false for another name (the field set
+    /// is unchanged).
+    pub fn set(&mut self, name: &str, value: Value) -> bool {
+        let slot = match name {
+            "response_format" => &mut self.response_format,
+            "json_schema" => &mut self.json_schema,
+            "regex" => &mut self.regex,
+            "grammar" => &mut self.grammar,
+            "choice" => &mut self.choice,
+            _ => return false,
+        };
+        *slot = (!value.is_null()).then_some(value);
+        true
+    }
+
+    /// The constraint the fields ask for (`None`: none, or `response_format` `{"type": "text"}`). The syntax of the
+    /// schema, regex or grammar is not compiled here: [`OutputConstraint::validate`] does that.
+    ///
+    /// Errors: [`SpecError::Config`] naming the field, its value and what is allowed, for a value of the wrong type,
+    /// a `response_format` of unknown `type` or without its `json_schema.schema`, a `json_schema` string that is not
+    /// JSON, an empty `choice`, or more than one constraint at once.
+    pub fn resolve(&self) -> Result<Option<OutputConstraint>> {
+        let mut found: Vec<(&'static str, OutputConstraint)> = Vec::new();
+        if let Some(rf) = &self.response_format {
+            if let Some(c) = response_format(rf)? {
+                found.push(("response_format", c));
+            }
+        }
+        if let Some(s) = &self.json_schema {
+            let schema = match s {
+                Value::String(text) => serde_json::from_str(text).map_err(|e| {
+                    SpecError::Config(format!(
+                        "json_schema {} is invalid (expected a JSON Schema object, or a string of JSON): {e}",
+                        short(text)
+                    ))
+                })?,
+                other => other.clone(),
+            };
+            if !schema.is_object() {
+                return Err(field_error(
+                    "json_schema",
+                    s,
+                    "a JSON Schema object, or a string of JSON",
+                ));
+            }
+            found.push((
+                "json_schema",
+                OutputConstraint::JsonSchema {
+                    schema,
+                    strict: false,
+                },
+            ));
+        }
+        if let Some(r) = &self.regex {
+            let Value::String(rx) = r else {
+                return Err(field_error("regex", r, "a string (a regular expression)"));
+            };
+            found.push(("regex", OutputConstraint::Regex(rx.clone())));
+        }
+        if let Some(g) = &self.grammar {
+            let Value::String(lark) = g else {
+                return Err(field_error("grammar", g, "a string (a Lark grammar)"));
+            };
+            found.push(("grammar", OutputConstraint::Lark(lark.clone())));
+        }
+        if let Some(c) = &self.choice {
+            let expected = "a non-empty list of non-empty strings";
+            let Value::Array(items) = c else {
+                return Err(field_error("choice", c, expected));
+            };
+            let choices: Option<Vec<String>> = items
+                .iter()
+                .map(|v| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned))
+                .collect();
+            match choices {
+                Some(choices) if !choices.is_empty() => {
+                    found.push(("choice", OutputConstraint::Choice(choices)))
+                }
+                _ => return Err(field_error("choice", c, expected)),
+            }
+        }
+        if found.len() > 1 {
+            let names: Vec<&str> = found.iter().map(|(n, _)| *n).collect();
+            return Err(SpecError::Config(format!(
+                "structured output takes at most one of {} (got {})",
+                CONSTRAINT_FIELDS.join(", "),
+                names.join(" and ")
+            )));
+        }
+        Ok(found.pop().map(|(_, c)| c))
+    }
+}
+
+/// A [`SpecError::Config`] "`{name} {value} is invalid (expected {expected})`".
+fn field_error(name: &str, value: &Value, expected: &str) -> SpecError {
+    let text = value.to_string();
+    let shown = if text.chars().count() <= 200 {
+        text
+    } else {
+        format!("{}...", text.chars().take(200).collect::<String>())
+    };
+    SpecError::Config(format!("{name} {shown} is invalid (expected {expected})"))
+}
+
+/// OpenAI's `response_format` as a constraint (`None` for `{"type": "text"}`).
+fn response_format(rf: &Value) -> Result<Option<OutputConstraint>> {
+    const TYPES: &str = "'text', 'json_object', 'json_schema'";
+    let Some(obj) = rf.as_object() else {
+        return Err(field_error(
+            "response_format",
+            rf,
+            &format!("an object {{\"type\": ...}} with type one of: {TYPES}"),
+        ));
+    };
+    match obj.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(OutputConstraint::JsonObject)),
+        Some("json_schema") => {
+            let expected = "{\"name\": str, \"schema\": {...}, \"strict\": bool}";
+            let js = obj.get("json_schema").unwrap_or(&Value::Null);
+            let Some(js_obj) = js.as_object() else {
+                return Err(field_error("response_format.json_schema", js, expected));
+            };
+            if let Some(name) = js_obj
+                .get("name")
+                .filter(|n| !n.is_null() && !n.is_string())
+            {
+                return Err(field_error(
+                    "response_format.json_schema.name",
+                    name,
+                    "a string",
+                ));
+            }
+            let strict = match js_obj.get("strict") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(other) => {
+                    return Err(field_error(
+                        "response_format.json_schema.strict",
+                        other,
+                        "true or false",
+                    ))
+                }
+            };
+            let schema = js_obj.get("schema").unwrap_or(&Value::Null);
+            if !schema.is_object() {
+                return Err(field_error(
+                    "response_format.json_schema.schema",
+                    schema,
+                    "a JSON Schema object",
+                ));
+            }
+            Ok(Some(OutputConstraint::JsonSchema {
+                schema: schema.clone(),
+                strict,
+            }))
+        }
+        _ => Err(field_error(
+            "response_format type",
+            obj.get("type").unwrap_or(&Value::Null),
+            &format!("one of: {TYPES}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(pairs: &[(&str, Value)]) -> ConstraintFields {
+        let mut f = ConstraintFields::default();
+        for (k, v) in pairs {
+            assert!(f.set(k, v.clone()), "{k}");
+        }
+        f
+    }
+
+    fn err(pairs: &[(&str, Value)]) -> String {
+        match fields(pairs).resolve() {
+            Err(SpecError::Config(m)) => m,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_field_gives_its_constraint() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        assert_eq!(fields(&[]).resolve().unwrap(), None);
+        assert_eq!(
+            fields(&[("response_format", json!({"type": "text"}))])
+                .resolve()
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            fields(&[("response_format", json!({"type": "json_object"}))])
+                .resolve()
+                .unwrap(),
+            Some(OutputConstraint::JsonObject)
+        );
+        assert_eq!(
+            fields(&[(
+                "response_format",
+                json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}})
+            )])
+            .resolve()
+            .unwrap(),
+            Some(OutputConstraint::JsonSchema { schema: schema.clone(), strict: true })
+        );
+        assert_eq!(
+            fields(&[("json_schema", Value::String(schema.to_string()))])
+                .resolve()
+                .unwrap(),
+            Some(OutputConstraint::JsonSchema {
+                schema: schema.clone(),
+                strict: false
+            })
+        );
+        assert_eq!(
+            fields(&[("regex", json!("[0-9]+"))]).resolve().unwrap(),
+            Some(OutputConstraint::Regex("[0-9]+".into()))
+        );
+        assert_eq!(
+            fields(&[("grammar", json!("start: \"a\""))])
+                .resolve()
+                .unwrap(),
+            Some(OutputConstraint::Lark("start: \"a\"".into()))
+        );
+        assert_eq!(
+            fields(&[("choice", json!(["a", "b"]))]).resolve().unwrap(),
+            Some(OutputConstraint::Choice(vec!["a".into(), "b".into()]))
+        );
+        // null is "not given"; response_format text does not count as a constraint.
+        assert_eq!(
+            fields(&[
+                ("regex", Value::Null),
+                ("response_format", json!({"type": "text"})),
+                ("choice", json!(["a"]))
+            ])
+            .resolve()
+            .unwrap(),
+            Some(OutputConstraint::Choice(vec!["a".into()]))
+        );
+        assert!(!ConstraintFields::default().set("guided_json", json!({})));
+    }
+
+    #[test]
+    fn bad_fields_are_refused_by_name() {
+        let m = err(&[("regex", json!("a")), ("choice", json!(["a"]))]);
+        assert!(
+            m.contains("at most one of") && m.contains("regex and choice"),
+            "{m}"
+        );
+        let m = err(&[("response_format", json!({"type": "xml"}))]);
+        assert!(
+            m.contains("response_format type \"xml\" is invalid") && m.contains("'json_schema'"),
+            "{m}"
+        );
+        let m = err(&[("response_format", json!({"type": "json_schema"}))]);
+        assert!(
+            m.starts_with("response_format.json_schema null is invalid"),
+            "{m}"
+        );
+        let m = err(&[(
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "x"}}),
+        )]);
+        assert!(
+            m.starts_with("response_format.json_schema.schema null"),
+            "{m}"
+        );
+        let m = err(&[("json_schema", json!("{not json"))]);
+        assert!(m.starts_with("json_schema \"{not json\" is invalid"), "{m}");
+        let m = err(&[("json_schema", json!([1]))]);
+        assert!(m.starts_with("json_schema [1] is invalid"), "{m}");
+        let m = err(&[("regex", json!(3))]);
+        assert!(
+            m.starts_with("regex 3 is invalid") && m.contains("a string"),
+            "{m}"
+        );
+        let m = err(&[("grammar", json!(["x"]))]);
+        assert!(m.starts_with("grammar"), "{m}");
+        for bad in [json!([]), json!(["a", ""]), json!("a"), json!([1])] {
+            let m = err(&[("choice", bad)]);
+            assert!(
+                m.starts_with("choice") && m.contains("non-empty list"),
+                "{m}"
+            );
+        }
+    }
+}

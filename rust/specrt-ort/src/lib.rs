@@ -62,6 +62,7 @@
 mod backend;
 pub mod batch_pipeline;
 mod batched;
+pub mod constraints;
 mod cuda_graph;
 pub mod discover;
 pub mod model;
@@ -72,6 +73,7 @@ pub mod runtime;
 pub use backend::{check_cuda_provider, OrtBackend};
 pub use batch_pipeline::{BatchEvent, BatchPipeline};
 pub use batched::{BatchedOrtBackend, MAX_BATCH};
+pub use constraints::ConstraintCompiler;
 pub use cuda_graph::MAX_GRAPH_TOKENS;
 pub use discover::find_ort_library;
 pub use options::{

@@ -65,7 +65,9 @@ use specrt_core::{
     NgramProposer, PinnedCosts, Result, SamplingParams, SpecError, StepOutput, MAX_DRAFT_TOKENS,
 };
 
-use specrt_grammar::{GrammarCompiler, OutputConstraint};
+use specrt_grammar::OutputConstraint;
+
+use crate::constraints::ConstraintCompiler;
 
 use crate::backend::OrtBackend;
 use crate::model::{resolve_model_file, CONFIG_FILE};
@@ -464,8 +466,9 @@ pub struct Pipeline {
     chat_template: Option<ChatTemplate>,
     providers: Vec<&'static str>,
     fallback_reason: Option<String>,
-    /// llguidance's parser factory over the tokenizer, built by the first constrained request.
-    grammar: Option<GrammarCompiler>,
+    /// Compiles requests' constraints over the tokenizer (llguidance's parser factory, built by the first
+    /// constrained request).
+    constraints: ConstraintCompiler,
 }
 
 impl Pipeline {
@@ -501,6 +504,9 @@ impl Pipeline {
             Engine::new(Box::new(target_backend), draft_backend)?,
             defaults,
         );
+        if let Some(t) = &tokenizer {
+            pipeline.constraints.set_tokenizer(t.clone());
+        }
         pipeline.tokenizer = tokenizer;
         pipeline.chat_template = chat_template;
         pipeline.providers = providers;
@@ -511,6 +517,8 @@ impl Pipeline {
     /// A pipeline over an engine built elsewhere (other backends, mock models in tests) and the defaults to use.
     #[must_use]
     pub fn from_engine(engine: Engine, defaults: FolderDefaults) -> Self {
+        let constraints =
+            ConstraintCompiler::new(None, engine.vocab_size(), defaults.eos_token_ids.clone());
         Pipeline {
             engine,
             defaults,
@@ -518,7 +526,7 @@ impl Pipeline {
             chat_template: None,
             providers: Vec::new(),
             fallback_reason: None,
-            grammar: None,
+            constraints,
         }
     }
 
@@ -637,23 +645,8 @@ impl Pipeline {
         &mut self,
         request: &GenerationRequest,
     ) -> Result<Option<Box<dyn Constraint>>> {
-        let Some(spec) = &request.constraint else {
-            return Ok(None);
-        };
-        if self.grammar.is_none() {
-            let tokenizer = self.tokenizer.as_ref().ok_or_else(|| {
-                SpecError::Config(format!(
-                    "structured output needs the target folder's {TOKENIZER_FILE} (this pipeline has none)"
-                ))
-            })?;
-            self.grammar = Some(GrammarCompiler::new(
-                tokenizer,
-                self.engine.vocab_size(),
-                &self.defaults.eos_token_ids,
-            )?);
-        }
-        let compiler = self.grammar.as_ref().expect("just built");
-        Ok(Some(Box::new(compiler.compile(spec)?)))
+        self.constraints
+            .compile_for(request.constraint.as_ref(), &self.defaults.eos_token_ids)
     }
 
     /// The target folder's tokenizer (`None` when the folder has no `tokenizer.json`, or for
@@ -685,6 +678,7 @@ impl Pipeline {
 
     /// Use `tokenizer` for the text API (a pipeline built with [`Pipeline::from_engine`]).
     pub fn set_tokenizer(&mut self, tokenizer: Tokenizer) {
+        self.constraints.set_tokenizer(tokenizer.clone());
         self.tokenizer = Some(tokenizer);
     }
 

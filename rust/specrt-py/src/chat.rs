@@ -44,7 +44,7 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 /// A Python value as JSON, as transformers' ``_plain_template_data`` sees it: None, bool, int, float, str, lists
 /// and tuples, mappings with str keys, pydantic models (``model_dump()``); anything else becomes the placeholder
 /// string ``"<TypeName>"``.
-fn to_json(obj: &Bound<'_, PyAny>, path: &str, depth: usize) -> PyResult<Json> {
+pub(crate) fn to_json(obj: &Bound<'_, PyAny>, path: &str, depth: usize) -> PyResult<Json> {
     if depth > MAX_DEPTH {
         return Err(config(format!(
             "{path}: nested deeper than {MAX_DEPTH} levels"

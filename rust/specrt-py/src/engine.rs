@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use specrt_core::{Backend, Engine, Stats, StepOutput, DEFAULT_PREFIX_CACHING};
-use specrt_ort::{OrtBackend, Provider};
+use specrt_ort::{ConstraintCompiler, OrtBackend, Provider};
 
 use crate::args::{ort_options, prompt_ids};
 use crate::errors::{run_kernel, to_pyerr};
@@ -37,6 +37,8 @@ use crate::request::RequestConfig;
 #[pyclass(module = "specrt._specrt", name = "Engine")]
 pub struct PyEngine {
     inner: Mutex<Engine>,
+    /// Compiles requests' constraints over the target folder's tokenizer.json (structured output).
+    constraints: Mutex<ConstraintCompiler>,
     // Fixed at construction and kept outside the mutex: reading them never waits for a round another thread is
     // running (that wait would hold the GIL and stall every Python thread).
     providers: Vec<&'static str>,
@@ -66,6 +68,9 @@ pub(crate) fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py,
     d.set_item("accepted_at", s.accepted_at.clone())?;
     d.set_item("n_drafted_ngram", s.n_drafted_ngram)?;
     d.set_item("n_accepted_ngram", s.n_accepted_ngram)?;
+    d.set_item("n_drafted_forced", s.n_drafted_forced)?;
+    d.set_item("n_accepted_forced", s.n_accepted_forced)?;
+    d.set_item("mask_ms", s.mask_ms)?;
     d.set_item("rounds_by_k", s.rounds_by_k.clone())?;
     d.set_item("acceptance_rate", s.acceptance_rate())?;
     d.set_item("mean_tokens_per_round", s.mean_tokens_per_round())?;
@@ -135,7 +140,7 @@ impl PyEngine {
             allow_fallback,
             cuda_graph,
         );
-        let (engine, providers) = run_kernel(py, move || {
+        let (engine, providers, constraints) = run_kernel(py, move || {
             let t = OrtBackend::new(&target, &options)?;
             let providers = t.providers();
             let draft_options = options.for_draft();
@@ -145,25 +150,31 @@ impl PyEngine {
             };
             let mut engine = Engine::new(Box::new(t), d)?;
             engine.set_prefix_caching(prefix_caching.unwrap_or(DEFAULT_PREFIX_CACHING));
-            Ok((engine, providers))
+            // EOS ids come with each request (its resolved settings).
+            let constraints =
+                ConstraintCompiler::from_folder(&target, engine.vocab_size(), Vec::new())?;
+            Ok((engine, providers, constraints))
         })?;
         Ok(Self {
             vocab_size: engine.vocab_size(),
             has_draft: engine.has_draft(),
             max_seq_len: engine.max_seq_len(),
             inner: Mutex::new(engine),
+            constraints: Mutex::new(constraints),
             providers,
         })
     }
 
-    /// Start a generation: validate the settings and prefill both caches (GIL released).
+    /// Start a generation: validate the settings, compile the request's output constraint (structured output,
+    /// over the target folder's tokenizer.json and the request's EOS ids) and prefill both caches (GIL released).
     ///
     /// Args:
     ///     prompt: prompt token ids (non-empty).
     ///     config: the request's settings.
     ///
     /// Raises:
-    ///     ConfigError, VocabError, SequenceLengthError (prompt + max_new_tokens > max_seq_len), BackendError.
+    ///     ConfigError (also: a constraint without the folder's tokenizer.json or EOS ids), VocabError,
+    ///     SequenceLengthError (prompt + max_new_tokens > max_seq_len), BackendError.
     fn start(
         &self,
         py: Python<'_>,
@@ -171,8 +182,16 @@ impl PyEngine {
         config: PyRef<'_, RequestConfig>,
     ) -> PyResult<()> {
         let prompt = prompt_ids(&prompt)?;
-        let cfg = config.0.clone();
-        run_kernel(py, || lock(&self.inner).start(&prompt, cfg))
+        let cfg = config.cfg.clone();
+        let spec = config.constraint.clone();
+        run_kernel(py, || {
+            let constraint = self
+                .constraints
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .compile_for(spec.as_ref(), &cfg.eos_token_ids)?;
+            lock(&self.inner).start_with(&prompt, cfg, constraint)
+        })
     }
 
     /// Run one round (GIL released) and return what it committed:

@@ -6,6 +6,7 @@ pub mod arrays;
 mod backend;
 mod batch;
 mod chat;
+mod constraint;
 mod cost;
 mod coupled;
 mod engine;
@@ -29,6 +30,7 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     coupled::register(m)?;
     m.add_class::<backend::PyOrtModel>()?;
     m.add_class::<engine::PyEngine>()?;
+    m.add_class::<constraint::PyConstraintMasks>()?;
     m.add_class::<batch::PyBatchPipeline>()?;
     m.add_class::<request::RequestConfig>()?;
     m.add_class::<request::PyFolderDefaults>()?;

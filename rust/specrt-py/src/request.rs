@@ -9,13 +9,19 @@ use specrt_ort::pipeline::{
     resolve_request as resolve_request_rs, FolderDefaults, GenerationRequest, Proposer,
     SpeculativeTokens,
 };
+use specrt_ort::specrt_grammar::{ConstraintFields, OutputConstraint, CONSTRAINT_FIELDS};
 
 use crate::args::SamplingArgs;
 use crate::errors::to_pyerr;
 
 /// The settings of one generation request (``specrt.Decoder`` builds it from its keyword arguments).
 #[pyclass(module = "specrt._specrt", name = "RequestConfig", frozen)]
-pub struct RequestConfig(pub GenerationConfig);
+pub struct RequestConfig {
+    /// The engine's settings.
+    pub cfg: GenerationConfig,
+    /// The output constraint (structured output; only `resolve_request` sets one).
+    pub constraint: Option<OutputConstraint>,
+}
 
 #[pymethods]
 impl RequestConfig {
@@ -149,26 +155,36 @@ impl RequestConfig {
         // Checked here, so a bad setting is refused before a request queues or a model loads (the engines check
         // again at start: one definition, `GenerationConfig::validate`).
         cfg.validate().map_err(to_pyerr)?;
-        Ok(Self(cfg))
+        Ok(Self {
+            cfg,
+            constraint: None,
+        })
     }
 
     /// Most tokens to emit.
     #[getter]
     fn max_new_tokens(&self) -> usize {
-        self.0.max_new_tokens
+        self.cfg.max_new_tokens
     }
 
     /// Score-the-prompt setting: alternatives per prompt position, or None (off).
     #[getter]
     fn prompt_logprobs(&self) -> Option<usize> {
-        self.0.prompt_logprobs
+        self.cfg.prompt_logprobs
+    }
+
+    /// The kind of the request's output constraint (``"json_schema"``, ``"json_object"``, ``"regex"``,
+    /// ``"grammar"``, ``"choice"``), or None for free text.
+    #[getter]
+    fn constraint_kind(&self) -> Option<&'static str> {
+        self.constraint.as_ref().map(OutputConstraint::kind)
     }
 
     /// The logits processing in force (folder defaults filled in): ``temperature``, ``top_k``, ``top_p``,
     /// ``min_p``, ``repetition_penalty``, ``frequency_penalty``, ``presence_penalty`` (floats; ``top_k`` an int).
     #[getter]
     fn sampling<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = &self.0.sampling;
+        let s = &self.cfg.sampling;
         let d = PyDict::new(py);
         d.set_item("temperature", f64::from(s.temperature))?;
         d.set_item("top_k", s.top_k)?;
@@ -181,7 +197,10 @@ impl RequestConfig {
     }
 
     fn __repr__(&self) -> String {
-        format!("RequestConfig({:?})", self.0)
+        format!(
+            "RequestConfig({:?}, constraint={:?})",
+            self.cfg, self.constraint
+        )
     }
 }
 
@@ -300,8 +319,14 @@ pub(crate) fn request_of(
     let mut r = GenerationRequest::default();
     let mut bad_lookup = false; // an n-gram length that is not a non-negative int
     let mut lookup_values: Vec<(&'static str, Bound<'_, PyAny>)> = Vec::new();
+    let mut constraint = ConstraintFields::default();
     for (key, value) in settings.iter() {
         let key: String = key.extract()?;
+        if CONSTRAINT_FIELDS.contains(&key.as_str()) {
+            // Types and shapes are checked by `ConstraintFields::resolve` (the one translation, named errors).
+            constraint.set(&key, crate::chat::to_json(&value, &key, 0)?);
+            continue;
+        }
         let v = (!value.is_none()).then_some(&value);
         match key.as_str() {
             "max_new_tokens" => {
@@ -458,6 +483,7 @@ pub(crate) fn request_of(
             shown.join(", ")
         ))));
     }
+    r.constraint = constraint.resolve().map_err(to_pyerr)?;
     Ok(r)
 }
 
@@ -564,6 +590,9 @@ pub fn request_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("top_logprobs", r.top_logprobs)?;
     d.set_item("prompt_logprobs", r.prompt_logprobs)?;
     d.set_item("min_tokens", r.min_tokens)?;
+    for name in CONSTRAINT_FIELDS {
+        d.set_item(name, py.None())?; // no constraint (GenerationRequest::constraint None)
+    }
     Ok(d)
 }
 
@@ -624,7 +653,14 @@ pub fn resolve_request(
             Some(ids)
         }
     };
-    Ok((RequestConfig(cfg), request.stop, ids))
+    Ok((
+        RequestConfig {
+            cfg,
+            constraint: request.constraint,
+        },
+        request.stop,
+        ids,
+    ))
 }
 
 /// Token ids as a list of ints, each in ``0 <= id < vocab_size`` (the check every request's prompt gets).
