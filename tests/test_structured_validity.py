@@ -151,7 +151,9 @@ def _settings(sampling: str, i: int) -> dict[str, Any]:
 @pytest.mark.parametrize("sampling", ["greedy", "t0.7"])
 def test_single_stream_constrained_outputs_validate_with_and_without_speculation(folders, sampling: str) -> None:
     """Every constrained output of the set validates, speculative (K = 4, int4 draft) and target-only; greedy
-    speculative output equals greedy target-only output token for token (fp32 target)."""
+    speculative output equals greedy target-only output token for token (fp32 target). At T = 0.7 target-only runs
+    on every other case (its law is what speculation reproduces, tested by Monte Carlo in the Rust core; here it is
+    the validity of the outputs that is checked, and the CI minutes are spent on the speculative path)."""
     import specrt
 
     _, (target, draft, _, _) = folders
@@ -160,19 +162,19 @@ def test_single_stream_constrained_outputs_validate_with_and_without_speculation
     for i, (name, req, check) in enumerate(_cases()):
         s = _settings(sampling, i)
         a = dec.generate(**req, **s, max_new_tokens=MAX_NEW_TOKENS, num_speculative_tokens=4)
-        b = dec.generate(**req, **s, max_new_tokens=MAX_NEW_TOKENS, num_speculative_tokens=0)
         spec.check(name, a, check)
-        plain.check(name, b, check)
-        if sampling == "greedy":
-            assert a.token_ids == b.token_ids, f"{name}: speculative {a.text!r} != target-only {b.text!r}"
+        if sampling == "greedy" or i % 2 == 0:
+            b = dec.generate(**req, **s, max_new_tokens=MAX_NEW_TOKENS, num_speculative_tokens=0)
+            plain.check(name, b, check)
+            if sampling == "greedy":
+                assert a.token_ids == b.token_ids, f"{name}: speculative {a.text!r} != target-only {b.text!r}"
     spec.assert_valid()
     plain.assert_valid()
 
 
-@pytest.mark.parametrize("sampling", ["greedy", "t0.7"])
-def test_batched_constrained_outputs_validate(folders, sampling: str) -> None:
-    """The same sweep through batched rounds (``max_batch`` 4, each row its own constraint), speculative and
-    target-only requests mixed in the batch."""
+def test_batched_constrained_outputs_validate(folders) -> None:
+    """The same set through batched rounds (``max_batch`` 4, each row its own constraint): greedy and T = 0.7
+    requests, speculative (K = 4) and target-only (K = 0), mixed in the same batches."""
     import specrt
     from specrt import Scheduler
 
@@ -183,7 +185,10 @@ def test_batched_constrained_outputs_validate(folders, sampling: str) -> None:
     with Scheduler(dec, max_queue=len(cases)) as sched:
         handles = [
             sched.submit(
-                **req, **_settings(sampling, i), max_new_tokens=MAX_NEW_TOKENS, num_speculative_tokens=4 * (i % 2)
+                **req,
+                **_settings("greedy" if i % 2 == 0 else "t0.7", i),
+                max_new_tokens=MAX_NEW_TOKENS,
+                num_speculative_tokens=4 if i % 4 < 3 else 0,
             )
             for i, (_, req, _) in enumerate(cases)
         ]
