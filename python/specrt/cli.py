@@ -121,12 +121,20 @@ def _add_constraint(p: argparse.ArgumentParser) -> None:
         "structured output", "at most one of these; the output is one the constraint allows (docs/structured-output.md)"
     )
     g.add_argument(
-        "--json-schema", metavar="FILE", default=None, help="JSON Schema file the output must validate against"
+        "--json-schema",
+        metavar="FILE",
+        default=None,
+        help="JSON Schema file the output must validate against (default: none)",
     )
     g.add_argument("--json-object", action="store_true", help="the output is any JSON object")
-    g.add_argument("--regex", metavar="RE", default=None, help="regular expression the whole output matches")
     g.add_argument(
-        "--grammar", metavar="FILE", default=None, help="Lark grammar file (llguidance's syntax, start rule 'start')"
+        "--regex", metavar="RE", default=None, help="regular expression the whole output matches (default: none)"
+    )
+    g.add_argument(
+        "--grammar",
+        metavar="FILE",
+        default=None,
+        help="Lark grammar file, llguidance's syntax with start rule 'start' (default: none)",
     )
     g.add_argument(
         "--choice", metavar="TEXT", action="append", default=None, help="one allowed output, repeatable (default: none)"

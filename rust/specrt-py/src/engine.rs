@@ -37,8 +37,11 @@ use crate::request::RequestConfig;
 #[pyclass(module = "specrt._specrt", name = "Engine")]
 pub struct PyEngine {
     inner: Mutex<Engine>,
-    /// Compiles requests' constraints over the target folder's tokenizer.json (structured output).
-    constraints: Mutex<ConstraintCompiler>,
+    /// The target model folder or file (its tokenizer.json is read by the first constrained request).
+    target: PathBuf,
+    /// Compiles requests' constraints over the target folder's tokenizer.json (structured output; built by the
+    /// first constrained request, so that a plain Engine never reads the tokenizer).
+    constraints: Mutex<Option<ConstraintCompiler>>,
     // Fixed at construction and kept outside the mutex: reading them never waits for a round another thread is
     // running (that wait would hold the GIL and stall every Python thread).
     providers: Vec<&'static str>,
@@ -140,7 +143,8 @@ impl PyEngine {
             allow_fallback,
             cuda_graph,
         );
-        let (engine, providers, constraints) = run_kernel(py, move || {
+        let target_path = target.clone();
+        let (engine, providers) = run_kernel(py, move || {
             let t = OrtBackend::new(&target, &options)?;
             let providers = t.providers();
             let draft_options = options.for_draft();
@@ -150,17 +154,15 @@ impl PyEngine {
             };
             let mut engine = Engine::new(Box::new(t), d)?;
             engine.set_prefix_caching(prefix_caching.unwrap_or(DEFAULT_PREFIX_CACHING));
-            // EOS ids come with each request (its resolved settings).
-            let constraints =
-                ConstraintCompiler::from_folder(&target, engine.vocab_size(), Vec::new())?;
-            Ok((engine, providers, constraints))
+            Ok((engine, providers))
         })?;
         Ok(Self {
             vocab_size: engine.vocab_size(),
             has_draft: engine.has_draft(),
             max_seq_len: engine.max_seq_len(),
             inner: Mutex::new(engine),
-            constraints: Mutex::new(constraints),
+            target: target_path,
+            constraints: Mutex::new(None),
             providers,
         })
     }
@@ -185,11 +187,25 @@ impl PyEngine {
         let cfg = config.cfg.clone();
         let spec = config.constraint.clone();
         run_kernel(py, || {
-            let constraint = self
-                .constraints
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .compile_for(spec.as_ref(), &cfg.eos_token_ids)?;
+            let constraint = match &spec {
+                None => None,
+                Some(c) => {
+                    let mut guard = self
+                        .constraints
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if guard.is_none() {
+                        // EOS ids come with each request (its resolved settings).
+                        *guard = Some(ConstraintCompiler::from_folder(
+                            &self.target,
+                            self.vocab_size,
+                            Vec::new(),
+                        )?);
+                    }
+                    let compiler = guard.as_mut().expect("just built");
+                    compiler.compile_for(Some(c), &cfg.eos_token_ids)?
+                }
+            };
             lock(&self.inner).start_with(&prompt, cfg, constraint)
         })
     }
