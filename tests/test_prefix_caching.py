@@ -12,6 +12,7 @@ import pytest
 import specrt
 from specrt.errors import ConfigError
 from specrt.models import cache_dir
+from specrt.scheduler import Scheduler
 
 QUESTIONS = [
     "Name three colours.",
@@ -73,3 +74,46 @@ def test_batched_layout_chat_turns_reuse_the_history_and_give_the_same_tokens() 
 def test_prefix_caching_must_be_a_bool() -> None:
     with pytest.raises(ConfigError, match="prefix_caching 'no' is invalid"):
         specrt.Decoder(_folder("fp32"), prefix_caching="no")  # type: ignore[arg-type]
+
+
+def test_max_prefill_tokens_changes_when_requests_start_not_their_tokens() -> None:
+    """SmolLM2-135M fp32 (batched layout) with its int4 draft: 8 chat requests sharing a ~200-token system prompt,
+    queued at once on 4 rows with chunks of 32, greedy; with one chunk a round (``max_prefill_tokens=1``) and with
+    every joining prompt in one round (4096). The chunks are cut alike, so each request's tokens are the same (up to
+    a near-tie of the batch mix's ~1e-6 rounding, reported with its gap as in test_batching), and requests 1-7 reuse
+    the system prompt that request 0 stored once prefilled (those admitted with it too)."""
+    from test_batching import assert_equal_or_near_tie
+
+    target, draft = _folder("fp32-B"), _folder("int4-P-B")
+    system = (
+        "You are a careful assistant for a bakery. " + "Answer questions about bread, cakes and opening hours. " * 16
+    )
+    questions = ["Do you sell rye bread?", "When do you open?", "Is the cake gluten free?", "Can I order a pie?"]
+    reqs = [
+        {
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"{q} ({i})"}],
+            "max_new_tokens": 16,
+            "temperature": 0,
+            "num_speculative_tokens": 3,
+        }
+        for i, q in enumerate(questions * 2)
+    ]
+    outs = {}
+    for budget in (1, 4096):
+        dec = specrt.Decoder(target, draft, max_seq_len=512, max_batch=4, prefill_chunk=32, max_prefill_tokens=budget)
+        with Scheduler(dec) as sched:
+            outs[budget] = [h.result(timeout=600) for h in [sched.submit(**r) for r in reqs]]
+        assert outs[budget][0].stats.n_cached_tokens == 0
+        for i, r in enumerate(outs[budget][1:], 1):
+            assert r.stats.n_cached_tokens >= 150, f"max_prefill_tokens {budget}, request {i}"
+    solo = specrt.Decoder(_folder("fp32"), max_seq_len=512)
+    for i, (a, b) in enumerate(zip(outs[4096], outs[1], strict=True)):
+        assert_equal_or_near_tie(a, b, solo, f"request {i}")
+
+
+def test_max_prefill_tokens_must_be_a_positive_int() -> None:
+    for bad in (0, -5):
+        with pytest.raises(ConfigError, match=f"max_prefill_tokens {bad} is invalid \\(expected an integer >= 1\\)"):
+            specrt.Decoder(_folder("fp32"), max_prefill_tokens=bad)
+    with pytest.raises(ConfigError, match="max_prefill_tokens"):
+        specrt.Decoder(_folder("fp32"), max_prefill_tokens="lots")  # type: ignore[arg-type]
