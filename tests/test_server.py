@@ -18,6 +18,7 @@ httpx = pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
+import specrt  # noqa: E402
 from specrt.server import create_app  # noqa: E402
 
 
@@ -89,6 +90,9 @@ def test_completion_equals_the_decoder_and_reports_usage_and_speculation(client,
         "prompt_tokens": len(want.prompt_token_ids),
         "completion_tokens": len(want.token_ids),
         "total_tokens": len(want.prompt_token_ids) + len(want.token_ids),
+        # The decoder's last generation had this prompt: all of it but the last token (the first round's input)
+        # comes from the prefix cache.
+        "prompt_tokens_details": {"cached_tokens": len(want.prompt_token_ids) - 1},
     }
     spec = body["speculative"]
     assert spec["n_drafted"] == want.stats.n_drafted and spec["n_accepted"] == want.stats.n_accepted
@@ -107,7 +111,10 @@ def test_streaming_completion_matches_the_whole_response(client) -> None:
         events = _events(resp)
     assert events[-1] == "[DONE]"
     usage = events[-2]
-    assert usage["choices"] == [] and usage["usage"] == whole["usage"] and "speculative" in usage
+    assert usage["choices"] == [] and "speculative" in usage
+    # The same counts; the repeated prompt now comes from the prefix cache but for its last token.
+    cached = {"cached_tokens": whole["usage"]["prompt_tokens"] - 1}
+    assert usage["usage"] == {**whole["usage"], "prompt_tokens_details": cached}
     chunks = events[:-2]
     assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == whole["choices"][0]["finish_reason"]
@@ -115,6 +122,37 @@ def test_streaming_completion_matches_the_whole_response(client) -> None:
     with client.stream("POST", "/v1/completions", json={**req, "stream": True}) as resp:
         events = _events(resp)
     assert events[-1] == "[DONE]" and "usage" not in events[-2]
+
+
+def test_usage_reports_the_prompt_tokens_the_prefix_cache_supplied(client, tiny) -> None:
+    """``usage.prompt_tokens_details.cached_tokens`` (OpenAI's and vLLM's field) is ``Stats.n_cached_tokens``: a
+    chat whose history the previous request left in the cache reuses it, whole and streamed with include_usage;
+    nothing with ``--no-prefix-caching``."""
+    messages = [{"role": "system", "content": "you answer in one line"}, {"role": "user", "content": "name a fruit"}]
+    req = {"messages": messages, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    first = client.post("/v1/chat/completions", json=req).json()
+    answer = first["choices"][0]["message"]["content"]
+    turn2 = [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": "and a vegetable"}]
+    want = tiny.generate(messages=turn2, max_new_tokens=6, temperature=0, ignore_eos=True)
+    n_prompt = len(want.prompt_token_ids)
+    # The decoder now holds turn 2's prompt: repeating it reuses all but its last token, whole and streamed.
+    whole = client.post("/v1/chat/completions", json={**req, "messages": turn2}).json()
+    assert whole["usage"]["prompt_tokens"] == n_prompt
+    assert whole["usage"]["prompt_tokens_details"] == {"cached_tokens": n_prompt - 1}
+    stream = {**req, "messages": turn2, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/chat/completions", json=stream) as resp:
+        events = _events(resp)
+    assert events[-2]["usage"] == whole["usage"]
+    # A prompt sharing only its first 10 token ids with the cached one reuses those, no more.
+    prompt = [*want.prompt_token_ids[:10], 11, 12, 13]
+    r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0})
+    common = next((j for j, (x, y) in enumerate(zip(prompt, want.prompt_token_ids, strict=False)) if x != y), 99)
+    assert r.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": min(common, len(prompt) - 1)}
+    off = specrt.Decoder(tiny.target_path, tiny.draft_path, max_seq_len=256, prefix_caching=False)
+    with TestClient(create_app(off, model_name="tiny", num_speculative_tokens=3)) as c:
+        for _ in range(2):
+            usage = c.post("/v1/chat/completions", json={**req, "messages": turn2}).json()["usage"]
+            assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
 def test_chat_completion_stream_and_logprobs(client, tiny) -> None:

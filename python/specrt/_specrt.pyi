@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "DEFAULT_MAX_PREFILL_TOKENS",
     "DEFAULT_MAX_SEQ_LEN",
     "DEFAULT_PREFIX_CACHE_BYTES",
     "DEFAULT_PREFIX_CACHING",
@@ -375,6 +376,7 @@ class RequestConfig:
 # ----- the one request resolver (rust/specrt-py/src/request.rs -> specrt_ort::resolve_request) --------------------
 
 DEFAULT_MAX_SEQ_LEN: int
+DEFAULT_MAX_PREFILL_TOKENS: int
 DEFAULT_PREFIX_CACHING: bool
 DEFAULT_PREFIX_CACHE_BYTES: int
 
@@ -413,6 +415,7 @@ def check_decoder_options(
     max_batch: Any,
     prefill_chunk: Any,
     prefix_caching: Any = None,
+    max_prefill_tokens: Any = None,
 ) -> str:
     """Check a Decoder's own options (``specrt_ort::DecoderOptions``); returns ``"gqa"``, ``"gqa-graph"`` or
     ``"batched"``. Raises ConfigError naming a bad option."""
@@ -439,6 +442,7 @@ class BatchPipeline:
         allow_fallback: bool = False,
         prefix_caching: bool | None = None,
         prefix_cache_bytes: int | None = None,
+        max_prefill_tokens: int | None = None,
     ) -> BatchPipeline: ...
     def submit(self, prompt: Sequence[int], settings: dict[str, Any]) -> int: ...
     def step(self) -> list[dict[str, Any]]:

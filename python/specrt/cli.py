@@ -397,6 +397,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=_positive_int, default=None, help="ONNX Runtime threads (default: the physical cores)"
     )
     sv.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=None,
+        help="with --max-batch > 1: most prompt tokens prefilled per round over all joining requests, in whole "
+        "chunks (default: the Decoder's, specrt._specrt.DEFAULT_MAX_PREFILL_TOKENS); more lets requests "
+        "arriving together start sooner, and makes the running ones wait longer per round",
+    )
+    sv.add_argument(
         "--no-prefix-caching",
         dest="prefix_caching",
         action="store_false",
@@ -474,6 +482,11 @@ def _decoder(a: argparse.Namespace) -> Any:
             draft_dtype=a.draft_dtype,
             # Only the flag's False is passed: the default is the Decoder's (one definition, on the Rust side).
             **({"prefix_caching": False} if getattr(a, "prefix_caching", None) is False else {}),
+            **(
+                {"max_prefill_tokens": a.max_prefill_tokens}
+                if getattr(a, "max_prefill_tokens", None) is not None
+                else {}
+            ),
         )
     except ConfigError as e:  # the Decoder's checks (Rust's) name its options; the CLI names its flags
         raise ConfigError(_as_flags(str(e))) from e
@@ -483,6 +496,7 @@ def _decoder(a: argparse.Namespace) -> Any:
 _DECODER_FLAGS = {
     "cuda_graph": "--cuda-graph",
     "max_batch": "--max-batch",
+    "max_prefill_tokens": "--max-prefill-tokens",
     "max_seq_len": "--max-seq-len",
     "intra_op_threads": "--threads",
     "draft_dtype": "--draft-dtype",

@@ -381,8 +381,12 @@ class Decoder:
             ``max_batch`` KV cache slots each, and :class:`specrt.scheduler.Scheduler`
             runs its requests in shared rounds (``stream`` / ``generate`` still run one request at a time). The
             batched attention reads every slot's whole capacity, so keep ``max_seq_len`` near what requests need.
-        prefill_chunk: with ``max_batch`` > 1, most prompt tokens a joining request prefills per round (the
-            longest the running rows wait).
+        prefill_chunk: with ``max_batch`` > 1, most prompt tokens a joining request prefills per pass (its
+            prompt's chunks).
+        max_prefill_tokens: with ``max_batch`` > 1, most prompt tokens prefilled per round over all joining
+            requests, in whole chunks taken in slot order (the round's first always; integer >= 1; default
+            ``DEFAULT_MAX_PREFILL_TOKENS``, 1024): requests arriving together start decoding in fewer rounds, and the
+            running rows wait at most this much prefill per round. The outputs do not depend on it.
         prefix_caching: reuse the KV of a prompt's leading tokens that a previous generation left in the caches
             (its prompt and output, matched token id by token id) and prefill only the rest (default on;
             ``Stats.n_cached_tokens`` counts the reused tokens). The output is unchanged up to the pass shape's
@@ -412,6 +416,7 @@ class Decoder:
         max_batch: int = 1,
         prefill_chunk: int = 256,
         prefix_caching: bool = _specrt.DEFAULT_PREFIX_CACHING,
+        max_prefill_tokens: int = _specrt.DEFAULT_MAX_PREFILL_TOKENS,
     ) -> None:
         from specrt.models import resolve_model
 
@@ -426,6 +431,7 @@ class Decoder:
             max_batch=max_batch,
             prefill_chunk=prefill_chunk,
             prefix_caching=prefix_caching,
+            max_prefill_tokens=max_prefill_tokens,
         )
         _check_draft_dtype(draft, draft_dtype)
 
@@ -467,7 +473,12 @@ class Decoder:
         self._solo_id: int | None = None  # the batched request of a stream() on a batching decoder
         if batched:
             self._batch = _specrt.BatchPipeline(
-                *models, max_batch=max_batch, prefill_chunk=prefill_chunk, prefix_caching=prefix_caching, **common
+                *models,
+                max_batch=max_batch,
+                prefill_chunk=prefill_chunk,
+                max_prefill_tokens=max_prefill_tokens,
+                prefix_caching=prefix_caching,
+                **common,
             )
             self._engine: Any = self._batch
         else:

@@ -355,10 +355,14 @@ def _pydantic_models() -> dict[str, Any]:
     class ErrorResponse(BaseModel):
         error: ErrorDetail
 
+    class PromptTokensDetails(BaseModel):
+        cached_tokens: int
+
     class Usage(BaseModel):
         prompt_tokens: int
         completion_tokens: int
         total_tokens: int
+        prompt_tokens_details: PromptTokensDetails | None = None
 
     class Speculative(BaseModel):
         acceptance_rate: float | None
@@ -604,8 +608,13 @@ def _speculative(results: list[GenerationResult]) -> dict[str, Any]:
 _SPEC_COUNTS = ("n_rounds", "n_drafted", "n_accepted", "n_recovered", "n_bonus")
 
 
-def _usage(n_prompt: int, n_out: int) -> dict[str, int]:
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+def _usage(n_prompt: int, n_out: int, n_cached: int | None = None) -> dict[str, Any]:
+    """OpenAI's ``usage``; with ``n_cached`` (prompt tokens whose KV came from the prefix cache) also
+    ``prompt_tokens_details.cached_tokens``, as OpenAI and vLLM report it."""
+    usage: dict[str, Any] = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+    if n_cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": n_cached}
+    return usage
 
 
 @dataclass
@@ -1266,12 +1275,18 @@ def create_app(
         except Exception as e:
             return None, e
 
-    def _total_usage(choices: list[_Choice]) -> dict[str, int]:
+    def _total_usage(choices: list[_Choice]) -> dict[str, Any]:
         """Usage of a whole request: each prompt's tokens once (OpenAI's and vLLM's count for n > 1), every
-        choice's completion tokens."""
+        choice's completion tokens, and of the prompt tokens those whose target KV the prefix cache supplied
+        (``Stats.n_cached_tokens``; for n > 1 the first finished sample's of each prompt, as its tokens are
+        counted once)."""
         n_prompt = sum({c.prompt_index: c.n_prompt for c in choices}.values())
         n_out = sum(len(c.result.token_ids) for c in choices if c.result is not None and not c.score_only)
-        return _usage(n_prompt, n_out)
+        cached: dict[int, int] = {}
+        for c in choices:
+            if c.result is not None:
+                cached.setdefault(c.prompt_index, c.result.stats.n_cached_tokens)
+        return _usage(n_prompt, n_out, sum(cached.values()))
 
     async def _stream(
         request: Request,

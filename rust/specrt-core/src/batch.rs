@@ -11,8 +11,11 @@
 //! single-request engine, so each row's output is exactly what that row would produce alone with the same seed and
 //! the same K per round, on a backend that computes the same logits batched as alone.
 //!
-//! A joining request's prompt is prefilled in chunks of at most `prefill_chunk` tokens, one chunk per round, before
-//! the round's draft passes: the rows already decoding wait at most one chunk.
+//! A joining request's prompt is prefilled in chunks of at most `prefill_chunk` tokens before the round's draft
+//! passes; a round prefills chunks of the joining prompts (in slot order, each row's next chunk) while they fit in
+//! `max_prefill_tokens` (at least one chunk a round), so requests arriving together start together (SGLang's
+//! `--max-prefill-tokens`, vLLM's `max_num_batched_tokens`): the rows already decoding wait at most that many
+//! prompt tokens' prefill per round.
 //!
 //! K for rows with `auto_k`: chosen once per round for the whole batch by a [`KController`] kept per batch size (the
 //! number of slots a pass runs), from the draft and verification costs measured at that batch size and the pooled
@@ -49,11 +52,20 @@ const CATCHUP_INLINE: usize = 4;
 /// Most plain rounds run at a new batch size to time a plain pass before auto K chooses.
 const PLAIN_FIRST: usize = 4;
 
+/// Default of [`BatchOptions::max_prefill_tokens`]: four chunks of the default `prefill_chunk` (256), so a batch of
+/// 4 requests arriving together prefills its prompts' first chunks in one round.
+pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 1024;
+
 /// Settings of a [`BatchEngine`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchOptions {
-    /// Most prompt tokens a joining request prefills per round (>= 1): the longest the running rows wait.
+    /// Most prompt tokens a joining request prefills per pass (>= 1): the unit its prompt is prefilled in.
     pub prefill_chunk: usize,
+    /// Most prompt tokens prefilled per round over all joining requests ([`BatchOptions::MAX_PREFILL_TOKENS`];
+    /// [`DEFAULT_MAX_PREFILL_TOKENS`]): chunks are taken in slot order while they fit, the round's first always
+    /// (so a value below `prefill_chunk` prefills one chunk a round). The longest the running rows wait per round.
+    /// Chunk boundaries do not depend on it, so neither do the outputs.
+    pub max_prefill_tokens: usize,
     /// Cost-model settings of the per-batch-size K controllers (used by rows with `auto_k`; each row's own
     /// `auto_k.k_max` caps its K further).
     pub auto_k: AutoK,
@@ -67,10 +79,34 @@ pub struct BatchOptions {
     pub prefix_cache_bytes: usize,
 }
 
+impl BatchOptions {
+    /// `max_prefill_tokens`' allowed values, as messages word them.
+    pub const MAX_PREFILL_TOKENS: &'static str = "an integer >= 1";
+
+    /// Check the options.
+    ///
+    /// Errors: [`SpecError::Config`] naming the option, its value and the allowed values.
+    pub fn validate(&self) -> Result<()> {
+        if self.prefill_chunk == 0 {
+            return Err(SpecError::Config(
+                "prefill_chunk 0 is invalid (expected >= 1)".to_owned(),
+            ));
+        }
+        if self.max_prefill_tokens == 0 {
+            return Err(SpecError::Config(format!(
+                "max_prefill_tokens 0 is invalid (expected {})",
+                Self::MAX_PREFILL_TOKENS
+            )));
+        }
+        self.auto_k.validate()
+    }
+}
+
 impl Default for BatchOptions {
     fn default() -> Self {
         Self {
             prefill_chunk: 256,
+            max_prefill_tokens: DEFAULT_MAX_PREFILL_TOKENS,
             auto_k: AutoK::default(),
             prefix_caching: DEFAULT_PREFIX_CACHING,
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
@@ -96,6 +132,9 @@ struct Row {
     ngram: Option<NgramProposer>,
     // Prompt tokens (of the n_prompt - 1 to prefill) in the caches so far.
     prefilled: usize,
+    // Whether the prefix store was searched for its prompt (at its first prefill chunk, not at admission: a row
+    // admitted in the same round as one sharing its prompt's head finds that row's prompt, stored once prefilled).
+    looked_up: bool,
     // Whether the draft model's cache is kept for this row.
     use_draft: bool,
     // [k_max, vocab] the distributions this round's draft tokens were drawn from.
@@ -159,12 +198,7 @@ impl BatchEngine {
     ) -> Result<Self> {
         let vocab = target.vocab_size();
         check_draft_vocab(vocab, draft.as_ref().map(|d| d.vocab_size()))?;
-        if opts.prefill_chunk == 0 {
-            return Err(SpecError::Config(
-                "prefill_chunk 0 is invalid (expected >= 1)".to_owned(),
-            ));
-        }
-        opts.auto_k.validate()?;
+        opts.validate()?;
         let max_batch = draft.as_ref().map_or(target.max_batch(), |d| {
             d.max_batch().min(target.max_batch())
         });
@@ -257,6 +291,7 @@ impl BatchEngine {
             id,
             ngram,
             prefilled: 0,
+            looked_up: false,
             use_draft,
             probs_dft: if use_draft {
                 vec![0.0; k_max * self.vocab]
@@ -425,7 +460,7 @@ impl BatchEngine {
         stored
     }
 
-    /// Prefix caching for the request just admitted into row `i` (slot `i`): copy in the stored prefix that gives
+    /// Prefix caching for the request in row `i` (slot `i`), before its first prefill chunk: copy in the stored prefix that gives
     /// its prompt the longest reuse, in each model, and start its prefill after it.
     ///
     /// Errors: backend errors of the copy.
@@ -469,7 +504,8 @@ impl BatchEngine {
         Ok(())
     }
 
-    /// Run one round: admit waiting requests into free slots, prefill one chunk of a joining prompt, then draft,
+    /// Run one round: admit waiting requests into free slots, prefill chunks of joining prompts (up to
+    /// [`BatchOptions::max_prefill_tokens`]), then draft,
     /// verify and commit for every decoding row. Returns what each row committed (rows that finished have left
     /// the batch; take their results with [`BatchEngine::take_output`]).
     ///
@@ -478,13 +514,7 @@ impl BatchEngine {
         self.steps.clear();
         while self.rows.len() < self.max_batch {
             match self.waiting.pop_front() {
-                Some(row) => {
-                    self.rows.push(row);
-                    if let Err(e) = self.reuse_prefix(self.rows.len() - 1) {
-                        self.rows.clear();
-                        return Err(e);
-                    }
-                }
+                Some(row) => self.rows.push(row),
                 None => break,
             }
         }
@@ -505,14 +535,47 @@ impl BatchEngine {
         Ok(&self.steps)
     }
 
-    fn prefill_one_chunk(&mut self) -> Result<()> {
-        let Some(i) = self
-            .rows
-            .iter()
-            .position(|r| r.prefilled < r.prefill_target())
-        else {
-            return Ok(());
-        };
+    /// The round's prefill: the joining rows' chunks in slot order (a row's next chunks before the next row's), each
+    /// while it fits in what is left of `max_prefill_tokens` (the round's first always), so the earliest joining
+    /// rows start decoding first. Each chunk is its own pass at its row's slot, cut exactly as with one chunk a
+    /// round (at `prefilled + prefill_chunk`), so the outputs do not depend on the budget.
+    ///
+    /// A row's first chunk is preceded by its prefix-store lookup ([`BatchEngine::reuse_prefix`]), and a row whose
+    /// prefill completes has its prompt stored ([`BatchEngine::keep_prefix`]): requests arriving together with a
+    /// shared head (a system prompt) prefill it once, the first of them, when the budget holds that prompt.
+    fn prefill_chunks(&mut self) -> Result<()> {
+        let mut budget = self.opts.max_prefill_tokens;
+        let mut first = true;
+        for i in 0..self.rows.len() {
+            if !self.rows[i].looked_up {
+                self.rows[i].looked_up = true;
+                self.reuse_prefix(i)?;
+            }
+            loop {
+                let r = &self.rows[i];
+                let n =
+                    (r.prefill_target().saturating_sub(r.prefilled)).min(self.opts.prefill_chunk);
+                if n == 0 || (!first && n > budget) {
+                    break;
+                }
+                self.prefill_chunk_at(i)?;
+                budget = budget.saturating_sub(n);
+                first = false;
+                let r = &self.rows[i];
+                if r.prefilled == r.prefill_target() {
+                    self.keep_prefix(i)?;
+                }
+            }
+            if budget == 0 {
+                break; // the rows further on are looked up when a round reaches them
+            }
+        }
+        Ok(())
+    }
+
+    /// Prefill the next chunk of row `i`'s prompt (a batch of one at its slot), in the target and, for a fixed K,
+    /// the draft.
+    fn prefill_chunk_at(&mut self, i: usize) -> Result<()> {
         let t0 = Instant::now();
         let row = &mut self.rows[i];
         let start = row.prefilled;
@@ -548,7 +611,7 @@ impl BatchEngine {
 
     #[allow(clippy::too_many_lines)]
     fn step_inner(&mut self) -> Result<()> {
-        self.prefill_one_chunk()?;
+        self.prefill_chunks()?;
         let vocab = self.vocab;
         let b = self.rows.len();
         if !self.rows.iter().any(Row::decoding) {

@@ -24,7 +24,7 @@ pub mod verify;
 
 pub use adaptive::{AutoK, KController, PinnedCosts, RoundKind};
 pub use backend::{Backend, BatchBackend, BatchRow};
-pub use batch::{BatchEngine, BatchOptions, RowStep};
+pub use batch::{BatchEngine, BatchOptions, RowStep, DEFAULT_MAX_PREFILL_TOKENS};
 pub use constraint::{apply_mask, mask_allows, mask_set, mask_words, next_mask, Constraint};
 pub use coupled::CoupledNoise;
 pub use engine::{

@@ -43,6 +43,25 @@ fn engine(max_batch: usize, noise: f32, prefill_chunk: usize) -> BatchEngine {
     .unwrap()
 }
 
+/// `max_batch` slots prefilling in chunks of `prefill_chunk`, at most `max_prefill_tokens` a round.
+fn budget_engine(
+    max_batch: usize,
+    noise: f32,
+    prefill_chunk: usize,
+    max_prefill_tokens: usize,
+) -> BatchEngine {
+    BatchEngine::new(
+        Box::new(MockBatchModel::new(&target(), max_batch)),
+        Some(Box::new(MockBatchModel::new(&draft(noise), max_batch)) as Box<dyn BatchBackend>),
+        BatchOptions {
+            prefill_chunk,
+            max_prefill_tokens,
+            ..BatchOptions::default()
+        },
+    )
+    .unwrap()
+}
+
 /// `max_batch` slots, the batch's K controllers set by `auto_k`.
 fn auto_engine(max_batch: usize, noise: f32, auto_k: &AutoK) -> BatchEngine {
     BatchEngine::new(
@@ -398,6 +417,95 @@ fn bad_requests_are_refused_by_name() {
         },
     );
     assert!(matches!(bad, Err(SpecError::Config(ref m)) if m.contains("prefill_chunk")));
+    let bad = BatchOptions {
+        max_prefill_tokens: 0,
+        ..BatchOptions::default()
+    }
+    .validate();
+    assert!(
+        matches!(bad, Err(SpecError::Config(ref m)) if m == "max_prefill_tokens 0 is invalid (expected an integer >= 1)"),
+        "{bad:?}"
+    );
+}
+
+/// The round (1-based) of each request's first emitted token when `prompts` all arrive before the first round.
+fn first_token_rounds(e: &mut BatchEngine, prompts: &[Vec<u32>]) -> Vec<usize> {
+    let cfg = GenerationConfig {
+        sampling: SamplingParams::greedy(),
+        num_speculative_tokens: 3,
+        max_new_tokens: 4,
+        ..GenerationConfig::default()
+    };
+    for (i, p) in prompts.iter().enumerate() {
+        e.add(i as u64, p, cfg.clone()).unwrap();
+    }
+    let mut first = vec![0; prompts.len()];
+    let mut round = 0;
+    while !e.is_idle() {
+        round += 1;
+        for s in e.step().unwrap() {
+            let f = &mut first[s.id as usize];
+            if *f == 0 && !s.out.tokens.is_empty() {
+                *f = round;
+            }
+        }
+        assert!(round < 1000, "the batch never drained");
+    }
+    first
+}
+
+#[test]
+fn a_round_prefills_whole_chunks_of_several_joining_prompts_up_to_max_prefill_tokens() {
+    // Three prompts of 9 tokens (8 to prefill: 2 chunks of 4 each) arrive together.
+    let prompts: Vec<Vec<u32>> = (1..=3).map(|s| prompt(s, 9)).collect();
+    // (max_prefill_tokens, the round of each row's first token)
+    let cases: [(usize, [usize; 3]); 6] = [
+        (4, [2, 4, 6]),    // one chunk a round: row 0 decodes after 2 rounds, row 1 after 4
+        (1, [2, 4, 6]),    // a budget below a chunk still prefills one
+        (8, [1, 2, 3]),    // one whole prompt a round (a row's next chunk before the next row's)
+        (7, [2, 4, 6]),    // 7 tokens hold one chunk: as 4
+        (12, [1, 2, 2]),   // prompt 0 and half of prompt 1 in round 1
+        (1024, [1, 1, 1]), // everything in the first round
+    ];
+    for (budget, want) in cases {
+        let got = first_token_rounds(&mut budget_engine(3, 0.5, 4, budget), &prompts);
+        assert_eq!(got, want, "max_prefill_tokens {budget}");
+    }
+    // A shorter prompt behind one whose chunk no longer fits takes the budget's rest.
+    let mixed = vec![prompt(1, 9), prompt(2, 9), prompt(3, 3)];
+    assert_eq!(
+        first_token_rounds(&mut budget_engine(3, 0.5, 4, 10), &mixed),
+        [1, 2, 1]
+    );
+}
+
+#[test]
+fn outputs_do_not_depend_on_max_prefill_tokens() {
+    // The mixed batch (more requests than rows: some join mid-flight while others decode) with one chunk a round
+    // and with every joining prompt in one round: each request's output equals its solo run either way.
+    let noise = 0.7;
+    for sampling in [
+        SamplingParams::greedy(),
+        SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        },
+    ] {
+        let reqs = requests(sampling);
+        let (one, rounds_one) = run_batched(&mut budget_engine(3, noise, 4, 4), &reqs);
+        let (all, rounds_all) = run_batched(&mut budget_engine(3, noise, 4, 4096), &reqs);
+        for (i, ((p, c), (a, b))) in reqs.iter().zip(one.iter().zip(&all)).enumerate() {
+            let want = solo(p, c, noise);
+            assert_same(a, &want, &format!("request {i}, one chunk a round"));
+            assert_same(b, &want, &format!("request {i}, max_prefill_tokens 4096"));
+        }
+        assert!(
+            rounds_all.len() < rounds_one.len(),
+            "the budget changed nothing: {} vs {} rounds",
+            rounds_all.len(),
+            rounds_one.len()
+        );
+    }
 }
 
 #[test]

@@ -374,30 +374,41 @@ fn batched_outputs_with_prefix_caching_equal_solo_runs() {
 fn concurrent_requests_sharing_a_system_prompt_reuse_it_and_equal_solo_runs() {
     let system = prompt(7, 40);
     let with_question = |q: u32| [&system[..], &prompt(q, 6)[..]].concat();
-    let mut e = batch_engine(3, BatchOptions::default());
     let cfg = |i: u64| sampled(3, i, false);
-    // The first wave finds nothing kept; the rows that finish keep the system prompt for the second wave.
-    let first: Vec<_> = (0..4)
-        .map(|i| (i, with_question(i as u32 + 20), cfg(i)))
-        .collect();
-    let second: Vec<_> = (4..9)
-        .map(|i| (i, with_question(i as u32 + 20), cfg(i)))
-        .collect();
-    for wave in [&first, &second] {
-        let outs = run_batch(&mut e, wave);
-        for ((id, p, c), out) in wave.iter().zip(&outs) {
-            assert_same(out, &solo(p, c), &format!("request {id}"));
-            if *id >= 4 {
-                assert!(
-                    out.stats.n_cached_tokens as usize >= system.len(),
-                    "request {id}: reused {}",
-                    out.stats.n_cached_tokens
-                );
+    // Request 0 of the first wave finds nothing kept; its prompt is stored once prefilled, and the requests admitted
+    // with it look the store up only at their first prefill chunk, after it: they reuse the system prompt, in the
+    // same round when the budget holds request 0's prompt (1024), rounds later with one chunk a round (8). The rows
+    // that finish keep it for the second wave.
+    for max_prefill_tokens in [8, 1024] {
+        let mut e = batch_engine(
+            3,
+            BatchOptions {
+                max_prefill_tokens,
+                ..BatchOptions::default()
+            },
+        );
+        let first: Vec<_> = (0..4)
+            .map(|i| (i, with_question(i as u32 + 20), cfg(i)))
+            .collect();
+        let second: Vec<_> = (4..9)
+            .map(|i| (i, with_question(i as u32 + 20), cfg(i)))
+            .collect();
+        for wave in [&first, &second] {
+            let outs = run_batch(&mut e, wave);
+            for ((id, p, c), out) in wave.iter().zip(&outs) {
+                let what = format!("request {id}, max_prefill_tokens {max_prefill_tokens}");
+                assert_same(out, &solo(p, c), &what);
+                let reused = out.stats.n_cached_tokens as usize;
+                if *id == 0 {
+                    assert_eq!(reused, 0, "{what}");
+                } else {
+                    assert!(reused >= system.len(), "{what}: reused {reused}");
+                }
             }
         }
+        let (n, bytes) = e.prefix_cache_usage();
+        assert!(n >= 1 && bytes > 0);
     }
-    let (n, bytes) = e.prefix_cache_usage();
-    assert!(n >= 1 && bytes > 0);
 }
 
 #[test]

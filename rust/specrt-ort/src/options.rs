@@ -206,8 +206,11 @@ pub struct DecoderOptions {
     pub cuda_graph: bool,
     /// Rows decoded together (1 = single-stream).
     pub max_batch: i64,
-    /// Most prompt tokens a joining request prefills per round (batched).
+    /// Most prompt tokens a joining request prefills per pass (batched).
     pub prefill_chunk: i64,
+    /// Most prompt tokens prefilled per round over all joining requests (batched;
+    /// [`specrt_core::BatchOptions::max_prefill_tokens`]; `None` = [`specrt_core::DEFAULT_MAX_PREFILL_TOKENS`]).
+    pub max_prefill_tokens: Option<i64>,
 }
 
 impl DecoderOptions {
@@ -247,6 +250,13 @@ impl DecoderOptions {
         }
         if self.prefill_chunk < 1 {
             return bad("prefill_chunk", self.prefill_chunk, Self::PREFILL_CHUNK);
+        }
+        if let Some(n) = self.max_prefill_tokens.filter(|&n| n < 1) {
+            return bad(
+                "max_prefill_tokens",
+                n,
+                specrt_core::BatchOptions::MAX_PREFILL_TOKENS,
+            );
         }
         if self.cuda_graph && self.provider != Provider::Cuda {
             return Err(cuda_graph_needs_cuda(self.provider));
@@ -573,6 +583,7 @@ mod tests {
             cuda_graph: false,
             max_batch: 1,
             prefill_chunk: 256,
+            max_prefill_tokens: None,
         };
         assert_eq!(base.check().unwrap(), Attention::Gqa);
         let batched = DecoderOptions {
@@ -607,6 +618,13 @@ mod tests {
                     ..base.clone()
                 },
                 "prefill_chunk 0 is invalid",
+            ),
+            (
+                DecoderOptions {
+                    max_prefill_tokens: Some(0),
+                    ..base.clone()
+                },
+                "max_prefill_tokens 0 is invalid (expected an integer >= 1)",
             ),
             (
                 DecoderOptions {

@@ -7,7 +7,9 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use specrt_core::{BatchOptions, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING};
+use specrt_core::{
+    BatchOptions, DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING,
+};
 use specrt_ort::{BatchEvent, BatchPipeline, Provider};
 
 use crate::args::ort_options;
@@ -31,7 +33,9 @@ use crate::request::{ids_of, request_of};
 ///     max_batch: rows decoding at once (1..=64); each model preallocates that many KV cache slots.
 ///     max_seq_len: longest prompt + new tokens per row (default: the model's ``max_position_embeddings``).
 ///     intra_op_threads: ONNX Runtime intra-op threads per session (default: the physical cores).
-///     prefill_chunk: most prompt tokens a joining request prefills per round (the longest the others wait).
+///     prefill_chunk: most prompt tokens a joining request prefills per pass (its prompt's chunks).
+///     max_prefill_tokens: most prompt tokens prefilled per round over all joining requests, in whole chunks (the
+///         round's first always; default ``DEFAULT_MAX_PREFILL_TOKENS``, 1024): the longest the running rows wait.
 ///     provider: ``"cpu"`` (the batched layout runs on CPU only for now).
 ///     allow_fallback: run on CPU if another provider was asked for and cannot be used.
 ///     prefix_caching: keep finished rows' KV in the prefix store and copy the longest matching prefix into a
@@ -92,7 +96,8 @@ impl PyBatchPipeline {
     #[new]
     #[pyo3(signature = (
         target, draft=None, *, ort_library, max_batch=4, max_seq_len=None, intra_op_threads=None,
-        prefill_chunk=256, provider="cpu", allow_fallback=false, prefix_caching=None, prefix_cache_bytes=None
+        prefill_chunk=256, provider="cpu", allow_fallback=false, prefix_caching=None, prefix_cache_bytes=None,
+        max_prefill_tokens=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -108,6 +113,7 @@ impl PyBatchPipeline {
         allow_fallback: bool,
         prefix_caching: Option<bool>,
         prefix_cache_bytes: Option<usize>,
+        max_prefill_tokens: Option<usize>,
     ) -> PyResult<Self> {
         let provider: Provider = provider.parse().map_err(to_pyerr)?;
         let options = ort_options(
@@ -123,6 +129,7 @@ impl PyBatchPipeline {
             prefill_chunk,
             prefix_caching: prefix_caching.unwrap_or(DEFAULT_PREFIX_CACHING),
             prefix_cache_bytes: prefix_cache_bytes.unwrap_or(DEFAULT_PREFIX_CACHE_BYTES),
+            max_prefill_tokens: max_prefill_tokens.unwrap_or(DEFAULT_MAX_PREFILL_TOKENS),
             ..BatchOptions::default()
         };
         let pipeline = run_kernel(py, move || {

@@ -44,6 +44,10 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
         specrt_core::DEFAULT_PREFIX_CACHING,
     )?;
     m.add(
+        "DEFAULT_MAX_PREFILL_TOKENS",
+        specrt_core::DEFAULT_MAX_PREFILL_TOKENS,
+    )?;
+    m.add(
         "DEFAULT_PREFIX_CACHE_BYTES",
         specrt_core::DEFAULT_PREFIX_CACHE_BYTES,
     )?;

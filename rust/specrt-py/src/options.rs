@@ -32,7 +32,7 @@ fn opt_int_option(name: &str, value: &Bound<'_, PyAny>, expected: &str) -> PyRes
 #[pyfunction]
 #[pyo3(signature = (
     *, provider, device_id, max_seq_len, intra_op_threads, allow_fallback, cuda_graph, max_batch, prefill_chunk,
-    prefix_caching=None
+    prefix_caching=None, max_prefill_tokens=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn check_decoder_options(
@@ -45,6 +45,7 @@ pub fn check_decoder_options(
     max_batch: &Bound<'_, PyAny>,
     prefill_chunk: &Bound<'_, PyAny>,
     prefix_caching: Option<&Bound<'_, PyAny>>,
+    max_prefill_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<&'static str> {
     let options = DecoderOptions {
         provider: match provider.extract::<String>() {
@@ -65,6 +66,14 @@ pub fn check_decoder_options(
             prefill_chunk,
             DecoderOptions::PREFILL_CHUNK,
         )?,
+        max_prefill_tokens: match max_prefill_tokens {
+            Some(v) => opt_int_option(
+                "max_prefill_tokens",
+                v,
+                specrt_core::BatchOptions::MAX_PREFILL_TOKENS,
+            )?,
+            None => None,
+        },
     };
     boolean("allow_fallback", allow_fallback)?;
     if let Some(v) = prefix_caching {
