@@ -54,7 +54,7 @@ def run(dec: specrt.Decoder, messages: list[dict[str, str]], **kwargs: Any) -> d
         "finish_reason": r.finish_reason,
         "n_tokens": len(r.token_ids),
         "wall_s": wall_s,
-        "decode_ms": s["decode_ms"],
+        "decode_ms": s["draft_ms"] + s["target_ms"] + s["core_ms"],
         "prefill_ms": s["prefill_ms"],
         "mask_ms": s.get("mask_ms", 0.0),
         "n_rounds": s["n_rounds"],
