@@ -29,6 +29,7 @@ import json
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -88,10 +89,14 @@ def llama_server_sweep(
     cmd += ["-c", "4096", "-np", "1", "--no-webui"]
     if draft:
         cmd += ["-md", str(pick(draft)), "--draft-max", str(k), "--draft-min", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = Path(tempfile.gettempdir()) / f"bench_structured_llama_server_{port}.log"
+    print(f"llama-server: {' '.join(cmd)} (log: {log})", flush=True)
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(600):
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {proc.returncode} (see {log})")
             try:
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     break
@@ -141,15 +146,49 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N schemas only")
     ap.add_argument("--json", type=Path, default=None, help="write per-prompt results here")
     ap.add_argument("--llama-server", type=Path, default=None, help="folder of llama.cpp's llama-server: run the peer")
+    ap.add_argument("--peer-limit", type=int, default=None, help="first N schemas only for the peer")
+    ap.add_argument("--peers-only", action="store_true", help="run only the peer (no specrt runs)")
     a = ap.parse_args()
 
     entries = json.loads((ROOT / "tests" / "data" / "json_schemas.json").read_text())[: a.limit]
+    summary: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "machine": f"{platform.machine()} {platform.processor() or ''} {platform.node()}".strip(),
+    }
+    rows: list[dict[str, Any]] = []
+    if not a.peers_only:
+        rows = specrt_sweep(a, entries)
+        summary.update(summarize(rows))
+        save(a.json, summary, rows)
+    if a.llama_server:
+        peer_entries = entries[: a.peer_limit]
+        summary["llama-server"] = {}
+        for mode, draft in (("target-only", None), ("draft", a.draft)):
+            try:
+                out = llama_server_sweep(a.llama_server, a.target, draft, peer_entries, a.k, a.max_new_tokens)
+            except Exception as e:  # a peer's failure is recorded, never lost with specrt's figures
+                out = {"error": f"{type(e).__name__}: {e}"}
+            summary["llama-server"][mode] = out
+            save(a.json, summary, rows)
+    print(json.dumps(summary, indent=1))
+
+
+MODES = ("constrained-spec", "constrained-target", "free-spec")
+
+
+def save(path: Path | None, summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+
+
+def specrt_sweep(a: argparse.Namespace, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """specrt's three modes on each prompt, interleaved."""
     dec = specrt.Decoder(
         models.pull(a.target, a.dtype, progress=False),
         models.pull(a.draft, a.draft_dtype, progress=False),
         max_seq_len=1024,
     )
-    modes = ("constrained-spec", "constrained-target", "free-spec")
     rows: list[dict[str, Any]] = []
     warm = [{"role": "user", "content": "Say hi."}]
     run(dec, warm, max_new_tokens=8, num_speculative_tokens=a.k)
@@ -158,29 +197,30 @@ def main() -> None:
         cs = run(dec, msgs, json_schema=e["schema"], max_new_tokens=a.max_new_tokens, num_speculative_tokens=a.k)
         ct = run(dec, msgs, json_schema=e["schema"], max_new_tokens=a.max_new_tokens, num_speculative_tokens=0)
         fs = run(dec, msgs, max_new_tokens=cs["n_tokens"], ignore_eos=True, num_speculative_tokens=a.k)
-        row = {"name": e["name"], **dict(zip(modes, (cs, ct, fs), strict=True))}
-        for m in modes[:2]:
+        row = {"name": e["name"], **dict(zip(MODES, (cs, ct, fs), strict=True))}
+        for m in MODES[:2]:
             row[m]["valid"] = row[m]["finish_reason"] != "length" and valid(e["schema"], row[m]["text"])
         row["same_tokens"] = cs["text"] == ct["text"]
         rows.append(row)
         print(
             f"[{i + 1}/{len(entries)}] {e['name']}: {cs['n_tokens']} tokens, spec {cs['decode_ms']:.0f} ms, "
             f"target {ct['decode_ms']:.0f} ms, free {fs['decode_ms']:.0f} ms, forced {cs['n_drafted_forced']}, "
-            f"valid {cs['valid']}/{ct['valid']}, same {row['same_tokens']}",
+            f"mask {cs['mask_ms']:.1f} ms, valid {cs['valid']}/{ct['valid']}, same {row['same_tokens']}",
             flush=True,
         )
+    return rows
 
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def tps(m: str) -> float:
         n = sum(r[m]["n_tokens"] - 1 for r in rows)
         return n / (sum(r[m]["decode_ms"] for r in rows) / 1000)
 
     cs_rows = [r["constrained-spec"] for r in rows]
     n_emitted = sum(r["n_tokens"] for r in cs_rows)
-    summary = {
-        "command": " ".join(sys.argv),
-        "machine": f"{platform.machine()} {platform.processor() or ''} {platform.node()}".strip(),
+    return {
         "n_prompts": len(rows),
-        "tokens_per_s": {m: tps(m) for m in modes},
+        "tokens_per_s": {m: tps(m) for m in MODES},
         "spec_vs_target": tps("constrained-spec") / tps("constrained-target"),
         "spec_vs_free_spec": tps("constrained-spec") / tps("free-spec"),
         "forced_share": sum(r["n_accepted_forced"] for r in cs_rows) / n_emitted,
@@ -189,19 +229,10 @@ def main() -> None:
         "mask_ms_per_token": sum(r["mask_ms"] for r in cs_rows) / n_emitted,
         "mask_share_of_decode": sum(r["mask_ms"] for r in cs_rows) / sum(r["decode_ms"] for r in cs_rows),
         "mean_tokens_per_round": n_emitted / max(1, sum(r["n_rounds"] for r in cs_rows)),
-        "valid": {m: sum(r[m]["valid"] for r in rows) for m in modes[:2]},
-        "cut_by_length": {m: sum(r[m]["finish_reason"] == "length" for r in rows) for m in modes[:2]},
+        "valid": {m: sum(r[m]["valid"] for r in rows) for m in MODES[:2]},
+        "cut_by_length": {m: sum(r[m]["finish_reason"] == "length" for r in rows) for m in MODES[:2]},
         "same_tokens": sum(r["same_tokens"] for r in rows),
     }
-    if a.llama_server:
-        summary["llama-server"] = {
-            "target-only": llama_server_sweep(a.llama_server, a.target, None, entries, a.k, a.max_new_tokens),
-            "draft": llama_server_sweep(a.llama_server, a.target, a.draft, entries, a.k, a.max_new_tokens),
-        }
-    print(json.dumps(summary, indent=1))
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
