@@ -12,10 +12,10 @@
 //! the same K per round, on a backend that computes the same logits batched as alone.
 //!
 //! A joining request's prompt is prefilled in chunks of at most `prefill_chunk` tokens before the round's draft
-//! passes; a round prefills chunks of the joining prompts (in slot order, each row's next chunk) while they fit in
-//! `max_prefill_tokens` (at least one chunk a round), so requests arriving together start together (SGLang's
-//! `--max-prefill-tokens`, vLLM's `max_num_batched_tokens`): the rows already decoding wait at most that many
-//! prompt tokens' prefill per round.
+//! passes; a round prefills chunks of the joining prompts (in slot order, a row's chunks before the next row's)
+//! while they fit in `max_prefill_tokens` (at least one chunk a round), so requests arriving together start decoding
+//! in fewer rounds (SGLang's `--max-prefill-tokens`, vLLM's `max_num_batched_tokens`): the rows already decoding wait
+//! at most that many prompt tokens' prefill per round.
 //!
 //! K for rows with `auto_k`: chosen once per round for the whole batch by a [`KController`] kept per batch size (the
 //! number of slots a pass runs), from the draft and verification costs measured at that batch size and the pooled
@@ -460,8 +460,8 @@ impl BatchEngine {
         stored
     }
 
-    /// Prefix caching for the request in row `i` (slot `i`), before its first prefill chunk: copy in the stored prefix that gives
-    /// its prompt the longest reuse, in each model, and start its prefill after it.
+    /// Prefix caching for the request in row `i` (slot `i`), before its first prefill chunk: copy in the stored
+    /// prefix that gives its prompt the longest reuse, in each model, and start its prefill after it.
     ///
     /// Errors: backend errors of the copy.
     fn reuse_prefix(&mut self, i: usize) -> Result<()> {
@@ -505,9 +505,9 @@ impl BatchEngine {
     }
 
     /// Run one round: admit waiting requests into free slots, prefill chunks of joining prompts (up to
-    /// [`BatchOptions::max_prefill_tokens`]), then draft,
-    /// verify and commit for every decoding row. Returns what each row committed (rows that finished have left
-    /// the batch; take their results with [`BatchEngine::take_output`]).
+    /// [`BatchOptions::max_prefill_tokens`]), then draft, verify and commit for every decoding row. Returns what
+    /// each row committed (rows that finished have left the batch; take their results with
+    /// [`BatchEngine::take_output`]).
     ///
     /// Errors: backend errors (every running row is then dropped).
     pub fn step(&mut self) -> Result<&[RowStep]> {
