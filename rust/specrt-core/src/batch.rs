@@ -52,9 +52,12 @@ const CATCHUP_INLINE: usize = 4;
 /// Most plain rounds run at a new batch size to time a plain pass before auto K chooses.
 const PLAIN_FIRST: usize = 4;
 
-/// Default of [`BatchOptions::max_prefill_tokens`]: four chunks of the default `prefill_chunk` (256), so a batch of
-/// 4 requests arriving together prefills its prompts' first chunks in one round.
-pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 1024;
+/// Default of [`BatchOptions::max_prefill_tokens`]: one chunk of the default `prefill_chunk` (256), so the running
+/// rows wait at most one chunk's prefill a round, while joining prompts shorter than that (a prefix-cache hit's rest,
+/// short questions) share a round. More prefills several long prompts in one round: fewer rounds to their first
+/// tokens, but each chunk is its own pass, so on a CPU it does not make them cheaper, and the earliest of them waits
+/// for the others (benches/RESULTS.md: mean TTFT of 16 long prompts at once was higher with 1024 than with 256).
+pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 256;
 
 /// Settings of a [`BatchEngine`].
 #[derive(Clone, Debug, PartialEq)]
