@@ -64,6 +64,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(base: str, tries: int = 1200) -> None:
+    """Poll ``base``/health every 0.1 s until it answers 200 (RuntimeError after ``tries`` polls)."""
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{base}/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    for _ in range(tries):
+        if healthy():
+            return
+        time.sleep(0.1)
+    raise RuntimeError("server did not come up")
+
+
 def rss_anon_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -226,14 +242,7 @@ def main() -> int:
     server = subprocess.Popen(cmd, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(1200):
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("server did not come up")
+        wait_healthy(base)
         results, samples, wall = asyncio.run(load(base, reqs, a.clients, server.pid))
         metrics = httpx.get(f"{base}/metrics").text
     finally:

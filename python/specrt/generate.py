@@ -385,7 +385,7 @@ class Decoder:
             prompt's chunks).
         max_prefill_tokens: with ``max_batch`` > 1, most prompt tokens prefilled per round over all joining
             requests, in whole chunks taken in slot order (the round's first always; integer >= 1; default
-            ``DEFAULT_MAX_PREFILL_TOKENS``, 1024): requests arriving together start decoding in fewer rounds, and the
+            ``DEFAULT_MAX_PREFILL_TOKENS``, 256): requests arriving together start decoding in fewer rounds, and the
             running rows wait at most this much prefill per round. The outputs do not depend on it.
         prefix_caching: reuse the KV of a prompt's leading tokens that a previous generation left in the caches
             (its prompt and output, matched token id by token id) and prefill only the rest (default on;

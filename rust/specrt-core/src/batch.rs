@@ -12,10 +12,10 @@
 //! the same K per round, on a backend that computes the same logits batched as alone.
 //!
 //! A joining request's prompt is prefilled in chunks of at most `prefill_chunk` tokens before the round's draft
-//! passes; a round prefills chunks of the joining prompts (in slot order, each row's next chunk) while they fit in
-//! `max_prefill_tokens` (at least one chunk a round), so requests arriving together start together (SGLang's
-//! `--max-prefill-tokens`, vLLM's `max_num_batched_tokens`): the rows already decoding wait at most that many
-//! prompt tokens' prefill per round.
+//! passes; a round prefills chunks of the joining prompts (in slot order, a row's chunks before the next row's)
+//! while they fit in `max_prefill_tokens` (at least one chunk a round), so requests arriving together start decoding
+//! in fewer rounds (SGLang's `--max-prefill-tokens`, vLLM's `max_num_batched_tokens`): the rows already decoding wait
+//! at most that many prompt tokens' prefill per round.
 //!
 //! K for rows with `auto_k`: chosen once per round for the whole batch by a [`KController`] kept per batch size (the
 //! number of slots a pass runs), from the draft and verification costs measured at that batch size and the pooled
@@ -52,9 +52,12 @@ const CATCHUP_INLINE: usize = 4;
 /// Most plain rounds run at a new batch size to time a plain pass before auto K chooses.
 const PLAIN_FIRST: usize = 4;
 
-/// Default of [`BatchOptions::max_prefill_tokens`]: four chunks of the default `prefill_chunk` (256), so a batch of
-/// 4 requests arriving together prefills its prompts' first chunks in one round.
-pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 1024;
+/// Default of [`BatchOptions::max_prefill_tokens`]: one chunk of the default `prefill_chunk` (256), so the running
+/// rows wait at most one chunk's prefill a round, while joining prompts shorter than that (a prefix-cache hit's rest,
+/// short questions) share a round. More prefills several long prompts in one round: fewer rounds to their first
+/// tokens, but each chunk is its own pass, so on a CPU it does not make them cheaper, and the earliest of them waits
+/// for the others (benches/RESULTS.md: mean TTFT of 16 long prompts at once was higher with 1024 than with 256).
+pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 256;
 
 /// Settings of a [`BatchEngine`].
 #[derive(Clone, Debug, PartialEq)]
@@ -460,8 +463,8 @@ impl BatchEngine {
         stored
     }
 
-    /// Prefix caching for the request in row `i` (slot `i`), before its first prefill chunk: copy in the stored prefix that gives
-    /// its prompt the longest reuse, in each model, and start its prefill after it.
+    /// Prefix caching for the request in row `i` (slot `i`), before its first prefill chunk: copy in the stored
+    /// prefix that gives its prompt the longest reuse, in each model, and start its prefill after it.
     ///
     /// Errors: backend errors of the copy.
     fn reuse_prefix(&mut self, i: usize) -> Result<()> {
@@ -505,9 +508,9 @@ impl BatchEngine {
     }
 
     /// Run one round: admit waiting requests into free slots, prefill chunks of joining prompts (up to
-    /// [`BatchOptions::max_prefill_tokens`]), then draft,
-    /// verify and commit for every decoding row. Returns what each row committed (rows that finished have left
-    /// the batch; take their results with [`BatchEngine::take_output`]).
+    /// [`BatchOptions::max_prefill_tokens`]), then draft, verify and commit for every decoding row. Returns what
+    /// each row committed (rows that finished have left the batch; take their results with
+    /// [`BatchEngine::take_output`]).
     ///
     /// Errors: backend errors (every running row is then dropped).
     pub fn step(&mut self) -> Result<&[RowStep]> {

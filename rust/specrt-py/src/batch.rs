@@ -35,7 +35,7 @@ use crate::request::{ids_of, request_of};
 ///     intra_op_threads: ONNX Runtime intra-op threads per session (default: the physical cores).
 ///     prefill_chunk: most prompt tokens a joining request prefills per pass (its prompt's chunks).
 ///     max_prefill_tokens: most prompt tokens prefilled per round over all joining requests, in whole chunks (the
-///         round's first always; default ``DEFAULT_MAX_PREFILL_TOKENS``, 1024): the longest the running rows wait.
+///         round's first always; default ``DEFAULT_MAX_PREFILL_TOKENS``, 256): the longest the running rows wait.
 ///     provider: ``"cpu"`` (the batched layout runs on CPU only for now).
 ///     allow_fallback: run on CPU if another provider was asked for and cannot be used.
 ///     prefix_caching: keep finished rows' KV in the prefix store and copy the longest matching prefix into a

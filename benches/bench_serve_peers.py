@@ -1,0 +1,190 @@
+"""``specrt serve`` against ``llama-server`` under one load generator: 1 / 4 / 8 / 16 concurrent streams, with and
+without a draft model.
+
+    python benches/bench_serve_peers.py                                         # SmolLM2-135M, both servers
+    python benches/bench_serve_peers.py --streams 1,4 --requests-per-stream 2 --max-tokens 32   # a small run
+    python benches/bench_serve_peers.py --json benches/results/serve-peers.json
+
+Each server runs in its own process on the loopback address, once without and once with a draft, each run with slots
+for the most streams asked (``specrt serve --max-batch N``, batched layout; ``llama-server --parallel N`` with a
+context of ``N * --max-seq-len``). For each stream count S the same generator (httpx, asyncio) runs S clients at once,
+each sending ``--requests-per-stream`` streamed chat completions one after the other: a fixed list of questions,
+greedy, ``max_tokens`` tokens with EOS ignored (both servers accept vLLM's ``ignore_eos``), so every request yields
+exactly ``--max-tokens`` tokens. Per server, draft and S it reports: aggregate tokens/s (all completion tokens over
+the level's wall time), mean and median time to the first content token, and the mean per-stream decode rate
+(tokens after the first over the time after it).
+
+Models: specrt takes ONNX folders (``--specrt-target`` / ``--specrt-draft``, default SmolLM2-135M-Instruct fp32 and
+its int4 copy, batched layout, from the specrt cache), llama-server GGUF files (``--gguf-target`` /
+``--gguf-draft``, default SmolLM2-135M-Instruct Q4_1 for both). The precisions differ (say so next to any figure),
+and a same-size draft only shows the draft path's cost, not a speed-up. llama-server is the one
+``benches/peers/setup_llama_cpp.sh`` builds from the llama.cpp vendored in llama-cpp-python's sdist (``--llama-bin``
+overrides the folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import httpx
+
+from bench_serve import _free_port, wait_healthy  # the load test's helpers: one definition
+from specrt.bench.peers import LLAMA_CPP_PYTHON_VERSION
+from specrt.models import cache_dir
+
+QUESTIONS = [
+    "Explain what a hash map is.",
+    "Write a Python function that reverses a string.",
+    "What causes the seasons on Earth?",
+    "Give three tips for writing clear emails.",
+    "How does a bicycle stay upright?",
+    "Describe the water cycle.",
+    "What is the difference between a list and a tuple in Python?",
+    "Summarise the plot of a detective story in three sentences.",
+]
+
+
+def specrt_cmd(a: argparse.Namespace, port: int, draft: bool, slots: int) -> list[str]:
+    cmd = [sys.executable, "-m", "specrt.cli", "serve", "--target", str(a.specrt_target), "--port", str(port)]
+    cmd += ["--max-batch", str(slots), "--max-seq-len", str(a.max_seq_len), "--log-level", "warning"]
+    cmd += ["--model-name", "m", "--max-queue", str(max(64, slots))]
+    if a.threads:
+        cmd += ["--threads", str(a.threads)]
+    if draft:
+        cmd += ["--draft", str(a.specrt_draft), "-k", str(a.k)]
+    return cmd
+
+
+def llama_cmd(a: argparse.Namespace, port: int, draft: bool, slots: int) -> list[str]:
+    cmd = [str(Path(a.llama_bin) / "llama-server"), "-m", str(a.gguf_target), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--parallel", str(slots), "-c", str(slots * a.max_seq_len), "--no-webui"]
+    if a.threads:
+        cmd += ["-t", str(a.threads)]
+    if draft:
+        cmd += ["-md", str(a.gguf_draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(a.k)]
+    return cmd
+
+
+async def one(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    """One streamed chat completion: time to the first content token, end time."""
+    t0 = time.perf_counter()
+    first = None
+    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: ") :])
+            if first is None and any((c.get("delta") or {}).get("content") for c in event.get("choices", [])):
+                first = time.perf_counter() - t0
+    assert first is not None, "no content came back"
+    return {"ttft_s": first, "latency_s": time.perf_counter() - t0}
+
+
+async def level(base: str, streams: int, a: argparse.Namespace) -> dict[str, Any]:
+    """``streams`` clients at once, each sending ``--requests-per-stream`` requests in turn."""
+
+    async def client_loop(c: httpx.AsyncClient, s: int) -> list[dict[str, Any]]:
+        out = []
+        for r in range(a.requests_per_stream):
+            q = QUESTIONS[(s * a.requests_per_stream + r) % len(QUESTIONS)]
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": q}],
+                "max_tokens": a.max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            out.append(await one(c, body))
+        return out
+
+    async with httpx.AsyncClient(base_url=base, timeout=3600) as c:
+        t0 = time.perf_counter()
+        per_client = await asyncio.gather(*(client_loop(c, s) for s in range(streams)))
+        wall = time.perf_counter() - t0
+    res = [r for rs in per_client for r in rs]
+    n = a.max_tokens
+    return {
+        "streams": streams,
+        "requests": len(res),
+        "wall_s": wall,
+        "tokens_per_s": len(res) * n / wall,
+        "mean_ttft_ms": 1000 * statistics.mean(r["ttft_s"] for r in res),
+        "median_ttft_ms": 1000 * statistics.median(r["ttft_s"] for r in res),
+        "stream_decode_tokens_per_s": statistics.mean((n - 1) / (r["latency_s"] - r["ttft_s"]) for r in res),
+    }
+
+
+def run_server(cmd: list[str], a: argparse.Namespace, port: int) -> list[dict[str, Any]]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "python")}
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, tries=6000)
+        asyncio.run(level(base, 1, argparse.Namespace(**{**vars(a), "requests_per_stream": 1})))  # warm-up
+        return [asyncio.run(level(base, s, a)) for s in a.streams]
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
+def main() -> None:
+    models = cache_dir() / "models" / "smollm2-135m-instruct"
+    smol_gguf = cache_dir() / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--specrt-target", type=Path, default=models / "fp32-B")
+    ap.add_argument("--specrt-draft", type=Path, default=models / "int4-P-B")
+    ap.add_argument("--gguf-target", type=Path, default=smol_gguf)
+    ap.add_argument("--gguf-draft", type=Path, default=smol_gguf)
+    ap.add_argument("--llama-bin", default=str(cache_dir() / "llama.cpp" / LLAMA_CPP_PYTHON_VERSION / "build" / "bin"))
+    ap.add_argument("--servers", default="specrt,llama.cpp", help="comma-separated: specrt, llama.cpp")
+    ap.add_argument("--drafts", default="off,on", help="comma-separated: off (target only), on (with the draft)")
+    ap.add_argument("--streams", default="1,4,8,16", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--requests-per-stream", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-seq-len", type=int, default=512, help="per slot, both servers")
+    ap.add_argument("-k", type=int, default=4, help="draft tokens per round (specrt -k, llama --spec-draft-n-max)")
+    ap.add_argument("--threads", type=int, default=None, help="both servers' threads (default: theirs)")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    slots = max(a.streams)
+    report: dict[str, Any] = {
+        "command": "python benches/bench_serve_peers.py " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "args": {k: str(v) for k, v in vars(a).items()},
+        "runs": [],
+    }
+    print("server     draft  streams  tokens/s  mean TTFT ms  median TTFT ms  per-stream tok/s")
+    for server in a.servers.split(","):
+        for draft in a.drafts.split(","):
+            port = _free_port()
+            build = specrt_cmd if server == "specrt" else llama_cmd
+            for row in run_server(build(a, port, draft == "on", slots), a, port):
+                report["runs"].append({"server": server, "draft": draft, **row})
+                print(
+                    f"{server:<10} {draft:<5}  {row['streams']:>7}  {row['tokens_per_s']:>8.1f}  "
+                    f"{row['mean_ttft_ms']:>12.0f}  {row['median_ttft_ms']:>14.0f}  "
+                    f"{row['stream_decode_tokens_per_s']:>16.1f}",
+                    flush=True,
+                )
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
