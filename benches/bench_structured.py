@@ -82,13 +82,13 @@ def llama_server_sweep(
     import httpx
 
     gguf = models.cache_dir() / "gguf"
-    names = {e.name: e for e in gguf.iterdir()}
+    names = {e.name: e for e in gguf.iterdir() if e.suffix == ".gguf"}
     pick = lambda stem: next(p for n, p in names.items() if n.lower().startswith(stem))  # noqa: E731
     port = 18731
     cmd = [str(bin_dir / "llama-server"), "-m", str(pick(target)), "--port", str(port), "--host", "127.0.0.1"]
     cmd += ["-c", "4096", "-np", "1", "--no-webui"]
     if draft:
-        cmd += ["-md", str(pick(draft)), "--draft-max", str(k), "--draft-min", "0"]
+        cmd += ["-md", str(pick(draft)), "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"]
     log = Path(tempfile.gettempdir()) / f"bench_structured_llama_server_{port}.log"
     print(f"llama-server: {' '.join(cmd)} (log: {log})", flush=True)
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
