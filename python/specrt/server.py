@@ -12,7 +12,10 @@ Endpoints:
   ``prompt`` is a string, a list of strings, a list of token ids or a list of token-id lists; ``n`` samples per prompt
   (choice i gets the seed ``seed + i``, or a random seed + i); choices are indexed prompt-major (prompt k's sample i is
   choice ``k * n + i``) and all of them are queued at once, so a batching decoder runs them in shared rounds. Chat
-  messages, ``tools`` and tool calls go to the model's chat template. specrt's own settings are extra fields:
+  messages, ``tools`` and tool calls go to the model's chat template. Structured output: ``response_format``
+  (json_object / json_schema), vLLM's ``guided_*`` and ``structured_outputs``, and ``tool_choice`` required / auto /
+  a named function (the answer constrained to ``<tool_call>`` calls and returned as ``message.tool_calls`` or streamed
+  ``delta.tool_calls``; :mod:`specrt.toolcalls`). specrt's own settings are extra fields:
   ``top_k``, ``min_p``, ``repetition_penalty``, ``num_speculative_tokens`` (int or ``"auto"``), ``ignore_eos``,
   ``coupled``; so are vLLM's ``stop_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``,
   ``add_special_tokens``, ``truncate_prompt_tokens``, ``add_generation_prompt``, ``continue_final_message``,
@@ -104,6 +107,7 @@ _REFUSED_UNLESS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
         "the server does not return prompt log-probabilities yet",
     ),
     "structural_tag": (lambda v: v is None, "null", _STRUCTURAL_TAG),
+    "guided_whitespace_pattern": (lambda v: v is None, "null", 'JSON is always compact (", " and ": ")'),
     "kv_transfer_params": (lambda v: v is None, "null", "disaggregated serving is not supported"),
     "vllm_xargs": (lambda v: not v, "null or {}", "no custom extensions are installed"),
     "suffix": (lambda v: not v, 'null or ""', "insertion (text after the completion) is not implemented"),
@@ -222,9 +226,9 @@ def _constraint_fields(req: Any) -> list[tuple[str, str, Any]]:
     if len(found) > 1:
         raise _BadFieldError(
             found[1][0],
-            "structured output takes one constraint per request: response_format (json_object / json_schema), a "
-            "guided_* field, a structured_outputs key, or tool_choice (required / auto / a function); got "
-            + " and ".join(f for f, _, _ in found),
+            f"{found[1][0]}: structured output takes one constraint per request: response_format (json_object / "
+            "json_schema), a guided_* field, a structured_outputs key, or tool_choice (required / auto / a function); "
+            "got " + " and ".join(f for f, _, _ in found),
         )
     return found
 
@@ -275,8 +279,7 @@ def _pydantic_models() -> dict[str, Any]:
         prompt_cache_retention: Literal["in_memory", "24h"] | None = None
         cache_salt: str | None = None
         length_penalty: float = 1.0  # vLLM: beam search only
-        guided_decoding_backend: str | None = None  # vLLM: only with a guided_* field (refused)
-        guided_whitespace_pattern: str | None = None
+        guided_decoding_backend: str | None = None  # vLLM: always llguidance here
         # specrt's settings.
         num_speculative_tokens: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] | None = None
         ignore_eos: bool = False
@@ -300,6 +303,7 @@ def _pydantic_models() -> dict[str, Any]:
         bad_words: list[str] | None = None
         logits_processors: list[Any] | None = None
         prompt_logprobs: int | None = None
+        guided_whitespace_pattern: str | None = None
         guided_json: str | dict[str, Any] | None = None
         guided_regex: str | None = None
         guided_choice: list[str] | None = None
