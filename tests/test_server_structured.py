@@ -407,3 +407,37 @@ def test_tool_grammar_errors_name_the_function_schema() -> None:
     bad = [{"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "bogus"}}}, "strict": True}]
     with pytest.raises(ConfigError, match="bogus"):
         check_request(has_draft=False, max_new_tokens=4, grammar=tool_call_grammar(bad, multiple=False))
+
+
+def test_batched_server_gives_the_single_stream_answers_in_shared_rounds(served) -> None:
+    """``--max-batch 4``: constrained rows (a schema, tool calls, auto text) and a free one, sent together so they
+    share batched rounds, answer greedily as the single-stream server does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not (SMOL / "fp32-B" / "model.onnx").is_file() or not (SMOL / "int4-B" / "model.onnx").is_file():
+        pytest.skip("SmolLM2 fp32-B / int4-B (batched layout) are not in the cache")
+    dec = specrt.Decoder(SMOL / "fp32-B", SMOL / "int4-B", max_seq_len=768, max_batch=4)
+    strict = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
+    requests = [
+        {"messages": ASK, "response_format": strict},
+        {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
+        {"messages": FEW_SHOT, "tools": TOOLS, "tool_choice": "auto"},
+        {"messages": ASK},
+    ]
+
+    def answers(base: str) -> list:
+        with _sdk(base) as client, ThreadPoolExecutor(len(requests)) as pool:
+            done = pool.map(lambda body: client.chat.completions.create(**body, **GREEDY).choices[0], requests)
+            return [
+                (
+                    c.finish_reason,
+                    c.message.content,
+                    [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []],
+                )
+                for c in done
+            ]
+
+    with _live(create_app(dec, model_name="smol", num_speculative_tokens=3)) as base:
+        batched = answers(base)
+    assert batched == answers(served.base)
+    assert [b[0] for b in batched[:3]] == ["stop", "tool_calls", "tool_calls"]
