@@ -188,13 +188,30 @@ def test_text_response_format_is_no_constraint() -> None:
     assert config.constraint_kind == "json_schema"
 
 
-def test_batched_rounds_refuse_constraints_with_a_config_error() -> None:
-    folder = SMOL / "fp32-B"
-    if not (folder / "model.onnx").is_file():
-        pytest.skip("SmolLM2 fp32-B (batched layout) is not in the cache")
-    dec = specrt.Decoder(folder, max_seq_len=64)
-    with pytest.raises(ConfigError, match="batched"):
-        dec.generate("Hi", choice=["a", "b"], max_new_tokens=4)
+def test_batched_constrained_output_equals_single_stream_constrained_output(smol) -> None:
+    """Batched rounds (the ``-B`` folders, ``max_batch`` 4): each row its own constraint, one row unconstrained, all
+    in the same rounds; greedy, each output equals the single-stream decoder's token for token."""
+    from specrt.scheduler import Scheduler
+
+    tb, db = SMOL / "fp32-B", SMOL / "int4-B"
+    if not (tb / "model.onnx").is_file() or not (db / "model.onnx").is_file():
+        pytest.skip("SmolLM2 fp32-B / int4-B (batched layout) are not in the cache")
+    dec = specrt.Decoder(tb, db, max_batch=4, max_seq_len=384)
+    reqs = [
+        {"messages": _messages(prompt), "max_new_tokens": 40, "temperature": 0.0, **fields}
+        for fields, prompt in (CASES["json_schema"], CASES["regex"], CASES["choice"], CASES["grammar"])
+    ]
+    reqs.append({"messages": _messages("Name three colours."), "max_new_tokens": 16, "temperature": 0.0})
+    with Scheduler(dec, max_queue=len(reqs)) as sched:
+        handles = [sched.submit(**r, num_speculative_tokens=4) for r in reqs]
+        outs = [h.result(timeout=600) for h in handles]
+    for r, out in zip(reqs, outs, strict=True):
+        ref = smol.generate(**r, num_speculative_tokens=4)
+        assert out.token_ids == ref.token_ids, (out.text, ref.text)
+        assert out.finish_reason == ref.finish_reason
+    assert sum(o.stats.n_drafted_forced for o in outs) > 0
+    with pytest.raises(ConfigError, match="json_schema"):
+        dec.generate("Hi", json_schema={"type": "nope"}, max_new_tokens=4)
 
 
 def test_cli_flags_constrain_generate(smol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

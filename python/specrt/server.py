@@ -12,7 +12,10 @@ Endpoints:
   ``prompt`` is a string, a list of strings, a list of token ids or a list of token-id lists; ``n`` samples per prompt
   (choice i gets the seed ``seed + i``, or a random seed + i); choices are indexed prompt-major (prompt k's sample i is
   choice ``k * n + i``) and all of them are queued at once, so a batching decoder runs them in shared rounds. Chat
-  messages, ``tools`` and tool calls go to the model's chat template. specrt's own settings are extra fields:
+  messages, ``tools`` and tool calls go to the model's chat template. Structured output: ``response_format``
+  (json_object / json_schema), vLLM's ``guided_*`` and ``structured_outputs``, and ``tool_choice`` required / auto /
+  a named function (the answer constrained to ``<tool_call>`` calls and returned as ``message.tool_calls`` or streamed
+  ``delta.tool_calls``; :mod:`specrt.toolcalls`). specrt's own settings are extra fields:
   ``top_k``, ``min_p``, ``repetition_penalty``, ``num_speculative_tokens`` (int or ``"auto"``), ``ignore_eos``,
   ``coupled``; so are vLLM's ``stop_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``,
   ``add_special_tokens``, ``truncate_prompt_tokens``, ``add_generation_prompt``, ``continue_final_message``,
@@ -50,7 +53,7 @@ from typing import Any, Literal
 
 from specrt import _specrt
 from specrt.errors import ConfigError, GenerationCancelled, SequenceLengthError, SpecrtError, VocabError
-from specrt.generate import Decoder, GenerationResult, StreamChunk
+from specrt.generate import Decoder, GenerationResult, StreamChunk, check_request
 from specrt.scheduler import (
     QueueFullError,
     RequestHandle,
@@ -58,6 +61,7 @@ from specrt.scheduler import (
     Scheduler,
     SchedulerClosedError,
 )
+from specrt.toolcalls import ToolCallParser
 
 __all__ = ["create_app", "run_server"]
 
@@ -71,18 +75,26 @@ _MAX_STOPS = 256
 #: process will not come back, a restarted one or another replica may).
 _RETRY_AFTER_S = {429: 1, 503: 10}
 
-_STRUCTURED = "structured output is not implemented yet"
+_STRUCTURAL_TAG = (
+    "vLLM's structural tags (free text with tagged, schema-constrained regions) are not translated yet; use tools with "
+    'tool_choice "auto", or guided_grammar / structured_outputs.grammar (llguidance Lark, which inlines %json schemas)'
+)
+
+#: vLLM's ``guided_*`` fields -> the Decoder's constraint arguments (docs/openai-api.md).
+_GUIDED = {
+    "guided_json": "json_schema",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+#: vLLM's ``structured_outputs`` keys -> the Decoder's constraint arguments (``json_object`` true -> response_format).
+_STRUCTURED_OUTPUTS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 
 #: Fields refused unless they hold a value that leaves the output as it is, because ignoring them would change the
 #: output (docs/openai-api.md): field -> (accepted(value), the accepted values, why the others are refused). Fields a
 #: request type lacks are skipped.
 _REFUSED_UNLESS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "logit_bias": (lambda v: not v, "null or {}", "biasing logits is not implemented yet"),
-    "response_format": (
-        lambda v: v is None or v.type == "text",
-        '{"type": "text"} or null',
-        "json_object and json_schema constrain the output, and " + _STRUCTURED,
-    ),
     "spaces_between_special_tokens": (lambda v: v, "true", "special tokens are decoded without added spaces"),
     "priority": (lambda v: v == 0, "0", "requests run first come first served"),
     "use_beam_search": (lambda v: not v, "false", "beam search is not implemented"),
@@ -94,21 +106,12 @@ _REFUSED_UNLESS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
         "null",
         "the server does not return prompt log-probabilities yet",
     ),
-    "guided_json": (lambda v: v is None, "null", _STRUCTURED),
-    "guided_regex": (lambda v: v is None, "null", _STRUCTURED),
-    "guided_choice": (lambda v: v is None, "null", _STRUCTURED),
-    "guided_grammar": (lambda v: v is None, "null", _STRUCTURED),
-    "structural_tag": (lambda v: v is None, "null", _STRUCTURED),
-    "structured_outputs": (lambda v: v is None, "null", _STRUCTURED),
+    "structural_tag": (lambda v: v is None, "null", _STRUCTURAL_TAG),
+    "guided_whitespace_pattern": (lambda v: v is None, "null", 'JSON is always compact (", " and ": ")'),
     "kv_transfer_params": (lambda v: v is None, "null", "disaggregated serving is not supported"),
     "vllm_xargs": (lambda v: not v, "null or {}", "no custom extensions are installed"),
     "suffix": (lambda v: not v, 'null or ""', "insertion (text after the completion) is not implemented"),
     "prompt_embeds": (lambda v: v is None, "null", "prompts are text or token ids"),
-    "tool_choice": (
-        lambda v: v in (None, "none", "auto"),
-        '"none", "auto" or null',
-        '"required" and a named function force a tool call, and ' + _STRUCTURED + ' ("auto" returns the text as is)',
-    ),
     "modalities": (lambda v: v is None or v == ["text"], '["text"] or null', "specrt generates text only"),
     "audio": (lambda v: v is None, "null", "specrt generates text only"),
     "web_search_options": (lambda v: v is None, "null", "specrt has no web search"),
@@ -170,6 +173,66 @@ def _check_policy(req: Any, chat: bool) -> None:
             raise _BadFieldError("stop", f"stop: the strings must be non-empty, got {_shown(stops)}")
 
 
+def _constraint_fields(req: Any) -> list[tuple[str, str, Any]]:
+    """The structured-output fields a request sets, as (request field, Decoder argument, value): OpenAI's
+    ``response_format`` (not ``text``), vLLM's ``guided_*`` and ``structured_outputs`` keys, and ``tools`` with
+    ``tool_choice`` ``"required"``, ``"auto"`` or a named function (a tool-call grammar, :mod:`specrt.toolcalls`).
+    The values are passed on as they are: the Rust resolver checks them (one definition)."""
+    from specrt.toolcalls import tool_call_grammar
+
+    found: list[tuple[str, str, Any]] = []
+    rf = getattr(req, "response_format", None)
+    if rf is not None and rf.type != "text":
+        found.append(("response_format", "response_format", rf.model_dump(exclude_none=True)))
+    for name, arg in _GUIDED.items():
+        value = getattr(req, name, None)
+        if value is not None:
+            found.append((name, arg, value))
+    for key, value in (getattr(req, "structured_outputs", None) or {}).items():
+        where = f"structured_outputs.{key}"
+        if value is None:
+            continue
+        if key == "json_object":
+            if value is not True:
+                raise _BadFieldError(where, f"{where} {_shown(value)} is invalid (accepted: true or null)")
+            found.append((where, "response_format", {"type": "json_object"}))
+        elif key in _STRUCTURED_OUTPUTS:
+            found.append((where, _STRUCTURED_OUTPUTS[key], value))
+        else:
+            why = _STRUCTURAL_TAG if key == "structural_tag" else "not a structured-output key specrt takes"
+            raise _BadFieldError(
+                where,
+                f"{where} is not supported: {why} (accepted keys: {', '.join([*_STRUCTURED_OUTPUTS, 'json_object'])})",
+            )
+    choice = getattr(req, "tool_choice", None)
+    tools = getattr(req, "tools", None)
+    if choice is not None and choice != "none":
+        if not tools:
+            raise _BadFieldError("tool_choice", f"tool_choice {_shown(choice)} needs tools (the request has none)")
+        functions = [t.function.model_dump(exclude_none=True) for t in tools]
+        if isinstance(choice, str):
+            multiple = req.parallel_tool_calls is not False
+            grammar = tool_call_grammar(functions, multiple=multiple, text_allowed=choice == "auto")
+        else:
+            named = [f for f in functions if f["name"] == choice.function.name]
+            if not named:
+                raise _BadFieldError(
+                    "tool_choice",
+                    f"tool_choice names the function {choice.function.name!r}, which is not among the tools "
+                    f"(accepted: {', '.join(repr(f['name']) for f in functions)})",
+                )
+            grammar = tool_call_grammar(named[:1], multiple=False)
+        found.append(("tool_choice", "grammar", grammar))
+    if len(found) > 1:
+        raise _BadFieldError(
+            found[1][0],
+            f"{found[1][0]}: structured output takes one constraint per request: response_format (json_object / "
+            "json_schema), a guided_* field, a structured_outputs key, or tool_choice (required / auto / a function); "
+            "got " + " and ".join(f for f, _, _ in found),
+        )
+    return found
+
+
 def _pydantic_models() -> dict[str, Any]:
     """The request schemas, and the response schemas ``/openapi.json`` documents (built on first use: pydantic is an
     optional dependency, ``specrt[serve]``). docs/openai-api.md says what each request field does."""
@@ -216,8 +279,7 @@ def _pydantic_models() -> dict[str, Any]:
         prompt_cache_retention: Literal["in_memory", "24h"] | None = None
         cache_salt: str | None = None
         length_penalty: float = 1.0  # vLLM: beam search only
-        guided_decoding_backend: str | None = None  # vLLM: only with a guided_* field (refused)
-        guided_whitespace_pattern: str | None = None
+        guided_decoding_backend: str | None = None  # vLLM: always llguidance here
         # specrt's settings.
         num_speculative_tokens: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] | None = None
         ignore_eos: bool = False
@@ -241,6 +303,7 @@ def _pydantic_models() -> dict[str, Any]:
         bad_words: list[str] | None = None
         logits_processors: list[Any] | None = None
         prompt_logprobs: int | None = None
+        guided_whitespace_pattern: str | None = None
         guided_json: str | dict[str, Any] | None = None
         guided_regex: str | None = None
         guided_choice: list[str] | None = None
@@ -406,13 +469,14 @@ def _pydantic_models() -> dict[str, Any]:
 
     class AssistantMessage(BaseModel):
         role: Literal["assistant"]
-        content: str
+        content: str | None  # null when the answer is tool calls
+        tool_calls: list[ToolCall] | None = None
 
     class ChatChoice(BaseModel):
         index: int
         message: AssistantMessage
         logprobs: ChatLogprobs | None
-        finish_reason: Literal["stop", "length"] | None
+        finish_reason: Literal["stop", "length", "tool_calls"] | None
 
     class ChatCompletionResponse(BaseModel):
         id: str
@@ -637,6 +701,7 @@ class _Choice:
     seen: list[int] = field(default_factory=list)  # tokens whose logprobs were given out (text offsets)
     prompt_chunk: StreamChunk | None = None  # the first chunk of a prompt-scored stream (echo with logprobs)
     score_only: bool = False  # max_tokens 0 with echo: the one token generated is not returned or counted
+    tools: ToolCallParser | None = None  # chat with tool_choice required / a function / auto: tool calls parsed
 
 
 def _whole_text(c: _Choice, result: GenerationResult) -> str:
@@ -965,6 +1030,21 @@ def create_app(
         if req.stop_token_ids:
             kw["stop_token_ids"] = list(req.stop_token_ids)
         return kw
+
+    def _constrain(req: Any, kw: dict[str, Any]) -> str | None:
+        """Put the request's structured-output field into the Decoder settings ``kw`` and check it now, before the
+        request queues (the Rust resolver compiles the schema, regex or grammar; a bad one is a 400 naming the
+        request field). Returns that field (None: the request has no constraint)."""
+        found = _constraint_fields(req)
+        if not found:
+            return None
+        param, arg, value = found[0]
+        kw[arg] = value
+        try:
+            check_request("specrt serve", has_draft=decoder.draft_path is not None, **kw)
+        except ConfigError as e:
+            raise _BadFieldError(_param_of(str(e)) or param, str(e)) from e
+        return param
 
     def _encode(text: str, add_special_tokens: bool, where: str, param: str) -> list[int]:
         try:
@@ -1402,8 +1482,9 @@ def create_app(
         return {
             **head,
             "model": model_name,
+            # (final_of may set the finish reason: "tool_calls")
             "choices": [
-                {"index": c.index, **final_of(c, c.result), "finish_reason": _FINISH.get(c.result.finish_reason)}
+                {"index": c.index, "finish_reason": _FINISH.get(c.result.finish_reason), **final_of(c, c.result)}
                 for c in choices
             ],
             "usage": _total_usage(choices),
@@ -1433,6 +1514,7 @@ def create_app(
             # OpenAI's default of 16 tokens is a request setting like any other: too long a prompt for it is an error.
             # Scoring only generates one token (the engine always does), which is neither returned nor counted.
             kw = _kwargs(req, 16 if req.max_tokens is None else max(req.max_tokens, 1))
+            _constrain(req, kw)
             prompts, texts = _completion_prompts(req)
         except _BadFieldError as e:
             return _rejected(endpoint, str(e), e.param)
@@ -1545,14 +1627,20 @@ def create_app(
         try:
             _check_policy(req, chat=True)
             kw = _kwargs(req, max_tokens)
+            constrained_by = _constrain(req, kw)
             ids = _chat_ids(req)
         except _BadFieldError as e:
             return _rejected(endpoint, str(e), e.param)
+        # tool_choice required / a function / auto: the output is parsed into tool calls.
+        tool_mode = None if constrained_by != "tool_choice" else "auto" if req.tool_choice == "auto" else "forced"
         kw["logprobs"] = bool(req.logprobs)
         kw["top_logprobs"] = req.top_logprobs or 0  # from the target's verification row of each position
         choices = _submit_all(endpoint, req, kw, [ids], "messages", field)
         if not isinstance(choices, list):
             return choices
+        if tool_mode is not None:
+            for c in choices:
+                c.tools = ToolCallParser(text_allowed=tool_mode == "auto")
         rid, created = f"chatcmpl-{req.request_id or uuid.uuid4().hex}", int(time.time())
 
         def entry(i: int, lp: float) -> dict[str, Any]:
@@ -1576,11 +1664,20 @@ def create_app(
         def event_of(
             c: _Choice, text: str, ids: list[int], lps: list[float], tops: list, finish: str | None
         ) -> dict[str, Any]:
+            calls: list[dict[str, Any]] = []
+            if c.tools is not None:  # tool calls: OpenAI's delta.tool_calls (index, id, name, then argument pieces)
+                calls, text = c.tools.feed(text)
+                if finish is not None:
+                    text += c.tools.finish()[1]
+                    if finish == "stop" and c.tools.complete:
+                        finish = "tool_calls"
             if c.first:
                 delta: dict[str, Any] = {"role": "assistant", "content": text}
                 c.first = False
             else:
-                delta = {"content": text} if text or finish is None else {}
+                delta = {"content": text} if text or (finish is None and not calls) else {}
+            if calls:
+                delta["tool_calls"] = calls
             choice = {
                 "index": c.index,
                 "delta": delta,
@@ -1596,10 +1693,19 @@ def create_app(
             }
 
         def final_of(c: _Choice, r: GenerationResult) -> dict[str, Any]:
-            return {
-                "message": {"role": "assistant", "content": _whole_text(c, r)},
+            text = _whole_text(c, r)
+            out: dict[str, Any] = {
+                "message": {"role": "assistant", "content": text},
                 "logprobs": logprobs_of(r.token_ids, r.logprobs, r.top_logprobs),
             }
+            if c.tools is not None:
+                c.tools.feed(text)
+                c.tools.finish()
+                # Tool calls when the output is complete calls (cut short by max_tokens: the text as it is).
+                if c.tools.complete and _FINISH.get(r.finish_reason) == "stop":
+                    out["message"] = {"role": "assistant", "content": None, "tool_calls": c.tools.tool_calls()}
+                    out["finish_reason"] = "tool_calls"
+            return out
 
         head = {"id": rid, "object": "chat.completion", "created": created}
         return await _reply(request, endpoint, req, choices, head, "chat.completion.chunk", event_of, final_of)

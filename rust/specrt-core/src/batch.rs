@@ -35,6 +35,8 @@ use std::time::Instant;
 
 use crate::adaptive::{AutoK, KController};
 use crate::backend::{BatchBackend, BatchRow};
+use crate::constrained::{ConstrainedProposal, ConstrainedScratch, Proposer};
+use crate::constraint::{mask_words, Constraint};
 use crate::engine::{
     check_draft_vocab, ms_since, GenerationConfig, GenerationOutput, Request, StepOutput,
 };
@@ -151,6 +153,15 @@ struct Row {
     // Committed tokens' penalty-context length before drafting.
     n_committed: usize,
     failed: Option<SpecError>,
+    // Constrained rows: the round scratch; whether this round's proposals come from `proposer` (forced tokens and
+    // the draft model's masked samples, at most `cons_cap`), whether it waits for a draft pass, and what the
+    // round's proposals were (mask rows, end, draft passes).
+    cons: Option<Box<ConstrainedScratch>>,
+    cons_propose: bool,
+    cons_cap: usize,
+    proposer: Option<Proposer>,
+    needs_pass: bool,
+    proposal: ConstrainedProposal,
 }
 
 impl Row {
@@ -273,6 +284,22 @@ impl BatchEngine {
     /// Errors: [`SpecError::Config`] (a duplicate id, an empty prompt, bad settings), [`SpecError::Vocab`] (a prompt
     /// id >= vocab), [`SpecError::Length`] (prompt + max_new_tokens beyond [`BatchEngine::max_seq_len`]).
     pub fn add(&mut self, id: u64, prompt: &[u32], cfg: GenerationConfig) -> Result<()> {
+        self.add_with(id, prompt, cfg, None)
+    }
+
+    /// [`BatchEngine::add`] with a constraint on the output (structured output, [`crate::constraint`]), with the
+    /// round semantics of [`crate::Engine::start_with`]: every emitted token is one it allows, EOS only where it
+    /// accepts, forced tokens proposed as free drafts, and the request ends with [`crate::FinishReason::Grammar`]
+    /// once it is complete. A matcher error in a round ends this row only (reported in its [`RowStep`]).
+    ///
+    /// Errors: as [`BatchEngine::add`]; [`SpecError::Config`] for a constraint that consumed tokens already.
+    pub fn add_with(
+        &mut self,
+        id: u64,
+        prompt: &[u32],
+        cfg: GenerationConfig,
+        constraint: Option<Box<dyn Constraint>>,
+    ) -> Result<()> {
         if self.knows(id) {
             return Err(SpecError::Config(format!(
                 "request id {id} is already in use (expected an id not yet taken)"
@@ -290,23 +317,35 @@ impl BatchEngine {
         };
         let use_draft = self.draft.is_some() && req.may_draft();
         let k_max = req.k_max();
+        // A constrained row's q rows also hold its forced tokens' one-hot rows (with or without a draft).
+        let (cons, q_rows) = match constraint {
+            Some(c) => {
+                req.set_constraint(c)?;
+                let mut sc = Box::<ConstrainedScratch>::default();
+                let rows = sc.prepare(&req, self.vocab);
+                (Some(sc), (rows - 1).max(k_max))
+            }
+            None => (None, if use_draft { k_max } else { 0 }),
+        };
         self.waiting.push_back(Row {
             id,
             ngram,
             prefilled: 0,
             looked_up: false,
             use_draft,
-            probs_dft: if use_draft {
-                vec![0.0; k_max * self.vocab]
-            } else {
-                Vec::new()
-            },
+            probs_dft: vec![0.0; q_rows * self.vocab],
             tokens_dft: Vec::with_capacity(k_max),
             k_plan: 0,
             mode: VerifyMode::Stochastic,
             input_tgt: Vec::with_capacity(k_max + 1),
             n_committed: 0,
             failed: None,
+            cons,
+            cons_propose: false,
+            cons_cap: 0,
+            proposer: None,
+            needs_pass: false,
+            proposal: ConstrainedProposal::default(),
             req,
         });
         Ok(())
@@ -688,6 +727,9 @@ impl BatchEngine {
             row.tokens_dft.clear();
             row.k_plan = 0;
             row.mode = VerifyMode::Stochastic;
+            row.cons_propose = false;
+            row.proposal = ConstrainedProposal::default();
+            row.req.forced_bits = 0;
             if !row.decoding() {
                 continue;
             }
@@ -696,6 +738,48 @@ impl BatchEngine {
             } else {
                 row.req.cfg.num_speculative_tokens.min(cap)
             };
+            if let Some(sc) = row.cons.as_mut() {
+                // As `Engine::step`: n-gram proposals cut at the first refused token, else forced tokens and up to
+                // K masked draft samples (forced ones even at K = 0, not with a zero K setting).
+                let k_fixed = row
+                    .req
+                    .cfg
+                    .auto_k
+                    .as_ref()
+                    .map_or(row.req.cfg.num_speculative_tokens, |a| a.k_max)
+                    .min(cap);
+                if k_fixed == 0 {
+                    continue;
+                }
+                if let (Some(ng), true) = (row.ngram.as_ref(), k > 0) {
+                    if ng.propose(k, &mut row.tokens_dft) > 0 {
+                        match row.req.constrain_proposals(
+                            &mut row.tokens_dft,
+                            &mut sc.masks,
+                            mask_words(vocab),
+                        ) {
+                            Ok((n_masks, ended)) => {
+                                row.proposal.n_masks = n_masks;
+                                row.proposal.ended = ended;
+                            }
+                            Err(e) => {
+                                row.failed = Some(e);
+                                continue;
+                            }
+                        }
+                        if !row.tokens_dft.is_empty() {
+                            row.mode = VerifyMode::Deterministic;
+                            continue;
+                        }
+                    }
+                }
+                row.cons_propose = true;
+                row.cons_cap = Request::constrained_cap(k_fixed, cap);
+                if has_draft && row.use_draft {
+                    row.k_plan = k;
+                }
+                continue;
+            }
             if k == 0 {
                 continue;
             }
@@ -718,18 +802,45 @@ impl BatchEngine {
         let catchup_tokens = self.catch_up_drafts()?;
         let catchup_ms = ms_since(t_catchup);
 
-        // Draft passes: pass i feeds every row that drafts more than i tokens (the first pass also the committed
-        // tokens the draft has not seen); the other rows sit it out.
+        // Constrained rows propose their forced tokens up to their first draft position.
+        for row in &mut self.rows {
+            row.proposer = None;
+            row.needs_pass = false;
+            if !row.cons_propose || row.failed.is_some() {
+                continue;
+            }
+            let sc = row.cons.as_mut().expect("cons_propose");
+            let mut p = Proposer::begin(&mut row.req, sc, row.k_plan, row.cons_cap, row.k_plan > 0);
+            match p.run_until_pass(
+                &mut row.req,
+                sc,
+                &mut row.probs_dft,
+                &mut row.tokens_dft,
+                vocab,
+            ) {
+                Ok(need) => row.needs_pass = need,
+                Err(e) => row.failed = Some(e),
+            }
+            row.proposer = Some(p);
+        }
+
+        // Draft passes: pass i feeds every unconstrained row that drafts more than i tokens (the first pass also
+        // the committed tokens the draft has not seen) and every constrained row waiting for a pass (its forced
+        // tokens since its last pass too); the other rows sit it out.
         let t_draft = Instant::now();
-        let n_passes = self.rows.iter().map(|r| r.k_plan).max().unwrap_or(0);
-        if n_passes > 0 {
-            let draft = self.draft.as_mut().expect("k_plan > 0 needs a draft");
-            for pass in 0..n_passes {
+        let mut n_passes = 0;
+        if let Some(draft) = self.draft.as_mut() {
+            loop {
+                let pass = n_passes;
                 let inputs: Vec<BatchRow<'_>> = self
                     .rows
                     .iter()
-                    .map(|r| {
-                        if pass < r.k_plan && r.failed.is_none() {
+                    .map(|r| match (&r.proposer, &r.cons) {
+                        (Some(p), Some(sc)) if r.needs_pass && r.failed.is_none() => BatchRow {
+                            tokens: &sc.input,
+                            n_past: p.n_past,
+                        },
+                        _ if !r.cons_propose && pass < r.k_plan && r.failed.is_none() => {
                             let n_past = r.req.n_past_dft;
                             let tokens = if pass == 0 {
                                 &r.req.tokens[n_past..]
@@ -737,9 +848,8 @@ impl BatchEngine {
                                 &r.tokens_dft[pass - 1..pass]
                             };
                             BatchRow { tokens, n_past }
-                        } else {
-                            BatchRow::EMPTY
                         }
+                        _ => BatchRow::EMPTY,
                     })
                     .collect();
                 let lens: Vec<usize> = inputs.iter().map(|r| r.tokens.len()).collect();
@@ -749,16 +859,49 @@ impl BatchEngine {
                 let s = lens.iter().copied().max().unwrap_or(0);
                 let min_m = lens.iter().copied().filter(|&m| m > 0).min().unwrap_or(1);
                 let n_logits = s - min_m + 1;
+                let t_pass = Instant::now();
                 let logits = draft.forward_rows(0, &inputs, n_logits)?;
+                let pass_ms = ms_since(t_pass);
                 drop(inputs);
+                n_passes += 1;
                 for (r, row) in self.rows.iter_mut().enumerate() {
                     let m = lens[r];
                     if m == 0 {
                         continue;
                     }
-                    row.req.n_past_dft += m;
                     let at = r * n_logits + (m - 1) - (s - n_logits);
                     let logits_row = &logits[at * vocab..(at + 1) * vocab];
+                    if let (Some(p), Some(sc)) = (row.proposer.as_mut(), row.cons.as_mut()) {
+                        let res = p
+                            .take_pass(
+                                &mut row.req,
+                                sc,
+                                logits_row,
+                                pass_ms,
+                                &mut self.sampler_dft,
+                                &mut row.probs_dft,
+                                &mut row.tokens_dft,
+                                vocab,
+                            )
+                            .and_then(|()| {
+                                p.run_until_pass(
+                                    &mut row.req,
+                                    sc,
+                                    &mut row.probs_dft,
+                                    &mut row.tokens_dft,
+                                    vocab,
+                                )
+                            });
+                        match res {
+                            Ok(need) => row.needs_pass = need,
+                            Err(e) => {
+                                row.needs_pass = false;
+                                row.failed = Some(e);
+                            }
+                        }
+                        continue;
+                    }
+                    row.req.n_past_dft += m;
                     let q_row = &mut row.probs_dft[pass * vocab..(pass + 1) * vocab];
                     match row
                         .req
@@ -769,10 +912,24 @@ impl BatchEngine {
                     }
                 }
             }
-            for row in &mut self.rows {
-                if row.k_plan > 0 {
-                    // A rejected draft leaves no trace in the penalties.
-                    row.req.penalties.truncate(row.n_committed);
+        }
+        for row in &mut self.rows {
+            if let Some(p) = row.proposer.take() {
+                row.proposal = p.finish(&mut row.req);
+            } else if row.k_plan > 0 && !row.cons_propose {
+                // A rejected draft leaves no trace in the penalties.
+                row.req.penalties.truncate(row.n_committed);
+            }
+            // The bonus row's mask (the proposals wrote the others).
+            let decoding = row.decoding();
+            if let (Some(sc), true) = (row.cons.as_mut(), decoding) {
+                let (k, n, ended) = (
+                    row.tokens_dft.len(),
+                    row.proposal.n_masks,
+                    row.proposal.ended,
+                );
+                if let Err(e) = sc.bonus_mask(&mut row.req, k, n, ended, vocab) {
+                    row.failed = Some(e);
                 }
             }
         }
@@ -833,16 +990,22 @@ impl BatchEngine {
             self.sampler_tgt.inject_fault(row.req.cfg.fault);
             let mut out = StepOutput::default();
             let len = row.req.tokens.len();
-            let result = row
-                .req
-                .verify(
-                    &mut self.sampler_tgt,
-                    logits_tgt,
-                    probs_dft,
-                    &row.tokens_dft,
-                    row.mode,
-                    &mut self.ver,
-                )
+            // Constrained: verification sees the masked target rows; log-probabilities stay the raw rows'.
+            let logits_ver = match row.cons.as_mut() {
+                Some(sc) => sc.mask_target(&row.req, logits_tgt, &row.tokens_dft, vocab),
+                None => Ok(logits_tgt),
+            };
+            let result = logits_ver
+                .and_then(|logits_ver| {
+                    row.req.verify(
+                        &mut self.sampler_tgt,
+                        logits_ver,
+                        probs_dft,
+                        &row.tokens_dft,
+                        row.mode,
+                        &mut self.ver,
+                    )
+                })
                 .and_then(|()| {
                     row.req.commit(
                         &self.ver,
@@ -866,9 +1029,15 @@ impl BatchEngine {
             }
             let n_acc = self.ver.n_accepted;
             row.req.n_past_tgt = len + n_acc;
-            if row.k_plan > 0 {
-                // The draft saw the committed prefix and d_1 .. d_{K-1}.
-                row.req.n_past_dft = len + n_acc.min(k - 1);
+            // The draft saw the committed prefix and d_1 .. d_{K-1} (constrained rows: the proposals before its last
+            // pass, all of them when it stopped for lack of mass).
+            let n_fed = if row.cons_propose {
+                (row.proposal.n_passes > 0).then_some(row.proposal.n_fed)
+            } else {
+                (row.k_plan > 0).then(|| k - 1)
+            };
+            if let Some(n_fed) = n_fed {
+                row.req.n_past_dft = len + n_acc.min(n_fed);
                 if row.req.cfg.auto_k.is_some() {
                     pooled.extend_from_slice(&self.ver.accept_probs);
                 }
@@ -955,7 +1124,11 @@ impl BatchEngine {
 
     /// Most drafts row `r` may propose this round: none past `max_new_tokens`, none without a proposer.
     fn k_cap(&self, r: &Row) -> usize {
-        if (self.draft.is_some() && r.use_draft) || r.req.cfg.ngram.is_some() {
+        // (A constrained row proposes grammar-forced tokens even without a draft model.)
+        if (self.draft.is_some() && r.use_draft)
+            || r.req.cfg.ngram.is_some()
+            || r.req.constraint.is_some()
+        {
             r.req.remaining().saturating_sub(1)
         } else {
             0

@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use crate::adaptive::{AutoK, KController, RoundKind};
 use crate::backend::Backend;
-use crate::constraint::{apply_mask, mask_allows, mask_words, next_mask, Constraint};
+use crate::constrained::{ConstrainedScratch, Proposer};
+use crate::constraint::{mask_allows, mask_words, next_mask, Constraint};
 use crate::coupled::CoupledNoise;
 use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
@@ -827,8 +828,7 @@ pub struct Engine {
     ngram: Option<NgramProposer>,
     // Reused result of the round's verification.
     ver: Verification,
-    // Constrained requests: [k + 1, vocab] the masked target rows, and the proposal scratch.
-    masked_tgt: Vec<f32>,
+    // Constrained requests: the round's masks, masked rows and proposal scratch.
     cons: ConstrainedScratch,
     request: Option<Request>,
     // Reused output of `step`.
@@ -861,7 +861,6 @@ impl Engine {
             ids_tgt: Vec::with_capacity(MAX_DRAFT_TOKENS + 1),
             ngram: None,
             ver: Verification::default(),
-            masked_tgt: Vec::new(),
             cons: ConstrainedScratch::default(),
             request: None,
             out: StepOutput::default(),
@@ -950,32 +949,12 @@ impl Engine {
         self.keep_cached_prefix();
         self.request = None;
         let mut req = Request::new(prompt, cfg, self.vocab, self.max_seq_len())?;
-        if let Some(mut c) = constraint {
-            if !c.is_empty() {
-                return Err(SpecError::Config(format!(
-                    "the constraint has consumed {} tokens already (expected a fresh one)",
-                    c.len()
-                )));
-            }
-            if c.is_complete()? {
-                // Nothing may be generated at all.
-                req.finish_reason = Some(FinishReason::Grammar);
-            }
-            // Rows for the largest round: K drafts plus up to MAX_FORCED_PER_ROUND forced tokens, and the bonus row.
-            let rows = (req.k_max() + MAX_FORCED_PER_ROUND)
-                .min(MAX_DRAFT_TOKENS)
-                .min(req.cfg.max_new_tokens)
-                + 1;
-            self.cons.masks.resize(rows * mask_words(self.vocab), 0);
-            self.masked_tgt.resize(rows * self.vocab, 0.0);
-            self.cons.masked_dft.resize(self.vocab, 0.0);
-            if req.cfg.fault == Some(Fault::MaskTargetOnly) {
-                self.cons.q_fault.resize(self.vocab, 0.0);
-            }
+        if let Some(c) = constraint {
+            req.set_constraint(c)?;
+            let rows = self.cons.prepare(&req, self.vocab);
             if self.probs_dft.len() < (rows - 1) * self.vocab {
                 self.probs_dft.resize((rows - 1) * self.vocab, 0.0);
             }
-            req.constraint = Some(c);
         }
         let cfg = &req.cfg;
         match cfg.ngram {
@@ -1160,24 +1139,36 @@ impl Engine {
                 (None, true) => k_fixed,
                 (_, false) => 0,
             };
-            let draft = if draft_usable {
-                self.draft.as_mut()
-            } else {
-                None
-            };
-            let p = propose_constrained(
-                req,
-                draft,
-                k,
-                (k_fixed + MAX_FORCED_PER_ROUND)
-                    .min(k_cap)
-                    .min(MAX_DRAFT_TOKENS),
-                &mut self.cons,
-                &mut self.sampler_dft,
-                &mut self.probs_dft,
-                &mut self.tokens_dft,
-                vocab,
-            )?;
+            let cap = Request::constrained_cap(k_fixed, k_cap);
+            let sc = &mut self.cons;
+            let mut prop = Proposer::begin(req, sc, k, cap, draft_usable);
+            let res = (|| -> Result<()> {
+                while prop.run_until_pass(
+                    req,
+                    sc,
+                    &mut self.probs_dft,
+                    &mut self.tokens_dft,
+                    vocab,
+                )? {
+                    let d_model = self.draft.as_mut().expect("draft_usable");
+                    let t_pass = Instant::now();
+                    let logits = d_model.forward(&sc.input, prop.n_past, 1)?;
+                    let pass_ms = ms_since(t_pass);
+                    prop.take_pass(
+                        req,
+                        sc,
+                        logits,
+                        pass_ms,
+                        &mut self.sampler_dft,
+                        &mut self.probs_dft,
+                        &mut self.tokens_dft,
+                        vocab,
+                    )?;
+                }
+                Ok(())
+            })();
+            let p = prop.finish(req);
+            res?;
             n_masks = p.n_masks;
             ended = p.ended;
             n_draft_passes = p.n_passes;
@@ -1225,14 +1216,8 @@ impl Engine {
         // Draft tokens the draft model read in this round: d_1 .. d_{K-1} (constrained rounds: those before its
         // last pass, all K when it stopped for lack of mass).
         let n_fed_dft = n_fed_cons.unwrap_or(k.saturating_sub(1));
-        if constrained && n_masks == k {
-            // The extra mask of the round: the bonus row's (anything after an end is never emitted).
-            let row = &mut self.cons.masks[k * words..(k + 1) * words];
-            if ended {
-                row.fill(u32::MAX);
-            } else {
-                req.next_mask(row)?;
-            }
+        if constrained {
+            self.cons.bonus_mask(req, k, n_masks, ended, vocab)?;
         }
         let draft_ms = ms_since(t_draft);
 
@@ -1258,20 +1243,8 @@ impl Engine {
         };
         // Constrained: verification sees the masked target rows; log-probabilities stay the raw rows'.
         let logits_ver: &[f32] = if constrained {
-            for j in 0..=k {
-                apply_mask(
-                    &logits_tgt[j * vocab..(j + 1) * vocab],
-                    &self.cons.masks[j * words..(j + 1) * words],
-                    &mut self.masked_tgt[j * vocab..(j + 1) * vocab],
-                )?;
-                if req.cfg.fault == Some(Fault::ForcedUnverified) && req.forced_bits >> j & 1 == 1 {
-                    // The broken variant: a forced token is taken as certain (p = its point mass).
-                    let row = &mut self.masked_tgt[j * vocab..(j + 1) * vocab];
-                    row.fill(f32::NEG_INFINITY);
-                    row[self.tokens_dft[j] as usize] = 0.0;
-                }
-            }
-            &self.masked_tgt[..(k + 1) * vocab]
+            self.cons
+                .mask_target(req, logits_tgt, &self.tokens_dft, vocab)?
         } else {
             logits_tgt
         };
@@ -1426,171 +1399,6 @@ pub const MAX_FORCED_PER_ROUND: usize = 16;
 fn forced_before(bits: u64, n: u64) -> u32 {
     let m = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
     (bits & m).count_ones()
-}
-
-/// Scratch of constrained rounds (allocated by [`Engine::start_with`], reused).
-#[derive(Default)]
-struct ConstrainedScratch {
-    // [k + 1, mask_words(vocab)] the mask of each target row of the round (row i: after the first i proposals).
-    masks: Vec<u32>,
-    // [vocab] the masked draft row; [vocab] the unmasked q of the `MaskTargetOnly` test fault.
-    masked_dft: Vec<f32>,
-    q_fault: Vec<f32>,
-    // The tokens the constraint forces at the current position.
-    forced: Vec<u32>,
-    // The draft model's next input: committed tokens it has not read, then proposals since its last pass.
-    input: Vec<u32>,
-}
-
-/// What [`propose_constrained`] proposed (the tokens themselves are in `tokens_dft`).
-#[derive(Default)]
-struct ConstrainedProposal {
-    // Mask rows written (row i = the state after the first i proposals).
-    n_masks: usize,
-    // The proposals end the sequence (an EOS or a completing token).
-    ended: bool,
-    // Draft passes run, proposals the draft model read, and (ms, input tokens) of the first pass.
-    n_passes: usize,
-    n_fed: usize,
-    first_pass: (f64, usize),
-}
-
-/// The proposals of a constrained round, at most `cap`: at each position the tokens the constraint forces
-/// (proposed without a draft pass, with a one-hot `q` row: the stochastic rule on a one-hot row is the
-/// deterministic rule), otherwise, while fewer than `k_draft` came from it, the draft model's sample from its masked
-/// `q` (its pass reads every proposal since its previous pass, forced ones included). The constraint advances
-/// through the proposals and each row's mask is written to `sc.masks`; drafting stops at an EOS, at completion, or
-/// where the draft's masked row has no mass (that position becomes the bonus row). Penalties are restored and
-/// `req.n_past_dft` set to what the draft cache holds; `req.forced_bits` marks the forced proposals.
-///
-/// Errors: backend, logits processing and matcher errors; [`SpecError::Internal`] if the constraint forces a token
-/// its own mask refuses.
-#[allow(clippy::too_many_arguments)]
-fn propose_constrained(
-    req: &mut Request,
-    mut draft: Option<&mut Box<dyn Backend>>,
-    k_draft: usize,
-    cap: usize,
-    sc: &mut ConstrainedScratch,
-    sampler_dft: &mut Sampler,
-    probs_dft: &mut [f32],
-    tokens_dft: &mut Vec<u32>,
-    vocab: usize,
-) -> Result<ConstrainedProposal> {
-    let words = mask_words(vocab);
-    let n_committed = req.penalties.len();
-    let use_penalties = req.cfg.sampling.has_penalties();
-    let mut out = ConstrainedProposal::default();
-    let mut n_past = req.n_past_dft;
-    sc.input.clear();
-    sc.input.extend_from_slice(&req.tokens[n_past..]);
-    let mut n_model = 0;
-    let res = (|| -> Result<()> {
-        'round: while tokens_dft.len() < cap && !out.ended {
-            let t0 = Instant::now();
-            let c = req.constraint.as_mut().expect("constrained");
-            c.forced_tokens(&mut sc.forced)?;
-            req.stats.mask_ms += ms_since(t0);
-            if !sc.forced.is_empty() {
-                for fi in 0..sc.forced.len() {
-                    let i = tokens_dft.len();
-                    if i >= cap {
-                        break 'round;
-                    }
-                    let f = sc.forced[fi];
-                    let mask = &mut sc.masks[i * words..(i + 1) * words];
-                    req.next_mask(mask)?;
-                    out.n_masks = i + 1;
-                    if !mask_allows(mask, f) {
-                        return Err(SpecError::Internal(format!(
-                            "the constraint forces token {f} at proposal {i} but its mask refuses it"
-                        )));
-                    }
-                    let q_row = &mut probs_dft[i * vocab..(i + 1) * vocab];
-                    q_row.fill(0.0);
-                    q_row[f as usize] = 1.0;
-                    tokens_dft.push(f);
-                    sc.input.push(f);
-                    req.forced_bits |= 1 << i;
-                    if use_penalties {
-                        req.penalties.push(f)?;
-                    }
-                    if advance_proposal(req, f)? {
-                        out.ended = true;
-                        break 'round;
-                    }
-                }
-                continue;
-            }
-            let Some(d_model) = draft.as_mut() else {
-                break;
-            };
-            if n_model >= k_draft {
-                break;
-            }
-            let i = tokens_dft.len();
-            let t_pass = Instant::now();
-            let logits = d_model.forward(&sc.input, n_past, 1)?;
-            n_past += sc.input.len();
-            out.n_passes += 1;
-            out.n_fed = i;
-            if out.n_passes == 1 {
-                out.first_pass = (ms_since(t_pass), sc.input.len());
-            }
-            sc.input.clear();
-            // The mask of draft position i is the one target row i needs.
-            let mask = &mut sc.masks[i * words..(i + 1) * words];
-            req.next_mask(mask)?;
-            out.n_masks = i + 1;
-            if !apply_mask(logits, mask, &mut sc.masked_dft)? {
-                // The draft gives every allowed token probability 0 (a pruned vocabulary): it stops here, and this
-                // position is the target's bonus row.
-                break;
-            }
-            let q_row = &mut probs_dft[i * vocab..(i + 1) * vocab];
-            let fault = req.cfg.fault == Some(Fault::MaskTargetOnly);
-            if fault {
-                let params = req.cfg.sampling;
-                let ctx = params.has_penalties().then_some(&req.penalties);
-                sampler_dft.process(logits, 0, &params, ctx)?;
-                sampler_dft.write_probs(&mut sc.q_fault)?;
-            }
-            let d = req.draft_choice(sampler_dft, &sc.masked_dft, i, q_row)?;
-            if fault {
-                q_row.copy_from_slice(&sc.q_fault);
-            }
-            tokens_dft.push(d);
-            sc.input.push(d);
-            n_model += 1;
-            if advance_proposal(req, d)? {
-                out.ended = true;
-            }
-        }
-        Ok(())
-    })();
-    // A rejected proposal leaves no trace in the penalties.
-    req.penalties.truncate(n_committed);
-    res?;
-    if out.n_passes > 0 {
-        req.n_past_dft = n_past;
-    }
-    Ok(out)
-}
-
-/// Advance a constrained request's constraint by proposal `d`; returns whether the sequence ends with it (an EOS
-/// id, which the constraint never consumes, or a token that completes it).
-///
-/// Errors: matcher errors (a refusal included).
-fn advance_proposal(req: &mut Request, d: u32) -> Result<bool> {
-    if req.is_eos(d) {
-        return Ok(true);
-    }
-    let t0 = Instant::now();
-    let c = req.constraint.as_mut().expect("constrained");
-    c.advance(d)?;
-    let complete = c.is_complete()?;
-    req.stats.mask_ms += ms_since(t0);
-    Ok(complete)
 }
 
 /// The draft's vocabulary must be the target's.

@@ -8,6 +8,7 @@
 pub mod adaptive;
 pub mod backend;
 pub mod batch;
+mod constrained;
 pub mod constraint;
 pub mod cost;
 pub mod coupled;

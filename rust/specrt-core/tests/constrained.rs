@@ -26,10 +26,12 @@
 use std::collections::HashMap;
 
 use specrt_core::sampling::Fault;
+use specrt_core::testing::MockBatchModel;
 use specrt_core::testing::{chi2_quantile, MockConstraint, MockModel};
 use specrt_core::{
-    Backend, Constraint, Engine, FinishReason, GenerationConfig, NgramConfig, Sampler,
-    SamplingParams, SubsetBackend, VocabSubset,
+    Backend, BatchBackend, BatchEngine, BatchOptions, Constraint, Engine, FinishReason,
+    GenerationConfig, GenerationOutput, NgramConfig, Sampler, SamplingParams, SpecError,
+    SubsetBackend, VocabSubset,
 };
 
 const V: usize = 6;
@@ -165,26 +167,42 @@ fn fit(
     cfg: &GenerationConfig,
 ) -> Fit {
     let c = automaton();
-    let probs = expected(t, prompt, cfg, &c);
-    let total: f64 = probs.values().sum();
-    assert!((total - 1.0).abs() < 1e-6, "reference sums to {total}");
     let mut e = Engine::new(Box::new(t.clone()), d).unwrap();
-    let mut counts: HashMap<Vec<u32>, u64> = HashMap::new();
-    let (mut n_errors, mut n_drafted, mut n_accepted) = (0, 0, 0);
-    let (mut n_drafted_forced, mut n_accepted_forced) = (0, 0);
-    for seed in 0..n {
+    let outs = (0..n).map(|seed| {
         let cfg = GenerationConfig {
             seed,
             ..cfg.clone()
         };
-        match e.generate_with(prompt, cfg, Some(Box::new(c.fresh())), |_| true) {
+        e.generate_with(prompt, cfg, Some(Box::new(c.fresh())), |_| true)
+    });
+    score(t, &c, prompt, cfg, outs)
+}
+
+/// Score seeded generations under constraint `c` against [`expected`] (a Pearson chi-square over the sequences).
+fn score(
+    t: &MockModel,
+    c: &MockConstraint,
+    prompt: &[u32],
+    cfg: &GenerationConfig,
+    outs: impl Iterator<Item = specrt_core::Result<GenerationOutput>>,
+) -> Fit {
+    let probs = expected(t, prompt, cfg, c);
+    let total: f64 = probs.values().sum();
+    assert!((total - 1.0).abs() < 1e-6, "reference sums to {total}");
+    let mut counts: HashMap<Vec<u32>, u64> = HashMap::new();
+    let (mut n_errors, mut n_drafted, mut n_accepted) = (0, 0, 0);
+    let (mut n_drafted_forced, mut n_accepted_forced) = (0, 0);
+    let mut n = 0u64;
+    for out in outs {
+        n += 1;
+        match out {
             Ok(out) => {
                 let reason = out.finish_reason;
                 let last = out.tokens.last().copied();
                 let ok_reason = match reason {
                     FinishReason::Eos => last == Some(EOS),
                     FinishReason::Grammar => c.accepts(&out.tokens),
-                    FinishReason::Length => out.tokens.len() == MAX_NEW,
+                    FinishReason::Length => out.tokens.len() == cfg.max_new_tokens,
                     FinishReason::Stop => false,
                 };
                 if !ok_reason {
@@ -423,7 +441,7 @@ fn greedy_constrained_speculative_output_equals_greedy_constrained_target_only_o
         prompt_lookup_min: 1,
         prompt_lookup_max: 3,
     });
-    let (mut n_accepted, mut n_forced) = (0, 0);
+    let mut n = (0, 0);
     for seed in 0..6u64 {
         let c = automaton64(seed);
         let t = MockModel::new(VOCAB, 512, seed, 4.0);
@@ -489,20 +507,29 @@ fn greedy_constrained_speculative_output_equals_greedy_constrained_target_only_o
             let out = e
                 .generate_with(&prompt, cfg, Some(Box::new(c.fresh())), |_| true)
                 .unwrap();
-            assert_eq!(out.tokens, reference.tokens, "seed {seed} {name}");
-            assert_eq!(
-                out.finish_reason, reference.finish_reason,
-                "seed {seed} {name}"
-            );
-            n_accepted += out.stats.n_accepted;
-            n_forced += out.stats.n_drafted_forced;
+            same_greedy(&out, &reference, &format!("seed {seed} {name}"), &mut n);
         }
     }
-    assert!(
-        n_accepted > 0,
-        "no draft token was accepted: nothing was tested"
-    );
-    assert!(n_forced > 0, "no forced token was proposed");
+    assert_speculated(n);
+}
+
+/// Assert greedy `out` equals `reference` (tokens, finish reason); count its accepted and forced drafts into `n`.
+fn same_greedy(
+    out: &GenerationOutput,
+    reference: &GenerationOutput,
+    what: &str,
+    n: &mut (u64, u64),
+) {
+    assert_eq!(out.tokens, reference.tokens, "{what}");
+    assert_eq!(out.finish_reason, reference.finish_reason, "{what}");
+    n.0 += out.stats.n_accepted;
+    n.1 += out.stats.n_drafted_forced;
+}
+
+/// The parity runs speculated: some draft accepted, some forced token proposed.
+fn assert_speculated(n: (u64, u64)) {
+    assert!(n.0 > 0, "no draft token was accepted: nothing was tested");
+    assert!(n.1 > 0, "no forced token was proposed");
 }
 
 #[test]
@@ -520,4 +547,353 @@ fn a_constraint_that_is_complete_from_the_start_generates_nothing() {
         .start_with(&PROMPT, t1(3), Some(Box::new(used)))
         .unwrap_err();
     assert!(err.to_string().contains("consumed 1 tokens"), "{err}");
+}
+
+// ---- batched rounds (`BatchEngine::add_with`) ----
+
+/// A second automaton over the same tokens: 0* then either 1 (which forces 2, a chain) or 3, then 0* and an
+/// optional 4 that completes it.
+fn automaton_b() -> MockConstraint {
+    MockConstraint::new(
+        V,
+        vec![
+            vec![(0, 0), (1, 1), (3, 2)],
+            vec![(2, 2)],
+            vec![(0, 2), (4, 3)],
+            vec![],
+        ],
+        vec![false, false, true, true],
+    )
+}
+
+fn batch_engine(t: &MockModel, d: Option<&MockModel>, max_batch: usize) -> BatchEngine {
+    BatchEngine::new(
+        Box::new(MockBatchModel::new(t, max_batch)),
+        d.map(|d| Box::new(MockBatchModel::new(d, max_batch)) as Box<dyn BatchBackend>),
+        BatchOptions::default(),
+    )
+    .unwrap()
+}
+
+/// Run every `(id, prompt, cfg, constraint)` through `e` to the end; returns each id's output or the error its row
+/// ended with.
+fn run_batch(
+    e: &mut BatchEngine,
+    reqs: Vec<(u64, Vec<u32>, GenerationConfig, Option<MockConstraint>)>,
+) -> HashMap<u64, specrt_core::Result<GenerationOutput>> {
+    let ids: Vec<u64> = reqs.iter().map(|r| r.0).collect();
+    for (id, prompt, cfg, c) in reqs {
+        let c = c.map(|c| Box::new(c) as Box<dyn Constraint>);
+        e.add_with(id, &prompt, cfg, c).unwrap();
+    }
+    let mut errors = HashMap::new();
+    let mut guard = 0;
+    while !e.is_idle() {
+        for s in e.step().unwrap() {
+            if let Some(err) = &s.error {
+                errors.insert(s.id, err.clone());
+            }
+        }
+        guard += 1;
+        assert!(guard < 1_000_000, "the batch never drained");
+    }
+    ids.into_iter()
+        .map(|id| {
+            let out = match errors.remove(&id) {
+                Some(err) => Err(err),
+                None => e
+                    .take_output(id)
+                    .ok_or_else(|| SpecError::Internal(format!("request {id} has no output"))),
+            };
+            (id, out)
+        })
+        .collect()
+}
+
+/// `n` seeds of three requests each, all queued on one batch engine of 3 rows (rows of different seeds share
+/// rounds as they join and leave): one under [`automaton`] (`cfg_a`), one under [`automaton_b`] and one
+/// unconstrained (`cfg`). Returns the fits of the two constrained ones against their target-only laws.
+fn fit_batched(
+    t: &MockModel,
+    d: Option<&MockModel>,
+    prompt: &[u32],
+    n: u64,
+    cfg: &GenerationConfig,
+    cfg_a: &GenerationConfig,
+) -> (Fit, Fit) {
+    let (a, b) = (automaton(), automaton_b());
+    let mut reqs = Vec::new();
+    for seed in 0..n {
+        let c = |cfg: &GenerationConfig| GenerationConfig {
+            seed,
+            ..cfg.clone()
+        };
+        reqs.push((3 * seed, prompt.to_vec(), c(cfg_a), Some(a.fresh())));
+        reqs.push((3 * seed + 1, prompt.to_vec(), c(cfg), Some(b.fresh())));
+        reqs.push((3 * seed + 2, prompt.to_vec(), c(cfg), None));
+    }
+    let mut e = batch_engine(t, d, 3);
+    let mut outs = run_batch(&mut e, reqs);
+    let mut take =
+        |j: u64| -> Vec<_> { (0..n).map(|s| outs.remove(&(3 * s + j)).unwrap()).collect() };
+    let fa = score(t, &a, prompt, cfg_a, take(0).into_iter());
+    let fb = score(t, &b, prompt, cfg, take(1).into_iter());
+    (fa, fb)
+}
+
+const BATCH_DRAWS: u64 = 20_000;
+
+#[test]
+fn batched_constrained_rows_at_temperature_one_are_target_only_constrained_decoding() {
+    let cfg = t1(3);
+    let (fa, fb) = fit_batched(&target(), Some(&draft()), &PROMPT, BATCH_DRAWS, &cfg, &cfg);
+    assert_exact(&fa);
+    assert_exact(&fb);
+    for f in [&fa, &fb] {
+        assert!(f.n_accepted > 0 && f.n_accepted < f.n_drafted, "{f:?}");
+        assert!(f.n_drafted_forced > 0, "{f:?}");
+    }
+    // (Automaton B's forced token is the target's only choice there: always accepted.)
+    assert!(fa.n_accepted_forced < fa.n_drafted_forced, "{fa:?}");
+}
+
+#[test]
+fn batched_constrained_rows_with_top_p_and_forced_tokens_only_stay_exact() {
+    let mut cfg = t1(3);
+    cfg.sampling.top_p = 0.8;
+    cfg.sampling.temperature = 1.3;
+    let (fa, fb) = fit_batched(&target(), Some(&draft()), &PROMPT, BATCH_DRAWS, &cfg, &cfg);
+    assert_exact(&fa);
+    assert_exact(&fb);
+    // No draft model: the constrained rows propose their forced tokens only.
+    let cfg = t1(3);
+    let (fa, fb) = fit_batched(&target(), None, &PROMPT, BATCH_DRAWS, &cfg, &cfg);
+    assert_exact(&fa);
+    assert_exact(&fb);
+    assert!(
+        fa.n_drafted > 0 && fa.n_drafted == fa.n_drafted_forced,
+        "{fa:?}"
+    );
+}
+
+#[test]
+fn batched_constrained_prompt_lookup_proposals_stay_exact() {
+    let prompt = [0, 3, 1, 0, 0, 3, 1, 0];
+    let cfg = GenerationConfig {
+        ngram: Some(NgramConfig {
+            prompt_lookup_min: 1,
+            prompt_lookup_max: 3,
+        }),
+        ..t1(3)
+    };
+    let (fa, fb) = fit_batched(&target(), Some(&draft()), &prompt, BATCH_DRAWS, &cfg, &cfg);
+    assert_exact(&fa);
+    assert_exact(&fb);
+    assert!(fa.n_drafted > fa.n_drafted_forced, "{fa:?}");
+}
+
+#[test]
+fn the_batched_sequence_test_catches_each_broken_variant_in_its_row_only() {
+    // (Each is far off at a fifth of the draws: chi-square in the thousands against a critical value near 60.)
+    for fault in [
+        Fault::MaskTargetOnly,
+        Fault::NoConstraintRollback,
+        Fault::ForcedUnverified,
+    ] {
+        let cfg = t1(3);
+        let broken = GenerationConfig {
+            fault: Some(fault),
+            ..t1(3)
+        };
+        let (fa, fb) = fit_batched(
+            &target(),
+            Some(&draft()),
+            &PROMPT,
+            BATCH_DRAWS / 5,
+            &cfg,
+            &broken,
+        );
+        assert!(!fa.passes(), "{fault:?}: the broken variant passed: {fa:?}");
+        assert_exact(&fb);
+    }
+}
+
+#[test]
+fn greedy_batched_constrained_rows_equal_greedy_single_stream_constrained_output() {
+    let ngram = Some(NgramConfig {
+        prompt_lookup_min: 1,
+        prompt_lookup_max: 3,
+    });
+    let mut n = (0, 0);
+    for seed in 0..6u64 {
+        let t = MockModel::new(VOCAB, 512, seed, 4.0);
+        let d = MockModel::new(VOCAB, 512, seed, 4.0).with_noise(seed + 1000, 0.4);
+        let cfg = |k: usize| GenerationConfig {
+            max_new_tokens: 40,
+            num_speculative_tokens: k,
+            sampling: SamplingParams::greedy(),
+            eos_token_ids: vec![EOS64],
+            logprobs: false,
+            ..GenerationConfig::default()
+        };
+        let prompt = vec![3, 1, 4, 1, 5];
+        let (c1, c2) = (automaton64(seed), automaton64(seed + 100));
+        let reqs: Vec<(u64, Vec<u32>, GenerationConfig, Option<MockConstraint>)> = vec![
+            (0, prompt.clone(), cfg(4), Some(c1.fresh())),
+            (1, prompt.clone(), cfg(2), Some(c2.fresh())),
+            (
+                2,
+                prompt.clone(),
+                GenerationConfig { ngram, ..cfg(4) },
+                Some(c1.fresh()),
+            ),
+            (
+                3,
+                prompt.clone(),
+                GenerationConfig {
+                    use_draft_model: false,
+                    ..cfg(4)
+                },
+                Some(c2.fresh()),
+            ),
+            (
+                4,
+                prompt.clone(),
+                GenerationConfig {
+                    logprobs: true,
+                    ..cfg(8)
+                },
+                Some(c1.fresh()),
+            ),
+            (5, prompt.clone(), cfg(4), None),
+        ];
+        let mut e = batch_engine(&t, Some(&d), 4);
+        let mut outs = run_batch(&mut e, reqs.clone());
+        for (id, p, cfg, c) in reqs {
+            let mut solo = Engine::new(Box::new(t.clone()), None).unwrap();
+            let c = c.map(|c| Box::new(c) as Box<dyn Constraint>);
+            let reference = solo
+                .generate_with(
+                    &p,
+                    GenerationConfig {
+                        num_speculative_tokens: 0,
+                        ..cfg
+                    },
+                    c,
+                    |_| true,
+                )
+                .unwrap();
+            let out = outs.remove(&id).unwrap().unwrap();
+            same_greedy(&out, &reference, &format!("seed {seed} row {id}"), &mut n);
+        }
+    }
+    assert_speculated(n);
+}
+
+/// A constraint whose matcher fails once it has consumed `after` tokens.
+struct Failing {
+    inner: MockConstraint,
+    after: usize,
+}
+
+impl Constraint for Failing {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn fill_mask(&mut self, mask: &mut [u32]) -> specrt_core::Result<()> {
+        if self.inner.len() >= self.after {
+            return Err(SpecError::Config("matcher failed (test)".to_owned()));
+        }
+        self.inner.fill_mask(mask)
+    }
+    fn advance(&mut self, token: u32) -> specrt_core::Result<()> {
+        self.inner.advance(token)
+    }
+    fn truncate(&mut self, len: usize) -> specrt_core::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn is_accepting(&mut self) -> specrt_core::Result<bool> {
+        self.inner.is_accepting()
+    }
+    fn is_complete(&mut self) -> specrt_core::Result<bool> {
+        self.inner.is_complete()
+    }
+}
+
+#[test]
+fn a_batched_row_whose_matcher_fails_ends_alone() {
+    let t = MockModel::new(VOCAB, 512, 3, 4.0);
+    let d = MockModel::new(VOCAB, 512, 3, 4.0).with_noise(1003, 0.4);
+    // A chain automaton that never completes early: 10 states cycling through tokens 0..9.
+    let c = MockConstraint::new(
+        VOCAB,
+        (0..10u32)
+            .map(|s| {
+                vec![
+                    (s, ((s + 1) % 10) as usize),
+                    (s + 10, ((s + 1) % 10) as usize),
+                ]
+            })
+            .collect(),
+        vec![false; 10],
+    );
+    let cfg = GenerationConfig {
+        max_new_tokens: 30,
+        num_speculative_tokens: 3,
+        sampling: SamplingParams::greedy(),
+        eos_token_ids: vec![EOS64],
+        ..GenerationConfig::default()
+    };
+    let prompt = [3, 1, 4];
+    let mut e = batch_engine(&t, Some(&d), 3);
+    e.add_with(
+        0,
+        &prompt,
+        cfg.clone(),
+        Some(Box::new(Failing {
+            inner: c.fresh(),
+            after: 5,
+        })),
+    )
+    .unwrap();
+    e.add_with(1, &prompt, cfg.clone(), Some(Box::new(c.fresh())))
+        .unwrap();
+    e.add(2, &prompt, cfg.clone()).unwrap();
+    let mut failed = Vec::new();
+    let mut streamed: Vec<Vec<u32>> = vec![Vec::new(); 3];
+    while !e.is_idle() {
+        for s in e.step().unwrap() {
+            streamed[s.id as usize].extend_from_slice(&s.out.tokens);
+            if let Some(err) = &s.error {
+                failed.push((s.id, err.to_string()));
+            }
+        }
+    }
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].0, 0);
+    assert!(failed[0].1.contains("matcher failed"), "{failed:?}");
+    // (It fails once proposals advance it to 5 tokens: after 1 to 5 committed ones.)
+    assert!(
+        !streamed[0].is_empty() && streamed[0].len() <= 5,
+        "{:?}",
+        streamed[0]
+    );
+    assert!(e.take_output(0).is_none());
+    for (id, c) in [(1u64, Some(c.fresh())), (2, None)] {
+        let mut solo = Engine::new(Box::new(t.clone()), None).unwrap();
+        let c = c.map(|c| Box::new(c) as Box<dyn Constraint>);
+        let reference = solo
+            .generate_with(
+                &prompt,
+                GenerationConfig {
+                    num_speculative_tokens: 0,
+                    ..cfg.clone()
+                },
+                c,
+                |_| true,
+            )
+            .unwrap();
+        let out = e.take_output(id).unwrap();
+        assert_eq!(out.tokens, reference.tokens, "row {id}");
+    }
 }

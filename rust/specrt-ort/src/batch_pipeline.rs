@@ -39,6 +39,7 @@ use specrt_text::detok::{RoundEnd, TextAssembler};
 use specrt_text::tokenizer::Tokenizer;
 
 use crate::batched::BatchedOrtBackend;
+use crate::constraints::ConstraintCompiler;
 use crate::model::resolve_model_file;
 use crate::options::OrtOptions;
 use crate::pipeline::{check_same_folders, resolve_request, FolderDefaults, GenerationRequest};
@@ -82,6 +83,8 @@ pub struct BatchPipeline {
     chat_template: Option<ChatTemplate>,
     requests: HashMap<u64, Tracked>,
     next_id: u64,
+    /// Compiles requests' constraints over the tokenizer (as [`crate::Pipeline`]'s).
+    constraints: ConstraintCompiler,
 }
 
 impl BatchPipeline {
@@ -125,6 +128,11 @@ impl BatchPipeline {
         defaults: FolderDefaults,
         tokenizer: Option<Tokenizer>,
     ) -> Self {
+        let constraints = ConstraintCompiler::new(
+            tokenizer.clone(),
+            engine.vocab_size(),
+            defaults.eos_token_ids.clone(),
+        );
         Self {
             engine,
             defaults,
@@ -132,6 +140,7 @@ impl BatchPipeline {
             chat_template: None,
             requests: HashMap::new(),
             next_id: 0,
+            constraints,
         }
     }
 
@@ -182,19 +191,19 @@ impl BatchPipeline {
     ///
     /// Errors: as [`resolve_request`] (settings), [`SpecError::Config`] / [`SpecError::Vocab`] /
     /// [`SpecError::Length`] for the prompt ([`specrt_core::check_prompt`]), [`SpecError::Config`] for stop strings
+    /// without a tokenizer, [`SpecError::Config`] for a constraint (`request.constraint`) that does not compile or
     /// without a tokenizer. Nothing is queued on an error.
     pub fn submit_ids(&mut self, prompt_ids: &[u32], request: &GenerationRequest) -> Result<u64> {
-        if request.constraint.is_some() {
-            return Err(SpecError::Config(
-                "structured output (constraint) is not supported by batched rounds yet; use Pipeline".to_owned(),
-            ));
-        }
         let cfg = resolve_request(
             request,
             &self.defaults,
             self.engine.has_draft(),
             Some(self.engine.vocab_size()),
         )?;
+        // Compiled before the request queues: a bad constraint is refused here.
+        let constraint = self
+            .constraints
+            .compile_for(request.constraint.as_ref(), &self.defaults.eos_token_ids)?;
         let text = match &self.tokenizer {
             Some(t) => Some(TextAssembler::new(
                 t.clone(),
@@ -210,7 +219,7 @@ impl BatchPipeline {
         };
         let id = self.next_id;
         let scored = cfg.prompt_logprobs.is_some();
-        self.engine.add(id, prompt_ids, cfg)?;
+        self.engine.add_with(id, prompt_ids, cfg, constraint)?;
         self.next_id += 1;
         self.requests.insert(
             id,

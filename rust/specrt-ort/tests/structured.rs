@@ -1,16 +1,18 @@
 //! Structured output on a real model: greedy JSON-schema-constrained output of SmolLM2-135M-Instruct is valid JSON
 //! of the schema and ends by grammar completion, and greedy constrained speculative output (int4 draft) equals
 //! greedy constrained target-only output token for token; a regex and a choice likewise; a bad schema is a
-//! ConfigError before anything runs. Runs when `SPECRT_ORT_LIBRARY` is set and the SmolLM2 folders exist
+//! ConfigError before anything runs; batched rounds (the `-B` folders) give each constrained row the single-stream
+//! greedy output. Runs when `SPECRT_ORT_LIBRARY` is set and the SmolLM2 folders exist
 //! (`SPECRT_TEST_SMOLLM2`, default `~/.cache/specrt/models/smollm2-135m-instruct`, with `fp32/` and `int4/`);
 //! otherwise returns early.
 
 use std::path::PathBuf;
 
 use serde_json::{json, Value};
-use specrt_core::{FinishReason, SpecError};
+use specrt_core::{BatchOptions, FinishReason, SpecError};
 use specrt_ort::{
-    GenerationRequest, OrtOptions, OutputConstraint, Pipeline, Proposer, SpeculativeTokens,
+    BatchPipeline, GenerationRequest, OrtOptions, OutputConstraint, Pipeline, Proposer,
+    SpeculativeTokens,
 };
 
 fn folders() -> Option<(PathBuf, PathBuf, PathBuf)> {
@@ -145,4 +147,79 @@ fn a_bad_schema_is_a_config_error_before_anything_runs() {
         Err(SpecError::Config(m)) => assert!(m.starts_with("json_schema "), "{m}"),
         other => panic!("expected a ConfigError, got {other:?}"),
     }
+}
+
+#[test]
+fn greedy_batched_constrained_rows_equal_single_stream_constrained_output() {
+    // The batched layout (`fp32-B` target, `int4-B` draft): four constrained rows of different constraints and one
+    // unconstrained row share rounds; each equals the single-stream pipeline's greedy output token for token.
+    let Some((lib, t, d)) = folders() else { return };
+    let root = t.parent().unwrap();
+    let (tb, db) = (root.join("fp32-B"), root.join("int4-B"));
+    if !(tb.is_dir() && db.is_dir()) {
+        return;
+    }
+    let mut options = OrtOptions::new(&lib);
+    options.max_seq_len = Some(512);
+    let mut solo = Pipeline::load(&t, Some(&d), &options).unwrap();
+    let mut batch =
+        BatchPipeline::load(&tb, Some(&db), &options, 4, BatchOptions::default()).unwrap();
+    let ask = |p: &Pipeline, q: &str| {
+        p.chat_prompt_ids(&[json!({"role": "user", "content": q})])
+            .unwrap()
+    };
+    let date = OutputConstraint::Regex(r"(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])".into());
+    let choice =
+        OutputConstraint::Choice(vec!["1969".into(), "1970".into(), "I don't know".into()]);
+    let cases: Vec<(Vec<u32>, GenerationRequest)> = vec![
+        (
+            ask(
+                &solo,
+                "Give me a JSON object describing a person: name, age and city.",
+            ),
+            greedy(person_schema(), Proposer::DraftModel),
+        ),
+        (
+            ask(&solo, "What is the date of the first moon landing?"),
+            greedy(date, Proposer::DraftModel),
+        ),
+        (
+            ask(&solo, "In which year did people first land on the moon?"),
+            greedy(choice, Proposer::TargetOnly),
+        ),
+        (
+            ask(&solo, "Describe a cat as a JSON object."),
+            greedy(OutputConstraint::JsonObject, Proposer::DraftModel),
+        ),
+        (
+            ask(&solo, "Name three colours."),
+            GenerationRequest {
+                constraint: None,
+                max_new_tokens: 24,
+                ..greedy(person_schema(), Proposer::DraftModel)
+            },
+        ),
+    ];
+    let ids: Vec<u64> = cases
+        .iter()
+        .map(|(p, r)| batch.submit_ids(p, r).unwrap())
+        .collect();
+    let mut outs = std::collections::HashMap::new();
+    while !batch.is_idle() {
+        for ev in batch.step().unwrap() {
+            assert!(ev.error.is_none(), "{:?}", ev.error);
+            if let Some((_, out)) = ev.done {
+                outs.insert(ev.id, out);
+            }
+        }
+    }
+    let mut n_forced = 0;
+    for (id, (prompt, req)) in ids.iter().zip(&cases) {
+        let reference = solo.generate(prompt, req).unwrap();
+        let out = &outs[id];
+        assert_eq!(out.tokens, reference.tokens, "request {id}");
+        assert_eq!(out.finish_reason, reference.finish_reason, "request {id}");
+        n_forced += out.stats.n_drafted_forced;
+    }
+    assert!(n_forced > 0, "no forced token was proposed in the batch");
 }
