@@ -976,7 +976,11 @@ impl BatchEngine {
             .collect();
         let s = inputs.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
         if s == 0 {
-            return Ok(()); // every decoding row failed while drafting
+            // Every decoding row failed while planning or drafting: each reports its error.
+            for row in &self.rows {
+                report_failed(&mut self.steps, row);
+            }
+            return Ok(());
         }
         let logits_all = self.target.forward_rows(0, &inputs, s)?;
         drop(inputs);
@@ -987,13 +991,7 @@ impl BatchEngine {
         let mut k_round = 0;
         for (r, row) in self.rows.iter_mut().enumerate() {
             if row.input_tgt.is_empty() {
-                if let Some(e) = row.failed.clone() {
-                    self.steps.push(RowStep {
-                        id: row.id,
-                        out: StepOutput::default(),
-                        error: Some(e),
-                    });
-                }
+                report_failed(&mut self.steps, row);
                 continue;
             }
             let t_core = Instant::now();
@@ -1161,6 +1159,17 @@ impl BatchEngine {
         } else {
             0
         }
+    }
+}
+
+/// The step of a row that failed this round (nothing when it did not): its error, no tokens.
+fn report_failed(steps: &mut Vec<RowStep>, row: &Row) {
+    if let Some(e) = row.failed.clone() {
+        steps.push(RowStep {
+            id: row.id,
+            out: StepOutput::default(),
+            error: Some(e),
+        });
     }
 }
 

@@ -913,4 +913,16 @@ fn a_batched_row_whose_matcher_fails_ends_alone() {
         let out = e.take_output(id).unwrap();
         assert_eq!(out.tokens, reference.tokens, "row {id}");
     }
+    // Alone in the batch (every row fails while proposing): its error is still reported and the engine drains.
+    let lone = Failing {
+        inner: c.fresh(),
+        after: 0,
+    };
+    e.add_with(3, &prompt, cfg, Some(Box::new(lone))).unwrap();
+    let mut errors = Vec::new();
+    for _ in 0..10 {
+        errors.extend(e.step().unwrap().iter().filter_map(|s| s.error.clone()));
+    }
+    assert!(e.is_idle());
+    assert_eq!(errors.len(), 1, "{errors:?}");
 }
