@@ -29,6 +29,14 @@
 //! prompt was never read (a batch that started with plain rounds) is then still tried once when the requests are long
 //! enough to repay it.
 //!
+//! Grammar-forced proposals (structured output, `docs/structured-output.md`): a constrained round first proposes
+//! the `f` tokens its constraint forces ([`KController::set_forced`]), then K draft tokens. Forced tokens cost no draft
+//! pass but a verification row each, and are accepted at their own rate `a_f` (the target's masked probability of
+//! the forced token), kept apart from the draft's `a` ([`KController::observe_with_forced`]) so that forced
+//! acceptances never inflate the draft's estimate. Such a round emits `E_f(K) = (1 + a_f + ... + a_f^(f-1)) +
+//! a_f^f E(K)` tokens for `K c_q + c_verify(K + f + 1)`, and the controller picks the K maximising their ratio
+//! (K counts model drafts only; K = 0 is then a forced-only round).
+//!
 //! K is chosen before the round draws any random number, so every round is lossless whatever K is. With measured
 //! costs the choice depends on timings (not reproducible run to run); with [`PinnedCosts`] it depends only on the
 //! seeded acceptance history, so the same seed gives the same tokens.
@@ -214,6 +222,10 @@ pub struct KController {
     alpha: AcceptanceEstimate,
     // The same for n-gram proposals (p(x) per evaluated position: q is a point mass).
     alpha_ngram: AcceptanceEstimate,
+    // The same for grammar-forced proposals (p(x) of the masked target row), and the forced tokens the next round
+    // proposes before its drafts.
+    alpha_forced: AcceptanceEstimate,
+    n_forced: usize,
     // ms per draft pass; None until measured.
     c_draft: Option<f64>,
     c_draft_seen: u32,
@@ -295,6 +307,13 @@ impl KController {
                 cfg.prior_weight,
                 cfg.acceptance_window,
             ),
+            // (A forced token is the only token its mask allows the draft: the n-gram prior, a point-mass q, fits.)
+            alpha_forced: AcceptanceEstimate::new(
+                cfg.prior_acceptance_ngram,
+                cfg.prior_weight,
+                cfg.acceptance_window,
+            ),
+            n_forced: 0,
             cfg,
         })
     }
@@ -358,6 +377,18 @@ impl KController {
         self.alpha.value()
     }
 
+    /// Current per-token acceptance estimate of grammar-forced proposals.
+    #[must_use]
+    pub fn alpha_forced(&self) -> f64 {
+        self.alpha_forced.value()
+    }
+
+    /// Set the grammar-forced tokens the next round proposes before its drafts (0 without a constraint; kept until
+    /// set again). They cost a verification row each and no draft pass ([`KController::rate`]).
+    pub fn set_forced(&mut self, n_forced: usize) {
+        self.n_forced = n_forced;
+    }
+
     /// Current per-token acceptance estimate of n-gram proposals.
     #[must_use]
     pub fn alpha_ngram(&self) -> f64 {
@@ -382,7 +413,12 @@ impl KController {
     /// tried and never measured.
     fn cost_verify(&self, n: usize) -> f64 {
         if let Some(p) = &self.cfg.pinned {
-            return p.c_verify[n - 1];
+            // (Beyond the table, reached by forced tokens on top of K: its longest pass.)
+            return p.c_verify[(n - 1).min(p.c_verify.len() - 1)];
+        }
+        if n > self.c_verify.len() {
+            // Beyond the timed lengths (forced tokens on top of k_max): the longest pass's cost, as below.
+            return self.cost_verify(self.c_verify.len());
         }
         // Confirmed timings (a shape timed twice or more) decide; a lone first timing may be a warm-up outlier, so
         // it stands in only where nothing is confirmed yet (and is replaced when the shape runs again).
@@ -451,6 +487,7 @@ impl KController {
         }
         self.alpha = other.alpha.clone();
         self.alpha_ngram = other.alpha_ngram.clone();
+        self.alpha_forced = other.alpha_forced.clone();
         if let Some(c) = other.c_draft {
             self.c_draft = Some(c);
             self.c_draft_seen = 1;
@@ -488,12 +525,24 @@ impl KController {
         self.remaining = tokens;
     }
 
-    /// Predicted tokens per unit time for `k` drafts (with the amortised catch-up cost when `k > 0`).
+    /// Predicted tokens per unit time for `k` drafts (with the amortised catch-up cost when `k > 0`) after the
+    /// round's `f` forced tokens ([`KController::set_forced`]): `E_f(k) / (k c_q + c_verify(k + f + 1))` (module
+    /// docs).
     #[must_use]
     pub fn rate(&self, k: usize) -> f64 {
         let e = expected_tokens(self.alpha().min(0.999_999), k).unwrap_or(1.0);
+        let f = self.n_forced;
+        let e = if f == 0 {
+            e
+        } else {
+            let af = self.alpha_forced().min(0.999_999);
+            let lead = expected_tokens(af, f - 1).unwrap_or(1.0);
+            #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+            let all = af.powi(f as i32);
+            lead + all * e
+        };
         let catchup = if k > 0 { self.cost_catchup() } else { 0.0 };
-        e / (k as f64 * self.cost_draft() + catchup + self.cost_verify(k + 1))
+        e / (k as f64 * self.cost_draft() + catchup + self.cost_verify(k + f + 1))
     }
 
     /// Record the first draft pass of a round when it fed `n_input > 1` tokens (a catch-up pass) in `ms`: updates
@@ -625,9 +674,35 @@ impl KController {
         n_draft_passes: usize,
         target_ms: f64,
     ) {
-        let w = self.cfg.ewma_weight;
+        self.observe_with_forced(k, accept_probs, 0, draft_ms, n_draft_passes, target_ms);
+    }
+
+    /// Record the acceptance probabilities of grammar-forced proposals only (the draft's estimate is untouched).
+    pub fn observe_forced(&mut self, accept_probs: &[f32]) {
         for &a in accept_probs {
-            self.alpha.push(a);
+            self.alpha_forced.push(a);
+        }
+    }
+
+    /// [`KController::observe`] of a constrained round: `k` proposals (forced and drafted; the target pass is over
+    /// `k + 1` tokens), `forced_bits` bit i set when proposal i was grammar-forced. The acceptance of forced
+    /// positions goes to the forced estimate, the others' to the draft's.
+    pub fn observe_with_forced(
+        &mut self,
+        k: usize,
+        accept_probs: &[f32],
+        forced_bits: u64,
+        draft_ms: f64,
+        n_draft_passes: usize,
+        target_ms: f64,
+    ) {
+        let w = self.cfg.ewma_weight;
+        for (i, &a) in accept_probs.iter().enumerate() {
+            if is_forced(forced_bits, i) {
+                self.alpha_forced.push(a);
+            } else {
+                self.alpha.push(a);
+            }
         }
         if n_draft_passes > 0 {
             let c = draft_ms / n_draft_passes as f64;
@@ -640,9 +715,82 @@ impl KController {
     }
 }
 
+/// Whether proposal `i` of a round was grammar-forced (`forced_bits`: bit i set; positions from 64 on never are).
+pub(crate) fn is_forced(forced_bits: u64, i: usize) -> bool {
+    i < 64 && forced_bits >> i & 1 == 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `E_f(k) / (k c_q + c_verify(k + f + 1))` written out (module docs), for the pinned-cost tests.
+    fn forced_rate(a: f64, af: f64, f: usize, k: usize, c_q: f64, c_verify: &[f64]) -> f64 {
+        let lead: f64 = (0..f).map(|j| af.powi(j as i32)).sum();
+        let e: f64 = (0..=k).map(|j| a.powi(j as i32)).sum();
+        (lead + af.powi(f as i32) * e)
+            / (k as f64 * c_q + c_verify[(k + f).min(c_verify.len() - 1)])
+    }
+
+    #[test]
+    fn forced_positions_cost_a_verification_row_each_and_no_draft_pass() {
+        // c_q = 2, c_verify(n) = 10 (1 + 0.15 (n - 1)) for n up to 25 (K up to 8, 16 forced on top).
+        let c_verify: Vec<f64> = (0..25)
+            .map(|i| 10.0 * (1.0 + 0.15 * f64::from(i)))
+            .collect();
+        let cfg = AutoK {
+            prior_acceptance: 0.8,
+            prior_acceptance_ngram: 0.95,
+            pinned: Some(PinnedCosts {
+                c_draft: 2.0,
+                c_verify: c_verify.clone(),
+            }),
+            ..AutoK::default()
+        };
+        let mut c = KController::new(cfg).unwrap();
+        let (a, af) = (c.alpha(), c.alpha_forced());
+        let best = |f: usize| {
+            (0..=8)
+                .max_by(|&x, &y| {
+                    forced_rate(a, af, f, x, 2.0, &c_verify)
+                        .total_cmp(&forced_rate(a, af, f, y, 2.0, &c_verify))
+                })
+                .unwrap()
+        };
+        let mut chosen = Vec::new();
+        for f in [0, 1, 3, 6, 12] {
+            c.set_forced(f);
+            let k = c.choose(8);
+            assert_eq!(k, best(f), "f = {f}");
+            assert!((c.rate(k) - forced_rate(a, af, f, k, 2.0, &c_verify)).abs() < 1e-12);
+            chosen.push(k);
+        }
+        // Forced rows make verification dearer: K shrinks as they grow (the formula is not vacuous here).
+        assert!(chosen[0] > chosen[4], "{chosen:?}");
+        assert!(chosen.windows(2).all(|w| w[0] >= w[1]), "{chosen:?}");
+    }
+
+    #[test]
+    fn forced_acceptances_do_not_move_the_draft_acceptance_estimate() {
+        let mut a = KController::new(AutoK::default()).unwrap();
+        let mut b = KController::new(AutoK::default()).unwrap();
+        // Proposals 0, 1 and 3 forced (accepted), 2 and 4 drafted.
+        a.observe_with_forced(5, &[1.0, 1.0, 0.25, 1.0, 0.5], 0b1011, 4.0, 2, 10.0);
+        b.observe(2, &[0.25, 0.5], 4.0, 2, 10.0);
+        assert_eq!(a.alpha(), b.alpha());
+        assert!(a.alpha() < AutoK::default().prior_acceptance);
+        assert!(a.alpha_forced() > b.alpha_forced());
+        // The forced estimate moves with forced acceptances only.
+        let before = a.alpha_forced();
+        a.observe(1, &[0.0], 1.0, 1, 10.0);
+        assert_eq!(a.alpha_forced(), before);
+        a.observe_forced(&[0.0, 0.0]);
+        assert!(a.alpha_forced() < before);
+        assert_eq!(
+            b.alpha_forced(),
+            KController::new(AutoK::default()).unwrap().alpha_forced()
+        );
+    }
 
     fn pinned(c_draft: f64, per_token: f64) -> AutoK {
         AutoK {

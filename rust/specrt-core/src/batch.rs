@@ -26,14 +26,20 @@
 //! from the larger size's target costs, scaled to its own as it times them. It goes down to K = 0 when speculation
 //! does not pay at that load (probing now and then).
 //!
+//! Constrained rows ([`BatchEngine::add_with`], structured output): each row its own constraint, with the round of
+//! the single-request engine from the same code (`constrained.rs`): its forced tokens proposed as free drafts up to
+//! its next draft position, then the batched draft pass it shares with the other rows, masked draft and target rows.
+//! Auto K prices the forced tokens ahead of the auto rows (the largest count: the pass is as long as its longest
+//! row) and pools their acceptance apart from the drafts'.
+//!
 //! Errors: a backend failure ends every running row (its caches are in an unknown state) and is returned by
-//! [`BatchEngine::step`]; an error of one row's sampling or verification (non-finite logits, ...) ends that row only
-//! and is reported in its [`RowStep`].
+//! [`BatchEngine::step`]; an error of one row's sampling, verification or constraint (non-finite logits, a matcher
+//! failure, ...) ends that row only and is reported in its [`RowStep`].
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::adaptive::{AutoK, KController};
+use crate::adaptive::{is_forced, AutoK, KController};
 use crate::backend::{BatchBackend, BatchRow};
 use crate::constrained::{ConstrainedProposal, ConstrainedScratch, Proposer};
 use crate::constraint::{mask_words, Constraint};
@@ -681,6 +687,19 @@ impl BatchEngine {
             .map(|r| r.req.remaining())
             .max()
             .unwrap_or(0);
+        // Forced tokens ahead of the auto rows (the batch pass is as long as its longest row: their largest count).
+        let mut n_forced = 0;
+        for row in &mut self.rows {
+            if !(row.decoding() && row.req.cfg.auto_k.is_some()) {
+                continue;
+            }
+            if let Some(sc) = row.cons.as_mut() {
+                match row.req.forced_ahead(sc) {
+                    Ok(n) => n_forced = n_forced.max(n),
+                    Err(e) => row.failed = Some(e),
+                }
+            }
+        }
         let k_auto = match auto_cap {
             Some(cap) => {
                 if self.controllers[b].is_none() {
@@ -709,6 +728,7 @@ impl BatchEngine {
                 let tries = &mut self.plain_first[b];
                 if c.verify_cost_known(1) || *tries >= PLAIN_FIRST {
                     c.set_draft_backlog(backlog, false);
+                    c.set_forced(n_forced);
                     c.set_remaining(remaining);
                     c.choose(cap)
                 } else {
@@ -959,23 +979,22 @@ impl BatchEngine {
             .collect();
         let s = inputs.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
         if s == 0 {
-            return Ok(()); // every decoding row failed while drafting
+            // Every decoding row failed while planning or drafting: each reports its error.
+            for row in &self.rows {
+                report_failed(&mut self.steps, row);
+            }
+            return Ok(());
         }
         let logits_all = self.target.forward_rows(0, &inputs, s)?;
         drop(inputs);
         let target_ms = ms_since(t_target);
 
-        let mut pooled = Vec::new();
+        // The auto rows' acceptance probabilities: (draft positions, grammar-forced positions).
+        let mut pooled = (Vec::new(), Vec::new());
         let mut k_round = 0;
         for (r, row) in self.rows.iter_mut().enumerate() {
             if row.input_tgt.is_empty() {
-                if let Some(e) = row.failed.clone() {
-                    self.steps.push(RowStep {
-                        id: row.id,
-                        out: StepOutput::default(),
-                        error: Some(e),
-                    });
-                }
+                report_failed(&mut self.steps, row);
                 continue;
             }
             let t_core = Instant::now();
@@ -1039,8 +1058,11 @@ impl BatchEngine {
             if let Some(n_fed) = n_fed {
                 row.req.n_past_dft = len + n_acc.min(n_fed);
                 if row.req.cfg.auto_k.is_some() {
-                    pooled.extend_from_slice(&self.ver.accept_probs);
+                    pool_acceptance(&self.ver.accept_probs, row.req.forced_bits, &mut pooled);
                 }
+            } else if row.req.forced_bits != 0 && row.req.cfg.auto_k.is_some() {
+                // A forced-only round: its acceptances are the forced estimate's.
+                pool_acceptance(&self.ver.accept_probs, row.req.forced_bits, &mut pooled);
             }
             row.req.stats.core_ms += ms_since(t_core);
             self.steps.push(RowStep {
@@ -1054,7 +1076,14 @@ impl BatchEngine {
                 if catchup_tokens > 1 {
                     c.observe_catchup(catchup_ms, catchup_tokens);
                 }
-                c.observe(k_round, &pooled, draft_ms - catchup_ms, n_passes, target_ms);
+                c.observe(
+                    k_round,
+                    &pooled.0,
+                    draft_ms - catchup_ms,
+                    n_passes,
+                    target_ms,
+                );
+                c.observe_forced(&pooled.1);
             }
         }
         Ok(())
@@ -1132,6 +1161,29 @@ impl BatchEngine {
             r.req.remaining().saturating_sub(1)
         } else {
             0
+        }
+    }
+}
+
+/// The step of a row that failed this round (nothing when it did not): its error, no tokens.
+fn report_failed(steps: &mut Vec<RowStep>, row: &Row) {
+    if let Some(e) = row.failed.clone() {
+        steps.push(RowStep {
+            id: row.id,
+            out: StepOutput::default(),
+            error: Some(e),
+        });
+    }
+}
+
+/// Append a row's acceptance probabilities (`accept_probs`, one per evaluated proposal) to the batch's pools:
+/// `pooled.1` those of grammar-forced proposals (`forced_bits` bit i: proposal i was forced), `pooled.0` the others.
+fn pool_acceptance(accept_probs: &[f32], forced_bits: u64, pooled: &mut (Vec<f32>, Vec<f32>)) {
+    for (i, &a) in accept_probs.iter().enumerate() {
+        if is_forced(forced_bits, i) {
+            pooled.1.push(a);
+        } else {
+            pooled.0.push(a);
         }
     }
 }

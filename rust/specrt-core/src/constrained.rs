@@ -125,6 +125,21 @@ impl Request {
         Ok(())
     }
 
+    /// The grammar-forced tokens the next round proposes first (at most [`MAX_FORCED_PER_ROUND`]; 0 without a
+    /// constraint), for auto K's choice ([`crate::KController::set_forced`]). `sc`: the scratch it uses.
+    ///
+    /// Errors: matcher errors.
+    pub(crate) fn forced_ahead(&mut self, sc: &mut ConstrainedScratch) -> Result<usize> {
+        let Some(c) = self.constraint.as_mut() else {
+            return Ok(0);
+        };
+        let t0 = Instant::now();
+        let out = c.forced_tokens(&mut sc.forced);
+        self.stats.mask_ms += ms_since(t0);
+        out?;
+        Ok(sc.forced.len().min(MAX_FORCED_PER_ROUND))
+    }
+
     /// Most proposals of a constrained round that drafts at most `k_fixed` model tokens and may propose `k_cap`:
     /// the forced tokens come on top of K, up to [`MAX_FORCED_PER_ROUND`].
     pub(crate) fn constrained_cap(k_fixed: usize, k_cap: usize) -> usize {

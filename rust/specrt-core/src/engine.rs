@@ -1101,6 +1101,7 @@ impl Engine {
         if let Some(c) = req.controller.as_mut() {
             // What the draft model must read first if it drafts this round (costed by both choices below).
             c.set_draft_backlog(len - req.n_past_dft, req.cfg.ngram.is_some());
+            c.set_forced(0);
             c.set_remaining(remaining);
         }
         if let (Some(ng), true) = (self.ngram.as_ref(), req.cfg.ngram.is_some() && k_fixed > 0) {
@@ -1134,6 +1135,13 @@ impl Engine {
         req.forced_bits = 0;
         if mode == VerifyMode::Stochastic && constrained && k_fixed > 0 {
             // Grammar-forced tokens (free, verified as point masses) and the draft model's tokens between them.
+            if req.controller.is_some() && draft_usable {
+                // The forced tokens ahead cost verification rows but no draft pass (auto K prices them).
+                let n_forced = req.forced_ahead(&mut self.cons)?;
+                if let Some(c) = req.controller.as_mut() {
+                    c.set_forced(n_forced);
+                }
+            }
             let k = match (req.controller.as_mut(), draft_usable) {
                 (Some(c), true) => c.choose(k_cap),
                 (None, true) => k_fixed,
@@ -1271,7 +1279,8 @@ impl Engine {
             if mode == VerifyMode::Deterministic {
                 c.observe_ngram(k, &ver.accept_probs, target_ms);
             } else {
-                let probs: &[f32] = if n_draft_passes > 0 {
+                // (A forced-only round's acceptances are the forced estimate's.)
+                let probs: &[f32] = if n_draft_passes > 0 || req.forced_bits != 0 {
                     &ver.accept_probs
                 } else {
                     &[]
@@ -1283,7 +1292,7 @@ impl Engine {
                 } else {
                     (draft_ms, n_draft_passes)
                 };
-                c.observe(k, probs, ms, passes, target_ms);
+                c.observe_with_forced(k, probs, req.forced_bits, ms, passes, target_ms);
             }
             let kind = if mode == VerifyMode::Deterministic {
                 RoundKind::Ngram

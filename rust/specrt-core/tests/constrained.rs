@@ -29,7 +29,7 @@ use specrt_core::sampling::Fault;
 use specrt_core::testing::MockBatchModel;
 use specrt_core::testing::{chi2_quantile, MockConstraint, MockModel};
 use specrt_core::{
-    Backend, BatchBackend, BatchEngine, BatchOptions, Constraint, Engine, FinishReason,
+    AutoK, Backend, BatchBackend, BatchEngine, BatchOptions, Constraint, Engine, FinishReason,
     GenerationConfig, GenerationOutput, NgramConfig, Sampler, SamplingParams, SpecError,
     SubsetBackend, VocabSubset,
 };
@@ -494,6 +494,14 @@ fn greedy_constrained_speculative_output_equals_greedy_constrained_target_only_o
                 },
             ),
             (
+                "auto K".into(),
+                boxed(d.clone()),
+                GenerationConfig {
+                    auto_k: Some(AutoK::default()),
+                    ..cfg(4)
+                },
+            ),
+            (
                 "logprobs".into(),
                 boxed(d.clone()),
                 GenerationConfig {
@@ -766,6 +774,15 @@ fn greedy_batched_constrained_rows_equal_greedy_single_stream_constrained_output
                 Some(c1.fresh()),
             ),
             (5, prompt.clone(), cfg(4), None),
+            (
+                6,
+                prompt.clone(),
+                GenerationConfig {
+                    auto_k: Some(AutoK::default()),
+                    ..cfg(4)
+                },
+                Some(c2.fresh()),
+            ),
         ];
         let mut e = batch_engine(&t, Some(&d), 4);
         let mut outs = run_batch(&mut e, reqs.clone());
@@ -896,4 +913,16 @@ fn a_batched_row_whose_matcher_fails_ends_alone() {
         let out = e.take_output(id).unwrap();
         assert_eq!(out.tokens, reference.tokens, "row {id}");
     }
+    // Alone in the batch (every row fails while proposing): its error is still reported and the engine drains.
+    let lone = Failing {
+        inner: c.fresh(),
+        after: 0,
+    };
+    e.add_with(3, &prompt, cfg, Some(Box::new(lone))).unwrap();
+    let mut errors = Vec::new();
+    for _ in 0..10 {
+        errors.extend(e.step().unwrap().iter().filter_map(|s| s.error.clone()));
+    }
+    assert!(e.is_idle());
+    assert_eq!(errors.len(), 1, "{errors:?}");
 }

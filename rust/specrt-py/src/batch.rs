@@ -151,12 +151,13 @@ impl PyBatchPipeline {
     }
 
     /// Queue a request: ``prompt`` token ids and ``settings`` (``Decoder.stream``'s keyword arguments by name, as
-    /// ``resolve_request`` takes them; ``stop`` strings included). Returns its id; it joins the batch at a later
-    /// ``step`` with a free row. Nothing is queued on an error.
+    /// ``resolve_request`` takes them; ``stop`` strings and the structured-output fields included: the constraint is
+    /// compiled here). Returns its id; it joins the batch at a later ``step`` with a free row. Nothing is queued on
+    /// an error.
     ///
     /// Raises:
-    ///     ConfigError (a setting out of range, named; an empty prompt), VocabError, SequenceLengthError,
-    ///     TypeError (a token id that is not an integer).
+    ///     ConfigError (a setting out of range, named; an empty prompt; a constraint that does not compile),
+    ///     VocabError, SequenceLengthError, TypeError (a token id that is not an integer).
     fn submit(
         &self,
         py: Python<'_>,
