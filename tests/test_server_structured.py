@@ -28,20 +28,11 @@ from specrt.models import cache_dir  # noqa: E402
 from specrt.server import create_app  # noqa: E402
 from specrt.toolcalls import ToolCallParser, tool_call_grammar  # noqa: E402
 from test_server_clients import _live, _sdk  # noqa: E402
+from test_structured import SCHEMA  # noqa: E402  (the same person schema as the Python API tests)
 
 SMOL = cache_dir() / "models" / "smollm2-135m-instruct"
 QWEN = cache_dir() / "models" / "qwen2.5-coder-0.5b-instruct" / "fp32"
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "email": {"type": "string", "format": "email"},
-    },
-    "required": ["name", "age", "email"],
-    "additionalProperties": False,
-}
 WEATHER = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
