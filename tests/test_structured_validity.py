@@ -176,7 +176,7 @@ def test_batched_constrained_outputs_validate(folders) -> None:
     """The same set through batched rounds (``max_batch`` 4, each row its own constraint): greedy and T = 0.7
     requests, speculative (K = 4) and target-only (K = 0), mixed in the same batches."""
     import specrt
-    from specrt import Scheduler
+    from specrt.scheduler import Scheduler
 
     _, (_, _, target, draft) = folders
     dec = specrt.Decoder(target, draft, max_batch=4, max_seq_len=1024)
