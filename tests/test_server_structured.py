@@ -212,6 +212,33 @@ def test_streamed_tool_call_deltas_reassemble_to_the_same_call(served) -> None:
     ]
 
 
+def _streamed_calls(client, settings: dict) -> tuple[list[tuple[str, str]], str | None]:
+    """The tool calls a stream's deltas add up to, and its finish reason."""
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **settings):
+        for c in chunk.choices:
+            finish = c.finish_reason or finish
+            for d in c.delta.tool_calls or []:
+                if d.id is not None:
+                    calls[d.index] = {"name": d.function.name, "arguments": ""}
+                calls[d.index]["arguments"] += d.function.arguments or ""
+    return [(c["name"], c["arguments"]) for c in calls.values()], finish
+
+
+@pytest.mark.parametrize("cut", [{"max_tokens": 20}, {"stop": ["</tool_call>"]}], ids=["max_tokens", "stop"])
+def test_a_tool_call_cut_short_is_the_same_call_streamed_or_not(served, cut: dict) -> None:
+    """Found by client testing: a cut call came back as text whole but as a tool-call delta streamed."""
+    settings = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+    settings |= {**GREEDY, **cut}
+    with _sdk(served.base) as client:
+        whole = client.chat.completions.create(**settings).choices[0]
+        streamed, finish = _streamed_calls(client, settings)
+    assert whole.finish_reason == finish and finish in ("length", "stop"), (whole.finish_reason, finish)
+    assert whole.message.content is None and whole.message.tool_calls
+    assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == streamed
+
+
 def test_tool_results_in_the_history_are_answered(served) -> None:
     history = [
         *ASK,
@@ -311,6 +338,14 @@ BAD = [
     ({"structured_outputs": {"bogus": 1}}, "structured_outputs.bogus", "accepted keys"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope'"),
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    (
+        {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}],
+            "tool_choice": "required",
+        },
+        "tools.0.function.parameters",
+        "bogus",
+    ),
     (
         {"tools": TOOLS, "tool_choice": "required", "guided_choice": ["a"]},
         "tool_choice",

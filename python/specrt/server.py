@@ -1039,12 +1039,29 @@ def create_app(
         if not found:
             return None
         param, arg, value = found[0]
+        if param == "tool_choice":
+            _check_tool_schemas(req)
         kw[arg] = value
         try:
             check_request("specrt serve", has_draft=decoder.draft_path is not None, **kw)
         except ConfigError as e:
             raise _BadFieldError(_param_of(str(e)) or param, str(e)) from e
         return param
+
+    def _check_tool_schemas(req: Any) -> None:
+        """Each tool's ``parameters`` compiled alone (the Rust resolver, strict as the function says), so a bad one is
+        a 400 naming ``tools.<i>.function.parameters`` rather than the tool-call grammar built from them."""
+        for i, tool in enumerate(req.tools):
+            fn = tool.function
+            if fn.parameters is None:
+                continue
+            where = f"tools.{i}.function.parameters"
+            rf = {"type": "json_schema", "json_schema": {"name": fn.name, "schema": fn.parameters}}
+            rf["json_schema"]["strict"] = bool(fn.strict)
+            try:
+                check_request("specrt serve", has_draft=decoder.draft_path is not None, response_format=rf)
+            except ConfigError as e:
+                raise _BadFieldError(where, f"{where} (function {fn.name!r}): {e}") from e
 
     def _encode(text: str, add_special_tokens: bool, where: str, param: str) -> list[int]:
         try:
@@ -1701,10 +1718,13 @@ def create_app(
             if c.tools is not None:
                 c.tools.feed(text)
                 c.tools.finish()
-                # Tool calls when the output is complete calls (cut short by max_tokens: the text as it is).
-                if c.tools.complete and _FINISH.get(r.finish_reason) == "stop":
+                # The answer is tool calls once one has begun (a stream has sent it as tool-call deltas already): a
+                # call cut short by max_tokens or a stop string stays a call with the arguments written so far, as
+                # OpenAI returns one cut by max_tokens; finish_reason "tool_calls" only when every call is complete.
+                if c.tools.calls:
                     out["message"] = {"role": "assistant", "content": None, "tool_calls": c.tools.tool_calls()}
-                    out["finish_reason"] = "tool_calls"
+                    if c.tools.complete and _FINISH.get(r.finish_reason) == "stop":
+                        out["finish_reason"] = "tool_calls"
             return out
 
         head = {"id": rid, "object": "chat.completion", "created": created}

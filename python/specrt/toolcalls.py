@@ -155,12 +155,13 @@ class ToolCallParser:
             call = self.calls[-1]
             k = len(self.calls) - 1
             end = self._buf.find("}\n")
-            if end >= 0:
+            if end >= 0 and self._buf.startswith(_ARGS_END, end):
                 piece, call.done = self._buf[:end], True
-                if not self._buf.startswith(_ARGS_END, end):
-                    call.done = False  # cannot happen in constrained output: keep waiting
-                    break
                 self._buf = self._buf[end + len(_ARGS_END) :]
+            elif end >= 0:
+                # The arguments are whole (compact JSON has no newline) but the closing tag is not all here: more
+                # may come, or a stop string cut it. The arguments go out now, the brace and tag stay held back.
+                piece, self._buf = self._buf[:end], self._buf[end:]
             else:
                 cut = len(self._buf) - 1 if self._buf.endswith("}") else len(self._buf)
                 piece, self._buf = self._buf[:cut], self._buf[cut:]
