@@ -3,29 +3,36 @@ without a draft model.
 
     python benches/bench_serve_peers.py                                         # SmolLM2-135M, both servers
     python benches/bench_serve_peers.py --streams 1,4 --requests-per-stream 2 --max-tokens 32   # a small run
-    python benches/bench_serve_peers.py --json benches/results/serve-peers.json
+    python benches/bench_serve_peers.py --qwen-int4 --json benches/results/serve-peers-qwen.json  # the issue's pair
 
-Each server runs in its own process on the loopback address, once without and once with a draft, each run with slots
-for the most streams asked (``specrt serve --max-batch N``, batched layout; ``llama-server --parallel N`` with a
-context of ``N * --max-seq-len``). For each stream count S the same generator (httpx, asyncio) runs S clients at once,
-each sending ``--requests-per-stream`` streamed chat completions one after the other: a fixed list of questions,
-greedy, ``max_tokens`` tokens with EOS ignored (both servers accept vLLM's ``ignore_eos``), so every request yields
-exactly ``--max-tokens`` tokens. Per server, draft and S it reports: aggregate tokens/s (all completion tokens over
-the level's wall time), mean and median time to the first content token, and the mean per-stream decode rate
-(tokens after the first over the time after it).
+Each server runs in its own process on the loopback address, once without and once with a draft, each run with
+``--slots`` slots (default: the most streams asked; ``specrt serve --max-batch N``, batched layout; ``llama-server
+--parallel N`` with a context of ``N * --max-seq-len``). For each stream count S the same generator (httpx, asyncio)
+runs S clients at once, each sending ``--requests-per-stream`` streamed chat completions one after the other: a fixed
+list of questions, greedy, ``max_tokens`` tokens with EOS ignored (both servers accept vLLM's ``ignore_eos``), so
+every request yields exactly ``--max-tokens`` tokens. Per server, draft and S it reports: aggregate output tokens/s
+(all completion tokens of the successful requests over the level's wall time), time to the first content token
+(TTFT) p50 / p99, inter-token latency (ITL: the gaps between successive content chunks of a stream, as vLLM's
+serving benchmark counts them; a speculative server sends several tokens in one chunk) p50 / p99, the mean
+per-stream decode rate (tokens after the first over the time after it), and the requests that failed.
+
+Draft length: each server's own default unless ``-k`` sets one (specrt: auto K, chosen per batch from timings;
+llama-server: ``--spec-draft-n-max`` 16 with its probability cut-off).
 
 Models: specrt takes ONNX folders (``--specrt-target`` / ``--specrt-draft``, default SmolLM2-135M-Instruct fp32 and
 its int4 copy, batched layout, from the specrt cache), llama-server GGUF files (``--gguf-target`` /
-``--gguf-draft``, default SmolLM2-135M-Instruct Q4_1 for both). The precisions differ (say so next to any figure),
-and a same-size draft only shows the draft path's cost, not a speed-up. llama-server is the one
-``benches/peers/setup_llama_cpp.sh`` builds from the llama.cpp vendored in llama-cpp-python's sdist (``--llama-bin``
-overrides the folder).
+``--gguf-draft``, default SmolLM2-135M-Instruct Q4_1 for both). ``--qwen-int4`` selects the Qwen2.5-Coder pair in
+one precision class: specrt int4 1.5B target + int4 0.5B draft (batched layout), llama-server Q4_K_M 1.5B + the
+0.5B GGUF. The precisions differ otherwise (say so next to any figure), and a same-size draft only shows the draft
+path's cost, not a speed-up. llama-server is the one ``benches/peers/setup_llama_cpp.sh`` builds from the llama.cpp
+vendored in llama-cpp-python's sdist (``--llama-bin`` overrides the folder).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -64,7 +71,7 @@ def specrt_cmd(a: argparse.Namespace, port: int, draft: bool, slots: int) -> lis
     if a.threads:
         cmd += ["--threads", str(a.threads)]
     if draft:
-        cmd += ["--draft", str(a.specrt_draft), "-k", str(a.k)]
+        cmd += ["--draft", str(a.specrt_draft), "-k", str(a.k or "auto")]
     return cmd
 
 
@@ -74,24 +81,45 @@ def llama_cmd(a: argparse.Namespace, port: int, draft: bool, slots: int) -> list
     if a.threads:
         cmd += ["-t", str(a.threads)]
     if draft:
-        cmd += ["-md", str(a.gguf_draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(a.k)]
+        cmd += ["-md", str(a.gguf_draft), "--spec-type", "draft-simple"]
+        if a.k:
+            cmd += ["--spec-draft-n-max", str(a.k)]
     return cmd
 
 
 async def one(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
-    """One streamed chat completion: time to the first content token, end time."""
+    """One streamed chat completion: time to the first content chunk, the gaps between content chunks, end time;
+    ``error`` (and no timings) when the request failed."""
     t0 = time.perf_counter()
-    first = None
-    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[len("data: ") :])
-            if first is None and any((c.get("delta") or {}).get("content") for c in event.get("choices", [])):
-                first = time.perf_counter() - t0
-    assert first is not None, "no content came back"
-    return {"ttft_s": first, "latency_s": time.perf_counter() - t0}
+    times: list[float] = []
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+            if resp.status_code != 200:
+                return {"error": f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"}
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: ") :])
+                if "error" in event:
+                    return {"error": str(event["error"])[:200]}
+                if any((c.get("delta") or {}).get("content") for c in event.get("choices", [])):
+                    times.append(time.perf_counter() - t0)
+    except httpx.HTTPError as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    if not times:
+        return {"error": "no content came back"}
+    return {"ttft_s": times[0], "itl_s": [b - a for a, b in itertools.pairwise(times)], "latency_s": times[-1]}
+
+
+def _pct(xs: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``xs``, linear interpolation (numpy's default); NaN when empty."""
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 async def level(base: str, streams: int, a: argparse.Namespace) -> dict[str, Any]:
@@ -117,15 +145,25 @@ async def level(base: str, streams: int, a: argparse.Namespace) -> dict[str, Any
         per_client = await asyncio.gather(*(client_loop(c, s) for s in range(streams)))
         wall = time.perf_counter() - t0
     res = [r for rs in per_client for r in rs]
+    ok = [r for r in res if "error" not in r]
     n = a.max_tokens
+    ttft = [1000 * r["ttft_s"] for r in ok]
+    itl = [1000 * g for r in ok for g in r["itl_s"]]
     return {
         "streams": streams,
         "requests": len(res),
+        "errors": len(res) - len(ok),
+        "error_samples": sorted({r["error"] for r in res if "error" in r})[:3],
         "wall_s": wall,
-        "tokens_per_s": len(res) * n / wall,
-        "mean_ttft_ms": 1000 * statistics.mean(r["ttft_s"] for r in res),
-        "median_ttft_ms": 1000 * statistics.median(r["ttft_s"] for r in res),
-        "stream_decode_tokens_per_s": statistics.mean((n - 1) / (r["latency_s"] - r["ttft_s"]) for r in res),
+        "tokens_per_s": len(ok) * n / wall,
+        "mean_ttft_ms": statistics.mean(ttft) if ttft else float("nan"),
+        "median_ttft_ms": _pct(ttft, 0.5),
+        "p99_ttft_ms": _pct(ttft, 0.99),
+        "p50_itl_ms": _pct(itl, 0.5),
+        "p99_itl_ms": _pct(itl, 0.99),
+        "stream_decode_tokens_per_s": statistics.mean((n - 1) / (r["latency_s"] - r["ttft_s"]) for r in ok)
+        if ok
+        else float("nan"),
     }
 
 
@@ -150,6 +188,12 @@ def main() -> None:
     ap.add_argument("--specrt-draft", type=Path, default=models / "int4-P-B")
     ap.add_argument("--gguf-target", type=Path, default=smol_gguf)
     ap.add_argument("--gguf-draft", type=Path, default=smol_gguf)
+    qwen = cache_dir() / "models"
+    ap.add_argument(
+        "--qwen-int4",
+        action="store_true",
+        help="the Qwen2.5-Coder pair in int4 / Q4_K_M (overrides the four model options; folders must be pulled)",
+    )
     ap.add_argument("--llama-bin", default=str(cache_dir() / "llama.cpp" / LLAMA_CPP_PYTHON_VERSION / "build" / "bin"))
     ap.add_argument("--servers", default="specrt,llama.cpp", help="comma-separated: specrt, llama.cpp")
     ap.add_argument("--drafts", default="off,on", help="comma-separated: off (target only), on (with the draft)")
@@ -157,28 +201,40 @@ def main() -> None:
     ap.add_argument("--requests-per-stream", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-seq-len", type=int, default=512, help="per slot, both servers")
-    ap.add_argument("-k", type=int, default=4, help="draft tokens per round (specrt -k, llama --spec-draft-n-max)")
+    ap.add_argument("--slots", type=int, default=None, help="--max-batch, --parallel (default: most streams)")
+    ap.add_argument(
+        "-k",
+        type=int,
+        default=None,
+        help="draft tokens per round (specrt -k, llama --spec-draft-n-max); default: each server's own (auto / 16)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="both servers' threads (default: theirs)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    slots = max(a.streams)
+    if a.qwen_int4:
+        a.specrt_target = qwen / "qwen2.5-coder-1.5b-instruct" / "int4-B"
+        a.specrt_draft = qwen / "qwen2.5-coder-0.5b-instruct" / "int4-P-B"
+        a.gguf_target = cache_dir() / "gguf" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+        a.gguf_draft = cache_dir() / "gguf" / "qwen2.5-coder-0.5b-instruct.gguf"
+    slots = a.slots or max(a.streams)
     report: dict[str, Any] = {
         "command": "python benches/bench_serve_peers.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "args": {k: str(v) for k, v in vars(a).items()},
         "runs": [],
     }
-    print("server     draft  streams  tokens/s  mean TTFT ms  median TTFT ms  per-stream tok/s")
+    print("server     draft  streams  tokens/s  TTFT p50 ms  TTFT p99 ms  ITL p50 ms  ITL p99 ms  stream tok/s  errors")
     for server in a.servers.split(","):
         for draft in a.drafts.split(","):
             port = _free_port()
             build = specrt_cmd if server == "specrt" else llama_cmd
-            for row in run_server(build(a, port, draft == "on", slots), a, port):
-                report["runs"].append({"server": server, "draft": draft, **row})
+            cmd = build(a, port, draft == "on", slots)
+            for row in run_server(cmd, a, port):
+                report["runs"].append({"server": server, "draft": draft, "command": " ".join(cmd), **row})
                 print(
                     f"{server:<10} {draft:<5}  {row['streams']:>7}  {row['tokens_per_s']:>8.1f}  "
-                    f"{row['mean_ttft_ms']:>12.0f}  {row['median_ttft_ms']:>14.0f}  "
-                    f"{row['stream_decode_tokens_per_s']:>16.1f}",
+                    f"{row['median_ttft_ms']:>11.0f}  {row['p99_ttft_ms']:>11.0f}  {row['p50_itl_ms']:>10.1f}  "
+                    f"{row['p99_itl_ms']:>10.1f}  {row['stream_decode_tokens_per_s']:>12.1f}  {row['errors']:>6}",
                     flush=True,
                 )
     if a.json:
