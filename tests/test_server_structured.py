@@ -467,3 +467,47 @@ def test_batched_server_gives_the_single_stream_answers_in_shared_rounds(served)
         batched = answers(base)
     assert batched == answers(served.base)
     assert [b[0] for b in batched[:3]] == ["stop", "tool_calls", "tool_calls"]
+
+
+def test_metrics_count_constraint_time_and_forced_tokens(served) -> None:
+    """/metrics: the constraint's time and the tokens of constrained requests (their ratio is the mask time per
+    token), and the grammar-forced draft tokens; a free request adds to neither."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def read() -> dict[str, float]:
+        text = httpx.get(f"{served.base}/metrics").text
+        return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    names = (
+        "specrt_constraint_seconds_total",
+        "specrt_constrained_generation_tokens_total",
+        "specrt_forced_draft_tokens_total",
+    )
+    with _sdk(served.base) as client:
+        before = read()
+        free = client.chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": "Say hi."}], max_tokens=6, temperature=0
+        )
+        assert free.usage.completion_tokens > 0
+        after_free = read()
+        assert all(after_free[n] == before[n] for n in names), (before, after_free)
+        r = client.chat.completions.create(
+            model="smol",
+            messages=[{"role": "user", "content": "Give a person as JSON."}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": SCHEMA, "strict": True},
+            },
+            max_tokens=64,
+            temperature=0,
+        )
+        after = read()
+        assert after["specrt_constraint_seconds_total"] > after_free["specrt_constraint_seconds_total"]
+        got = (
+            after["specrt_constrained_generation_tokens_total"]
+            - after_free["specrt_constrained_generation_tokens_total"]
+        )
+        assert got == r.usage.completion_tokens
+        # The person schema forces its keys and punctuation: some of the tokens were forced drafts.
+        assert after["specrt_forced_draft_tokens_total"] > after_free["specrt_forced_draft_tokens_total"]
