@@ -46,8 +46,10 @@ def genai_folder(model: Path, threads: int, max_length: int) -> Path:
     cfg = json.loads((model / "specrt_config.json").read_text())
     gen = json.loads((model / "generation_config.json").read_text())
     tmp = Path(tempfile.mkdtemp(prefix="genai-"))
+    written = ("genai_config.json", "tokenizer_config.json")  # written below: never through a link into the model
     for f in model.iterdir():
-        (tmp / f.name).symlink_to(f)
+        if f.name not in written:
+            (tmp / f.name).symlink_to(f)
     eos = gen.get("eos_token_id") or cfg["eos_token_ids"]
     genai = {
         "model": {

@@ -528,3 +528,24 @@ def test_auto_k_predicts_at_the_rounded_mean_k(tiny_pair) -> None:
     assert p["k_model"] == max(1, round(p["k_mean"]))
     assert p["c_verify_ratio"] == rep["verify_costs"]["raw"]["c_verify_ratio"][str(p["k_model"])]
     assert p["greedy_parity"] is True
+
+
+def test_bench_int4_genai_folder_leaves_the_model_folder_alone(tiny_pair) -> None:
+    """``benches/bench_int4.py``'s genai folder links to the model's files and writes its own ``genai_config.json``
+    and ``tokenizer_config.json``: never through a link into the model folder (it once overwrote the cached models'
+    ``tokenizer_config.json``, and transformers then read no special tokens from them)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_int4", REPO / "benches" / "bench_int4.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = tiny_pair["target"]
+    before = {f.name: f.read_bytes() for f in model.iterdir() if f.suffix == ".json"}
+    assert "tokenizer_config.json" in before
+    out = mod.genai_folder(model, threads=1, max_length=64)
+    after = {f.name: f.read_bytes() for f in model.iterdir() if f.suffix == ".json"}
+    assert after == before
+    for name in ("genai_config.json", "tokenizer_config.json"):
+        assert not (out / name).is_symlink() and (out / name).is_file()
+    assert (out / "model.onnx").resolve() == (model / "model.onnx").resolve()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import shutil
 import subprocess
 import sys
@@ -296,6 +297,11 @@ def test_registry_template_renders_as_transformers(name: str) -> None:
     folder = _registry_folder(name)
     if folder is None:
         pytest.skip(f"{name} is not in the specrt cache (specrt models pull {name})")
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert "eos_token" in config, (
+        f"{folder}/tokenizer_config.json is not the one `specrt convert` writes (no eos_token): {config}; "
+        "something overwrote it (reconvert the folder)"
+    )
     hf = transformers.AutoTokenizer.from_pretrained(str(folder))
     ours = _specrt.ChatTemplate.from_folder(folder, now=FIXED_NOW)
     assert ours.special_tokens == hf.special_tokens_map
