@@ -481,6 +481,7 @@ class Engine:
         allow_fallback: bool = False,
         cuda_graph: bool = False,
         prefix_caching: bool | None = None,
+        profile: str | os.PathLike[str] | None = None,
     ) -> Engine: ...
     def start(self, prompt: Sequence[int], config: RequestConfig) -> None: ...
     def step(self) -> dict[str, Any]:

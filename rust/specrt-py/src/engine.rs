@@ -30,6 +30,9 @@ use crate::request::RequestConfig;
 ///     allow_fallback: if CUDA cannot be used, run on CPU instead of raising ``ProviderError``.
 ///     prefix_caching: reuse the KV of the prompt prefix that the previous generation left in each cache (default
 ///         ``DEFAULT_PREFIX_CACHING``: on); ``stats()["n_cached_tokens"]`` counts the reused prompt tokens.
+///     profile: turn ONNX Runtime's profiler on for the target's session (not the draft's), writing a Chrome-trace
+///         JSON named from this prefix (ONNX Runtime appends a timestamp) in an existing folder when the engine is
+///         dropped (``benches/bench_step.py --profile``: a round's time inside and outside the run).
 ///
 /// Raises:
 ///     FileNotFoundError: a model or the library is missing. VocabError: draft and target vocab sizes differ.
@@ -117,7 +120,7 @@ impl PyEngine {
     #[new]
     #[pyo3(signature = (
         target, draft=None, *, ort_library, provider="cpu", device_id=0, max_seq_len=None,
-        intra_op_threads=None, allow_fallback=false, cuda_graph=false, prefix_caching=None
+        intra_op_threads=None, allow_fallback=false, cuda_graph=false, prefix_caching=None, profile=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -132,9 +135,10 @@ impl PyEngine {
         allow_fallback: bool,
         cuda_graph: bool,
         prefix_caching: Option<bool>,
+        profile: Option<PathBuf>,
     ) -> PyResult<Self> {
         let provider: Provider = provider.parse().map_err(to_pyerr)?;
-        let options = ort_options(
+        let mut options = ort_options(
             ort_library,
             provider,
             device_id,
@@ -143,11 +147,13 @@ impl PyEngine {
             allow_fallback,
             cuda_graph,
         );
+        options.profile = profile;
         let target_path = target.clone();
         let (engine, providers) = run_kernel(py, move || {
             let t = OrtBackend::new(&target, &options)?;
             let providers = t.providers();
-            let draft_options = options.for_draft();
+            let mut draft_options = options.for_draft();
+            draft_options.profile = None;
             let d = match &draft {
                 Some(p) => Some(Box::new(OrtBackend::new(p, &draft_options)?) as Box<dyn Backend>),
                 None => None,
