@@ -314,7 +314,10 @@ pub struct OrtOptions {
     pub cuda_graph: bool,
     /// ONNX Runtime's profiler (default off): write a Chrome-trace JSON of every run (a `model_run` event per run,
     /// a `Node` event per kernel) to a file named from this prefix (ONNX Runtime appends a timestamp); the file is
-    /// complete after [`crate::OrtBackend::end_profiling`].
+    /// complete after [`crate::OrtBackend::end_profiling`]. The process's sessions share one thread pool, whose own
+    /// profiler starts and ends with this session's: a run of another session on another thread at that moment fails
+    /// inside ONNX Runtime ("LogStart must pair with LogEnd"). Profile in a process that runs nothing else meanwhile
+    /// (the draft and target of one engine run one after the other, which is fine).
     pub profile: Option<PathBuf>,
     /// Whether [`specrt_core::Backend::forward_argmax`] reads a graph-form model's `argmax` output: `None` (default)
     /// = on the CUDA provider only, where it saves copying the logits to the host; on the CPU the logits are in host

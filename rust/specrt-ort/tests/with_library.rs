@@ -149,48 +149,6 @@ fn on_the_cpu_argmax_ids_come_from_checked_logits_by_default() {
 }
 
 #[test]
-fn profiling_writes_a_trace_once_and_checks_its_prefix() {
-    let Some((lib, model)) = env_paths() else {
-        return;
-    };
-    let dir = std::env::temp_dir().join(format!("specrt-profile-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut options = OrtOptions::new(&lib);
-    options.max_seq_len = Some(16);
-    options.profile = Some(dir.join("trace"));
-    let mut backend = OrtBackend::new(&model, &options).unwrap();
-    backend.forward(&[1, 2, 3], 0, 1).unwrap();
-    let trace = backend.end_profiling().unwrap();
-    let text = std::fs::read_to_string(&trace).unwrap();
-    assert!(
-        text.contains("model_run"),
-        "{}",
-        &text[..text.len().min(200)]
-    );
-    let err = backend.end_profiling().unwrap_err();
-    assert!(err.to_string().contains("already ended"), "{err}");
-    std::fs::remove_dir_all(&dir).unwrap();
-    options.profile = Some(dir.join("trace"));
-    let err = OrtBackend::new(&model, &options).err().unwrap();
-    assert!(
-        matches!(err, SpecError::Io(ref m) if m.contains("does not exist")),
-        "{err}"
-    );
-    options.profile = Some(PathBuf::new());
-    let err = OrtBackend::new(&model, &options).err().unwrap();
-    assert!(
-        matches!(err, SpecError::Config(ref m) if m.contains("profile prefix is empty")),
-        "{err}"
-    );
-    options.profile = None;
-    let err = OrtBackend::new(&model, &options)
-        .unwrap()
-        .end_profiling()
-        .unwrap_err();
-    assert!(err.to_string().contains("profiling is off"), "{err}");
-}
-
-#[test]
 fn cuda_graph_needs_the_cuda_provider() {
     let Some((lib, model)) = env_paths() else {
         return;

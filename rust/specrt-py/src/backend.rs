@@ -67,7 +67,9 @@ fn extract_tokens(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 ///     allow_fallback: if CUDA cannot be used, run on CPU (see ``fallback_reason``) instead of raising.
 ///     layout: force ``"shared_buffer"`` or ``"optimum"`` instead of detecting it.
 ///     profile: turn ONNX Runtime's profiler on, writing a Chrome-trace JSON named from this prefix (ONNX Runtime
-///         appends a timestamp) in an existing folder; :meth:`end_profiling` finishes it and returns its path.
+///         appends a timestamp) in an existing folder; :meth:`end_profiling` finishes it and returns its path. The
+///         process's sessions share one thread pool whose profiler starts and ends with this one: profile in a
+///         process where no other model runs on another thread meanwhile (ONNX Runtime fails that run).
 ///     device_argmax: whether :meth:`forward_argmax` reads a graph-form model's ``argmax`` output (``None``: on CUDA
 ///         only; on the CPU the logits are scanned, which keeps the NaN / inf check).
 ///

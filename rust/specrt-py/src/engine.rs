@@ -32,7 +32,9 @@ use crate::request::RequestConfig;
 ///         ``DEFAULT_PREFIX_CACHING``: on); ``stats()["n_cached_tokens"]`` counts the reused prompt tokens.
 ///     profile: turn ONNX Runtime's profiler on for the target's session (not the draft's), writing a Chrome-trace
 ///         JSON named from this prefix (ONNX Runtime appends a timestamp) in an existing folder when the engine is
-///         dropped (``benches/bench_step.py --profile``: a round's time inside and outside the run).
+///         dropped (``benches/bench_step.py --profile``: a round's time inside and outside the run). The
+///         process's sessions share one thread pool whose profiler starts and ends with this one: profile in a
+///         process where no other model runs on another thread meanwhile (ONNX Runtime fails that run).
 ///
 /// Raises:
 ///     FileNotFoundError: a model or the library is missing. VocabError: draft and target vocab sizes differ.
