@@ -300,12 +300,47 @@ def test_tool_choice_auto_gives_text_or_a_parsed_tool_call(served) -> None:
         _check_calls(r.choices[0].message)
 
 
+#: A few-shot history whose answers say a sentence before the call.
+FEW_SHOT_TEXT = [
+    {"role": "system", "content": 'To call a tool answer <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>'},
+    {"role": "user", "content": "What is the weather in Rome, in celsius?"},
+    {
+        "role": "assistant",
+        "content": "I will check Rome.\n" + _calls_text([("get_weather", {"city": "Rome", "unit": "celsius"})]),
+    },
+    {"role": "user", "content": "What is the weather in Oslo, in celsius?"},
+    {
+        "role": "assistant",
+        "content": "I will check Oslo.\n" + _calls_text([("get_weather", {"city": "Oslo", "unit": "celsius"})]),
+    },
+    *ASK,
+]
+
+
+def test_tool_choice_auto_parses_a_call_after_text_streamed_or_not(served) -> None:
+    """A call the model starts after a sentence: the sentence is the content, the call is parsed and valid, and a
+    stream's content and tool-call deltas add up to the same message."""
+    settings = {"messages": FEW_SHOT_TEXT, "tools": TOOLS, "tool_choice": "auto", **GREEDY}
+    with _sdk(served.base) as client:
+        c = client.chat.completions.create(**settings).choices[0]
+        assert c.finish_reason == "tool_calls", c.message
+        assert c.message.content and c.message.content == c.message.content.rstrip(), c.message
+        _check_calls(SimpleNamespace(content=None, tool_calls=c.message.tool_calls))
+        content = ""
+        for chunk in client.chat.completions.create(stream=True, **settings):
+            content += "".join(ch.delta.content or "" for ch in chunk.choices)
+        calls, finish = _streamed_calls(client, settings)
+    assert content == c.message.content and finish == "tool_calls"
+    assert calls == [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
+
+
 def test_greedy_speculative_equals_greedy_target_only(served, served_target_only) -> None:
     strict = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
     requests = [
         {"messages": ASK, "response_format": strict},
         {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
         {"messages": FEW_SHOT, "tools": TOOLS, "tool_choice": "auto"},
+        {"messages": FEW_SHOT_TEXT, "tools": TOOLS, "tool_choice": "auto"},
     ]
     outs = []
     for s in (served, served_target_only):
@@ -324,6 +359,11 @@ BAD = [
         {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
         "response_format",
         "bogus",
+    ),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}},
+        "response_format.json_schema.name",
+        "1 to 64 letters",
     ),
     ({"guided_regex": "(unclosed"}, "guided_regex", "unclosed"),
     ({"guided_json": "{not json"}, "guided_json", "json_schema"),
@@ -345,6 +385,21 @@ BAD = [
         },
         "tools.0.function.parameters",
         "bogus",
+    ),
+    (
+        {"tools": [{"type": "function", "function": {"name": "get weather"}}]},
+        "tools.0.function.name",
+        "'get weather' is invalid",
+    ),
+    (
+        {"tools": [*TOOLS, {"type": "function", "function": {"name": "get_time"}}], "tool_choice": "auto"},
+        f"tools.{len(TOOLS)}.function.name",
+        "must be unique",
+    ),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+        "tools.0.function.parameters",
+        "type 'string' is invalid",
     ),
     (
         {"tools": TOOLS, "tool_choice": "required", "guided_choice": ["a"]},
@@ -403,6 +458,35 @@ def test_parser_in_auto_mode_parses_a_call_it_starts() -> None:
     assert content == "" and p.complete and p.tool_calls()[0]["function"]["name"] == "get_time"
 
 
+@pytest.mark.parametrize("step", [1, 2, 3, 5, 1000])
+@pytest.mark.parametrize("before", ["Let me check that.\n\n", "  ", "Tags like <tool or <b> are text. "])
+def test_parser_in_auto_mode_parses_a_call_after_text(step: int, before: str) -> None:
+    """Text, then a call: the text before the tag is the content (trailing whitespace dropped), streamed in any
+    pieces or whole, and the call is parsed as when it starts the answer."""
+    calls = [("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", {"timezone": "Europe/Oslo"})]
+    text = before + _calls_text(calls)
+    p = ToolCallParser(text_allowed=True)
+    streamed, got = "", {}
+    for i in range(0, len(text), step):
+        deltas, content = p.feed(text[i : i + step])
+        streamed += content
+        for d in deltas:
+            got.setdefault(d["index"], "")
+            got[d["index"]] += d["function"]["arguments"]
+    streamed += p.finish()[1]
+    assert streamed == p.content == (before.rstrip() or "")
+    assert p.complete and [json.loads(a) for a in got.values()] == [a for _, a in calls]
+    assert [c["function"]["name"] for c in p.tool_calls()] == ["get_weather", "get_time"]
+
+
+def test_parser_in_auto_mode_holds_back_only_what_may_be_the_tag() -> None:
+    p = ToolCallParser(text_allowed=True)
+    assert p.feed("Hi <tool")[1] == "Hi"  # " <tool" may still become the tag
+    assert p.feed("box> and")[1] == " <toolbox> and"
+    assert p.feed(" \n")[1] == ""
+    assert p.finish()[1] == " \n" and p.content == "Hi <toolbox> and \n"
+
+
 def test_the_grammar_takes_qwens_single_tool_call_token_and_only_the_format() -> None:
     if not (QWEN / "tokenizer.json").is_file():
         pytest.skip("Qwen2.5-Coder 0.5B is not in the cache")
@@ -427,6 +511,32 @@ def test_the_grammar_takes_qwens_single_tool_call_token_and_only_the_format() ->
         n = next(i for i, (a, b) in enumerate(zip(ids, bad, strict=False)) if a != b)
         with pytest.raises(ConfigError, match=f"position {n}"):
             constraint.masks(bad[: n + 1])
+
+
+def test_auto_grammar_takes_text_then_calls_and_nothing_after_them() -> None:
+    """tool_choice auto on Qwen's tokenizer: text then a call is allowed (the tag token after text), text after the
+    last call is refused, and text that never writes the tag may end anywhere."""
+    if not (QWEN / "tokenizer.json").is_file():
+        pytest.skip("Qwen2.5-Coder 0.5B is not in the cache")
+    tok = _specrt.Tokenizer.from_file(QWEN / "tokenizer.json")
+    spec = json.loads((QWEN / "specrt_config.json").read_text())
+    grammar = tool_call_grammar([t["function"] for t in TOOLS], multiple=True, text_allowed=True)
+    config, _, _ = _specrt.resolve_request(
+        {"grammar": grammar, "max_new_tokens": 64}, has_draft=False, eos_token_ids=spec["eos_token_ids"]
+    )
+    constraint = _specrt.ConstraintMasks(QWEN, config, spec["vocab_size"])
+    eos = spec["eos_token_ids"][0]
+    call = _calls_text([("get_time", {"timezone": "Europe/Oslo"})])
+    ids = tok.encode("I will look it up.\n" + call, add_special_tokens=False).ids
+    assert 151657 in ids[1:]  # the tag token after text
+    masks = constraint.masks([*ids, eos])
+    assert masks[np.arange(len(ids) + 1), [*ids, eos]].all()
+    text_ids = tok.encode("Plain text, no call.", add_special_tokens=False).ids
+    masks = constraint.masks([*text_ids, eos])
+    assert masks[np.arange(len(text_ids) + 1), [*text_ids, eos]].all()
+    after = tok.encode(" Done.", add_special_tokens=False).ids
+    with pytest.raises(ConfigError, match=f"position {len(ids)}"):
+        constraint.masks([*ids, *after])
 
 
 def test_tool_grammar_errors_name_the_function_schema() -> None:

@@ -178,7 +178,7 @@ def _constraint_fields(req: Any) -> list[tuple[str, str, Any]]:
     ``response_format`` (not ``text``), vLLM's ``guided_*`` and ``structured_outputs`` keys, and ``tools`` with
     ``tool_choice`` ``"required"``, ``"auto"`` or a named function (a tool-call grammar, :mod:`specrt.toolcalls`).
     The values are passed on as they are: the Rust resolver checks them (one definition)."""
-    from specrt.toolcalls import tool_call_grammar
+    from specrt.toolcalls import ToolsError, check_tools, tool_call_grammar
 
     found: list[tuple[str, str, Any]] = []
     rf = getattr(req, "response_format", None)
@@ -206,6 +206,11 @@ def _constraint_fields(req: Any) -> list[tuple[str, str, Any]]:
             )
     choice = getattr(req, "tool_choice", None)
     tools = getattr(req, "tools", None)
+    if tools:
+        try:
+            check_tools([t.function.model_dump(exclude_none=True) for t in tools])
+        except ToolsError as e:
+            raise _BadFieldError(e.param, str(e)) from None
     if choice is not None and choice != "none":
         if not tools:
             raise _BadFieldError("tool_choice", f"tool_choice {_shown(choice)} needs tools (the request has none)")
@@ -1065,7 +1070,8 @@ def create_app(
         try:
             check_request("specrt serve", has_draft=decoder.draft_path is not None, **kw)
         except ConfigError as e:
-            raise _BadFieldError(_param_of(str(e)) or param, str(e)) from e
+            head = str(e).split(" ", 1)[0]  # "response_format.json_schema.name null is invalid ...": that field
+            raise _BadFieldError(_param_of(str(e)) or (head if head.startswith(param + ".") else param), str(e)) from e
         return param
 
     def _check_tool_schemas(req: Any) -> None:
@@ -1742,7 +1748,11 @@ def create_app(
                 # call cut short by max_tokens or a stop string stays a call with the arguments written so far, as
                 # OpenAI returns one cut by max_tokens; finish_reason "tool_calls" only when every call is complete.
                 if c.tools.calls:
-                    out["message"] = {"role": "assistant", "content": None, "tool_calls": c.tools.tool_calls()}
+                    out["message"] = {
+                        "role": "assistant",
+                        "content": c.tools.content or None,  # tool_choice auto: the text before the first call
+                        "tool_calls": c.tools.tool_calls(),
+                    }
                     if c.tools.complete and _FINISH.get(r.finish_reason) == "stop":
                         out["finish_reason"] = "tool_calls"
             return out

@@ -537,14 +537,18 @@ fn response_format(rf: &Value) -> Result<Option<OutputConstraint>> {
             let Some(js_obj) = js.as_object() else {
                 return Err(field_error("response_format.json_schema", js, expected));
             };
-            if let Some(name) = js_obj
-                .get("name")
-                .filter(|n| !n.is_null() && !n.is_string())
-            {
+            // OpenAI's rule for the name (required; vLLM requires it too).
+            let name = js_obj.get("name").unwrap_or(&Value::Null);
+            let valid = name.as_str().is_some_and(|n| {
+                (1..=64).contains(&n.len())
+                    && n.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            });
+            if !valid {
                 return Err(field_error(
                     "response_format.json_schema.name",
                     name,
-                    "a string",
+                    "a string of 1 to 64 letters, digits, underscores or dashes",
                 ));
             }
             let strict = match js_obj.get("strict") {
@@ -685,6 +689,28 @@ mod tests {
             m.starts_with("response_format.json_schema.schema null"),
             "{m}"
         );
+        for name in [
+            json!(null),
+            json!(""),
+            json!("has space"),
+            json!(5),
+            json!("x".repeat(65)),
+        ] {
+            let mut js = json!({"schema": {"type": "object"}});
+            if !name.is_null() {
+                js["name"] = name.clone();
+            }
+            let m = err(&[(
+                "response_format",
+                json!({"type": "json_schema", "json_schema": js}),
+            )]);
+            assert!(
+                m.starts_with(&format!(
+                    "response_format.json_schema.name {name} is invalid"
+                )) && m.contains("1 to 64 letters"),
+                "{m}"
+            );
+        }
         let m = err(&[("json_schema", json!("{not json"))]);
         assert!(m.starts_with("json_schema \"{not json\" is invalid"), "{m}");
         let m = err(&[("json_schema", json!([1]))]);
