@@ -440,7 +440,12 @@ def test_converted_folders_load_in_transformers(tiny_decoder) -> None:
 @pytest.mark.parametrize(
     ("path", "body", "param", "words"),
     [
-        ("/v1/chat/completions", {"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
+        (
+            "/v1/chat/completions",
+            {"response_format": {"type": "json_schema"}},
+            "response_format.json_schema",
+            "null is invalid",
+        ),
         (
             "/v1/chat/completions",
             {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
