@@ -89,26 +89,42 @@ def llama_cmd(a: argparse.Namespace, port: int, draft: bool, slots: int) -> list
 
 async def one(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
     """One streamed chat completion: time to the first content chunk, the gaps between content chunks, end time;
-    ``error`` (and no timings) when the request failed."""
+    ``error`` (and no timings) when the request failed. A connection the server closed before answering (httpx's
+    ``RemoteProtocolError`` / ``ConnectError`` before any byte: a kept-alive connection the server dropped) is
+    retried once on a new connection, as the openai SDK retries it; ``retried`` says so and the time counts from
+    the first try."""
     t0 = time.perf_counter()
-    times: list[float] = []
-    try:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
-            if resp.status_code != 200:
-                return {"error": f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"}
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[len("data: ") :])
-                if "error" in event:
-                    return {"error": str(event["error"])[:200]}
-                if any((c.get("delta") or {}).get("content") for c in event.get("choices", [])):
-                    times.append(time.perf_counter() - t0)
-    except httpx.HTTPError as e:
-        return {"error": f"{type(e).__name__}: {e}"}
+    for attempt in (0, 1):
+        times: list[float] = []
+        got_bytes = False
+        try:
+            async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+                got_bytes = True
+                if resp.status_code != 200:
+                    return {"error": f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"}
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[len("data: ") :])
+                    if "error" in event:
+                        return {"error": str(event["error"])[:200]}
+                    if any((c.get("delta") or {}).get("content") for c in event.get("choices", [])):
+                        times.append(time.perf_counter() - t0)
+        except (httpx.RemoteProtocolError, httpx.ConnectError) as e:
+            if attempt == 0 and not got_bytes:
+                continue
+            return {"error": f"{type(e).__name__}: {e}"}
+        except httpx.HTTPError as e:
+            return {"error": f"{type(e).__name__}: {e}"}
+        break
     if not times:
         return {"error": "no content came back"}
-    return {"ttft_s": times[0], "itl_s": [b - a for a, b in itertools.pairwise(times)], "latency_s": times[-1]}
+    return {
+        "ttft_s": times[0],
+        "itl_s": [b - a for a, b in itertools.pairwise(times)],
+        "latency_s": times[-1],
+        "retried": attempt,
+    }
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -154,6 +170,7 @@ async def level(base: str, streams: int, a: argparse.Namespace) -> dict[str, Any
         "requests": len(res),
         "errors": len(res) - len(ok),
         "error_samples": sorted({r["error"] for r in res if "error" in r})[:3],
+        "retried": sum(r.get("retried", 0) for r in ok),
         "wall_s": wall,
         "tokens_per_s": len(ok) * n / wall,
         "mean_ttft_ms": statistics.mean(ttft) if ttft else float("nan"),
@@ -223,7 +240,10 @@ def main() -> None:
         "args": {k: str(v) for k, v in vars(a).items()},
         "runs": [],
     }
-    print("server     draft  streams  tokens/s  TTFT p50 ms  TTFT p99 ms  ITL p50 ms  ITL p99 ms  stream tok/s  errors")
+    print(
+        "server     draft  streams  tokens/s  TTFT p50 ms  TTFT p99 ms  ITL p50 ms  ITL p99 ms  stream tok/s  errors"
+        "  retried"
+    )
     for server in a.servers.split(","):
         for draft in a.drafts.split(","):
             port = _free_port()
@@ -234,7 +254,8 @@ def main() -> None:
                 print(
                     f"{server:<10} {draft:<5}  {row['streams']:>7}  {row['tokens_per_s']:>8.1f}  "
                     f"{row['median_ttft_ms']:>11.0f}  {row['p99_ttft_ms']:>11.0f}  {row['p50_itl_ms']:>10.1f}  "
-                    f"{row['p99_itl_ms']:>10.1f}  {row['stream_decode_tokens_per_s']:>12.1f}  {row['errors']:>6}",
+                    f"{row['p99_itl_ms']:>10.1f}  {row['stream_decode_tokens_per_s']:>12.1f}  {row['errors']:>6}  "
+                    f"{row['retried']:>7}",
                     flush=True,
                 )
     if a.json:

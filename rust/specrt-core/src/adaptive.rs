@@ -4,8 +4,11 @@
 //! of K drafts emits `E(K) = (1 - a^(K+1)) / (1 - a)` tokens on average and costs `K c_q + c_verify(K + 1)`, where
 //! `c_verify(n)` is the target's cost of scoring `n` tokens in one pass (`c_verify(1) = c_p`). The controller picks
 //! the K in `0..=k_max` that maximises expected tokens per unit time, `E(K) / (K c_q + c_verify(K + 1))`; K = 0 (a
-//! plain target step, `1 / c_p`) wins when no K is predicted to help, and then a round with drafts is still run every
-//! [`AutoK::probe_every`] rounds so the acceptance estimate stays current.
+//! plain target step, `1 / c_p`) wins when no K is predicted to help, and then a round with drafts (a *probe*) is
+//! still run every [`AutoK::probe_every`] rounds so the acceptance estimate stays current; the interval doubles after
+//! each probe that leaves K = 0 the choice (up to [`MAX_PROBE_BACKOFF`] doublings) and is back to `probe_every` once
+//! the estimates choose K > 0, so a load where speculation loses pays for ever fewer probes (each may carry a draft
+//! catch-up of every row's backlog in a batch).
 //!
 //! Prompt-lookup (n-gram) proposals cost no draft pass (c_q = 0) and have their own acceptance estimate: when a
 //! match offers tokens, [`KController::choose_ngram`] verifies the prefix length that maximises `E(K) / c_verify(K +
@@ -47,6 +50,9 @@ use crate::error::{Result, SpecError};
 /// Rounds over which a draft catch-up pass is amortised when choosing K (see the module docs).
 pub const CATCHUP_HORIZON: f64 = 8.0;
 
+/// Probes while K = 0 stays the choice come every `probe_every * 2^n` rounds after the n-th one, n at most this.
+pub const MAX_PROBE_BACKOFF: u32 = 4;
+
 /// A probe round is skipped while catching the draft model up would cost more than this many target passes.
 pub const PROBE_MAX_CATCHUP: f64 = 4.0;
 
@@ -80,7 +86,8 @@ pub struct AutoK {
     /// Pseudo-count of the prior acceptance in that average (>= 0): the estimate is `(sum of the window's min(1,
     /// p/q) + w0 prior) / (n + w0)`, so the first observations move it quickly and a full window dominates it.
     pub prior_weight: f64,
-    /// While K = 0 is chosen, run a round with drafts every this many rounds (>= 1).
+    /// While K = 0 is chosen, run a round with drafts every this many rounds (>= 1), doubling after each such probe
+    /// that leaves K = 0 the choice ([`MAX_PROBE_BACKOFF`] times at most; back to this once K > 0 is chosen).
     pub probe_every: usize,
     /// Use these costs instead of measuring.
     pub pinned: Option<PinnedCosts>,
@@ -237,6 +244,8 @@ pub struct KController {
     // controller's own timings; None where nothing was inherited.
     c_verify_inherited: Vec<Option<f64>>,
     rounds_since_draft: usize,
+    // Probes since the estimates last chose K > 0 (the probe interval's doublings, at most MAX_PROBE_BACKOFF).
+    probe_backoff: u32,
     // ms per extra token fed to a draft catch-up pass; None until measured.
     c_catchup: Option<f64>,
     // Committed tokens the draft model has not read, beyond the one every drafting round feeds.
@@ -295,6 +304,7 @@ impl KController {
             c_verify_seen: vec![0; n],
             c_verify_inherited: vec![None; n],
             rounds_since_draft: 0,
+            probe_backoff: 0,
             c_catchup: None,
             backlog: 0,
             catchup_horizon: CATCHUP_HORIZON,
@@ -646,6 +656,9 @@ impl KController {
         }
         if best_k > 0 || k_cap == 0 {
             self.rounds_since_draft = 0;
+            if best_k > 0 {
+                self.probe_backoff = 0;
+            }
             return best_k;
         }
         self.rounds_since_draft += 1;
@@ -653,10 +666,12 @@ impl KController {
         // the draft's cost has never been measured: priors alone should not rule speculation out); not when the
         // draft model is so far behind that catching it up costs more than a few target passes.
         let max_catchup = PROBE_MAX_CATCHUP.max(PROBE_REMAINING_SHARE * self.remaining as f64);
-        let due = self.rounds_since_draft >= self.cfg.probe_every
+        let interval = self.cfg.probe_every.saturating_mul(1 << self.probe_backoff);
+        let due = self.rounds_since_draft >= interval
             || (self.c_draft.is_none() && self.cfg.pinned.is_none());
         if due && self.catchup_total() <= max_catchup * self.cost_verify(1) {
             self.rounds_since_draft = 0;
+            self.probe_backoff = (self.probe_backoff + 1).min(MAX_PROBE_BACKOFF);
             return (1..=k_cap)
                 .max_by(|&a, &b| self.rate(a).total_cmp(&self.rate(b)))
                 .unwrap_or(1);
@@ -824,12 +839,23 @@ mod tests {
             ..pinned(3.5, 0.5)
         };
         let mut c = KController::new(cfg).unwrap();
-        let ks: Vec<usize> = (0..8).map(|_| c.choose(8)).collect();
+        let probes: Vec<usize> = (1..=200).filter(|_| c.choose(8) > 0).collect();
         assert_eq!(
-            ks,
-            vec![0, 0, 0, 1, 0, 0, 0, 1],
-            "K = 0 with a probe every 4th round"
+            probes,
+            vec![4, 12, 28, 60, 124, 188],
+            "K = 0 with probes after 4, 8, 16, 32, 64, 64 rounds (backoff capped at 2^4)"
         );
+        // Once the estimates choose K > 0 the interval is back to probe_every.
+        for _ in 0..40 {
+            c.observe(4, &[1.0; 4], 4.0, 4, 10.0);
+        }
+        assert!(c.choose(8) > 0);
+        for _ in 0..40 {
+            c.observe(4, &[0.0], 4.0, 4, 10.0);
+        }
+        let ks: Vec<usize> = (0..4).map(|_| c.choose(8)).collect();
+        assert_eq!(&ks[..3], &[0, 0, 0]);
+        assert!(ks[3] > 0, "a probe after probe_every rounds again: {ks:?}");
     }
 
     #[test]
