@@ -30,10 +30,11 @@ test-rs: install ## Rust tests (all crates; the ONNX Runtime tests use the wheel
 	$(PY) -c "import pathlib, shutil; from specrt.convert.tiny import write_tiny_gguf; from specrt.convert import convert; \
 	p = pathlib.Path('target/test-model'); shutil.rmtree(p, ignore_errors=True); p.mkdir(parents=True); \
 	g = write_tiny_gguf(p / 't.gguf', arch='qwen2', seed=1); convert(g, p / 'model', progress=False, prefill_graph=True); \
-	convert(g, p / 'batched', progress=False, attention='batched', prefill_graph=True); convert(g, p / 'graph', progress=False, attention='gqa-graph')"
+	convert(g, p / 'batched', progress=False, attention='batched', prefill_graph=True); convert(g, p / 'graph', progress=False, attention='gqa-graph'); \
+	convert(g, p / 'graph-L1', progress=False, attention='gqa-graph', num_layers=1)"
 	SPECRT_ORT_LIBRARY=$$($(PY) -c 'from specrt._ort import find_ort_library; print(find_ort_library())') \
 	SPECRT_TEST_MODEL=$(CURDIR)/target/test-model/model SPECRT_TEST_BATCHED_MODEL=$(CURDIR)/target/test-model/batched \
-	SPECRT_TEST_GRAPH_MODEL=$(CURDIR)/target/test-model/graph cargo test --workspace
+	SPECRT_TEST_GRAPH_MODEL=$(CURDIR)/target/test-model/graph SPECRT_TEST_GRAPH_DRAFT=$(CURDIR)/target/test-model/graph-L1 cargo test --workspace
 
 test-py: install ## Python tests (pytest; exit code 5 = no tests ran counts as failure)
 	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest ran no tests" >&2; exit 1; fi; exit $$rc

@@ -19,7 +19,10 @@ use ort::{
 use specrt_core::subset::VocabSubset;
 use specrt_core::{backend::Backend, Result, SpecError};
 
-use crate::cuda_graph::{is_graph_shape, no_graph_options, GraphStep, MAX_GRAPH_TOKENS};
+use crate::cuda_graph::{
+    graph_id, graph_shapes, is_graph_shape, no_graph_options, Copier, GraphStep, ReplayLedger,
+    MAX_GRAPH_TOKENS,
+};
 use crate::model::{
     analyze, choose_max_seq_len, past_name, present_name, resolve_model_file, DecoderIo,
     SpecrtConfig, TensorDesc,
@@ -401,8 +404,12 @@ struct PrefillGraph {
 
 /// One decoder model in one ONNX Runtime session (see the crate docs for the layouts).
 ///
-/// Field order is drop order: the bindings (which reference the buffers) go first, the session last.
+/// Field order is drop order: the graph steps and bindings (which reference the buffers, and whose device tensors
+/// are freed through the KV allocator) go first, the allocator and the session last.
 pub struct OrtBackend {
+    /// CUDA graphs on ([`OrtOptions::cuda_graph`]) or their CPU mode ([`OrtOptions::cpu_graph_steps`]): the step
+    /// shapes, and the run options of the other calls (`gpu_graph_id = -1`).
+    graphs: Option<Graphs>,
     prefill: Option<PrefillGraph>,
     binding: IoBinding,
     kv: KvState,
@@ -441,17 +448,19 @@ pub struct OrtBackend {
     model_file: PathBuf,
     /// A pruned-vocabulary model: its `[rows, N]` logits are expanded to `[rows, vocab]` (`-inf` outside).
     subset: Option<VocabSubset>,
-    /// CUDA graphs on ([`OrtOptions::cuda_graph`]): the captured step shapes, and the run options of the other
-    /// calls (`gpu_graph_id = -1`).
-    graphs: Option<Graphs>,
 }
 
 /// The CUDA-graph state of a backend.
 struct Graphs {
-    /// `steps[s]`: the step of `s` new tokens, created on first use.
+    /// `steps[graph_id(s, rows)]`: every step shape of [`graph_shapes`], created when the backend loads (before any
+    /// capture: `crate::cuda_graph`'s second invariant).
     steps: Vec<Option<GraphStep>>,
-    /// Run options of calls made without a graph.
-    no_graph: ort::session::RunOptions,
+    /// The replay invariants, checked before every step run.
+    ledger: ReplayLedger,
+    /// How the steps copy inputs and outputs.
+    copier: Copier,
+    /// Run options of calls made without a graph (CUDA; `None` in the CPU mode).
+    no_graph: Option<ort::session::RunOptions>,
     /// The step the last call ran from (`None`: the main binding).
     last: Option<usize>,
 }
@@ -661,21 +670,62 @@ impl OrtBackend {
 
         let subset = config.vocab_subset_for(io.vocab_size, model_file)?;
         // Checked on every provider, so that a CPU fallback does not hide a model CUDA graphs cannot run.
-        if options.cuda_graph && !(io.has_sequence_inputs && io.has_logits_index && io.has_argmax) {
+        if (options.cuda_graph || options.cpu_graph_steps)
+            && !(io.has_sequence_inputs && io.has_logits_index && io.has_argmax)
+        {
+            let option = if options.cuda_graph {
+                "cuda_graph"
+            } else {
+                "cpu_graph_steps"
+            };
             return Err(SpecError::Config(format!(
-                "cuda_graph needs a model in the graph form (seqlens_k, total_sequence_length and logits_index \
+                "{option} needs a model in the graph form (seqlens_k, total_sequence_length and logits_index \
                  inputs, an argmax output); {} is not: convert it with `specrt convert --attention gqa-graph`",
                 model_file.display()
             )));
         }
-        let graphs = if options.cuda_graph && provider == Provider::Cuda {
-            Some(Graphs {
-                steps: (0..=MAX_GRAPH_TOKENS).map(|_| None).collect(),
-                no_graph: no_graph_options()?,
-                last: None,
-            })
-        } else {
-            None
+        let graph_steps = (options.cuda_graph && provider == Provider::Cuda)
+            || (options.cpu_graph_steps && provider == Provider::Cpu);
+        let graphs = match (&mut kv, graph_steps) {
+            (KvState::Shared { buffers }, true) => {
+                let cuda = provider == Provider::Cuda;
+                let copier = Copier::for_device(!cuda);
+                let mut ledger = ReplayLedger::new();
+                let device = kv_allocator.as_ref().unwrap_or_else(|| session.allocator());
+                let mut steps: Vec<Option<GraphStep>> =
+                    (0..=2 * MAX_GRAPH_TOKENS).map(|_| None).collect();
+                for shape in graph_shapes() {
+                    steps[graph_id(shape.0, shape.1)] = Some(GraphStep::new(
+                        &session,
+                        device,
+                        buffers,
+                        shape,
+                        io.vocab_size,
+                        max_seq_len,
+                        cuda,
+                        &mut ledger,
+                        &copier,
+                    )?);
+                }
+                Some(Graphs {
+                    steps,
+                    ledger,
+                    copier,
+                    no_graph: if cuda {
+                        Some(no_graph_options()?)
+                    } else {
+                        None
+                    },
+                    last: None,
+                })
+            }
+            (_, true) => {
+                return Err(SpecError::Config(format!(
+                    "graph steps need the shared-buffer KV layout; {} has another",
+                    model_file.display()
+                )))
+            }
+            _ => None,
         };
         let use_argmax_output = io.has_argmax
             && (io.has_logits_index || io.has_num_logits_to_keep)
@@ -695,6 +745,7 @@ impl OrtBackend {
             _ => None,
         };
         let backend = OrtBackend {
+            graphs,
             prefill,
             binding,
             kv,
@@ -719,7 +770,6 @@ impl OrtBackend {
             fallback_reason: None,
             model_file: model_file.to_path_buf(),
             subset,
-            graphs,
         };
         Ok(backend)
     }
@@ -1032,37 +1082,46 @@ impl OrtBackend {
         )
     }
 
-    /// Run a decode step from its CUDA graph (created and bound on first use). Returns the rows (`s`).
-    fn run_graph(&mut self, tokens: &[u32], n_past: usize, ids: bool) -> Result<usize> {
-        let s = tokens.len();
-        let vocab = self.io.vocab_size;
-        let max_seq_len = self.max_seq_len;
-        let (Some(g), KvState::Shared { buffers }, Some(device)) = (
-            self.graphs.as_mut(),
-            &mut self.kv,
-            self._kv_allocator.as_ref(),
-        ) else {
-            return Err(SpecError::Internal(
-                "CUDA graphs without a shared device KV cache".into(),
-            ));
+    /// Run a decode step from its CUDA graph (every step shape's was created at load). Returns the logits rows.
+    fn run_graph(
+        &mut self,
+        tokens: &[u32],
+        n_past: usize,
+        n_logits: usize,
+        ids: bool,
+    ) -> Result<usize> {
+        let kv = self.kv_buffer_addresses();
+        let kv_shape = [1, self.io.kv_heads, self.max_seq_len, self.io.head_dim];
+        let id = graph_id(tokens.len(), n_logits);
+        let Some(g) = self.graphs.as_mut() else {
+            return Err(SpecError::Internal("graph steps are off".into()));
         };
-        if g.steps[s].is_none() {
-            g.steps[s] = Some(GraphStep::new(
-                &self.session,
-                device,
-                buffers,
-                s,
-                vocab,
-                max_seq_len,
-            )?);
-        }
-        let step = g.steps[s].as_mut().expect("created above");
+        let step = g.steps[id].as_mut().ok_or_else(|| {
+            SpecError::Internal(format!(
+                "no graph step for {} tokens and {n_logits} logits rows",
+                tokens.len()
+            ))
+        })?;
         // The cache rows past n_past are rewritten by this call.
         self.n_cached = n_past;
-        step.run(&self.session, tokens, n_past, ids)?;
-        g.last = Some(s);
-        self.n_cached = n_past + s;
-        Ok(s)
+        step.run(
+            &self.session,
+            tokens,
+            n_past,
+            ids,
+            &mut g.ledger,
+            &g.copier,
+            (&kv, &kv_shape),
+        )?;
+        g.last = Some(step.id());
+        self.n_cached = n_past + tokens.len();
+        Ok(step.rows())
+    }
+
+    /// How the graph steps copy their inputs and outputs (`"cudaMemcpy"`, `"onnxruntime"` or `"host"` in the CPU
+    /// mode), or `None` without graph steps. For reports and tests.
+    pub fn graph_copies(&self) -> Option<&'static str> {
+        self.graphs.as_ref().map(|g| g.copier.name())
     }
 
     /// Leave output `name` to ONNX Runtime's allocator on the provider's device (it is not read this call), so
@@ -1112,7 +1171,7 @@ impl OrtBackend {
         if let Some(g) = self.graphs.as_mut() {
             g.last = None;
             if is_graph_shape(s, n_logits) {
-                return self.run_graph(tokens, n_past, ids_only);
+                return self.run_graph(tokens, n_past, n_logits, ids_only);
             }
         }
         for (dst, &t) in self.ids.iter_mut().zip(tokens) {
@@ -1218,7 +1277,8 @@ impl OrtBackend {
             let run_options = self
                 .graphs
                 .as_ref()
-                .map_or(std::ptr::null(), |g| g.no_graph.ptr());
+                .and_then(|g| g.no_graph.as_ref())
+                .map_or(std::ptr::null(), |o| o.ptr());
             let status = unsafe {
                 (ort::api().RunWithBinding)(
                     self.session.ptr().cast_mut(),
@@ -1259,7 +1319,7 @@ impl Backend for OrtBackend {
         let (rows, data) = self.run_maybe_prefill(tokens, n_past, n_logits, false)?;
         let vocab = self.io.vocab_size;
         let all = match self.graphs.as_ref().and_then(|g| g.last.map(|s| (g, s))) {
-            Some((g, s)) => g.steps[s].as_ref().expect("ran").logits(vocab),
+            Some((g, id)) => g.steps[id].as_ref().expect("ran").logits(vocab),
             None => {
                 assert!(!data.is_null(), "logits bound in run");
                 // SAFETY: `data` is the logits tensor the run wrote (the model's or the prefill graph's, bound in
@@ -1293,7 +1353,7 @@ impl Backend for OrtBackend {
         let rows = self.run(tokens, n_past, n_logits, true)?;
         debug_assert_eq!(rows, n_logits);
         let ids = match self.graphs.as_ref().and_then(|g| g.last.map(|s| (g, s))) {
-            Some((g, s)) => g.steps[s].as_ref().expect("ran").argmax(),
+            Some((g, id)) => g.steps[id].as_ref().expect("ran").argmax(),
             None => {
                 let (_, tensor) = self.argmax.last().expect("bound in run");
                 // SAFETY: the tensor holds `rows` i64 in host memory (the session's CPU allocator; on CUDA the
@@ -1319,5 +1379,78 @@ impl Backend for OrtBackend {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+impl OrtBackend {
+    /// Replace the graph step of `(s, rows)` by a freshly allocated one, as the old code's lazy creation did (tests
+    /// of the replay checks only).
+    fn recreate_graph_step(&mut self, s: usize, rows: usize) -> Result<()> {
+        let (Some(g), KvState::Shared { buffers }) = (self.graphs.as_mut(), &mut self.kv) else {
+            return Err(SpecError::Internal("no graph steps".into()));
+        };
+        let step = GraphStep::new(
+            &self.session,
+            self.session.allocator(),
+            buffers,
+            (s, rows),
+            self.io.vocab_size,
+            self.max_seq_len,
+            false,
+            &mut g.ledger,
+            &g.copier,
+        )?;
+        g.steps[graph_id(s, rows)] = Some(step);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod graph_step_tests {
+    //! The replay checks on the real graph steps, in the CPU mode (`make test-rs` sets the paths).
+    use super::*;
+
+    fn graph_backend() -> Option<OrtBackend> {
+        let lib = std::env::var_os("SPECRT_ORT_LIBRARY")?;
+        let model = std::env::var_os("SPECRT_TEST_GRAPH_MODEL")?;
+        let mut options = OrtOptions::new(PathBuf::from(lib));
+        options.max_seq_len = Some(64);
+        options.cpu_graph_steps = true;
+        Some(OrtBackend::new(PathBuf::from(model), &options).expect("graph-form test model"))
+    }
+
+    #[test]
+    fn a_step_allocated_after_a_capture_is_caught_before_it_runs() {
+        let Some(mut b) = graph_backend() else { return };
+        assert_eq!(b.graph_copies(), Some("host"));
+        let mut ids = Vec::new();
+        b.forward_argmax(
+            &[
+                1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+            ],
+            0,
+            1,
+            &mut ids,
+        )
+        .unwrap(); // a prefill: no graph
+        b.forward_argmax(&[3], 20, 1, &mut ids).unwrap(); // graph 1 captured
+        b.forward_argmax(&[4, 5, 6, 7], 21, 4, &mut ids).unwrap(); // graph 4 captured
+        b.forward(&[8], 25, 1).unwrap(); // graph 1 replayed
+                                         // The old code's lazy creation: the 3-token step allocated after graphs were captured.
+        b.recreate_graph_step(3, 3).unwrap();
+        let err = b.forward_argmax(&[8, 9, 10], 26, 3, &mut ids).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("logits_index was allocated after a graph was captured"),
+            "{err}"
+        );
+        // A captured step whose tensors were reallocated.
+        b.recreate_graph_step(4, 4).unwrap();
+        let err = b.forward(&[8, 9, 10, 11], 26, 4).unwrap_err();
+        assert!(err.to_string().contains("CUDA graph 4"), "{err}");
+        // The untouched steps still run.
+        b.forward_argmax(&[8], 26, 1, &mut ids).unwrap();
+        b.forward_argmax(&[9, 10], 27, 1, &mut ids).unwrap(); // the catch-up shape
     }
 }

@@ -312,6 +312,11 @@ pub struct OrtOptions {
     /// all of them) into CUDA graphs and replay them (`crate::cuda_graph`). Needs the CUDA provider and a model in
     /// the graph form (`specrt convert --attention gqa-graph`).
     pub cuda_graph: bool,
+    /// The CPU mode of the CUDA-graph steps (default false): on the CPU provider, run a graph-form model's decode
+    /// steps through the same fixed-address step bindings as `cuda_graph`, with the replay invariants checked before
+    /// every step (`crate::cuda_graph`); nothing is captured. For tests and diagnostics: what CUDA graphs rely on,
+    /// checked without a GPU. Needs the CPU provider and a model in the graph form.
+    pub cpu_graph_steps: bool,
     /// ONNX Runtime's profiler (default off): write a Chrome-trace JSON of every run (a `model_run` event per run,
     /// a `Node` event per kernel) to a file named from this prefix (ONNX Runtime appends a timestamp); the file is
     /// complete after [`crate::OrtBackend::end_profiling`]. The process's sessions share one thread pool, whose own
@@ -356,6 +361,7 @@ impl OrtOptions {
             allow_fallback: false,
             layout: None,
             cuda_graph: false,
+            cpu_graph_steps: false,
             profile: None,
             device_argmax: None,
             prefill_graph: false,
@@ -412,6 +418,12 @@ impl OrtOptions {
         }
         if self.cuda_graph && self.provider != Provider::Cuda {
             return Err(cuda_graph_needs_cuda(self.provider));
+        }
+        if self.cpu_graph_steps && self.provider != Provider::Cpu {
+            return Err(SpecError::Config(format!(
+                "cpu_graph_steps needs provider 'cpu' (got provider '{}'; on CUDA use cuda_graph)",
+                self.provider
+            )));
         }
         if self.device_id < 0 {
             return Err(SpecError::Config(format!(

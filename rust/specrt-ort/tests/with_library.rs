@@ -301,3 +301,78 @@ fn long_passes_run_on_the_prefill_graph_when_asked() {
         "one KV cache for both graphs"
     );
 }
+
+/// The CUDA-graph steps in their CPU mode (`OrtOptions::cpu_graph_steps`: the same fixed-address step bindings, the
+/// replay invariants checked before every step) in speculative rounds: a graph-form target with a 1-layer
+/// graph-form draft (`SPECRT_TEST_GRAPH_DRAFT`), K = 1, 4 and 8, greedy with log-probabilities off (argmax-only
+/// steps) and on, and sampled at T = 1, all on one pair of models (device KV reused between generations, rollbacks
+/// after rejections, the draft's 2-token catch-up after a fully accepted round). Greedy: the default form's
+/// target-only tokens; sampled: the same tokens as the graph form without graph steps (same seed, same kernels).
+#[test]
+fn cpu_graph_steps_give_the_default_forms_tokens_in_speculative_rounds() {
+    use specrt_core::{sampling::SamplingParams, Engine, GenerationConfig};
+    let (Some((lib, model)), Some(graph), Some(graph_draft)) = (
+        env_paths(),
+        std::env::var_os("SPECRT_TEST_GRAPH_MODEL"),
+        std::env::var_os("SPECRT_TEST_GRAPH_DRAFT"),
+    ) else {
+        return;
+    };
+    let mut options = OrtOptions::new(&lib);
+    options.max_seq_len = Some(256);
+    let load = |path: &std::ffi::OsStr, steps: bool| -> Box<dyn Backend> {
+        let mut o = options.clone();
+        o.cpu_graph_steps = steps;
+        Box::new(OrtBackend::new(PathBuf::from(path), &o).unwrap())
+    };
+    let prompt: Vec<u32> = (1..=9).collect();
+    let cfg = |k: usize, logprobs: bool, temperature: f32| GenerationConfig {
+        max_new_tokens: 96,
+        num_speculative_tokens: k,
+        ignore_eos: true,
+        logprobs,
+        seed: 11,
+        sampling: if temperature == 0.0 {
+            SamplingParams::greedy()
+        } else {
+            SamplingParams {
+                temperature,
+                ..SamplingParams::default()
+            }
+        },
+        ..GenerationConfig::default()
+    };
+    let mut reference = Engine::new(load(model.as_os_str(), false), None).unwrap();
+    let want = reference
+        .generate(&prompt, cfg(0, false, 0.0), |_| true)
+        .unwrap();
+    let mut plain = Engine::new(load(&graph, false), Some(load(&graph_draft, false))).unwrap();
+    let mut stepped = Engine::new(load(&graph, true), Some(load(&graph_draft, true))).unwrap();
+    let (mut rejected, mut full_rounds) = (0, 0);
+    for k in [1, 4, 8] {
+        for logprobs in [false, true] {
+            let got = stepped
+                .generate(&prompt, cfg(k, logprobs, 0.0), |_| true)
+                .unwrap();
+            assert_eq!(got.tokens, want.tokens, "K={k} logprobs={logprobs}");
+            assert_eq!(got.logprobs.is_empty(), !logprobs);
+            rejected += got.stats.n_recovered;
+            full_rounds += got.stats.n_bonus;
+        }
+        let a = plain
+            .generate(&prompt, cfg(k, true, 1.0), |_| true)
+            .unwrap();
+        let b = stepped
+            .generate(&prompt, cfg(k, true, 1.0), |_| true)
+            .unwrap();
+        assert_eq!(a.tokens, b.tokens, "sampled, K={k}");
+        for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+            assert!((x - y).abs() < 1e-4, "sampled, K={k}: logprob {x} vs {y}");
+        }
+    }
+    // The rounds exercised rejections (rollback) and full acceptance (the draft's catch-up shape).
+    assert!(
+        rejected > 0 && full_rounds > 0,
+        "rejected {rejected}, full rounds {full_rounds}"
+    );
+}
