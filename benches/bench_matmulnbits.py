@@ -7,7 +7,7 @@ import sys
 import time
 
 import numpy as np
-import onnxruntime as ort
+import onnxruntime as ort  # its own CPU sessions only: no specrt session in this process (one ONNX Runtime per process)
 from onnx import TensorProto, helper, numpy_helper
 
 from specrt.convert.quant import pack_matmul_nbits, promote, quantize_rtn

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
+import onnxruntime as ort  # its own CPU sessions only: no specrt session in this process (one ONNX Runtime per process)
 
 PAST = [60, 100, 420, 80, 200, 50, 300, 120]
 

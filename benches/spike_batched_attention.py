@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
+import onnxruntime as ort  # its own CPU sessions only: no specrt session in this process (one ONNX Runtime per process)
 from onnx import TensorProto, helper, numpy_helper
 
 F = TensorProto.FLOAT

@@ -429,12 +429,14 @@ def test_find_ort_library_returns_the_wheel_library_by_absolute_path(monkeypatch
 
 
 def test_cuda_requests_preload_the_pip_cuda_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[str] = []
-    monkeypatch.setattr(ort, "preload_dlls", lambda: calls.append("preload"), raising=False)
+    from specrt import _ort
+
+    calls: list[str | None] = []
+    monkeypatch.setattr(_ort, "preload_cuda_dlls", lambda lib=None: calls.append(lib))
     find_ort_library("cpu")
     assert calls == []
-    find_ort_library("cuda")
-    assert calls == ["preload"]
+    lib = find_ort_library("cuda")
+    assert calls == [lib]
 
 
 def test_find_ort_library_honours_the_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -170,10 +170,11 @@ def _cuda_section(ort: dict[str, Any]) -> dict[str, Any]:
             "error": f"no libonnxruntime_providers_cuda.so beside {ort['library']}: this is the CPU build of "
             f"ONNX Runtime; for CUDA: pip uninstall onnxruntime, then {INSTALL_CUDA}",
         }
-    # What onnxruntime-gpu's own preloading would make visible (site-packages/nvidia/*/lib), as a CUDA run does.
+    # The pip CUDA / cuDNN libraries (site-packages/nvidia/*/lib) loaded as a CUDA run loads them (never importing
+    # onnxruntime: its Python module is a second ONNX Runtime).
     from specrt._ort import preload_cuda_dlls
 
-    preload_cuda_dlls()
+    out["preload"] = preload_cuda_dlls(ort["library"])
     for key, names in _CUDA_LIBRARIES.items():
         out[key] = _first_loadable(names)
     if provider_lib is not None:
@@ -195,9 +196,10 @@ def collect_env() -> dict[str, Any]:
 
     Returns:
         dict with ``specrt``, ``python``, ``platform``, ``onnxruntime`` (distributions, ``library``, ``version``,
-        ``providers``, ``problems``), ``cuda`` (per library ``{"loaded": soname or None, "error": ...}``, and
-        ``provider_registers``) and ``gpu`` (``driver``, ``gpus``: name, ``memory_total_bytes``,
-        ``memory_free_bytes``). Never raises for a missing piece: each failure is reported in its section.
+        ``providers``, ``problems``), ``cuda`` (per library ``{"loaded": soname or None, "error": ...}``,
+        ``preload``: what :func:`specrt._ort.preload_cuda_dlls` loaded, and ``provider_registers``) and ``gpu``
+        (``driver``, ``gpus``: name, ``memory_total_bytes``, ``memory_free_bytes``). Never raises for a missing
+        piece: each failure is reported in its section.
     """
     from specrt import __version__
 
@@ -221,6 +223,25 @@ def _lib_line(name: str, entry: dict[str, Any] | None) -> str:
     return f"{name}: MISSING ({entry.get('error') or 'not found'})"
 
 
+def _preload_lines(report: dict[str, Any] | None) -> list[str]:
+    """The pip CUDA / cuDNN libraries :func:`specrt._ort.preload_cuda_dlls` loaded, and what failed."""
+    if report is None:
+        return []
+    loaded = report.get("loaded") or []
+    if not report.get("directories"):
+        head = "pip CUDA libraries (site-packages/nvidia/*/lib): none installed"
+    else:
+        major = report.get("cuda_major")
+        head = f"pip CUDA libraries (CUDA {major or '?'}) preloaded: " + (
+            ", ".join(os.path.basename(p) for p in loaded) or "none"
+        )
+    lines = [head]
+    lines.extend(f"  failed to load {path}: {err}" for path, err in (report.get("failed") or {}).items())
+    if report.get("directories") and report.get("not_found"):
+        lines.append(f"  not in site-packages/nvidia: {', '.join(report['not_found'])}")
+    return lines
+
+
 def render_env(env: dict[str, Any], *, as_json: bool = False) -> str:
     """The report as text (paste it into a bug report) or JSON."""
     if as_json:
@@ -240,6 +261,7 @@ def render_env(env: dict[str, Any], *, as_json: bool = False) -> str:
         _lib_line("cuBLAS", cuda.get("cublas")),
         _lib_line("cuDNN", cuda.get("cudnn")),
     ]
+    lines.extend(_preload_lines(cuda.get("preload")))
     reg = cuda.get("provider_registers")
     if reg is not None:
         lines.append("CUDA provider registers: " + ("yes" if reg["ok"] else f"NO ({reg['error']})"))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from specrt import _specrt
-from specrt._ort import find_ort_library
+from specrt._ort import check_cuda, find_ort_library, is_cuda
 from specrt.errors import ConfigError, ModelFileError, SpecrtError, VocabError
 
 __all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk", "check_request"]
@@ -395,7 +395,8 @@ class Decoder:
     Raises:
         UnknownModelError, ModelFileError, FileNotFoundError: a model cannot be found or read.
         VocabError: draft and target vocabularies differ (both sizes named).
-        ProviderError: CUDA requested and unavailable (without ``allow_fallback``).
+        ProviderError: CUDA requested and unavailable (without ``allow_fallback``); raised before a model name is
+            pulled or converted.
         BackendError: ONNX Runtime failed to load a model.
     """
 
@@ -434,6 +435,10 @@ class Decoder:
             max_prefill_tokens=max_prefill_tokens,
         )
         _check_draft_dtype(draft, draft_dtype)
+        if is_cuda(provider) and not allow_fallback:
+            # Refuse before any work: a model name would be pulled and converted (minutes, hundreds of MB) only for
+            # the session to raise this ProviderError. The check and its message are the late path's (Rust's).
+            ort_library = check_cuda(ort_library, device_id)
 
         self.max_batch = max_batch
         self.target_path = resolve_model(target, dtype, attention=attention)

@@ -42,10 +42,9 @@ def check_provider(provider: str) -> None:
         FileNotFoundError: no ONNX Runtime is installed (the message names both install lines).
     """
     if provider == "cuda":
-        from specrt import _specrt
-        from specrt._ort import find_ort_library
+        from specrt._ort import check_cuda
 
-        _specrt.OrtModel.check_cuda(find_ort_library("cuda"), 0)
+        check_cuda()
 
 
 def measure_verify_costs(
@@ -219,14 +218,11 @@ def _machine(provider: str = "cpu") -> dict[str, Any]:
                 break
     except OSError:
         pass
-    try:
-        import onnxruntime
-
-        ort_version = onnxruntime.__version__
-    except ImportError:  # pragma: no cover
-        ort_version = None
     import specrt
-    from specrt._ort import find_ort_library
+    from specrt._ort import find_ort_library, ort_version
+
+    # The version of the library specrt loads (its file name), never `import onnxruntime`: a second ONNX Runtime.
+    ort_library = find_ort_library()
 
     # git metadata only from a checkout (an installed specrt is no git tree): the version is recorded either way.
     root, commit = checkout_root(), None
@@ -239,8 +235,8 @@ def _machine(provider: str = "cpu") -> dict[str, Any]:
         "cpu": cpu,
         "n_cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "onnxruntime": ort_version,
-        "ort_library": find_ort_library(),
+        "onnxruntime": ort_version(ort_library),
+        "ort_library": ort_library,
         "provider": provider,
         "specrt_version": specrt.__version__,
         # The checkout specrt runs from (git_commit is its HEAD), or None: an installed specrt (git_commit None).

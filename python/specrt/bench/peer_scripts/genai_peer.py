@@ -232,6 +232,8 @@ def main(request_path: str, result_path: str) -> int:
 
 
 def _ort_version() -> str | None:
+    # This script runs in the genai venv, in a process of its own that never imports specrt: importing onnxruntime
+    # here is no second ONNX Runtime beside specrt's.
     try:
         import onnxruntime
 
