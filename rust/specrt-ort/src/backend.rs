@@ -134,9 +134,9 @@ fn register_cuda(
         .map_err(|e| {
             SpecError::Provider(format!(
                 "CUDA execution provider could not be registered (device {device_id}): {} (check the CUDA driver \
-                 with nvidia-smi, that cuDNN 9 and the CUDA runtime are installed, e.g. by pip install 'specrt[cuda]', \
-                 and that onnxruntime.preload_dlls() ran before the session was created; `specrt env` names what is \
-                 missing)",
+                 with nvidia-smi, that cuDNN 9 and the CUDA runtime are installed, e.g. by pip install 'specrt[cuda]': \
+                 specrt's Python package preloads them from site-packages/nvidia/*/lib before the session is made; \
+                 `specrt env` names what is missing)",
                 e.message()
             ))
         })

@@ -72,6 +72,11 @@ fn extract_tokens(tokens: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 ///         process where no other model runs on another thread meanwhile (ONNX Runtime fails that run).
 ///     device_argmax: whether :meth:`forward_argmax` reads a graph-form model's ``argmax`` output (``None``: on CUDA
 ///         only; on the CPU the logits are scanned, which keeps the NaN / inf check).
+///     cuda_graph: with ``provider="cuda"`` and a graph-form model (``specrt convert --attention gqa-graph``),
+///         replay each decode step shape (1 to 16 new tokens with their logits, and 2 tokens with the last row's)
+///         from a CUDA graph.
+///     cpu_graph_steps: with ``provider="cpu"`` and a graph-form model, run the decode steps through the CUDA-graph
+///         step bindings with the replay invariants checked (nothing captured; a test mode).
 ///
 /// Raises:
 ///     ModelFileNotFoundError: model file or ONNX Runtime library missing (a ``FileNotFoundError``).
@@ -89,7 +94,8 @@ impl PyOrtModel {
     #[new]
     #[pyo3(signature = (
         path, *, ort_library=None, provider="cpu", device_id=0, max_seq_len=None, intra_op_threads=None,
-        allow_fallback=false, layout=None, profile=None, device_argmax=None
+        allow_fallback=false, layout=None, profile=None, device_argmax=None, cuda_graph=false,
+        cpu_graph_steps=false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -104,6 +110,8 @@ impl PyOrtModel {
         layout: Option<&str>,
         profile: Option<PathBuf>,
         device_argmax: Option<bool>,
+        cuda_graph: bool,
+        cpu_graph_steps: bool,
     ) -> PyResult<Self> {
         let provider: Provider = provider.parse().map_err(spec_err)?;
         let ort_library = match ort_library {
@@ -135,6 +143,8 @@ impl PyOrtModel {
             .map_err(spec_err)?;
         options.profile = profile;
         options.device_argmax = device_argmax;
+        options.cuda_graph = cuda_graph;
+        options.cpu_graph_steps = cpu_graph_steps;
         let backend = run_kernel(py, || OrtBackend::new(&path, &options))?;
         Ok(PyOrtModel {
             inner: Mutex::new(backend),
@@ -271,6 +281,14 @@ impl PyOrtModel {
     /// Data addresses of the KV tensors (constant for ``"shared_buffer"``: allocated once). Diagnostics.
     fn kv_buffer_addresses(&self) -> Vec<usize> {
         self.lock().kv_buffer_addresses()
+    }
+
+    /// How the CUDA-graph steps copy their inputs and outputs: ``"cudaMemcpy"``, ``"onnxruntime"`` (ONNX Runtime's
+    /// copy, the fallback or ``SPECRT_GRAPH_COPIES=onnxruntime``), ``"host"`` (``cpu_graph_steps``), or ``None``
+    /// without graph steps.
+    #[getter]
+    fn graph_copies(&self) -> Option<&'static str> {
+        self.lock().graph_copies()
     }
 
     /// Data address of the last returned logits buffer inside the backend. Diagnostics.
