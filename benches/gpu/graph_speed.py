@@ -171,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         "target_bytes": _weight_bytes(models.target),
     }
     report["floor_ms"] = 1e3 * report["target_bytes"] / HBM_BYTES_PER_S
+
+    def save(r: dict[str, Any]) -> None:
+        # After every measurement: a process that dies (a segfault) leaves what it measured.
+        if a.json:
+            a.json.write_text(json.dumps(r, indent=1, default=str))
+
     modes = [("no-graph", False, None), ("graph", True, None), ("graph-ort-copies", True, "onnxruntime")]
     costs: dict[str, dict[str, Any]] = {}
     names = {"target": models.target}
@@ -183,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             key = f"{name}/{mode}"
             try:
                 costs[key] = step_costs(folder, lib, a.provider, graphs, copies, verify=name == "target", steps=a.steps)
+                save(report | {"costs": costs, "partial": True})
                 print(key, json.dumps(costs[key]), flush=True)
             except Exception as e:  # collected: the run goes on
                 costs[key] = {"error": f"{type(e).__name__}: {e}"}
@@ -226,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
                 key = f"{case}/{mode}/logprobs-{'on' if logprobs else 'off'}"
                 try:
                     runs[key] = e2e(models.target, draft, lib, a.provider, graphs, k, logprobs, a.new_tokens)
+                    save(
+                        report
+                        | {
+                            "runs": {k: {f: v for f, v in r.items() if f != "tokens"} for k, r in runs.items()},
+                            "partial": True,
+                        }
+                    )
                     print(
                         key,
                         f"{runs[key]['tok_s']:.1f} tok/s, {runs[key]['mean_tokens_per_round']:.2f} tokens/round",
