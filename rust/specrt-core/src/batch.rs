@@ -43,15 +43,14 @@ use crate::adaptive::{is_forced, AutoK, KController};
 use crate::backend::{BatchBackend, BatchRow};
 use crate::constrained::{ConstrainedProposal, ConstrainedScratch, Proposer};
 use crate::constraint::{mask_words, Constraint};
-use crate::engine::{
-    check_draft_vocab, ms_since, GenerationConfig, GenerationOutput, Request, StepOutput,
-};
+use crate::engine::{ms_since, GenerationConfig, GenerationOutput, Request, StepOutput};
 use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
 use crate::prefix::{PrefixPool, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING};
 use crate::sampling::Sampler;
 use crate::stats::Stats;
 use crate::verify::{Verification, VerifyMode};
+use crate::vocab::FittedBatchDraft;
 
 /// A draft with at most this many committed tokens to read catches up inside its first drafting pass (right-padded
 /// with the other rows); further behind, it catches up in a separate pass first ([`BatchEngine::step`]).
@@ -216,8 +215,25 @@ impl BatchEngine {
         draft: Option<Box<dyn BatchBackend>>,
         opts: BatchOptions,
     ) -> Result<Self> {
+        Self::with_tokenizer_vocab(target, draft, opts, None)
+    }
+
+    /// [`BatchEngine::new`] for a target and draft of one tokenizer whose size (largest id + 1) is
+    /// `tokenizer_vocab`: their logits widths may differ in padding rows beyond it, as in
+    /// [`crate::Engine::with_tokenizer_vocab`] (the draft fitted to the target's width,
+    /// [`crate::vocab::FittedBatchDraft`]).
+    ///
+    /// Errors: as [`BatchEngine::new`] ([`crate::vocab::check_draft_width`]'s message for the widths).
+    pub fn with_tokenizer_vocab(
+        target: Box<dyn BatchBackend>,
+        draft: Option<Box<dyn BatchBackend>>,
+        opts: BatchOptions,
+        tokenizer_vocab: Option<usize>,
+    ) -> Result<Self> {
         let vocab = target.vocab_size();
-        check_draft_vocab(vocab, draft.as_ref().map(|d| d.vocab_size()))?;
+        let draft = draft
+            .map(|d| FittedBatchDraft::fit(d, vocab, tokenizer_vocab))
+            .transpose()?;
         opts.validate()?;
         let max_batch = draft.as_ref().map_or(target.max_batch(), |d| {
             d.max_batch().min(target.max_batch())
@@ -241,7 +257,8 @@ impl BatchEngine {
         })
     }
 
-    /// Vocabulary size shared by target and draft.
+    /// The target's logits width: the vocabulary of prompts and outputs (a draft of another width is fitted to
+    /// it, [`BatchEngine::with_tokenizer_vocab`]).
     #[must_use]
     pub fn vocab_size(&self) -> usize {
         self.vocab

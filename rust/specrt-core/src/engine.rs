@@ -27,6 +27,7 @@ use crate::verify::{
     verify_coupled_into, verify_greedy_ids_into, verify_into, LastToken, Verification, VerifyMode,
     MAX_DRAFT_TOKENS,
 };
+use crate::vocab::FittedDraft;
 
 /// Settings of one generation request.
 #[derive(Clone, Debug, PartialEq)]
@@ -842,12 +843,28 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// An engine over a target and an optional draft model.
+    /// An engine over a target and an optional draft model of the same logits width.
     ///
     /// Errors: [`SpecError::Vocab`] if the draft's vocabulary size differs from the target's (both named).
     pub fn new(target: Box<dyn Backend>, draft: Option<Box<dyn Backend>>) -> Result<Self> {
+        Self::with_tokenizer_vocab(target, draft, None)
+    }
+
+    /// An engine over a target and an optional draft model of one tokenizer whose size (largest id + 1) is
+    /// `tokenizer_vocab` (`None`: unknown): their logits widths may then differ in padding rows beyond it
+    /// ([`crate::vocab::check_draft_width`]), and the draft is fitted to the target's width
+    /// ([`crate::vocab::FittedDraft`]: q = 0 on the rows it lacks; the output keeps the target's distribution).
+    ///
+    /// Errors: [`SpecError::Vocab`] if the widths differ otherwise (both named, and the tokenizer's size).
+    pub fn with_tokenizer_vocab(
+        target: Box<dyn Backend>,
+        draft: Option<Box<dyn Backend>>,
+        tokenizer_vocab: Option<usize>,
+    ) -> Result<Self> {
         let vocab = target.vocab_size();
-        check_draft_vocab(vocab, draft.as_ref().map(|d| d.vocab_size()))?;
+        let draft = draft
+            .map(|d| FittedDraft::fit(d, vocab, tokenizer_vocab))
+            .transpose()?;
         Ok(Self {
             target,
             draft,
@@ -903,7 +920,8 @@ impl Engine {
         }
     }
 
-    /// Vocabulary size shared by target and draft.
+    /// The target's logits width: the vocabulary of prompts and outputs (a draft of another width is fitted to
+    /// it, [`Engine::with_tokenizer_vocab`]).
     #[must_use]
     pub fn vocab_size(&self) -> usize {
         self.vocab
@@ -1408,18 +1426,6 @@ pub const MAX_FORCED_PER_ROUND: usize = 16;
 fn forced_before(bits: u64, n: u64) -> u32 {
     let m = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
     (bits & m).count_ones()
-}
-
-/// The draft's vocabulary must be the target's.
-///
-/// Errors: [`SpecError::Vocab`] naming both sizes.
-pub(crate) fn check_draft_vocab(target: usize, draft: Option<usize>) -> Result<()> {
-    match draft {
-        Some(d) if d != target => Err(SpecError::Vocab(format!(
-            "draft vocab size {d} != target vocab size {target}"
-        ))),
-        _ => Ok(()),
-    }
 }
 
 pub(crate) fn ms_since(t: Instant) -> f64 {

@@ -22,6 +22,7 @@ pub mod stats;
 pub mod subset;
 pub mod testing;
 pub mod verify;
+pub mod vocab;
 
 pub use adaptive::{AutoK, KController, PinnedCosts, RoundKind};
 pub use backend::{Backend, BatchBackend, BatchRow};
@@ -45,3 +46,4 @@ pub use verify::{
     verify, verify_coupled_into, verify_greedy_ids_into, LastToken, Verification, VerifyMode,
     MAX_DRAFT_TOKENS,
 };
+pub use vocab::{check_draft_width, FittedBatchDraft, FittedDraft};

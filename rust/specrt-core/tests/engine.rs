@@ -303,9 +303,9 @@ fn bad_requests_are_clear_errors() {
     let err = Engine::new(Box::new(target(0)), Some(Box::new(small)))
         .err()
         .unwrap();
-    assert_eq!(
-        err,
-        SpecError::Vocab("draft vocab size 32 != target vocab size 64".into())
+    assert!(
+        matches!(&err, SpecError::Vocab(m) if m.starts_with("draft vocab size 32 != target vocab size 64")),
+        "{err:?}"
     );
 
     let mut e = Engine::new(Box::new(target(0)), None).unwrap();
