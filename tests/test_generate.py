@@ -217,8 +217,7 @@ def test_draft_dtype_that_cannot_apply_is_an_error_not_ignored(tiny) -> None:
 
 def test_vocab_mismatch_names_both_sizes(tiny, tmp_path) -> None:
     small = _convert_tiny(tmp_path, "small", arch="qwen2", seed=2, n_layers=1, with_tokenizer=True)
-    # Same tokenizer but a different logits width is caught by the engine; build one by editing nothing is not
-    # possible with the tiny writer, so compare two real widths: the tiny vocab (265) against itself passes...
+    # The same tokenizer and logits width (265) passes (widths differing in padding rows: the test below)...
     specrt.Decoder(tiny["target"], small)
     # ...and a draft whose tokenizer differs is refused with both sizes named.
     import json
@@ -238,6 +237,60 @@ def test_vocab_mismatch_names_both_sizes(tiny, tmp_path) -> None:
     (small / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(VocabError, match=r"266 tokens.*265 tokens"):
         specrt.Decoder(tiny["target"], small)
+
+
+PAD_ROWS = 64  # the tiny tokenizer has 265 ids; a padded model's logits are 329 wide
+
+
+@pytest.fixture(scope="module")
+def padded_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Models of one tokenizer (265 ids) with logits 265 or 265 + PAD_ROWS wide (the extra rows random: a target
+    puts real mass on them), as Qwen2.5 7B (152064 rows) and 0.5B (151936 rows) over one 151665-id tokenizer; in the
+    default and the batched layout."""
+    root = tmp_path_factory.mktemp("padded")
+    out = {}
+    for attention in ("gqa", "batched"):
+        for name, layers, pad in (
+            ("target", 2, 0),
+            ("draft", 1, 0),
+            ("wide_target", 2, PAD_ROWS),
+            ("wide_draft", 1, PAD_ROWS),
+        ):
+            out[f"{name}_{attention}"] = _convert_tiny(
+                root, f"{name}_{attention}", attention, arch="qwen2", seed=1, n_layers=layers, pad_rows=pad
+            )
+    return out
+
+
+@pytest.mark.parametrize("attention", ["gqa", "batched"])
+@pytest.mark.parametrize("wide", ["target", "draft"])
+def test_logits_widths_that_differ_in_padding_rows_decode_as_the_target_alone(
+    padded_pairs: dict[str, Path], wide: str, attention: str
+) -> None:
+    target = padded_pairs[f"{'wide_' if wide == 'target' else ''}target_{attention}"]
+    draft = padded_pairs[f"{'wide_' if wide == 'draft' else ''}draft_{attention}"]
+    kw = {"max_batch": 2} if attention == "batched" else {}
+    plain = specrt.Decoder(target, max_seq_len=128, **kw)
+    spec = specrt.Decoder(target, draft, max_seq_len=128, **kw)
+    width = 265 + (PAD_ROWS if wide == "target" else 0)
+    assert plain.vocab_size == spec.vocab_size == width
+    emitted_padding = accepted = 0
+    for prompt in PROMPTS:
+        ref = plain.generate(prompt, max_new_tokens=30, temperature=0, ignore_eos=True)
+        emitted_padding += sum(t >= 265 for t in ref.token_ids)
+        for k in (1, 4):
+            out = spec.generate(prompt, max_new_tokens=30, temperature=0, num_speculative_tokens=k, ignore_eos=True)
+            assert out.token_ids == ref.token_ids, (prompt, k)
+            np.testing.assert_allclose(out.logprobs, ref.logprobs, rtol=0, atol=1e-4)
+            accepted += out.stats.n_accepted
+        # Sampled: a wide target emits its padding ids, which the narrow draft is then fed (as its last row).
+        for seed in range(3):
+            out = spec.generate(prompt, max_new_tokens=30, temperature=1.0, seed=seed, num_speculative_tokens=3)
+            assert all(0 <= t < width for t in out.token_ids)
+            emitted_padding += sum(t >= 265 for t in out.token_ids)
+    assert accepted > 0
+    if wide == "target":
+        assert emitted_padding > 0, "the test would not feed the narrow draft a padding id"
 
 
 def test_an_unknown_argument_is_a_type_error_naming_the_called_function(target_only: specrt.Decoder) -> None:

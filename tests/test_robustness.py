@@ -78,7 +78,8 @@ def _poison_rows(model: Path, tensor: str, rows: list[int], value: float) -> Non
 
 
 def _widen_vocab(src: Path, dst: Path, vocab: int) -> Path:
-    """A copy of a tied tiny model whose embedding / logits have ``vocab`` columns (same tokenizer)."""
+    """A copy of a tied tiny model whose embedding / logits have ``vocab`` columns (same tokenizer): zero rows
+    appended, or the last rows cut."""
     import onnx
     from onnx import numpy_helper
 
@@ -90,7 +91,7 @@ def _widen_vocab(src: Path, dst: Path, vocab: int) -> Path:
     for i, init in enumerate(m.graph.initializer):
         if init.name == "token_embd.weight":
             w = numpy_helper.to_array(init)
-            wide = np.concatenate([w, np.zeros((vocab - w.shape[0], w.shape[1]), np.float32)])
+            wide = np.concatenate([w, np.zeros((max(0, vocab - w.shape[0]), w.shape[1]), np.float32)])[:vocab]
             m.graph.initializer[i].CopyFrom(numpy_helper.from_array(wide, init.name))
         elif init.name == "const_shape_logits":
             m.graph.initializer[i].CopyFrom(numpy_helper.from_array(np.array([1, -1, vocab], np.int64), init.name))
@@ -123,6 +124,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     models["nan_input"] = _copy_model(models["untied"], root / "nan_input")
     _poison_rows(models["nan_input"], "token_embd.weight", [50], np.nan)
     models["wide"] = _widen_vocab(models["draft"], root / "wide", VOCAB + 35)
+    models["narrow"] = _widen_vocab(models["draft"], root / "narrow", VOCAB - 5)
     return models
 
 
@@ -440,9 +442,27 @@ def test_a_generation_that_hit_nan_leaves_the_decoder_usable(tiny) -> None:
 
 
 def test_draft_and_target_vocabularies_that_differ_are_a_vocab_error(tiny, tmp_path) -> None:
-    # Same tokenizer, ONNX logits 300 wide: caught by the engine.
-    with pytest.raises(VocabError, match=f"draft vocab size {VOCAB + 35} != target vocab size {VOCAB}"):
-        specrt.Decoder(tiny["target"], tiny["wide"])
+    # Same tokenizer, ONNX logits 300 wide: padding rows beyond the tokenizer's 265 ids, accepted (Qwen2.5 7B with a
+    # 0.5B draft), the draft fitted to the target's width, the output the target's alone.
+    ref = specrt.Decoder(tiny["target"]).generate("abc", max_new_tokens=12, temperature=0, ignore_eos=True)
+    for target, draft in ((tiny["target"], tiny["wide"]), (tiny["wide"], tiny["target"])):
+        dec = specrt.Decoder(target, draft)
+        assert dec.vocab_size == specrt.Decoder(target).vocab_size
+    out = specrt.Decoder(tiny["target"], tiny["wide"]).generate(
+        "abc", max_new_tokens=12, temperature=0, ignore_eos=True, num_speculative_tokens=3
+    )
+    assert out.token_ids == ref.token_ids
+    # Logits narrower than the tokenizer (ids without a row): caught by the engine, both widths and the tokenizer's
+    # size named, whichever model it is.
+    for target, draft in ((tiny["target"], tiny["narrow"]), (tiny["narrow"], tiny["target"])):
+        with pytest.raises(
+            VocabError,
+            match=r"vocab size \d+ != target vocab size \d+, and the (draft|target)'s is below the tokenizer's "
+            r"vocabulary size 265",
+        ):
+            specrt.Decoder(target, draft)
+    with pytest.raises(VocabError, match=f"draft vocab size {VOCAB - 5} != target vocab size {VOCAB}"):
+        specrt.Decoder(tiny["target"], tiny["narrow"])
     # A different tokenizer: caught before the models load.
     other = _copy_model(tiny["draft"], tmp_path / "other_tok")
     tok = json.loads((other / "tokenizer.json").read_text())

@@ -24,7 +24,7 @@ from typing import Any
 
 from specrt import _specrt
 from specrt._ort import check_cuda, find_ort_library, is_cuda
-from specrt.errors import ConfigError, ModelFileError, SpecrtError, VocabError
+from specrt.errors import ConfigError, ModelFileError, SpecrtError
 
 __all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk", "check_request"]
 
@@ -394,7 +394,8 @@ class Decoder:
 
     Raises:
         UnknownModelError, ModelFileError, FileNotFoundError: a model cannot be found or read.
-        VocabError: draft and target vocabularies differ (both sizes named).
+        VocabError: draft and target tokenizers differ, or their logits widths differ other than in padding rows
+            beyond the tokenizer's ids (both widths and the tokenizer's size named).
         ProviderError: CUDA requested and unavailable (without ``allow_fallback``); raised before a model name is
             pulled or converted.
         BackendError: ONNX Runtime failed to load a model.
@@ -457,13 +458,11 @@ class Decoder:
         # A batched-layout folder runs batched rounds even at max_batch 1 (its own engine).
         batched = self._target.batched
         if self.draft_path is not None:
-            d = _ModelFolder(self.draft_path, batched=batched)
-            vt, vd = self._target.tokenizer.get_vocab_size(), d.tokenizer.get_vocab_size()
-            if vt != vd or self._target.tokenizer.get_vocab() != d.tokenizer.get_vocab():
-                raise VocabError(
-                    f"draft tokenizer ({self.draft_path / 'tokenizer.json'}, {vd} tokens) differs from target "
-                    f"tokenizer ({self.target_path / 'tokenizer.json'}, {vt} tokens)"
-                )
+            _ModelFolder(self.draft_path, batched=batched)
+            # The draft/target vocabulary rule (same tokenizer; logits widths equal or differing only in padding rows
+            # beyond the tokenizer's ids, as Qwen2.5 7B's 152064 against 0.5B's 151936) is Rust's, applied when the
+            # engine below is built (``specrt_ort::check_draft_folder``, ``specrt_core::check_draft_width``): a
+            # VocabError before any session loads.
         self.tokenizer = self._target.tokenizer
         models = (str(self.target_path), str(self.draft_path) if self.draft_path is not None else None)
         common = {

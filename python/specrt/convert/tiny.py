@@ -84,6 +84,7 @@ def write_tiny_gguf(
     with_tokenizer: bool = True,
     rope_scaling: str | None = None,
     seed: int = 0,
+    pad_rows: int = 0,
 ) -> Path:
     """Write a random-weight decoder GGUF.
 
@@ -101,6 +102,9 @@ def write_tiny_gguf(
         with_tokenizer: write the tokenizer metadata and chat template.
         rope_scaling: value of ``{arch}.rope.scaling.type`` (e.g. ``"yarn"``), or None for no key.
         seed: RNG seed.
+        pad_rows: extra rows of the token embedding and output head beyond the tokenizer's ids (padding no token maps
+            to, as Qwen2.5 7B's 152064 rows over a 151665-id tokenizer). Random, from a generator of their own, so
+            every other weight is that of ``pad_rows=0`` with the same seed.
 
     Returns:
         ``Path(path)``.
@@ -126,7 +130,7 @@ def write_tiny_gguf(
     w.add_head_count_kv(n_kv_heads)
     w.add_rope_freq_base(rope_theta)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(vocab)
+    w.add_vocab_size(vocab + pad_rows)
     if rope_scaling is not None:
         w.add_string(f"{arch}.rope.scaling.type", rope_scaling)
         w.add_float32(f"{arch}.rope.scaling.factor", 4.0)
@@ -142,11 +146,17 @@ def write_tiny_gguf(
         w.add_add_bos_token(False)
         w.add_chat_template(CHATML_TEMPLATE)
 
-    def mat(name: str, rows: int, cols: int, qtype: str, scale: float) -> None:
+    pad_rng = np.random.default_rng([seed, pad_rows])
+
+    def mat(name: str, rows: int, cols: int, qtype: str, scale: float, pad: bool = False) -> None:
         if qtype in ("Q4_K", "Q6_K"):
+            if pad and pad_rows:
+                raise ValueError(f"pad_rows needs an embed_type other than {qtype}")
             w.add_tensor(name, _random_kquant(rng, rows, cols, qtype), raw_dtype=gguf.GGMLQuantizationType[qtype])
             return
         x = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        if pad and pad_rows:
+            x = np.concatenate([x, pad_rng.standard_normal((pad_rows, cols)) * scale]).astype(np.float32)
         if qtype == "F32":
             w.add_tensor(name, x)
         elif qtype == "F16":
@@ -158,7 +168,7 @@ def write_tiny_gguf(
     def vec(name: str, n: int, mean: float, scale: float) -> None:
         w.add_tensor(name, (mean + rng.standard_normal(n) * scale).astype(np.float32))
 
-    mat("token_embd.weight", vocab, hidden, embed_type, 1.0)
+    mat("token_embd.weight", vocab, hidden, embed_type, 1.0, pad=True)
     for i in range(n_layers):
         p = f"blk.{i}"
         vec(f"{p}.attn_norm.weight", hidden, 1.0, 0.1)
@@ -176,7 +186,7 @@ def write_tiny_gguf(
         mat(f"{p}.ffn_down.weight", hidden, ffn, matrix_type, 0.2)
     vec("output_norm.weight", hidden, 1.0, 0.1)
     if not tied:
-        mat("output.weight", vocab, hidden, embed_type, 0.5)
+        mat("output.weight", vocab, hidden, embed_type, 0.5, pad=True)
     try:  # write_header_to_file opens the file: close it on every path
         w.write_header_to_file()
         w.write_kv_data_to_file()

@@ -42,7 +42,7 @@ use crate::batched::BatchedOrtBackend;
 use crate::constraints::ConstraintCompiler;
 use crate::model::resolve_model_file;
 use crate::options::OrtOptions;
-use crate::pipeline::{check_same_folders, resolve_request, FolderDefaults, GenerationRequest};
+use crate::pipeline::{check_draft_folder, resolve_request, FolderDefaults, GenerationRequest};
 
 /// What one round brought one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,9 +103,10 @@ impl BatchPipeline {
     ) -> Result<Self> {
         let target_file = resolve_model_file(target)?;
         let defaults = FolderDefaults::read(&target_file)?;
-        if let Some(d) = draft {
-            check_same_folders(&target_file, &resolve_model_file(d)?)?;
-        }
+        let tokenizer_vocab = match draft {
+            Some(d) => check_draft_folder(&target_file, d)?,
+            None => None,
+        };
         let t = BatchedOrtBackend::new(&target_file, options, max_batch)?;
         let d = match draft {
             Some(p) => Some(
@@ -114,7 +115,8 @@ impl BatchPipeline {
             ),
             None => None,
         };
-        let engine = BatchEngine::new(Box::new(t), d, batch_options)?;
+        let engine =
+            BatchEngine::with_tokenizer_vocab(Box::new(t), d, batch_options, tokenizer_vocab)?;
         let tokenizer = crate::pipeline::folder_tokenizer(&target_file)?;
         let mut pipeline = Self::from_engine(engine, defaults, tokenizer);
         pipeline.chat_template = crate::pipeline::folder_chat_template(&target_file)?;
@@ -306,7 +308,8 @@ impl BatchPipeline {
         Ok(events)
     }
 
-    /// Vocabulary size shared by target and draft.
+    /// The target's logits width: the vocabulary of prompts and outputs (a draft of another width is fitted to
+    /// it).
     #[must_use]
     pub fn vocab_size(&self) -> usize {
         self.engine.vocab_size()

@@ -81,8 +81,8 @@ pub use options::{
     DEFAULT_MAX_SEQ_LEN,
 };
 pub use pipeline::{
-    check_ids, resolve_request, FolderDefaults, GenerationRequest, Pipeline, Proposer,
-    SpeculativeTokens, TextOutput, TextStep, AUTO_K_MAX,
+    check_draft_folder, check_ids, resolve_request, FolderDefaults, GenerationRequest, Pipeline,
+    Proposer, SpeculativeTokens, TextOutput, TextStep, AUTO_K_MAX,
 };
 pub use runtime::{
     init_runtime, init_runtime_with_threads, loaded_library, runtime_info, RuntimeInfo,

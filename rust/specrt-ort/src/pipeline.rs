@@ -475,9 +475,10 @@ impl Pipeline {
     /// Load a target model folder (or `.onnx` file) and an optional draft, with the same options for both.
     ///
     /// Loads the ONNX Runtime library named by `options.ort_library` on first use (see
-    /// [`crate::find_ort_library`]), reads the target's [`FolderDefaults`], and checks that both folders'
-    /// `tokenizer.json` describe the same vocabulary (skipped when either has none; the models' logits widths are
-    /// compared in any case).
+    /// [`crate::find_ort_library`]), reads the target's [`FolderDefaults`], and checks the draft against the
+    /// target ([`check_draft_folder`]: the same `tokenizer.json` vocabulary; logits widths equal or differing only
+    /// in padding rows beyond the tokenizer's ids, as Qwen2.5 7B's 152064 against 0.5B's 151936, the draft then
+    /// fitted to the target's width: [`specrt_core::vocab`]).
     ///
     /// Errors: [`SpecError::Io`] (a missing model or library, an unreadable or malformed JSON file),
     /// [`SpecError::Vocab`] (draft and target vocabularies differ, both named), [`SpecError::Provider`] (CUDA
@@ -486,9 +487,10 @@ impl Pipeline {
     pub fn load(target: &Path, draft: Option<&Path>, options: &OrtOptions) -> Result<Self> {
         let target_file = resolve_model_file(target)?;
         let defaults = FolderDefaults::read(&target_file)?;
-        if let Some(draft) = draft {
-            check_same_folders(&target_file, &resolve_model_file(draft)?)?;
-        }
+        let tokenizer_vocab = match draft {
+            Some(draft) => check_draft_folder(&target_file, draft)?,
+            None => None,
+        };
         let target_backend = OrtBackend::new(&target_file, options)?;
         let providers = target_backend.providers();
         let fallback_reason = target_backend.fallback_reason().map(str::to_owned);
@@ -501,7 +503,7 @@ impl Pipeline {
         let tokenizer = folder_tokenizer(&target_file)?;
         let chat_template = folder_chat_template(&target_file)?;
         let mut pipeline = Self::from_engine(
-            Engine::new(Box::new(target_backend), draft_backend)?,
+            Engine::with_tokenizer_vocab(Box::new(target_backend), draft_backend, tokenizer_vocab)?,
             defaults,
         );
         if let Some(t) = &tokenizer {
@@ -542,7 +544,8 @@ impl Pipeline {
         &self.defaults.eos_token_ids
     }
 
-    /// Vocabulary size (logits width) shared by target and draft.
+    /// The target's logits width: the vocabulary of prompts and outputs (a draft of another width is fitted to
+    /// it).
     #[must_use]
     pub fn vocab_size(&self) -> usize {
         self.engine.vocab_size()
@@ -769,15 +772,47 @@ impl Pipeline {
     }
 }
 
-/// The checks a draft folder gets against its target (files of the models, not the sessions): the same
-/// `tokenizer.json` vocabulary, and its own `generation_config.json` well formed (not used: the target's defaults
-/// apply; a malformed file is an error, as in Python).
+/// The checks a draft folder (or `.onnx` file) gets against its target's before any session loads (files of the
+/// models): the same `tokenizer.json` vocabulary, and its own `generation_config.json` well formed (not used: the
+/// target's defaults apply; a malformed file is an error, as in Python). Every engine that loads a draft from a
+/// folder calls it ([`Pipeline::load`], [`crate::BatchPipeline::load`], the Python binding's `Engine`).
 ///
-/// Errors: [`SpecError::Vocab`] (vocabularies differ), [`SpecError::Io`] (a malformed file).
-pub(crate) fn check_same_folders(target_file: &Path, draft_file: &Path) -> Result<()> {
-    check_same_vocabulary(target_file, draft_file)?;
-    FolderDefaults::read(draft_file)?;
-    Ok(())
+/// Returns the tokenizer's size (largest id + 1 of the target's `tokenizer.json`; `None` without one): what the
+/// engines' width rule ([`specrt_core::check_draft_width`], through [`Engine::with_tokenizer_vocab`] and
+/// [`specrt_core::BatchEngine::with_tokenizer_vocab`]) compares logits widths that differ with.
+///
+/// Errors: [`SpecError::Vocab`] (vocabularies differ), [`SpecError::Io`] (a missing model file, a malformed file).
+pub fn check_draft_folder(target: &Path, draft: &Path) -> Result<Option<usize>> {
+    let target_file = resolve_model_file(target)?;
+    let draft_file = resolve_model_file(draft)?;
+    check_same_vocabulary(&target_file, &draft_file)?;
+    FolderDefaults::read(&draft_file)?;
+    tokenizer_size(&target_file.with_file_name(TOKENIZER_FILE))
+}
+
+/// The size of a `tokenizer.json`'s vocabulary: its largest id + 1 over `model.vocab` (a token -> id map, or a
+/// list whose index is the id, as Unigram's) and `added_tokens`; `None` without the file or any id.
+///
+/// Errors: [`SpecError::Io`] for an unreadable or malformed file.
+fn tokenizer_size(path: &Path) -> Result<Option<usize>> {
+    let Some(text) = read_optional(path)? else {
+        return Ok(None);
+    };
+    let root = json_object(Some(&text), path)?;
+    let mut bound: Option<u64> = None;
+    let mut see = |id: u64| bound = Some(bound.map_or(id, |b| b.max(id)));
+    match root.get("model").and_then(|m| m.get("vocab")) {
+        Some(Value::Object(map)) => map.values().filter_map(Value::as_u64).for_each(&mut see),
+        Some(Value::Array(list)) if !list.is_empty() => see(list.len() as u64 - 1),
+        _ => {}
+    }
+    if let Some(Value::Array(added)) = root.get("added_tokens") {
+        added
+            .iter()
+            .filter_map(|e| e.get("id").and_then(Value::as_u64))
+            .for_each(&mut see);
+    }
+    Ok(bound.and_then(|b| usize::try_from(b).ok()).map(|b| b + 1))
 }
 
 /// The `tokenizer.json` beside a model file, if there is one.
@@ -1351,5 +1386,33 @@ mod tests {
             "{err}"
         );
         check_same_vocabulary(&t, &tmp.path().join("none/model.onnx")).unwrap();
+    }
+
+    #[test]
+    fn the_tokenizer_size_is_its_largest_id_plus_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let size = |json: &str| {
+            let path = tmp.path().join(TOKENIZER_FILE);
+            std::fs::write(&path, json).unwrap();
+            tokenizer_size(&path).unwrap()
+        };
+        let added = r#""added_tokens": [{"id": 7, "content": "<e>"}]"#;
+        assert_eq!(
+            size(&format!(
+                r#"{{"model": {{"vocab": {{"a": 0, "b": 3}}}}, {added}}}"#
+            )),
+            Some(8)
+        );
+        assert_eq!(
+            size(r#"{"model": {"vocab": {"a": 0, "b": 9}}, "added_tokens": []}"#),
+            Some(10)
+        );
+        // Unigram: a list of [piece, score], the index is the id.
+        assert_eq!(
+            size(r#"{"model": {"vocab": [["a", 0.0], ["b", -1.0]]}}"#),
+            Some(2)
+        );
+        assert_eq!(size(r#"{"model": {}}"#), None);
+        assert_eq!(tokenizer_size(&tmp.path().join("none.json")).unwrap(), None);
     }
 }

@@ -202,7 +202,8 @@ impl PyBatchPipeline {
         run_kernel(py, || Ok(lock(&self.inner).n_waiting()))
     }
 
-    /// Vocabulary size shared by target and draft.
+    /// The target's logits width: the vocabulary of prompts and outputs (a draft of another width is fitted to
+    /// it).
     #[getter]
     fn vocab_size(&self) -> usize {
         self.vocab_size

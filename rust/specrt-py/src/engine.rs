@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use specrt_core::{Backend, Engine, Stats, StepOutput, DEFAULT_PREFIX_CACHING};
-use specrt_ort::{ConstraintCompiler, OrtBackend, Provider};
+use specrt_ort::{check_draft_folder, ConstraintCompiler, OrtBackend, Provider};
 
 use crate::args::{ort_options, prompt_ids};
 use crate::errors::{run_kernel, to_pyerr};
@@ -37,7 +37,10 @@ use crate::request::RequestConfig;
 ///         process where no other model runs on another thread meanwhile (ONNX Runtime fails that run).
 ///
 /// Raises:
-///     FileNotFoundError: a model or the library is missing. VocabError: draft and target vocab sizes differ.
+///     FileNotFoundError: a model or the library is missing. VocabError: the draft's ``tokenizer.json``
+///         vocabulary differs from the target's, or the logits widths differ other than in padding rows beyond the
+///         tokenizer's ids (both widths and the tokenizer's size named; a draft of another width is otherwise
+///         fitted to the target's: ``specrt_core::vocab``).
 ///     ProviderError: CUDA requested and unavailable. BackendError: ONNX Runtime failed (e.g. a corrupt model).
 #[pyclass(module = "specrt._specrt", name = "Engine")]
 pub struct PyEngine {
@@ -152,6 +155,12 @@ impl PyEngine {
         options.profile = profile;
         let target_path = target.clone();
         let (engine, providers) = run_kernel(py, move || {
+            // The draft's tokenizer against the target's, before any session loads; the widths' rule is the
+            // engine's (the same check as the Rust Pipeline's).
+            let tokenizer_vocab = match &draft {
+                Some(p) => check_draft_folder(&target, p)?,
+                None => None,
+            };
             let t = OrtBackend::new(&target, &options)?;
             let providers = t.providers();
             let mut draft_options = options.for_draft();
@@ -160,7 +169,7 @@ impl PyEngine {
                 Some(p) => Some(Box::new(OrtBackend::new(p, &draft_options)?) as Box<dyn Backend>),
                 None => None,
             };
-            let mut engine = Engine::new(Box::new(t), d)?;
+            let mut engine = Engine::with_tokenizer_vocab(Box::new(t), d, tokenizer_vocab)?;
             engine.set_prefix_caching(prefix_caching.unwrap_or(DEFAULT_PREFIX_CACHING));
             Ok((engine, providers))
         })?;
@@ -250,7 +259,8 @@ impl PyEngine {
         stats.map(|s| stats_dict(py, &s)).transpose()
     }
 
-    /// Vocabulary size shared by target and draft.
+    /// The target's logits width: the vocabulary of prompts and outputs (a draft of another width is fitted to
+    /// it).
     #[getter]
     fn vocab_size(&self) -> usize {
         self.vocab_size
