@@ -14,6 +14,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import specrt.bench.random_models as rm
@@ -139,6 +140,50 @@ def test_random_shapes_are_the_qwen2_5_coder_config_values() -> None:
     assert (pair.target, pair.draft, pair.truncated_layers) == ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", 4)
 
 
+def test_the_7b_shape_is_the_qwen2_5_coder_7b_config_and_pairs_with_both_small_drafts() -> None:
+    # Qwen/Qwen2.5-Coder-7B-Instruct's config.json: its own lm_head, 152064 logits (the small models' 151936, one
+    # tokenizer).
+    assert rm.hf_config(rm.SHAPES["qwen2.5-coder-7b"]) == {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "use_sliding_window": False,
+        "torch_dtype": "float16",
+    }
+    # The model card's 7.61B (6.53B non-embedding).
+    assert rm.n_parameters(rm.SHAPES["qwen2.5-coder-7b"]) == 7_615_616_512
+    shapes = rm.tensor_shapes(rm.SHAPES["qwen2.5-coder-7b"])
+    assert shapes["lm_head.weight"] == shapes["model.embed_tokens.weight"] == (152064, 3584)
+    assert shapes["model.layers.0.self_attn.k_proj.weight"] == (512, 3584)  # 4 kv heads x head_dim 128
+    for name, draft in (("qwen2.5-coder-7b", "qwen2.5-coder-0.5b"), ("qwen2.5-coder-7b-1.5b", "qwen2.5-coder-1.5b")):
+        pair = rm.SHAPE_PAIRS[name]
+        assert (pair.target, pair.draft, pair.truncated_layers) == ("qwen2.5-coder-7b", draft, 2)
+        assert rm.SHAPES[pair.draft].vocab_size == 151936
+
+
+def test_tiled_weights_have_the_std_no_repeated_rows_and_a_disk_bound_writer() -> None:
+    shapes = {"a": (1000, 96), "b": (7, 5)}
+    n = rm.block_values(shapes)
+    assert n == 96001  # the smallest prime >= 96000
+    assert rm.block_values({"x": (1 << 13, 1 << 12)}) == rm.BLOCK_VALUES
+    tiles = rm._TiledValues(np.random.default_rng(0), n, 1 << 14)
+    a = np.concatenate(list(tiles.chunks(1000 * 96, 0.02))).reshape(1000, 96)
+    assert a.dtype == np.float16 and float(a.astype(np.float32).std()) == pytest.approx(0.02, rel=0.02)
+    assert len({r.tobytes() for r in a}) == 1000  # no row repeats
+    # Chunks are views of the extended block: nothing computed per chunk.
+    assert all(c.base is not None for c in tiles.chunks(40_000, 0.02))
+
+
 @pytest.mark.parametrize(("shape", "registry"), [("1.5b", "1.5b-instruct"), ("0.5b", "0.5b-instruct")])
 def test_random_shapes_match_the_converted_real_models_when_cached(shape: str, registry: str) -> None:
     folders = sorted((USER_CACHE / "models" / f"qwen2.5-coder-{registry}").glob("*/specrt_config.json"))
@@ -200,7 +245,11 @@ def test_random_models_are_cached_and_rebuilt_when_the_recipe_changes(cache, tmp
     trunc = json.loads((rebuilt.truncated_draft / "specrt_config.json").read_text())
     assert trunc["num_layers"] == 1 and trunc["truncated_from"] == 2
     assert rm.random_dir() == cache / "random"
-    with pytest.raises(ValueError, match=r"random shapes 'huge' are unknown \(expected one of: qwen2.5-coder, tiny\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"random shapes 'huge' are unknown \(expected one of: qwen2.5-coder, qwen2.5-coder-7b, "
+        r"qwen2.5-coder-7b-1.5b, tiny\)",
+    ):
         rm.ensure_random_models("huge", "fp32")
     with pytest.raises(FileNotFoundError, match=r"has no tokenizer\.json"):
         rm.ensure_random_models("tiny", "fp32", tokenizer=tmp_path)

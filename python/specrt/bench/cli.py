@@ -105,7 +105,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=list(SHAPE_PAIRS),
         default=None,
         help="bench random-weight models in these shapes instead of --target/--draft (qwen2.5-coder: the "
-        "Qwen2.5-Coder 1.5B target and 0.5B draft, vocab 151936; tiny: for tests), written and converted once "
+        "Qwen2.5-Coder 1.5B target and 0.5B draft, vocab 151936; qwen2.5-coder-7b: the 7B target, vocab 152064, "
+        "and the 0.5B draft; qwen2.5-coder-7b-1.5b: the 7B target and the 1.5B draft; tiny: for tests), written "
+        "and converted once "
         "under <specrt cache>/random/<shapes>-<dtype>/. GPU time does not depend on the weights: the report "
         "predicts the real pair's speedup from the costs measured on the real shapes and --acceptance, and checks "
         "the cost model on a pair of known acceptance (the target with its layers scaled down, its first layers as "

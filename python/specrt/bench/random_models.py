@@ -13,9 +13,19 @@ per shape pair and dtype, under ``<specrt cache>/random/<pair>-<dtype>/``:
   copy predicts what the full target does: a synthetic pair whose acceptance is ~1 (``shared/notes/gpu.md``).
 
 Each is a Hugging Face folder (float16 safetensors, std :data:`WEIGHT_STD`, norms 1) converted by
-:func:`specrt.convert.convert`; the Hugging Face folders are removed after conversion. The tokenizer is the real
-Qwen2.5 one when found (``tokenizer=`` or specrt's cache of the real models), else a 265-token byte-level stand-in
-(prompts then take more tokens than with Qwen's tokenizer: recorded in ``recipe.json``).
+:func:`specrt.convert.convert`; the Hugging Face folders are removed after conversion. The weights are *tiled*: one
+block of random normal values per model (:data:`BLOCK_VALUES`, a prime), every tensor a cyclic window of it at a random
+offset, scaled to its std (recorded in ``recipe.json`` as ``weights``): writing the 7.6B weights of the 7B shape is then
+disk-bound instead of drawing 7.6B normals; no row repeats within a tensor (the block's length is a prime above every
+row's), and a forward pass costs the same.
+
+Pairs (:data:`SHAPE_PAIRS`): ``qwen2.5-coder`` (1.5B target, 0.5B draft), ``qwen2.5-coder-7b`` (7B target, 0.5B
+draft) and ``qwen2.5-coder-7b-1.5b`` (7B target, 1.5B draft). The 7B's logits are 152,064 wide and the small models'
+151,936, over one tokenizer: the pair runs as Qwen's real pair does (``specrt_core::vocab``, the draft fitted to the
+target's width). Each pair is cached on its own, so both 7B pairs hold a copy of the 7B target (fp16: 15.2 GB each).
+
+The tokenizer is the real Qwen2.5 one when found (``tokenizer=`` or specrt's cache of the real models), else a
+265-token byte-level stand-in (prompts then take more tokens than with Qwen's tokenizer: recorded in ``recipe.json``).
 """
 
 from __future__ import annotations
@@ -34,8 +44,11 @@ from typing import Any
 
 import numpy as np
 
-#: Logits width of every Qwen2.5 model (151,665 tokens padded to a multiple of 128).
+#: Logits width of the Qwen2.5 0.5B / 1.5B / 3B models (151,665 tokens padded to a multiple of 128).
 QWEN2_5_VOCAB = 151936
+
+#: Logits width of the Qwen2.5 7B / 14B / 32B models (the same tokenizer, padded further).
+QWEN2_5_VOCAB_LARGE = 152064
 
 #: Standard deviation of the random weights (``initializer_range`` of Qwen2's config).
 WEIGHT_STD = 0.02
@@ -44,8 +57,19 @@ WEIGHT_STD = 0.02
 #: contribution to the residual stream is ~1e-3 of the embedding's, so a layer-truncated copy agrees with the target.
 TARGET_LAYER_SCALE = 0.05
 
-#: ``recipe.json`` format; a different number rebuilds the folders.
-RECIPE_FORMAT = 1
+#: ``recipe.json`` format; a different number rebuilds the folders (2: tiled weights, :func:`write_random_hf`).
+RECIPE_FORMAT = 2
+
+#: Values of the random block a model's tensors are cut from: the largest prime below 2^24 (a smaller model uses the
+#: smallest prime at or above its largest tensor's size).
+BLOCK_VALUES = 16_777_213
+
+#: How the weights are made, as ``recipe.json`` records it.
+WEIGHTS_RECIPE = (
+    "tiled: one block of N(0, 1) values per model (numpy default_rng(seed), length a prime: min(BLOCK_VALUES, the "
+    "smallest prime >= the largest tensor's size)), each tensor a cyclic window of it at an offset drawn from the same "
+    "generator, scaled to its std, rounded to float16"
+)
 
 #: Where the stand-in tokenizer is named in ``recipe.json``.
 STAND_IN_TOKENIZER = "byte-level stand-in (specrt.convert.tiny.tiny_vocab, 265 tokens, ChatML template)"
@@ -71,12 +95,14 @@ class ModelShape:
         return self.hidden_size // self.num_attention_heads
 
 
-#: Shapes by name. The Qwen2.5-Coder ones are the ``config.json`` values of Qwen/Qwen2.5-Coder-1.5B-Instruct and
-#: -0.5B-Instruct (both tie the lm_head to the embedding; the GGUF files specrt converts the real models from carry a
-#: separate ``output.weight``, which costs the same: the head is one [vocab, hidden] Gemm either way). Parameter
-#: counts: 1,543,714,304 and 494,032,768 (the model cards' 1.54B and 0.49B).
+#: Shapes by name. The Qwen2.5-Coder ones are the ``config.json`` values of Qwen/Qwen2.5-Coder-7B-Instruct,
+#: -1.5B-Instruct and -0.5B-Instruct (the 1.5B and 0.5B tie the lm_head to the embedding; the GGUF files specrt
+#: converts the real models from carry a separate ``output.weight``, which costs the same: the head is one
+#: [vocab, hidden] Gemm either way; the 7B has its own lm_head and 152,064 rows). Parameter counts: 7,615,616,512,
+#: 1,543,714,304 and 494,032,768 (the model cards' 7.61B, 1.54B and 0.49B).
 SHAPES: dict[str, ModelShape] = {
     # name: ModelShape(hidden, intermediate, layers, attention heads, KV heads, ...)
+    "qwen2.5-coder-7b": ModelShape(3584, 18944, 28, 28, 4, vocab_size=QWEN2_5_VOCAB_LARGE, tie_word_embeddings=False),
     "qwen2.5-coder-1.5b": ModelShape(1536, 8960, 28, 12, 2),
     "qwen2.5-coder-0.5b": ModelShape(896, 4864, 24, 14, 2),
     # Test-sized (head_dim 16 like the tiny GGUF models); the logits are wider than the stand-in tokenizer, as
@@ -99,9 +125,13 @@ class ShapePair:
     real_target: str | None = None
 
 
-#: ``--random-shapes`` names.
+#: ``--random-shapes`` names. The 7B pairs take the tokenizer of the converted 1.5B (one tokenizer for every Qwen2.5
+#: size; no 7B in the registry) and keep 2 of the target's 28 layers in the full-acceptance draft (with the 7B's own
+#: 545M-weight head: about 1.0B weights a token, between the 0.5B and 1.5B drafts' 0.49B and 1.54B).
 SHAPE_PAIRS: dict[str, ShapePair] = {
     "qwen2.5-coder": ShapePair("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", 4, "qwen2.5-coder-1.5b-instruct"),
+    "qwen2.5-coder-7b": ShapePair("qwen2.5-coder-7b", "qwen2.5-coder-0.5b", 2, "qwen2.5-coder-1.5b-instruct"),
+    "qwen2.5-coder-7b-1.5b": ShapePair("qwen2.5-coder-7b", "qwen2.5-coder-1.5b", 2, "qwen2.5-coder-1.5b-instruct"),
     "tiny": ShapePair("tiny-target", "tiny-draft", 1),
 }
 
@@ -150,16 +180,53 @@ def n_parameters(shape: ModelShape) -> int:
     return sum(math.prod(s) for s in tensor_shapes(shape).values())
 
 
-def _random_rows(
-    rng: np.random.Generator, shape: tuple[int, ...], std: float, rows_per_chunk: int
-) -> Iterator[np.ndarray]:
-    """``N(0, std^2)`` float16 values of a tensor of ``shape``, in chunks of rows (bounded memory for the embedding)."""
-    rows, cols = shape[0], math.prod(shape[1:])
-    for start in range(0, rows, rows_per_chunk):
-        # [chunk rows, cols] float32, scaled in place, then float16 (the file's dtype).
-        x = rng.standard_normal((min(rows_per_chunk, rows - start), cols), dtype=np.float32)
-        x *= std
-        yield x.astype(np.float16)
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    i = 2
+    while i * i <= n:
+        if n % i == 0:
+            return False
+        i += 1
+    return True
+
+
+def block_values(shapes: dict[str, tuple[int, ...]]) -> int:
+    """Length of the random block of a model of tensor ``shapes``: :data:`BLOCK_VALUES`, or for a model whose largest
+    tensor is smaller the smallest prime at or above its size."""
+    n = min(BLOCK_VALUES, max(math.prod(s) for s in shapes.values()))
+    while not _is_prime(n):
+        n += 1
+    return n
+
+
+class _TiledValues:
+    """Float16 chunks of the tensors of one model, cut from one random block (:data:`WEIGHTS_RECIPE`).
+
+    For each std a float16 copy of the block, extended by its first ``chunk`` values, so that every chunk of a tensor
+    (at most ``chunk`` values) is a contiguous view of it: nothing is computed per tensor but its offset.
+    """
+
+    def __init__(self, rng: np.random.Generator, length: int, chunk: int) -> None:
+        self.rng, self.length, self.chunk = rng, length, chunk
+        self.block = rng.standard_normal(length, dtype=np.float32)
+        self._scaled: dict[float, np.ndarray] = {}
+
+    def _extended(self, std: float) -> np.ndarray:
+        if std not in self._scaled:
+            b = (self.block * np.float32(std)).astype(np.float16)
+            reps = -(-(self.length + self.chunk) // self.length)
+            self._scaled[std] = np.tile(b, reps)[: self.length + self.chunk]
+        return self._scaled[std]
+
+    def chunks(self, n: int, std: float) -> Iterator[np.ndarray]:
+        """``n`` values of std ``std`` from a random offset, in contiguous chunks of at most ``chunk`` values."""
+        ext = self._extended(std)
+        at = int(self.rng.integers(self.length))
+        for start in range(0, n, self.chunk):
+            k = min(self.chunk, n - start)
+            yield ext[at : at + k]
+            at = (at + k) % self.length
 
 
 def _write_f16_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], values: Callable[[str], Iterator]) -> None:
@@ -189,9 +256,11 @@ def write_random_hf(
 ) -> Path:
     """Write a random-weight Qwen2 Hugging Face folder of ``shape`` that :func:`specrt.convert.convert` reads.
 
-    Weights: ``N(0, (WEIGHT_STD * s)^2)`` in float16, with s = ``layer_scale`` for the decoder layers' matrices and
-    biases and 1 for the embedding; every norm weight is 1. Deterministic for a given ``seed``. Memory: a chunk of
-    at most 2^24 values at a time, whatever the model size (the 1.5B shape: a 3.1 GB file).
+    Weights: std ``WEIGHT_STD * s`` in float16, with s = ``layer_scale`` for the decoder layers' matrices and biases
+    and 1 for the embedding and head; every norm weight is 1; tiled (:data:`WEIGHTS_RECIPE`: windows of one random
+    normal block, so that writing is disk-bound). Deterministic for a given ``seed``. Memory: the block, two float16
+    copies (about 200 MB at :data:`BLOCK_VALUES`), whatever the model size (the 1.5B shape: a 3.1 GB file; the 7B
+    shape: 15.2 GB).
 
     Args:
         shape: the sizes (:data:`SHAPES`).
@@ -213,16 +282,15 @@ def write_random_hf(
     if not (tokenizer_dir / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{tokenizer_dir} has no tokenizer.json (expected a tokenizer folder)")
     folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
     shapes = tensor_shapes(shape)
+    tiles = _TiledValues(np.random.default_rng(seed), block_values(shapes), 1 << 24)
 
     def values(name: str) -> Iterator[np.ndarray]:
         dims = shapes[name]
         if name.endswith("norm.weight"):
             return iter([np.ones(dims, np.float16)])
         in_layer = name.startswith("model.layers.")
-        std = WEIGHT_STD * (layer_scale if in_layer else 1.0)
-        return _random_rows(rng, dims, std, max(1, (1 << 24) // max(1, math.prod(dims[1:]))))
+        return tiles.chunks(math.prod(dims), WEIGHT_STD * (layer_scale if in_layer else 1.0))
 
     _write_f16_safetensors(folder / "model.safetensors", shapes, values)
     (folder / "config.json").write_text(json.dumps(hf_config(shape), indent=1) + "\n", encoding="utf-8")
@@ -337,6 +405,15 @@ def ensure_random_models(
     fp16: about a minute (the 1.5B conversion alone took 21 s on the GPU machine); disk while writing: the 3.1 GB
     float16 safetensors of the target beside its conversions.
 
+    The 7B pairs, estimated from the 7B shape cut to 1 and 3 layers on a 2-core machine (where the 1.5B converts in
+    22 s, as on the GPU machine): the tiled writer is disk-bound (0.45-0.75 GB/s there; numpy's normals would add
+    15 ns a weight, about 2 minutes for 7.6B) and the fp16 conversion takes 20 s for the embedding and head plus 5 s
+    a layer. ``qwen2.5-coder-7b`` in fp16: writing the 15.2 GB ~20-35 s, converting the target ~160 s and
+    ``target-L2`` ~30 s, the 0.5B draft ~11 s (the 1.5B ~26 s): about 4 minutes. Peak memory: 0.34 GB writing,
+    3.2 GB converting whatever the layer count (one tensor at a time; the largest, the [152064, 3584] head, in
+    float32 and float16). Disk: about 35 GB at the peak (the safetensors beside the conversions), 19 GB kept (21 GB
+    with the 1.5B draft).
+
     Args:
         name: a key of :data:`SHAPE_PAIRS`.
         dtype: ``"fp16"`` (CUDA), ``"fp32"``, ``"int4"`` or ``"int8"`` (:func:`specrt.convert.convert`).
@@ -372,6 +449,7 @@ def ensure_random_models(
             "dtype": dtype,
             "attention": attention,
             "seed": seed,
+            "weights": WEIGHTS_RECIPE,
             "weight_std": WEIGHT_STD,
             "target_layer_scale": TARGET_LAYER_SCALE,
             "truncated_layers": pair.truncated_layers,
