@@ -16,7 +16,7 @@
 #   3. graph-speed (GPU_SPEED_S=170)  benches/gpu/graph_speed.py on the Qwen2.5-Coder 1.5B / 0.5B shapes: step costs
 #                          with graphs off / on / on with ONNX Runtime copies, t(n), predictions, end-to-end runs
 #   4. graph-speed-7b (GPU_7B_S=110)  the 7B target's costs and the prediction with the 0.5B draft's costs of step 3
-#   5. bench-cuda-graph (GPU_BENCH_S=60)  `specrt bench --cuda-graph` on the random pair (--quick): runs to its end
+#   5. bench-cuda-graph (GPU_BENCH_S=90)  `specrt bench --cuda-graph` on the random pair (--quick): runs to its end
 # Writes $OUT/*.log, $OUT/graph-speed*.json, $OUT/summary.txt. Exit status: the number of failed checks.
 #
 # Environment: OUT (default /tmp/gpu-out), GPU_PIECES, PYTHON (default python3), SPECRT_CACHE_DIR (default
@@ -156,19 +156,23 @@ wait_ready() {  # wait until the background writer marked a pair ready (bounded 
 }
 dt=$([[ $DRY == 1 ]] && echo fp32 || echo fp16)
 [[ $DRY == 1 && ! -f $SPECRT_CACHE_DIR/random/$pair-$dt-G/READY ]] && write_models > "$OUT/models.log" 2>&1
+tok=()
+[[ -f $T/tok/tokenizer.json ]] && tok=(--tokenizer "$T/tok")
+export tok_dir=${tok[1]:-}
 speed() { wait_ready "$pair" "$dt" && "$PY" benches/gpu/graph_speed.py --pair "$pair" --provider "$prov" \
-  --json "$OUT/graph-speed.json"; }
+  ${tok_dir:+--tokenizer "$tok_dir"} --json "$OUT/graph-speed.json"; }
 export -f wait_ready speed
 export dt
 check graph-speed "${GPU_SPEED_S:-170}" speed
 speed7() { wait_ready "$pair7" "$dt" && "$PY" benches/gpu/graph_speed.py --pair "$pair7" --provider "$prov" \
-  --target-only --draft-costs "$OUT/graph-speed.json" --json "$OUT/graph-speed-7b.json"; }
+  ${tok_dir:+--tokenizer "$tok_dir"} --target-only --draft-costs "$OUT/graph-speed.json" --json "$OUT/graph-speed-7b.json"; }
 export -f speed7
 check graph-speed-7b "${GPU_7B_S:-110}" speed7
 bench_args=(--provider "$prov" --random-shapes "$pair" --quick --no-progress --out-dir "$OUT" --name bench-cuda-graph)
 [[ $DRY != 1 ]] && bench_args+=(--cuda-graph)
+[[ -n $tok_dir ]] && bench_args+=(--random-tokenizer "$tok_dir")
 [[ $DRY == 1 ]] && bench_args+=(--threads 1 --verify-ns 1-6)
-check bench-cuda-graph "${GPU_BENCH_S:-60}" "$PY" benches/bench_e2e.py "${bench_args[@]}" --prompts-file benches/prompts.json
+check bench-cuda-graph "${GPU_BENCH_S:-90}" "$PY" benches/bench_e2e.py "${bench_args[@]}" --prompts-file benches/prompts.json
 [[ $DRY != 1 ]] && cp /tmp/models.log "$OUT/" 2>/dev/null
 
 failed=0
