@@ -12,12 +12,13 @@
 # Checks, in order (time limits in seconds, environment overrides):
 #   1. one-ort (30)        a CUDA forward in a process where the image's onnxruntime is importable: no `onnxruntime`
 #                          module and no onnxruntime_pybind11_state mapped afterwards, one libonnxruntime mapped
-#   2. pytest (GPU_TEST_S=200)  tests/test_gpu.py and the gpu test of tests/test_bench_cuda.py (CUDA graphs included)
-#   3. graph-speed (GPU_SPEED_S=170)  benches/gpu/graph_speed.py on the Qwen2.5-Coder 1.5B / 0.5B shapes: step costs
+#   2. pytest (GPU_TEST_S=180)  tests/test_gpu.py and the gpu test of tests/test_bench_cuda.py (CUDA graphs included)
+#   3. graph-speed (GPU_SPEED_S=160)  benches/gpu/graph_speed.py on the Qwen2.5-Coder 1.5B / 0.5B shapes: step costs
 #                          with graphs off / on / on with ONNX Runtime copies, t(n), predictions, end-to-end runs
-#   4. graph-speed-7b (GPU_7B_S=110)  the 7B target's costs and the prediction with the 0.5B draft's costs of step 3
-#   5. bench-cuda-graph (GPU_BENCH_S=90)  `specrt bench --cuda-graph` on the random pair (--quick): runs to its end
-# Writes $OUT/*.log, $OUT/graph-speed*.json, $OUT/summary.txt. Exit status: the number of failed checks.
+#   4. graph-speed-7b (GPU_7B_S=100)  the 7B target's costs and the prediction with the 0.5B draft's costs of step 3
+#   5. bench-cuda-graph (GPU_BENCH_S=80)  `specrt bench --cuda-graph` on the random pair (--quick): runs to its end
+# Writes (in $OUT, packed into $OUT/run.tgz on the GPU machine) NAME.log per check, graph-speed*.json,
+# bench-cuda-graph.json, models.log, summary.txt. Exit status: the number of failed checks.
 #
 # Environment: OUT (default /tmp/gpu-out), GPU_PIECES, PYTHON (default python3), SPECRT_CACHE_DIR (default
 # /tmp/specrt-cache: the random-weight models stay there while the machine is up), GPU_BENCH_DRY=1 (a dry run on this
@@ -28,9 +29,12 @@ T=${GPU_PIECES:-/tmp/c}
 OUT=${OUT:-/tmp/gpu-out}
 PY=${PYTHON:-python3}
 DRY=${GPU_BENCH_DRY:-0}
-mkdir -p "$OUT"
+# Logs and reports go to $L: $OUT itself in a dry run; on the GPU machine /tmp/gpu-run, packed into $OUT/run.tgz after
+# every check (a call brings back at most 8 files, and what a call that ran out of time left under $OUT).
+if [[ $DRY == 1 ]]; then L=$OUT; else L=/tmp/gpu-run; rm -rf "$L"; fi
+mkdir -p "$OUT" "$L"
 cd "$root"
-export PYTHONUNBUFFERED=1 OUT SPECRT_CACHE_DIR=${SPECRT_CACHE_DIR:-/tmp/specrt-cache}
+export PYTHONUNBUFFERED=1 OUT L SPECRT_CACHE_DIR=${SPECRT_CACHE_DIR:-/tmp/specrt-cache}
 if [[ $DRY == 1 ]]; then
   pair=tiny pair7=tiny prov=cpu
   export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
@@ -66,7 +70,7 @@ EOF
 
 if [[ ${1:-} == --background-models ]]; then
   setup_python || exit 1
-  if [[ $DRY == 1 ]]; then write_models > "$OUT/models.log" 2>&1; exit $?; fi
+  if [[ $DRY == 1 ]]; then write_models > "$L/models.log" 2>&1; exit $?; fi
   export -f write_models; export PY T DRY pair pair7
   setsid nohup bash -c write_models > /tmp/models.log 2>&1 < /dev/null &
   echo $! > /tmp/models.pid
@@ -93,18 +97,21 @@ if [[ $DRY != 1 ]]; then
 fi
 
 declare -a names=() results=()
-check() {  # check NAME SECONDS CMD...: run bounded, log to $OUT/NAME.log, record the result
+pack() { [[ $DRY == 1 ]] || tar czf "$OUT/run.tgz" -C "$L" . 2>/dev/null; }
+check() {  # check NAME SECONDS CMD...: run bounded, log to $L/NAME.log, record the result
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
   echo "=== $name (limit ${limit} s)"
   if [[ $(type -t "$1") == function ]]; then
-    timeout "$limit" bash -c "$1" > "$OUT/$name.log" 2>&1
+    timeout "$limit" bash -c "$1" > "$L/$name.log" 2>&1
   else
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    timeout "$limit" "$@" > "$L/$name.log" 2>&1
   fi
   local rc=$?
-  tail -n 25 "$OUT/$name.log"
+  tail -n 25 "$L/$name.log"
   names+=("$name"); results+=("rc=$rc $((SECONDS - t0))s")
+  [[ $DRY == 1 ]] || cp /tmp/models.log "$L/" 2>/dev/null
+  pack
   return 0
 }
 
@@ -144,9 +151,9 @@ if [[ $DRY != 1 && ${results[0]} != rc=0* ]]; then
   names+=("LD_LIBRARY_PATH fallback"); results+=("rc=1 (specrt's preload failed; later checks ran with it)")
 fi
 if [[ $DRY == 1 ]]; then
-  check pytest "${GPU_TEST_S:-200}" "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_bench_cuda.py
+  check pytest "${GPU_TEST_S:-180}" "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_bench_cuda.py
 else
-  check pytest "${GPU_TEST_S:-200}" "$PY" -m pytest -m gpu -q -p no:cacheprovider -x --timeout 120 tests/test_gpu.py \
+  check pytest "${GPU_TEST_S:-180}" "$PY" -m pytest -m gpu -q -p no:cacheprovider -x --timeout 120 tests/test_gpu.py \
     tests/test_bench_cuda.py
 fi
 wait_ready() {  # wait until the background writer marked a pair ready (bounded by the check's limit)
@@ -155,25 +162,24 @@ wait_ready() {  # wait until the background writer marked a pair ready (bounded 
   until [[ -f $dir/READY ]] || ! kill -0 "$(cat /tmp/models.pid 2>/dev/null)" 2>/dev/null; do sleep 2; done
 }
 dt=$([[ $DRY == 1 ]] && echo fp32 || echo fp16)
-[[ $DRY == 1 && ! -f $SPECRT_CACHE_DIR/random/$pair-$dt-G/READY ]] && write_models > "$OUT/models.log" 2>&1
+[[ $DRY == 1 && ! -f $SPECRT_CACHE_DIR/random/$pair-$dt-G/READY ]] && write_models > "$L/models.log" 2>&1
 tok=()
 [[ -f $T/tok/tokenizer.json ]] && tok=(--tokenizer "$T/tok")
 export tok_dir=${tok[1]:-}
 speed() { wait_ready "$pair" "$dt" && "$PY" benches/gpu/graph_speed.py --pair "$pair" --provider "$prov" \
-  ${tok_dir:+--tokenizer "$tok_dir"} --json "$OUT/graph-speed.json"; }
+  ${tok_dir:+--tokenizer "$tok_dir"} --json "$L/graph-speed.json"; }
 export -f wait_ready speed
 export dt
-check graph-speed "${GPU_SPEED_S:-170}" speed
+check graph-speed "${GPU_SPEED_S:-160}" speed
 speed7() { wait_ready "$pair7" "$dt" && "$PY" benches/gpu/graph_speed.py --pair "$pair7" --provider "$prov" \
-  ${tok_dir:+--tokenizer "$tok_dir"} --target-only --draft-costs "$OUT/graph-speed.json" --json "$OUT/graph-speed-7b.json"; }
+  ${tok_dir:+--tokenizer "$tok_dir"} --target-only --draft-costs "$L/graph-speed.json" --json "$L/graph-speed-7b.json"; }
 export -f speed7
-check graph-speed-7b "${GPU_7B_S:-110}" speed7
-bench_args=(--provider "$prov" --random-shapes "$pair" --quick --no-progress --out-dir "$OUT" --name bench-cuda-graph)
+check graph-speed-7b "${GPU_7B_S:-100}" speed7
+bench_args=(--provider "$prov" --random-shapes "$pair" --quick --no-progress --out-dir "$L" --name bench-cuda-graph)
 [[ $DRY != 1 ]] && bench_args+=(--cuda-graph)
 [[ -n $tok_dir ]] && bench_args+=(--random-tokenizer "$tok_dir")
 [[ $DRY == 1 ]] && bench_args+=(--threads 1 --verify-ns 1-6)
-check bench-cuda-graph "${GPU_BENCH_S:-90}" "$PY" benches/bench_e2e.py "${bench_args[@]}" --prompts-file benches/prompts.json
-[[ $DRY != 1 ]] && cp /tmp/models.log "$OUT/" 2>/dev/null
+check bench-cuda-graph "${GPU_BENCH_S:-80}" "$PY" benches/bench_e2e.py "${bench_args[@]}" --prompts-file benches/prompts.json
 
 failed=0
 for r in "${results[@]}"; do [[ $r == rc=0* ]] || failed=$((failed + 1)); done
@@ -181,7 +187,9 @@ for r in "${results[@]}"; do [[ $r == rc=0* ]] || failed=$((failed + 1)); done
   echo "| check | result |"
   echo "|---|---|"
   for i in "${!names[@]}"; do echo "| ${names[$i]} | ${results[$i]} |"; done
-  grep -h "^| " "$OUT/graph-speed.log" "$OUT/graph-speed-7b.log" 2>/dev/null
-  grep -h -E "passed|failed" "$OUT/pytest.log" 2>/dev/null | tail -n 2
-} | tee "$OUT/summary.txt"
+  grep -h "^| " "$L/graph-speed.log" "$L/graph-speed-7b.log" 2>/dev/null
+  grep -h -E "passed|failed" "$L/pytest.log" 2>/dev/null | tail -n 2
+} | tee "$L/summary.txt"
+[[ $DRY == 1 ]] || cp "$L/summary.txt" "$OUT/"
+pack
 exit "$failed"
