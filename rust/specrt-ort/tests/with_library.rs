@@ -375,4 +375,24 @@ fn cpu_graph_steps_give_the_default_forms_tokens_in_speculative_rounds() {
         rejected > 0 && full_rounds > 0,
         "rejected {rejected}, full rounds {full_rounds}"
     );
+    // Prefix caching: a continuation of the last greedy output (the cached prefix reused, a short suffix prefilled,
+    // one of them a graph shape), then a prompt that shares only its first tokens (the caches rolled back).
+    let continuation: Vec<u32> = prompt
+        .iter()
+        .chain(&want.tokens[..20])
+        .copied()
+        .chain([5])
+        .collect();
+    let branch: Vec<u32> = prompt[..4].iter().copied().chain([7, 7, 8]).collect();
+    for (name, p) in [("continuation", continuation), ("branch", branch)] {
+        let want = reference
+            .generate(&p, cfg(0, false, 0.0), |_| true)
+            .unwrap();
+        for logprobs in [false, true] {
+            let got = stepped
+                .generate(&p, cfg(4, logprobs, 0.0), |_| true)
+                .unwrap();
+            assert_eq!(got.tokens, want.tokens, "{name}, logprobs={logprobs}");
+        }
+    }
 }
