@@ -19,7 +19,7 @@ install: $(PY) ## build the Rust extension and install specrt (editable) with te
 	@echo "specrt: installing into $(VENV): downloads, then the Rust extension's build (the first time one to a few minutes on 2 cores); progress below, the whole log in target/install.log"
 	@mkdir -p target
 	@set -o pipefail; $(PY) -m pip install -v -e '.[cpu,test]' 2>&1 | tee target/install.log \
-		| { grep --line-buffered -E '^(Collecting|Downloading) |^ *(Compiling|Finished|Built wheel for) |^Successfully installed' || true; } \
+		| { grep --line-buffered -E '^ *(Collecting|Downloading|Compiling|Finished|Built wheel for) |^Successfully installed' || true; } \
 		|| { echo "specrt: pip install failed; the end of target/install.log:" >&2; tail -n 40 target/install.log >&2; exit 1; }
 
 run: install ## main job: pull the Qwen2.5-Coder 1.5B target + 0.5B draft (cached) and generate with speculation
