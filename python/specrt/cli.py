@@ -13,7 +13,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from specrt import _specrt
+from specrt.scheduler import DEFAULT_MAX_QUEUE
+
 __all__ = ["DTYPES", "build_parser", "main"]
+
+#: The request defaults of the Rust resolver (``GenerationRequest::default()``, the one definition).
+_DEFAULTS = _specrt.request_defaults()
+#: The range of K (``specrt_core::verify::MAX_DRAFT_TOKENS``).
+_K_RANGE = f"0..{_specrt.MAX_DRAFT_TOKENS}"
 
 _COLORS = {"accepted": "\033[32m", "recovered": "\033[33m", "bonus": "\033[36m"}
 _RESET = "\033[0m"
@@ -25,7 +33,7 @@ def _k_arg(value: str) -> int | str:
     try:
         return int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer 0..64 or 'auto'") from None
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer {_K_RANGE} or 'auto'") from None
 
 
 def _positive_int(value: str) -> int:
@@ -66,13 +74,13 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to emit")
+    g.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"], help="most tokens to emit")
     g.add_argument(
         "--num-speculative-tokens",
         "-k",
         type=_k_arg,
-        default=4,
-        help="K draft tokens per round, 0..64, or 'auto' (chosen each round from measured costs)",
+        default=_DEFAULTS["num_speculative_tokens"],
+        help=f"K draft tokens per round, {_K_RANGE}, or 'auto' (chosen each round from measured costs)",
     )
     g.add_argument(
         "--proposer",
@@ -81,8 +89,12 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
         help="who drafts: the draft model, prompt lookup, both (n-gram first), or none "
         "(default: draft with --draft, else none)",
     )
-    g.add_argument("--prompt-lookup-min", type=int, default=2, help="shortest n-gram to match")
-    g.add_argument("--prompt-lookup-max", type=int, default=4, help="longest n-gram to match")
+    g.add_argument(
+        "--prompt-lookup-min", type=int, default=_DEFAULTS["prompt_lookup_min"], help="shortest n-gram to match"
+    )
+    g.add_argument(
+        "--prompt-lookup-max", type=int, default=_DEFAULTS["prompt_lookup_max"], help="longest n-gram to match"
+    )
     g.add_argument(
         "--temperature", type=float, default=None, help="0 = greedy (default: the model's generation config, else 1)"
     )
@@ -224,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --provider cuda: replay each decode step from a CUDA graph (models in the gqa-graph form)",
     )
-    g.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model")
+    g.add_argument("--max-seq-len", type=int, default=_specrt.DEFAULT_MAX_SEQ_LEN, help="KV cache length per model")
     g.add_argument(
         "--threads",
         type=_positive_int,
@@ -342,7 +354,6 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--chat", action="store_true", help="render each prompt as a user message in the chat template")
     _add_sampling(v)
     _add_constraint(v)
-    v.set_defaults(max_new_tokens=128)
     v.add_argument("--n", type=int, default=12_000, help="pooled positions to test")
     v.add_argument("--alpha", type=float, default=1e-3, help="significance level: fail when the p-value is below")
     v.add_argument("--no-parity", action="store_true", help="skip the greedy token-for-token parity check")
@@ -368,9 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
         "-k",
         type=_k_arg,
         default="auto",
-        help="K of requests that do not set num_speculative_tokens: 0..64 or 'auto'",
+        help=f"K of requests that do not set num_speculative_tokens: {_K_RANGE} or 'auto'",
     )
-    sv.add_argument("--max-queue", type=_positive_int, default=64, help="requests that may wait; one more gets 429")
+    sv.add_argument(
+        "--max-queue", type=_positive_int, default=DEFAULT_MAX_QUEUE, help="requests that may wait; one more gets 429"
+    )
     sv.add_argument(
         "--request-timeout", type=float, default=600.0, help="seconds from arrival before a request ends (504)"
     )
@@ -385,7 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --provider cuda: replay each decode step from a CUDA graph (models in the gqa-graph form; "
         "single-stream, --max-batch 1)",
     )
-    sv.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length per model (per row when batching)")
+    sv.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=_specrt.DEFAULT_MAX_SEQ_LEN,
+        help="KV cache length per model (per row when batching)",
+    )
     sv.add_argument(
         "--max-batch",
         type=_positive_int,

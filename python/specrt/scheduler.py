@@ -32,7 +32,17 @@ from typing import Any
 from specrt.errors import GenerationCancelled, SpecrtError
 from specrt.generate import Decoder, GenerationResult, StreamChunk, _BatchedChunks
 
-__all__ = ["QueueFullError", "RequestHandle", "RequestTimeoutError", "Scheduler", "SchedulerClosedError"]
+__all__ = [
+    "DEFAULT_MAX_QUEUE",
+    "QueueFullError",
+    "RequestHandle",
+    "RequestTimeoutError",
+    "Scheduler",
+    "SchedulerClosedError",
+]
+
+#: Requests that may wait to start by default (``Scheduler(max_queue=...)``, ``specrt serve --max-queue``).
+DEFAULT_MAX_QUEUE = 64
 
 
 class QueueFullError(SpecrtError):
@@ -216,7 +226,7 @@ class Scheduler:
         self,
         decoder: Decoder,
         *,
-        max_queue: int = 64,
+        max_queue: int = DEFAULT_MAX_QUEUE,
         default_timeout_s: float | None = None,
         on_finish: Callable[[RequestHandle], None] | None = None,
     ) -> None:
