@@ -66,8 +66,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "fp16": convert(gguf, root / "fp16", dtype="fp16", progress=False),
         "fp32": convert(gguf, root / "fp32", dtype="fp32", progress=False),
-        # The graph form (ARCHITECTURE.md "Graph form") of the same fp16 model.
+        # The graph form (ARCHITECTURE.md "Graph form") of the same fp16 model, and its 1-layer copy (a draft that
+        # disagrees with it at times: rejections, rollbacks and full rounds).
         "fp16_graph": convert(gguf, root / "fp16-graph", dtype="fp16", progress=False, attention="gqa-graph"),
+        "fp16_graph_l1": convert(
+            gguf, root / "fp16-graph-L1", dtype="fp16", progress=False, attention="gqa-graph", num_layers=1
+        ),
     }
 
 
@@ -244,6 +248,48 @@ def test_graph_form_on_cuda_gives_the_default_forms_greedy_tokens(tiny: dict[str
                 gap = _top2_gap(tiny["fp16"], prompt + ref.token_ids[:i])
                 assert gap < 0.05, f"K={k} logprobs={logprobs}: first divergence at {i}, top-2 gap {gap:.4f}"
             assert (out.logprobs == []) is not logprobs
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["no-graph", "cuda-graph"])
+def test_speculative_rounds_with_a_separate_graphed_draft(tiny: dict[str, Path], cuda_graph: bool) -> None:
+    """Both models graphed (the 1-layer graph-form draft's steps and 2-token catch-ups, the target's K + 1-token
+    verifications): greedy at K = 1, 4, 8 with log-probabilities off and on gives the default form's target-only
+    tokens (near-ties aside); sampled rounds run and a seed repeats; a second Decoder dropped and garbage-collected
+    leaves the process alive (the 2026-12-04 run segfaulted there and in this very configuration)."""
+    import gc
+
+    import specrt
+
+    prompt = list(range(1, 9))
+    ref = _decoder(tiny["fp16"], None).generate(
+        prompt, max_new_tokens=64, temperature=0, num_speculative_tokens=0, ignore_eos=True
+    )
+    dec = specrt.Decoder(
+        tiny["fp16_graph"],
+        draft=tiny["fp16_graph_l1"],
+        provider="cuda",
+        ort_library=LIB,
+        max_seq_len=1024,
+        cuda_graph=cuda_graph,
+    )
+    rounds = {"rejected": 0, "full": 0}
+    for k in (1, 4, 8):
+        for logprobs in (False, True):
+            out = dec.generate(
+                prompt, max_new_tokens=64, temperature=0, num_speculative_tokens=k, ignore_eos=True, logprobs=logprobs
+            )
+            rounds["rejected"] += out.stats.n_recovered
+            rounds["full"] += out.stats.n_bonus
+            if out.token_ids != ref.token_ids:
+                i = next(j for j, (a, b) in enumerate(zip(out.token_ids, ref.token_ids, strict=False)) if a != b)
+                gap = _top2_gap(tiny["fp16"], prompt + ref.token_ids[:i])
+                assert gap < 0.05, f"K={k} logprobs={logprobs}: first divergence at {i}, top-2 gap {gap:.4f}"
+    kw = {"max_new_tokens": 48, "temperature": 1.0, "num_speculative_tokens": 4, "seed": 5, "ignore_eos": True}
+    a, b = dec.generate(prompt, **kw), dec.generate(prompt, **kw)
+    assert a.token_ids == b.token_ids
+    assert rounds["rejected"] > 0 and rounds["full"] > 0, rounds
+    del dec
+    gc.collect()
 
 
 def test_cuda_graph_needs_the_graph_form(tiny: dict[str, Path]) -> None:
