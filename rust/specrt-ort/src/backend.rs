@@ -23,6 +23,7 @@ use crate::cuda_graph::{
     graph_id, graph_shapes, is_graph_shape, no_graph_options, Copier, GraphStep, ReplayLedger,
     MAX_GRAPH_TOKENS,
 };
+use crate::kv_binding::bind_kv_buffers;
 use crate::model::{
     analyze, choose_max_seq_len, past_name, present_name, resolve_model_file, DecoderIo,
     SpecrtConfig, TensorDesc,
@@ -242,25 +243,6 @@ pub(crate) fn prefill_session<T>(
     )
     .map_err(|e| SpecError::Config(format!("prefill graph {}: {e}", file.display())))?;
     Ok((session, found))
-}
-
-/// Bind the shared KV `buffers` (`[l0.key, l0.value, l1.key, ...]`) as the past inputs and the present outputs of
-/// `binding` (the same memory: GroupQueryAttention appends in place).
-pub(crate) fn bind_kv_buffers(binding: &mut IoBinding, buffers: &mut [DynTensor]) -> Result<()> {
-    for (i, buffer) in buffers.iter_mut().enumerate() {
-        let (layer, kind) = (i / 2, if i % 2 == 0 { "key" } else { "value" });
-        binding
-            .bind_input(past_name(layer, kind), &*buffer)
-            .map_err(|e| ort_err("binding a past KV input", &e))?;
-        let alias = buffer
-            .view_mut()
-            .try_upgrade()
-            .map_err(|_| SpecError::Internal("KV buffer view is not upgradable".into()))?;
-        binding
-            .bind_output(present_name(layer, kind), alias)
-            .map_err(|e| ort_err("binding a present KV output", &e))?;
-    }
-    Ok(())
 }
 
 /// Load a model's prefill graph (CPU) and bind the model's shared KV `buffers` as its past and present: it must have

@@ -37,7 +37,7 @@ use ort::{
 };
 use specrt_core::{Result, SpecError};
 
-use crate::backend::bind_kv_buffers;
+use crate::kv_binding::bind_kv_buffers;
 use crate::runtime::ort_err;
 
 /// Longest step (new tokens) run from a CUDA graph; longer calls (prefill chunks) run without one.

@@ -65,6 +65,7 @@ mod batched;
 pub mod constraints;
 mod cuda_graph;
 pub mod discover;
+mod kv_binding;
 pub mod model;
 pub mod options;
 pub mod pipeline;
