@@ -16,6 +16,11 @@ every request yields exactly ``--max-tokens`` tokens. Per server, draft and S it
 serving benchmark counts them; a speculative server sends several tokens in one chunk) p50 / p99, the mean
 per-stream decode rate (tokens after the first over the time after it), and the requests that failed.
 
+Every setting runs ``--repeats`` times (default 3), interleaved: each repeat starts each server once per draft
+setting, in an order rotated by one per repeat. The summary printed last (and ``summary`` in the JSON) gives each
+figure's median with its min-max spread over the repeats, and per stream count and repeat specrt's best setting
+against llama.cpp's best, with the fewest wins over the repeats: the figure a headline may quote.
+
 Draft length: each server's own default unless ``-k`` sets one (specrt: auto K, chosen per batch from timings;
 llama-server: ``--spec-draft-n-max`` 16 with its probability cut-off).
 
@@ -197,6 +202,75 @@ def run_server(cmd: list[str], a: argparse.Namespace, port: int) -> list[dict[st
         server.wait(60)
 
 
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per server, draft and stream count: the median and min-max of tokens/s and of TTFT p50 over the repeats; per
+    stream count and repeat, each server's best setting (by tokens/s) and specrt's best over llama.cpp's best, with
+    the fewest wins of either over the repeats (a headline holds only if it holds in every repeat)."""
+    by_cfg: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in runs:
+        by_cfg.setdefault((r["server"], r["draft"], r["streams"]), []).append(r)
+    cells = []
+    for (server, draft, streams), rs in sorted(by_cfg.items()):
+        tps = [r["tokens_per_s"] for r in rs]
+        ttft = [r["median_ttft_ms"] for r in rs]
+        cells.append(
+            {
+                "server": server,
+                "draft": draft,
+                "streams": streams,
+                "repeats": len(rs),
+                "tokens_per_s": {"median": statistics.median(tps), "min": min(tps), "max": max(tps)},
+                "ttft_p50_ms": {"median": statistics.median(ttft), "min": min(ttft), "max": max(ttft)},
+                "errors": sum(r["errors"] for r in rs),
+            }
+        )
+    ratios = []
+    for streams in sorted({r["streams"] for r in runs}):
+        for rep in sorted({r.get("repeat", 0) for r in runs}):
+            best: dict[str, dict[str, Any]] = {}
+            for r in runs:
+                here = r["streams"] == streams and r.get("repeat", 0) == rep
+                if here and (r["server"] not in best or r["tokens_per_s"] > best[r["server"]]["tokens_per_s"]):
+                    best[r["server"]] = r
+            if {"specrt", "llama.cpp"} <= best.keys():
+                s, ll = best["specrt"], best["llama.cpp"]
+                ratios.append(
+                    {
+                        "streams": streams,
+                        "repeat": rep,
+                        "specrt_best": s["draft"],
+                        "llama_best": ll["draft"],
+                        "tokens_per_s_ratio": s["tokens_per_s"] / ll["tokens_per_s"],
+                        "ttft_p50_ratio": s["median_ttft_ms"] / ll["median_ttft_ms"],
+                    }
+                )
+    return {"cells": cells, "best_vs_best": ratios}
+
+
+def render_summary(summary: dict[str, Any]) -> str:
+    """The summary as text: medians with their [min-max] spread, then specrt's best over llama.cpp's per repeat."""
+    lines = [
+        "",
+        "summary over repeats: median [min-max]",
+        "server     draft  streams  n  tokens/s                TTFT p50 ms",
+    ]
+    for c in summary["cells"]:
+        t, f = c["tokens_per_s"], c["ttft_p50_ms"]
+        lines.append(
+            f"{c['server']:<10} {c['draft']:<5}  {c['streams']:>7}  {c['repeats']}  "
+            f"{t['median']:>7.1f} [{t['min']:.1f}-{t['max']:.1f}]  {f['median']:>6.0f} [{f['min']:.0f}-{f['max']:.0f}]"
+        )
+    by_streams: dict[int, list[dict[str, Any]]] = {}
+    for r in summary["best_vs_best"]:
+        by_streams.setdefault(r["streams"], []).append(r)
+    if by_streams:
+        lines.append("specrt best / llama.cpp best, per repeat: tokens/s ratio (TTFT p50 ratio; below 1 is faster)")
+        for streams, rs in sorted(by_streams.items()):
+            cells = ", ".join(f"{r['tokens_per_s_ratio']:.2f} ({r['ttft_p50_ratio']:.2f})" for r in rs)
+            lines.append(f"  {streams} streams: {cells}; fewest: {min(r['tokens_per_s_ratio'] for r in rs):.2f}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     models = cache_dir() / "models" / "smollm2-135m-instruct"
     smol_gguf = cache_dir() / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -226,6 +300,13 @@ def main() -> None:
         help="draft tokens per round (specrt -k, llama --spec-draft-n-max); default: each server's own (auto / 16)",
     )
     ap.add_argument("--threads", type=int, default=None, help="both servers' threads (default: theirs)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of every server and draft setting, interleaved (each repeat runs them all once, in a rotated "
+        "order); the summary gives each figure's median and its min-max spread",
+    )
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     if a.qwen_int4:
@@ -244,20 +325,27 @@ def main() -> None:
         "server     draft  streams  tokens/s  TTFT p50 ms  TTFT p99 ms  ITL p50 ms  ITL p99 ms  stream tok/s  errors"
         "  retried"
     )
-    for server in a.servers.split(","):
-        for draft in a.drafts.split(","):
+    configs = [(server, draft) for server in a.servers.split(",") for draft in a.drafts.split(",")]
+    for rep in range(a.repeats):
+        # Interleaved and rotated: a slow spell of the machine falls on different settings in different repeats.
+        shift = rep % len(configs)
+        for server, draft in configs[shift:] + configs[:shift]:
             port = _free_port()
             build = specrt_cmd if server == "specrt" else llama_cmd
             cmd = build(a, port, draft == "on", slots)
             for row in run_server(cmd, a, port):
-                report["runs"].append({"server": server, "draft": draft, "command": " ".join(cmd), **row})
+                report["runs"].append(
+                    {"server": server, "draft": draft, "repeat": rep, "command": " ".join(cmd), **row}
+                )
                 print(
                     f"{server:<10} {draft:<5}  {row['streams']:>7}  {row['tokens_per_s']:>8.1f}  "
                     f"{row['median_ttft_ms']:>11.0f}  {row['p99_ttft_ms']:>11.0f}  {row['p50_itl_ms']:>10.1f}  "
                     f"{row['p99_itl_ms']:>10.1f}  {row['stream_decode_tokens_per_s']:>12.1f}  {row['errors']:>6}  "
-                    f"{row['retried']:>7}",
+                    f"{row['retried']:>7}  (repeat {rep + 1})",
                     flush=True,
                 )
+    report["summary"] = summarize(report["runs"])
+    print(render_summary(report["summary"]))
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(report, indent=2))
