@@ -14,36 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from specrt import _specrt
+from specrt.cli_args import K_RANGE, REQUEST_DEFAULTS, k_arg, positive_int
 from specrt.scheduler import DEFAULT_MAX_QUEUE
 
 __all__ = ["DTYPES", "build_parser", "main"]
 
-#: The request defaults of the Rust resolver (``GenerationRequest::default()``, the one definition).
-_DEFAULTS = _specrt.request_defaults()
-#: The range of K (``specrt_core::verify::MAX_DRAFT_TOKENS``).
-_K_RANGE = f"0..{_specrt.MAX_DRAFT_TOKENS}"
-
 _COLORS = {"accepted": "\033[32m", "recovered": "\033[33m", "bonus": "\033[36m"}
 _RESET = "\033[0m"
-
-
-def _k_arg(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer {_K_RANGE} or 'auto'") from None
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
-    return n
 
 
 def _unescape(value: str) -> str:
@@ -74,13 +51,13 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"], help="most tokens to emit")
+    g.add_argument("--max-new-tokens", type=int, default=REQUEST_DEFAULTS["max_new_tokens"], help="most tokens to emit")
     g.add_argument(
         "--num-speculative-tokens",
         "-k",
-        type=_k_arg,
-        default=_DEFAULTS["num_speculative_tokens"],
-        help=f"K draft tokens per round, {_K_RANGE}, or 'auto' (chosen each round from measured costs)",
+        type=k_arg,
+        default=REQUEST_DEFAULTS["num_speculative_tokens"],
+        help=f"K draft tokens per round, {K_RANGE}, or 'auto' (chosen each round from measured costs)",
     )
     g.add_argument(
         "--proposer",
@@ -90,10 +67,10 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
         "(default: draft with --draft, else none)",
     )
     g.add_argument(
-        "--prompt-lookup-min", type=int, default=_DEFAULTS["prompt_lookup_min"], help="shortest n-gram to match"
+        "--prompt-lookup-min", type=int, default=REQUEST_DEFAULTS["prompt_lookup_min"], help="shortest n-gram to match"
     )
     g.add_argument(
-        "--prompt-lookup-max", type=int, default=_DEFAULTS["prompt_lookup_max"], help="longest n-gram to match"
+        "--prompt-lookup-max", type=int, default=REQUEST_DEFAULTS["prompt_lookup_max"], help="longest n-gram to match"
     )
     g.add_argument(
         "--temperature", type=float, default=None, help="0 = greedy (default: the model's generation config, else 1)"
@@ -239,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-seq-len", type=int, default=_specrt.DEFAULT_MAX_SEQ_LEN, help="KV cache length per model")
     g.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="ONNX Runtime threads, one pool shared by both models (default: the physical cores)",
     )
@@ -377,17 +354,17 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument(
         "--num-speculative-tokens",
         "-k",
-        type=_k_arg,
+        type=k_arg,
         default="auto",
-        help=f"K of requests that do not set num_speculative_tokens: {_K_RANGE} or 'auto'",
+        help=f"K of requests that do not set num_speculative_tokens: {K_RANGE} or 'auto'",
     )
     sv.add_argument(
-        "--max-queue", type=_positive_int, default=DEFAULT_MAX_QUEUE, help="requests that may wait; one more gets 429"
+        "--max-queue", type=positive_int, default=DEFAULT_MAX_QUEUE, help="requests that may wait; one more gets 429"
     )
     sv.add_argument(
         "--request-timeout", type=float, default=600.0, help="seconds from arrival before a request ends (504)"
     )
-    sv.add_argument("--default-max-tokens", type=_positive_int, default=256, help="max_tokens of chat requests")
+    sv.add_argument("--default-max-tokens", type=positive_int, default=256, help="max_tokens of chat requests")
     sv.add_argument("--drain-timeout", type=float, default=60.0, help="seconds open streams get at shutdown")
     _add_model_dtypes(sv)
     sv.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider")
@@ -406,13 +383,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument(
         "--max-batch",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="requests decoded together in batched rounds (1 = one at a time; > 1 uses the batched model layout, "
         "pulled as <dtype>-B for model names; CPU)",
     )
     sv.add_argument(
-        "--threads", type=_positive_int, default=None, help="ONNX Runtime threads (default: the physical cores)"
+        "--threads", type=positive_int, default=None, help="ONNX Runtime threads (default: the physical cores)"
     )
     sv.add_argument(
         "--max-prefill-tokens",

@@ -29,7 +29,7 @@ from specrt.bench.plots import write_plots
 from specrt.bench.random_models import SHAPE_PAIRS
 from specrt.bench.report import render_table
 from specrt.bench.runner import check_provider, run_bench
-from specrt.cli import _k_arg as _k_value  # one parser of K values for every subcommand
+from specrt.cli_args import k_arg as _k_value  # one parser of K values for every subcommand
 
 #: Help line of ``specrt bench``.
 HELP = "benchmark speculative vs target-only decoding against the cost model (tokens/s, E, a, c_q, c_p, c_verify)"
