@@ -248,7 +248,7 @@ def convert(
     attention: str = "gqa",
     prefill_graph: bool = False,
 ) -> Path:
-    """Convert a GGUF file or a Hugging Face folder (``llama`` or ``qwen2``) into a specrt ONNX model folder.
+    """Convert a GGUF file or a Hugging Face folder (``llama``, ``qwen2`` or ``qwen3``) into a specrt ONNX model folder.
 
     The folder is written into a temporary sibling of ``out`` and renamed at the end, so an error (or Ctrl-C) leaves
     no half-written ``out``. Peak memory is about twice the largest fp32 tensor (the embedding), not the model.
@@ -309,7 +309,7 @@ def convert(
     Raises:
         UnsupportedModelError: ``dtype`` other than fp32, RoPE scaling, partial rotary, unknown quantization,
             ``num_layers`` outside ``1 .. block count``.
-        UnsupportedArchitectureError: an architecture other than ``llama`` / ``qwen2`` (the message lists them).
+        UnsupportedArchitectureError: an architecture not in ``ARCH_INFO`` (the message lists them).
         GGUFFormatError: ``src`` is missing, not a GGUF, truncated or lacks required tensors / keys.
         HFFormatError: a Hugging Face folder lacks a file or tensor, has a tensor of the wrong shape (named, with
             both shapes) or an unreadable file.

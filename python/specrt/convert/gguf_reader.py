@@ -39,18 +39,23 @@ class ArchInfo:
         qk_permuted: llama.cpp stores the Q/K projection rows permuted for its interleaved rotary.
         qkv_bias: the family normally has biases on q/k/v (they are used whenever present either way).
         hf_architecture: the Hugging Face class name, for the NOTICE and config.
+        qk_norm: every layer has a per-head RMSNorm on q and on k (weights ``[head_dim]``, GGUF
+            ``blk.N.attn_q_norm.weight`` / ``attn_k_norm.weight``), applied after the projections and before rotary.
     """
 
     name: str
     qk_permuted: bool
     qkv_bias: bool
     hf_architecture: str
+    qk_norm: bool = False
 
 
 #: Supported architectures. A new llama-like family is one row here (plus any extra tensors in graph.py).
 ARCH_INFO: dict[str, ArchInfo] = {
     "llama": ArchInfo("llama", qk_permuted=True, qkv_bias=False, hf_architecture="LlamaForCausalLM"),
     "qwen2": ArchInfo("qwen2", qk_permuted=False, qkv_bias=True, hf_architecture="Qwen2ForCausalLM"),
+    # Qwen3: the qwen2 decoder without q/k/v biases, with q/k norms and a head_dim of its own (attention.key_length).
+    "qwen3": ArchInfo("qwen3", qk_permuted=False, qkv_bias=False, hf_architecture="Qwen3ForCausalLM", qk_norm=True),
 }
 
 
@@ -59,7 +64,7 @@ class ModelSpec:
     """Hyperparameters of a decoder-only transformer read from GGUF metadata.
 
     Attributes:
-        architecture: ``llama`` or ``qwen2``.
+        architecture: a key of :data:`ARCH_INFO` (``llama``, ``qwen2``, ``qwen3``).
         num_layers: transformer blocks.
         hidden_size: model width H.
         intermediate_size: SwiGLU width F.
@@ -72,6 +77,8 @@ class ModelSpec:
         max_position_embeddings: trained context length (size of the cos/sin caches).
         tied_embeddings: the lm_head reuses the token embedding (no ``output.weight``).
         qkv_bias: q/k/v projections have biases.
+        qk_norm: per-head RMSNorm of q and k before rotary (``blk.N.attn_q_norm.weight`` / ``attn_k_norm.weight``,
+            ``[head_dim]``, epsilon ``rms_norm_eps``).
     """
 
     architecture: str
@@ -87,6 +94,7 @@ class ModelSpec:
     max_position_embeddings: int
     tied_embeddings: bool
     qkv_bias: bool
+    qk_norm: bool = False
 
     @property
     def arch(self) -> ArchInfo:
@@ -319,6 +327,13 @@ class GGUFModel:
             for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"):
                 if f"blk.{i}.{part}.weight" not in self.tensors:
                     raise GGUFFormatError(f"{self.path}: tensor 'blk.{i}.{part}.weight' is missing")
+            for part in ("attn_q_norm", "attn_k_norm") if ARCH_INFO[arch].qk_norm else ():
+                t = self.tensors.get(f"blk.{i}.{part}.weight")
+                if t is None or t.shape != (head_dim,):
+                    found = "missing" if t is None else f"of shape {list(t.shape)}"
+                    raise GGUFFormatError(
+                        f"{self.path}: tensor 'blk.{i}.{part}.weight' is {found} (a {arch} q/k norm needs [{head_dim}])"
+                    )
             for part in ("ffn_gate", "ffn_up", "ffn_down"):
                 if f"blk.{i}.{part}.weight" not in self.tensors:
                     raise UnsupportedModelError(
@@ -339,6 +354,7 @@ class GGUFModel:
             max_position_embeddings=int(self.require(f"{arch}.context_length")),
             tied_embeddings="output.weight" not in self.tensors,
             qkv_bias="blk.0.attn_q.bias" in self.tensors,
+            qk_norm=ARCH_INFO[arch].qk_norm,
         )
 
     # ----- tensors ------------------------------------------------------------------------------------------

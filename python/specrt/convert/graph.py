@@ -6,7 +6,8 @@ soon as it is produced and hands back a small ``TensorProto`` that only points i
 
 Graph, per token position:
 
-    Gather(token_embd) -> RMSNorm -> N x [packed QKV MatMul (+bias) -> GroupQueryAttention(do_rotary, shared KV)
+    Gather(token_embd) -> RMSNorm -> N x [packed QKV MatMul (+bias) (-> Split, per-head q/k RMSNorm: qwen3)
+    -> GroupQueryAttention(do_rotary, shared KV)
     -> o MatMul -> SkipSimplifiedLayerNormalization (+residual, RMSNorm) -> packed gate|up MatMul
     -> SiLU(gate) * up -> down MatMul -> SkipSimplifiedLayerNormalization (+residual, next RMSNorm)]
     -> Slice(last num_logits_to_keep positions) -> lm_head -> logits (float32)
@@ -201,6 +202,7 @@ class _Builder:
         self.ft = float_dtype
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[TensorProto] = []
+        self._consts: set[str] = set()
         self._n = 0
 
     def weight(self, name: str, array: np.ndarray) -> str:
@@ -235,6 +237,25 @@ class _Builder:
         ms = self.op1("ReduceMean", [sq, "const_axes_last"], name=f"{name}/mean", keepdims=1)
         rs = self.op1("Sqrt", [self.op1("Add", [ms, eps], name=f"{name}/add_eps")], name=f"{name}/sqrt")
         return self.op1("Mul", [self.op1("Div", [x, rs], name=f"{name}/div"), weight], name=f"{name}/scale")
+
+    def const_once(self, name: str, array: np.ndarray) -> str:
+        """:meth:`const` unless an initializer ``name`` exists already (constants shared by layers)."""
+        if name not in self._consts:
+            self._consts.add(name)
+            self.const(name, array)
+        return name
+
+    def head_norm(self, x: str, weight: str, n_heads: int, hd: int, eps: float, name: str) -> str:
+        """Per-head RMSNorm (Qwen3's q / k norm) of ``x`` ``[1, S, n_heads hd]`` over each head's ``hd`` values, times
+        ``weight`` ``[hd]``: ``x`` viewed ``[S, n_heads, hd]`` through ``SkipSimplifiedLayerNormalization`` with a
+        zero skip (the fused kernel: float32 statistics whatever the dtype; the plain ``SimplifiedLayerNormalization``
+        is no registered ONNX op, which ``onnx.checker`` refuses), then viewed back."""
+        heads = self.const_once(f"const_shape_heads_{n_heads}_{hd}", np.array([-1, n_heads, hd], dtype=np.int64))
+        flat = self.const_once(f"const_shape_flat_{n_heads}_{hd}", np.array([1, -1, n_heads * hd], dtype=np.int64))
+        zeros = self.const_once(f"const_zero_skip_{n_heads}_{hd}", np.zeros((1, n_heads, hd), dtype=self.ft))
+        x3 = self.op1("Reshape", [x, heads], name=f"{name}/heads")
+        y = self.op1("SkipSimplifiedLayerNormalization", [x3, zeros, weight], name=name, epsilon=float(eps))
+        return self.op1("Reshape", [y, flat], name=f"{name}/flat")
 
     def skip_rms_norm(self, x: str, residual: str, weight: str, eps: float, name: str) -> tuple[str, str]:
         """``(RMSNorm(x + residual) * weight, x + residual)``; statistics in float32 whatever the dtype."""
@@ -297,35 +318,47 @@ class _Builder:
         )
         return self.op1("Concat", [a, c], name=f"{name}/out", axis=-1)
 
-    def masked_attention(self, qkv: str, layer: int, nh: int, kvh: int, hd: int, masks: dict[str, str]) -> str:
+    def split_qkv(self, qkv: str, nh: int, kvh: int, hd: int, name: str) -> list[str]:
+        """``qkv`` ``[..., (nh + 2 kvh) hd]`` -> q ``[..., nh hd]``, k and v ``[..., kvh hd]``."""
+        sizes = self.const_once(
+            f"const_split_qkv_{nh}_{kvh}_{hd}", np.array([nh * hd, kvh * hd, kvh * hd], dtype=np.int64)
+        )
+        return self.op("Split", [qkv, sizes], n_out=3, name=name, axis=-1)
+
+    def masked_attention(
+        self,
+        qkv: str,
+        layer: int,
+        nh: int,
+        kvh: int,
+        hd: int,
+        masks: dict[str, str],
+        qk_norm: tuple[str, str] | None = None,
+    ) -> str:
         """Attention of the batched contract for ``qkv`` ``[B, S, (nh + 2 kvh) hd]``: each query attends to its row's
         cached keys (``past_key_values.{layer}.key_t`` ``[B, kvh, hd, L]``, read in place, masked beyond the row's
         length) and causally to the S new keys, one softmax over both parts. Writes the graph outputs
         ``new.{layer}.key`` (after rotary) and ``new.{layer}.value``, ``[B, kvh, S, hd]``; returns ``[B, S, nh hd]``.
+        ``qk_norm``: the q and k norm weights ``[hd]`` (Qwen3), applied per head after the split, before rotary
+        (RMSNorm in standard ops with ``const_eps``: this form is float32 only).
         """
         p = f"blk.{layer}/mattn"
         g = nh // kvh
-        if f"const_split_qkv_{nh}_{kvh}_{hd}" not in {t.name for t in self.inits}:
-            self.const(f"const_split_qkv_{nh}_{kvh}_{hd}", np.array([nh * hd, kvh * hd, kvh * hd], dtype=np.int64))
-            self.const("const_shape_q5", np.array([0, 0, kvh, g, hd], dtype=np.int64))
-            self.const("const_shape_kv4", np.array([0, 0, kvh, hd], dtype=np.int64))
-            self.const("const_shape_attn", np.array([0, 0, nh * hd], dtype=np.int64))
-            self.const("const_shape_fold", np.array([0, 0, -1, hd], dtype=np.int64))
-            self.const("const_shape_unfold", np.array([0, 0, g, -1, hd], dtype=np.int64))
-            self.const("const_scale", np.array(1.0 / np.sqrt(hd), dtype=self.ft))
-        q, k, v = self.op("Split", [qkv, f"const_split_qkv_{nh}_{kvh}_{hd}"], n_out=3, name=f"{p}/split", axis=-1)
-        q = self.op1(
-            "Transpose",
-            [self.op1("Reshape", [q, "const_shape_q5"], name=f"{p}/q5")],
-            name=f"{p}/qt",
-            perm=[0, 2, 3, 1, 4],
-        )  # [B, kvh, g, S, hd]
-        k = self.op1(
-            "Transpose",
-            [self.op1("Reshape", [k, "const_shape_kv4"], name=f"{p}/k4")],
-            name=f"{p}/kt",
-            perm=[0, 2, 1, 3],
-        )  # [B, kvh, S, hd]
+        if "const_shape_q5" not in self._consts:
+            self.const_once("const_shape_q5", np.array([0, 0, kvh, g, hd], dtype=np.int64))
+            self.const_once("const_shape_kv4", np.array([0, 0, kvh, hd], dtype=np.int64))
+            self.const_once("const_shape_attn", np.array([0, 0, nh * hd], dtype=np.int64))
+            self.const_once("const_shape_fold", np.array([0, 0, -1, hd], dtype=np.int64))
+            self.const_once("const_shape_unfold", np.array([0, 0, g, -1, hd], dtype=np.int64))
+            self.const_once("const_scale", np.array(1.0 / np.sqrt(hd), dtype=self.ft))
+        q, k, v = self.split_qkv(qkv, nh, kvh, hd, f"{p}/split")
+        q = self.op1("Reshape", [q, "const_shape_q5"], name=f"{p}/q5")  # [B, S, kvh, g, hd]
+        k = self.op1("Reshape", [k, "const_shape_kv4"], name=f"{p}/k4")  # [B, S, kvh, hd]
+        if qk_norm is not None:
+            q = self.rms_norm(q, qk_norm[0], "const_eps", f"{p}/q_norm")
+            k = self.rms_norm(k, qk_norm[1], "const_eps", f"{p}/k_norm")
+        q = self.op1("Transpose", [q], name=f"{p}/qt", perm=[0, 2, 3, 1, 4])  # [B, kvh, g, S, hd]
+        k = self.op1("Transpose", [k], name=f"{p}/kt", perm=[0, 2, 1, 3])  # [B, kvh, S, hd]
         v = self.op1("Reshape", [v, "const_shape_kv4"], name=f"{p}/v4")
         self.nodes.append(helper.make_node("Transpose", [v], [f"new.{layer}.value"], name=f"{p}/vt", perm=[0, 2, 1, 3]))
         v = f"new.{layer}.value"
@@ -593,15 +626,25 @@ def build_decoder(
             for n in "qkv":
                 done(f"{p}.attn_{n}.bias")
             qkv = b.op1("Add", [qkv, f"{p}.attn_qkv.bias"], name=f"{p}/qkv_bias")
+        norms = None
+        if spec.qk_norm:  # Qwen3: per-head RMSNorm of q and k after the projections, before rotary
+            norms = (f"{p}.attn_q_norm.weight", f"{p}.attn_k_norm.weight")
+            for n in norms:
+                b.weight(n, w(n))
+                done(n)
         if batched:
-            attn = [b.masked_attention(qkv, i, nh, kvh, hd, masks)]
+            attn = [b.masked_attention(qkv, i, nh, kvh, hd, masks, norms)]
         else:
+            qkv_in = [qkv, "", ""]  # packed: GroupQueryAttention splits it
+            if norms is not None:  # normed q and k reach GroupQueryAttention unpacked
+                q, k, v = b.split_qkv(qkv, nh, kvh, hd, f"{p}/qkv_split")
+                q = b.head_norm(q, norms[0], nh, hd, spec.rms_norm_eps, f"{p}/q_norm")
+                k = b.head_norm(k, norms[1], kvh, hd, spec.rms_norm_eps, f"{p}/k_norm")
+                qkv_in = [q, k, v]
             attn = b.op(
                 "GroupQueryAttention",
                 [
-                    qkv,
-                    "",
-                    "",
+                    *qkv_in,
                     f"past_key_values.{i}.key",
                     f"past_key_values.{i}.value",
                     seqlens_k,

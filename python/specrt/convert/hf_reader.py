@@ -1,4 +1,5 @@
-"""Read a Hugging Face model folder (``llama`` / ``qwen2``): config, safetensors weights, tokenizer, defaults.
+"""Read a Hugging Face model folder (``llama`` / ``qwen2`` / ``qwen3``): config, safetensors weights, tokenizer,
+defaults.
 
 A folder holds ``config.json``, ``model.safetensors`` (or shards listed by ``model.safetensors.index.json``),
 ``tokenizer.json``, and optionally ``tokenizer_config.json`` (chat template, BOS/EOS tokens) and
@@ -35,7 +36,7 @@ class HFFormatError(ConversionError, ModelFileError):
     shape, an unreadable config or safetensors file."""
 
 
-#: GGUF name -> Hugging Face name (``{i}`` = layer index) of every tensor a llama / qwen2 decoder may have.
+#: GGUF name -> Hugging Face name (``{i}`` = layer index) of every tensor a llama / qwen2 / qwen3 decoder may have.
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight",
@@ -44,6 +45,8 @@ _LAYER_NAMES = {
     "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "attn_output.weight": "self_attn.o_proj.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
@@ -102,7 +105,7 @@ class HFModel:
     Raises:
         HFFormatError: ``config.json``, ``tokenizer.json`` or the safetensors files are missing or unreadable, or
             the index names a shard that does not exist.
-        UnsupportedArchitectureError: ``model_type`` other than ``llama`` / ``qwen2``.
+        UnsupportedArchitectureError: ``model_type`` not in ``ARCH_INFO`` (``llama``, ``qwen2``, ``qwen3``).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -170,7 +173,7 @@ class HFModel:
     # ----- metadata (the GGUFModel interface the converter uses) ---------------------------------------------------
     @property
     def architecture(self) -> str:
-        """``llama`` or ``qwen2`` (``config.json`` ``model_type``)."""
+        """``llama``, ``qwen2`` or ``qwen3`` (``config.json`` ``model_type``)."""
         return self.arch_name
 
     def has(self, key: str) -> bool:
@@ -201,7 +204,7 @@ class HFModel:
         scaling = c.get("rope_scaling")
         if scaling:
             raise UnsupportedModelError(f"RoPE scaling {scaling!r} (config.json rope_scaling) is not implemented")
-        if self.arch_name == "qwen2" and c.get("use_sliding_window"):
+        if self.arch_name in ("qwen2", "qwen3") and c.get("use_sliding_window"):
             raise UnsupportedModelError("sliding-window attention (config.json use_sliding_window) is not implemented")
         hidden, n_heads = int(req("hidden_size")), int(req("num_attention_heads"))
         n_kv = int(c.get("num_key_value_heads") or n_heads)
@@ -233,6 +236,8 @@ class HFModel:
                 f"{p}.ffn_up.weight": (ffn, hidden),
                 f"{p}.ffn_down.weight": (hidden, ffn),
             }
+            if ARCH_INFO[self.arch_name].qk_norm:
+                expected |= {f"{p}.attn_q_norm.weight": (head_dim,), f"{p}.attn_k_norm.weight": (head_dim,)}
             if qkv_bias:
                 expected |= {
                     f"{p}.attn_q.bias": (n_heads * head_dim,),
@@ -267,6 +272,7 @@ class HFModel:
             max_position_embeddings=int(req("max_position_embeddings")),
             tied_embeddings=tied,
             qkv_bias=qkv_bias,
+            qk_norm=ARCH_INFO[self.arch_name].qk_norm,
         )
 
     @staticmethod

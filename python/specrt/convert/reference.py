@@ -2,8 +2,9 @@
 
 Deliberately written the way llama.cpp defines the models rather than the way the converter builds its graph: it
 uses the tensors *as stored* (no Q/K un-permutation) with llama.cpp's RoPE mode for the architecture (``llama``:
-interleaved pairs ``(2i, 2i+1)``; ``qwen2``: half-split pairs ``(i, i + d/2)``), separate q/k/v and gate/up
-projections, an explicit causal mask, and float64 arithmetic. Agreement with the ONNX graph therefore checks the
+interleaved pairs ``(2i, 2i+1)``; ``qwen2`` / ``qwen3``: half-split pairs ``(i, i + d/2)``), separate q/k/v and gate/up
+projections, ``qwen3``'s per-head q/k RMSNorm on the ``[S, heads, head_dim]`` view, an explicit causal mask, and float64
+arithmetic. Agreement with the ONNX graph therefore checks the
 un-permutation, the fused projections and the rotary setup, not just the plumbing.
 
 Slow and memory-hungry by design (full recompute, no cache); fine for tiny models and for short prompts on
@@ -19,7 +20,7 @@ from specrt.convert.gguf_reader import GGUFModel, ModelSpec
 __all__ = ["ROPE_MODE", "reference_logits"]
 
 #: llama.cpp's rotary layout per architecture (``llama_model_rope_type``): NORM = adjacent pairs, NEOX = halves.
-ROPE_MODE = {"llama": "norm", "qwen2": "neox"}
+ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
 
 
 def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -71,8 +72,12 @@ def reference_logits(model: GGUFModel, token_ids: list[int] | np.ndarray, spec: 
         q, k, v = (x @ t(f"{p}.attn_{n}.weight").T for n in "qkv")
         if f"{p}.attn_q.bias" in model.tensors:
             q, k, v = q + t(f"{p}.attn_q.bias"), k + t(f"{p}.attn_k.bias"), v + t(f"{p}.attn_v.bias")
-        q = _rope(q.reshape(S, nh, hd), pos, spec.rope_theta, mode)
-        k = _rope(k.reshape(S, kvh, hd), pos, spec.rope_theta, mode)
+        q, k = q.reshape(S, nh, hd), k.reshape(S, kvh, hd)
+        if spec.qk_norm:  # qwen3: RMSNorm of each head's q and k (weights [hd]) before rotary
+            q = _rms_norm(q, t(f"{p}.attn_q_norm.weight"), spec.rms_norm_eps)
+            k = _rms_norm(k, t(f"{p}.attn_k_norm.weight"), spec.rms_norm_eps)
+        q = _rope(q, pos, spec.rope_theta, mode)
+        k = _rope(k, pos, spec.rope_theta, mode)
         v = v.reshape(S, kvh, hd)
         group = nh // kvh
         out = np.empty((S, nh, hd))

@@ -1,4 +1,4 @@
-"""Write tiny random-weight GGUF decoders (llama or qwen2 layout) for tests: a few hundred kB, written in
+"""Write tiny random-weight GGUF decoders (llama, qwen2 or qwen3 layout) for tests: a few hundred kB, written in
 milliseconds, with a small byte-level BPE tokenizer and a ChatML template in the metadata.
 
 The weights are random, so llama.cpp's Q/K permutation of ``llama`` files is simply "how these bytes are meant to be
@@ -85,6 +85,7 @@ def write_tiny_gguf(
     rope_scaling: str | None = None,
     seed: int = 0,
     pad_rows: int = 0,
+    head_dim: int | None = None,
 ) -> Path:
     """Write a random-weight decoder GGUF.
 
@@ -105,6 +106,10 @@ def write_tiny_gguf(
         pad_rows: extra rows of the token embedding and output head beyond the tokenizer's ids (padding no token maps
             to, as Qwen2.5 7B's 152064 rows over a 151665-id tokenizer). Random, from a generator of their own, so
             every other weight is that of ``pad_rows=0`` with the same seed.
+        head_dim: per-head width (``{arch}.attention.key_length`` / ``value_length`` are written when it differs from
+            ``hidden // n_heads``); default: ``2 * hidden // n_heads`` for ``qwen3`` (Qwen3's head_dim is its own,
+            e.g. 128 over a 1024 / 16 = 64 split in Qwen3-0.6B), else ``hidden // n_heads``. ``qwen3`` files also
+            get the per-head q/k norms (``blk.N.attn_q_norm.weight`` / ``attn_k_norm.weight``, non-trivial weights).
 
     Returns:
         ``Path(path)``.
@@ -115,7 +120,9 @@ def write_tiny_gguf(
     rng = np.random.default_rng(seed)
     tokens, types, merges = tiny_vocab()
     vocab = len(tokens)
-    head_dim = hidden // n_heads
+    qk_norm = arch == "qwen3"
+    if head_dim is None:
+        head_dim = (2 if qk_norm else 1) * hidden // n_heads
     if qkv_bias is None:
         qkv_bias = arch == "qwen2"
     path = Path(path)
@@ -128,6 +135,9 @@ def write_tiny_gguf(
     w.add_feed_forward_length(ffn)
     w.add_head_count(n_heads)
     w.add_head_count_kv(n_kv_heads)
+    if head_dim != hidden // n_heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_rope_freq_base(rope_theta)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab + pad_rows)
@@ -136,7 +146,7 @@ def write_tiny_gguf(
         w.add_float32(f"{arch}.rope.scaling.factor", 4.0)
     if with_tokenizer:
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
+        w.add_tokenizer_pre("qwen2" if arch in ("qwen2", "qwen3") else "smollm")
         w.add_token_list(tokens)
         w.add_token_types(types)
         w.add_token_merges(merges)
@@ -179,6 +189,9 @@ def write_tiny_gguf(
             vec(f"{p}.attn_q.bias", n_heads * head_dim, 0.0, 0.5)
             vec(f"{p}.attn_k.bias", n_kv_heads * head_dim, 0.0, 0.5)
             vec(f"{p}.attn_v.bias", n_kv_heads * head_dim, 0.0, 0.5)
+        if qk_norm:
+            vec(f"{p}.attn_q_norm.weight", head_dim, 1.0, 0.3)
+            vec(f"{p}.attn_k_norm.weight", head_dim, 1.0, 0.3)
         mat(f"{p}.attn_output.weight", hidden, n_heads * head_dim, matrix_type, 0.2)
         vec(f"{p}.ffn_norm.weight", hidden, 1.0, 0.1)
         mat(f"{p}.ffn_gate.weight", ffn, hidden, matrix_type, 0.2)
@@ -278,6 +291,7 @@ def write_hf_folder(
         "num_attention_heads": spec.num_attention_heads,
         "num_key_value_heads": spec.num_kv_heads,
         "num_hidden_layers": spec.num_layers,
+        "head_dim": spec.head_dim,
         "max_position_embeddings": spec.max_position_embeddings,
         "rms_norm_eps": spec.rms_norm_eps,
         "rope_theta": spec.rope_theta,
