@@ -440,7 +440,9 @@ def test_a_setting_the_engine_refuses_is_a_400_even_when_streaming(tiny) -> None
 
     class Refusing(HeldDecoder):
         def stream(self, *args, **kwargs):
-            raise ConfigError("top_k 3 is invalid here (a refusal made by the test)")
+            refusal = ConfigError("top_k 3 is invalid here (a refusal made by the test)")
+            refusal.field = "top_k"  # as the Rust validators' errors name their setting
+            raise refusal
             yield  # a generator, like Decoder.stream
 
     with TestClient(create_app(Refusing(tiny), model_name="tiny")) as c:

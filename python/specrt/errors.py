@@ -3,7 +3,12 @@
 ``SpecrtError`` is the base of all of them; where a builtin base helps, a class also derives from it, so
 ``except ValueError`` catches bad arguments and ``except FileNotFoundError`` a missing model file:
 
-- ``ConfigError(SpecrtError, ValueError)``: a setting outside its allowed range.
+- ``ConfigError(SpecrtError, ValueError)``: a setting outside its allowed range; attribute ``field``: the name of
+  the request or decoder setting it refuses, as specrt names it (``"temperature"``, ``"max_new_tokens"``,
+  ``"num_speculative_tokens"``, ``"stop"``, ``"prompt"``, ``"response_format.json_schema.name"``, ``"regex"``,
+  ``"kwargs"`` for a chat template's keyword arguments, ...: the name its message starts with), or ``None`` when
+  the error is not about one setting (a ``ConfigError`` raised in Python has ``None`` unless it sets ``field``).
+  ``specrt serve`` turns it into an OpenAI error's ``param``.
 - ``ShapeError(SpecrtError, ValueError)``: wrong dtype, shape or memory layout of an array.
 - ``VocabError(SpecrtError, ValueError)``: a token id or vocabulary mismatch.
 - ``NonFiniteLogitsError(SpecrtError, ValueError)``: NaN / +inf logits or an all -inf row;

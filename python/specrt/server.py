@@ -778,43 +778,30 @@ def _gpt2_byte_decoder() -> dict[str, int]:
 
 _BYTE_DECODER = _gpt2_byte_decoder()
 
-#: Request fields a Decoder error message can start with (Decoder names -> request names).
-_SETTING_FIELDS = {
-    "temperature": "temperature",
-    "top_k": "top_k",
-    "top_p": "top_p",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "seed": "seed",
-    "num_speculative_tokens": "num_speculative_tokens",
+#: specrt's setting names (a ``ConfigError``'s ``field``) -> the request fields that set them, where the names differ;
+#: every other setting has its request field's name. ``max_new_tokens`` is ``max_completion_tokens`` when a chat
+#: request used that, and ``prompt`` (the token ids) is a chat request's ``messages`` (see ``_param_of``).
+_REQUEST_FIELDS = {
     "max_new_tokens": "max_tokens",
-    "min_tokens": "min_tokens",
-    "top_logprobs": "top_logprobs",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "prompt": "prompt",
+    "kwargs": "chat_template_kwargs",  # the chat template's keyword arguments
 }
 
-
-def _param_of(message: str) -> str | None:
-    """The request field an error message is about, when it starts with a setting's name ("top_k 7 is ...")."""
-    word = re.split(r"[\s:=]", message.strip(), maxsplit=1)[0] if message.strip() else ""
-    return _SETTING_FIELDS.get(word)
+#: The Decoder's constraint arguments (the values of ``_GUIDED`` and ``_STRUCTURED_OUTPUTS``) and the kinds their
+#: errors name: a refusal of one of them is about the request field that carried the constraint.
+_CONSTRAINT_SETTINGS = {"response_format", "json_schema", "json_object", "regex", "grammar", "choice"}
 
 
-#: Where the chat renderer's value errors point ("tools[0]...: the float NaN is not finite") -> the request field.
-_TEMPLATE_VALUE_FIELDS = {"tools": "tools", "documents": "documents", "kwargs": "chat_template_kwargs"}
-
-
-def _template_param(message: str, has_kwargs: bool) -> str:
-    """The request field a chat-template error is about: a value of ``tools`` / ``documents`` /
-    ``chat_template_kwargs`` the renderer cannot take, a reserved kwarg name, else the messages."""
-    head = re.split(r"[\[:\s]", message, maxsplit=1)[0]
-    if head in _TEMPLATE_VALUE_FIELDS:
-        return _TEMPLATE_VALUE_FIELDS[head]
-    return "chat_template_kwargs" if has_kwargs and "reserved" in message else "messages"
+def _param_of(error: BaseException, req: Any = None) -> str | None:
+    """The request field a refused setting is about (OpenAI's ``param``): the ``field`` of a ``ConfigError`` from the
+    Rust validators, in the request's words (None: the error names no setting)."""
+    field = getattr(error, "field", None)
+    if not isinstance(field, str):
+        return None
+    if field == "max_new_tokens" and getattr(req, "max_completion_tokens", None):
+        return "max_completion_tokens"
+    if field == "prompt" and hasattr(req, "messages"):
+        return "messages"
+    return _REQUEST_FIELDS.get(field, field)
 
 
 def _continue_final(text: str, final: str) -> str:
@@ -1053,7 +1040,10 @@ def create_app(
         if req.stop is not None:
             kw["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
         if req.stop_token_ids:
-            kw["stop_token_ids"] = list(req.stop_token_ids)
+            try:  # checked now, as the prompt's ids are: a 400 naming the field before the request queues
+                kw["stop_token_ids"] = _specrt.check_token_ids("stop_token_ids", req.stop_token_ids, decoder.vocab_size)
+            except (VocabError, TypeError) as e:
+                raise _BadFieldError("stop_token_ids", str(e)) from e
         return kw
 
     def _constrain(req: Any, kw: dict[str, Any]) -> str | None:
@@ -1070,8 +1060,12 @@ def create_app(
         try:
             check_request("specrt serve", has_draft=decoder.draft_path is not None, **kw)
         except ConfigError as e:
-            head = str(e).split(" ", 1)[0]  # "response_format.json_schema.name null is invalid ...": that field
-            raise _BadFieldError(_param_of(str(e)) or (head if head.startswith(param + ".") else param), str(e)) from e
+            field = _param_of(e, req)
+            if field is None or field.split(".", 1)[0] in _CONSTRAINT_SETTINGS:
+                # The constraint itself: the request field that carried it, or the part of it the error names
+                # ("response_format.json_schema.name").
+                field = field if field is not None and field.startswith(param + ".") else param
+            raise _BadFieldError(field, str(e)) from e
         return param
 
     def _check_tool_schemas(req: Any) -> None:
@@ -1206,7 +1200,9 @@ def create_app(
                 **extra,
             )
         except ConfigError as e:  # the template refused these messages, or failed on them (the Rust renderer's)
-            raise _BadFieldError(_template_param(str(e), bool(extra)), str(e)) from e
+            # A value of tools / documents / chat_template_kwargs the renderer cannot take names that field; a
+            # failure of the template itself is about the messages.
+            raise _BadFieldError(_param_of(e, req) or "messages", str(e)) from e
         except TypeError as e:  # a kwarg named like one of the renderer's own parameters (messages, tools, ...)
             own = inspect.signature(decoder.apply_chat_template).parameters
             clash = sorted(k for k in extra if k in own and own[k].kind != inspect.Parameter.VAR_KEYWORD)
@@ -1305,7 +1301,7 @@ def create_app(
                 return _error(429, str(e), "rate_limit_error", code="queue_full")
             if isinstance(e, SchedulerClosedError):
                 return _error(503, str(e), "server_error", code="shutting_down")
-            return _rejected(endpoint, str(e), _param_of(str(e)) or source)
+            return _rejected(endpoint, str(e), _param_of(e, req) or source)
         return choices
 
     def _rejected(endpoint: str, message: str, param: str | None) -> Any:
@@ -1348,13 +1344,13 @@ def create_app(
                 if not c.handle.done:
                     c.handle.cancel()
 
-    def _failure(error: BaseException) -> Any:
+    def _failure(error: BaseException, req: Any) -> Any:
         if isinstance(error, RequestTimeoutError):
             return _error(504, str(error), "timeout_error", code="request_timeout")
         if isinstance(error, GenerationCancelled):
             return _error(499, str(error), "cancelled", code="cancelled")
         if isinstance(error, (ConfigError, ValueError)):
-            return _error(400, str(error), "invalid_request_error", _param_of(str(error)))
+            return _error(400, str(error), "invalid_request_error", _param_of(error, req))
         return _error(500, f"{type(error).__name__}: {error}", "server_error")
 
     byte_level = tokenizer.decoder_type == "ByteLevel"
@@ -1509,7 +1505,7 @@ def create_app(
                 for c in choices:
                     why = error if c is choices[0] else GenerationCancelled("another choice failed")
                     metrics.observe(endpoint, c.handle, _outcome(why, None), None)
-                return _failure(error)
+                return _failure(error, req)
             chunk_head = {"id": head["id"], "object": chunk_object, "created": head["created"], "model": model_name}
             return StreamingResponse(
                 _stream(request, endpoint, req, choices, first_chunk, event_of, chunk_head),
@@ -1520,7 +1516,7 @@ def create_app(
             metrics.observe(endpoint, c.handle, _outcome(c.error, c.result), c.result)
         errors = [c.error for c in choices if c.error is not None]
         if errors:
-            return _failure(next((e for e in errors if not isinstance(e, GenerationCancelled)), errors[0]))
+            return _failure(next((e for e in errors if not isinstance(e, GenerationCancelled)), errors[0]), req)
         results = [c.result for c in choices]
         return {
             **head,

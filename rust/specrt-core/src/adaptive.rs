@@ -156,17 +156,21 @@ impl AutoK {
         }
         if let Some(p) = &self.pinned {
             if p.c_verify.len() < self.k_max + 1 {
-                return Err(SpecError::Config(format!(
-                    "pinned c_verify has {} entries, expected k_max + 1 = {}",
-                    p.c_verify.len(),
-                    self.k_max + 1
-                )));
+                return Err(SpecError::setting(
+                    "pinned_costs",
+                    format!(
+                        "pinned c_verify has {} entries, expected k_max + 1 = {}",
+                        p.c_verify.len(),
+                        self.k_max + 1
+                    ),
+                ));
             }
             if !(p.c_draft.is_finite() && p.c_draft >= 0.0)
                 || p.c_verify.iter().any(|c| !(c.is_finite() && *c > 0.0))
             {
-                return Err(SpecError::Config(
-                    "pinned costs must be finite, c_draft >= 0 and every c_verify > 0".to_owned(),
+                return Err(SpecError::setting(
+                    "pinned_costs",
+                    "pinned costs must be finite, c_draft >= 0 and every c_verify > 0",
                 ));
             }
         }

@@ -124,41 +124,54 @@ impl GenerationConfig {
 
     /// Check every setting; errors name the bad value and the allowed range.
     ///
-    /// Errors: [`SpecError::Config`].
+    /// Errors: [`SpecError::Setting`] naming the setting.
     pub fn validate(&self) -> Result<()> {
         self.sampling.validate()?;
         if self.num_speculative_tokens > MAX_DRAFT_TOKENS {
-            return Err(SpecError::Config(format!(
-                "num_speculative_tokens {} is invalid (expected 0 <= K <= {MAX_DRAFT_TOKENS})",
-                self.num_speculative_tokens
-            )));
+            return Err(SpecError::setting(
+                "num_speculative_tokens",
+                format!(
+                    "num_speculative_tokens {} is invalid (expected 0 <= K <= {MAX_DRAFT_TOKENS})",
+                    self.num_speculative_tokens
+                ),
+            ));
         }
         if let Some(a) = &self.auto_k {
             a.validate()?;
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
-            return Err(SpecError::Config(format!(
-                "top_logprobs {} is invalid (expected 0 <= top_logprobs <= {MAX_TOP_LOGPROBS}; 0 = none)",
-                self.top_logprobs
-            )));
+            return Err(SpecError::setting(
+                "top_logprobs",
+                format!(
+                    "top_logprobs {} is invalid (expected 0 <= top_logprobs <= {MAX_TOP_LOGPROBS}; 0 = none)",
+                    self.top_logprobs
+                ),
+            ));
         }
         if let Some(k) = self.prompt_logprobs.filter(|&k| k > MAX_TOP_LOGPROBS) {
-            return Err(SpecError::Config(format!(
-                "prompt_logprobs {k} is invalid (expected 0 <= prompt_logprobs <= {MAX_TOP_LOGPROBS} \
-                 alternatives, or none)"
-            )));
+            return Err(SpecError::setting(
+                "prompt_logprobs",
+                format!(
+                    "prompt_logprobs {k} is invalid (expected 0 <= prompt_logprobs <= {MAX_TOP_LOGPROBS} \
+                     alternatives, or none)"
+                ),
+            ));
         }
         if self.max_new_tokens == 0 {
-            return Err(SpecError::Config(
-                "max_new_tokens 0 is invalid (expected >= 1)".to_owned(),
+            return Err(SpecError::setting(
+                "max_new_tokens",
+                "max_new_tokens 0 is invalid (expected >= 1)",
             ));
         }
         let min = self.sampling.min_tokens;
         if min as usize > self.max_new_tokens {
-            return Err(SpecError::Config(format!(
-                "min_tokens {min} is invalid (expected 0 <= min_tokens <= max_new_tokens {})",
-                self.max_new_tokens
-            )));
+            return Err(SpecError::setting(
+                "min_tokens",
+                format!(
+                    "min_tokens {min} is invalid (expected 0 <= min_tokens <= max_new_tokens {})",
+                    self.max_new_tokens
+                ),
+            ));
         }
         Ok(())
     }
@@ -299,7 +312,7 @@ pub(crate) struct Request {
 /// `max_new_tokens` within `max_seq` (the KV capacity). Every entry point (the engines, the binding's resolver,
 /// the Rust `Pipeline`) checks with this one function.
 ///
-/// Errors: [`SpecError::Config`] for an empty prompt, [`SpecError::Vocab`] naming the first bad id and its
+/// Errors: [`SpecError::Setting`] (`prompt`) for an empty prompt, [`SpecError::Vocab`] naming the first bad id and its
 /// position, [`SpecError::Length`] naming both lengths and the maximum.
 pub fn check_prompt(
     prompt: &[u32],
@@ -308,8 +321,9 @@ pub fn check_prompt(
     max_seq: usize,
 ) -> Result<()> {
     if prompt.is_empty() {
-        return Err(SpecError::Config(
-            "the prompt is empty (expected at least one token)".to_owned(),
+        return Err(SpecError::setting(
+            "prompt",
+            "the prompt is empty (expected at least one token)",
         ));
     }
     if let Some((i, &t)) = prompt

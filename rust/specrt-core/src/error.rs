@@ -8,6 +8,17 @@ pub enum SpecError {
     /// (e.g. `temperature -1 is invalid (expected >= 0)`).
     #[error("{0}")]
     Config(String),
+    /// A request or decoder setting outside its allowed range, naming the setting: `field` is specrt's own name of
+    /// it (`temperature`, `max_new_tokens`, `stop`, `response_format.json_schema.name`, ...), `message` the text
+    /// (e.g. `temperature -1 is invalid (expected a finite value >= 0; 0 = greedy)`). Python: `ConfigError` with
+    /// the attribute `field`.
+    #[error("{message}")]
+    Setting {
+        /// The setting's name, as the message names it.
+        field: String,
+        /// The whole message.
+        message: String,
+    },
     /// A tensor or slice with the wrong shape or length
     /// (e.g. `target logits have 10 values, expected [k + 1, vocab] = [3, 4] = 12`).
     #[error("{0}")]
@@ -50,6 +61,25 @@ pub enum SpecError {
     /// A bug in specrt: an invariant did not hold. Please report it.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl SpecError {
+    /// A refused setting: [`SpecError::Setting`] naming `field`.
+    pub fn setting(field: impl Into<String>, message: impl Into<String>) -> Self {
+        SpecError::Setting {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The setting a [`SpecError::Setting`] names (`None` for every other variant).
+    #[must_use]
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            SpecError::Setting { field, .. } => Some(field),
+            _ => None,
+        }
+    }
 }
 
 /// `Result` with [`SpecError`].

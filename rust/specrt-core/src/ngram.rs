@@ -76,13 +76,22 @@ fn key(first: u32, rest: u32) -> u64 {
 impl NgramProposer {
     /// A proposer matching n-grams of `min_n ..= max_n` tokens.
     ///
-    /// Errors: [`SpecError::Config`] unless `1 <= min_n <= max_n <= 32`.
+    /// Errors: [`SpecError::Setting`] unless `1 <= min_n <= max_n <= 32` (naming `prompt_lookup_max` when only it
+    /// is out of range, else `prompt_lookup_min`).
     pub fn new(min_n: usize, max_n: usize) -> Result<Self> {
         if !(1 <= min_n && min_n <= max_n && max_n <= MAX_NGRAM_LEN) {
-            return Err(SpecError::Config(format!(
-                "n-gram lengths prompt_lookup_min = {min_n}, prompt_lookup_max = {max_n} are invalid \
-                 (expected 1 <= prompt_lookup_min <= prompt_lookup_max <= {MAX_NGRAM_LEN})"
-            )));
+            let field = if 1 <= min_n && min_n <= max_n {
+                "prompt_lookup_max"
+            } else {
+                "prompt_lookup_min"
+            };
+            return Err(SpecError::setting(
+                field,
+                format!(
+                    "n-gram lengths prompt_lookup_min = {min_n}, prompt_lookup_max = {max_n} are invalid \
+                     (expected 1 <= prompt_lookup_min <= prompt_lookup_max <= {MAX_NGRAM_LEN})"
+                ),
+            ));
         }
         Ok(Self {
             min_n,
@@ -352,9 +361,15 @@ mod tests {
     fn config_errors_name_the_values_and_the_range() {
         for (lo, hi) in [(0, 3), (4, 3), (1, 33), (0, 0)] {
             let e = NgramProposer::new(lo, hi).unwrap_err();
-            let SpecError::Config(m) = e else {
-                panic!("expected Config, got {e:?}")
+            let SpecError::Setting { field, message: m } = e else {
+                panic!("expected Setting, got {e:?}")
             };
+            let want = if lo >= 1 && lo <= hi {
+                "prompt_lookup_max"
+            } else {
+                "prompt_lookup_min"
+            };
+            assert_eq!(field, want, "({lo}, {hi})");
             assert!(
                 m.contains(&format!("prompt_lookup_min = {lo}"))
                     && m.contains(&format!("prompt_lookup_max = {hi}"))

@@ -97,40 +97,45 @@ impl SamplingParams {
 
     /// Check every value against its allowed range.
     ///
-    /// Errors: [`SpecError::Config`] naming the bad value and the allowed range.
+    /// Errors: [`SpecError::Setting`] naming the setting, the bad value and the allowed range.
     pub fn validate(&self) -> Result<()> {
         let t = self.temperature;
         if !(t.is_finite() && t >= 0.0) {
-            return Err(SpecError::Config(format!(
-                "temperature {t} is invalid (expected a finite value >= 0; 0 = greedy)"
-            )));
+            return Err(SpecError::setting(
+                "temperature",
+                format!("temperature {t} is invalid (expected a finite value >= 0; 0 = greedy)"),
+            ));
         }
         let p = self.top_p;
         if !(p > 0.0 && p <= 1.0) {
-            return Err(SpecError::Config(format!(
-                "top_p {p} is invalid (expected 0 < top_p <= 1; 1 = off)"
-            )));
+            return Err(SpecError::setting(
+                "top_p",
+                format!("top_p {p} is invalid (expected 0 < top_p <= 1; 1 = off)"),
+            ));
         }
         let m = self.min_p;
         if !(0.0..=1.0).contains(&m) {
-            return Err(SpecError::Config(format!(
-                "min_p {m} is invalid (expected 0 <= min_p <= 1; 0 = off)"
-            )));
+            return Err(SpecError::setting(
+                "min_p",
+                format!("min_p {m} is invalid (expected 0 <= min_p <= 1; 0 = off)"),
+            ));
         }
         let r = self.repetition_penalty;
         if !(r.is_finite() && r > 0.0) {
-            return Err(SpecError::Config(format!(
-                "repetition_penalty {r} is invalid (expected a finite value > 0; 1 = off)"
-            )));
+            return Err(SpecError::setting(
+                "repetition_penalty",
+                format!("repetition_penalty {r} is invalid (expected a finite value > 0; 1 = off)"),
+            ));
         }
         for (name, v) in [
             ("frequency_penalty", self.frequency_penalty),
             ("presence_penalty", self.presence_penalty),
         ] {
             if !v.is_finite() {
-                return Err(SpecError::Config(format!(
-                    "{name} {v} is invalid (expected a finite value; 0 = off)"
-                )));
+                return Err(SpecError::setting(
+                    name,
+                    format!("{name} {v} is invalid (expected a finite value; 0 = off)"),
+                ));
             }
         }
         Ok(())
@@ -1692,35 +1697,63 @@ mod tests {
     #[test]
     fn validate_names_value_and_range() {
         let bad = [
-            SamplingParams {
-                temperature: -1.0,
-                ..SamplingParams::default()
-            },
-            SamplingParams {
-                top_p: 0.0,
-                ..SamplingParams::default()
-            },
-            SamplingParams {
-                top_p: 1.5,
-                ..SamplingParams::default()
-            },
-            SamplingParams {
-                min_p: -0.1,
-                ..SamplingParams::default()
-            },
-            SamplingParams {
-                repetition_penalty: 0.0,
-                ..SamplingParams::default()
-            },
-            SamplingParams {
-                frequency_penalty: f32::NAN,
-                ..SamplingParams::default()
-            },
+            (
+                "temperature",
+                SamplingParams {
+                    temperature: -1.0,
+                    ..SamplingParams::default()
+                },
+            ),
+            (
+                "top_p",
+                SamplingParams {
+                    top_p: 0.0,
+                    ..SamplingParams::default()
+                },
+            ),
+            (
+                "top_p",
+                SamplingParams {
+                    top_p: 1.5,
+                    ..SamplingParams::default()
+                },
+            ),
+            (
+                "min_p",
+                SamplingParams {
+                    min_p: -0.1,
+                    ..SamplingParams::default()
+                },
+            ),
+            (
+                "repetition_penalty",
+                SamplingParams {
+                    repetition_penalty: 0.0,
+                    ..SamplingParams::default()
+                },
+            ),
+            (
+                "frequency_penalty",
+                SamplingParams {
+                    frequency_penalty: f32::NAN,
+                    ..SamplingParams::default()
+                },
+            ),
+            (
+                "presence_penalty",
+                SamplingParams {
+                    presence_penalty: f32::INFINITY,
+                    ..SamplingParams::default()
+                },
+            ),
         ];
-        for p in bad {
+        for (field, p) in bad {
             let e = p.validate().unwrap_err();
+            // The error names its setting (the field the message starts with).
+            assert_eq!(e.field(), Some(field), "{e}");
             assert!(
-                matches!(e, SpecError::Config(ref m) if m.contains("expected")),
+                matches!(e, SpecError::Setting { ref message, .. }
+                    if message.contains("expected") && message.starts_with(&format!("{field} "))),
                 "{e}"
             );
         }

@@ -310,7 +310,7 @@ fn bad_requests_are_clear_errors() {
 
     let mut e = Engine::new(Box::new(target(0)), None).unwrap();
     assert!(
-        matches!(e.start(&[], greedy_cfg(0, 4)), Err(SpecError::Config(m)) if m.contains("empty"))
+        matches!(e.start(&[], greedy_cfg(0, 4)), Err(SpecError::Setting { field, message }) if field == "prompt" && message.contains("empty"))
     );
     assert!(
         matches!(e.start(&[64], greedy_cfg(0, 4)), Err(SpecError::Vocab(m)) if m.contains("64"))
@@ -320,7 +320,7 @@ fn bad_requests_are_clear_errors() {
         matches!(e.start(&long, greedy_cfg(0, 13)), Err(SpecError::Length(m)) if m.contains("513"))
     );
     assert!(
-        matches!(e.start(&[1], greedy_cfg(65, 4)), Err(SpecError::Config(m)) if m.contains("65"))
+        matches!(e.start(&[1], greedy_cfg(65, 4)), Err(SpecError::Setting { field, message }) if field == "num_speculative_tokens" && message.contains("65"))
     );
     assert!(
         matches!(e.step(), Err(SpecError::Config(_))),
@@ -328,7 +328,9 @@ fn bad_requests_are_clear_errors() {
     );
     let mut cfg = greedy_cfg(0, 4);
     cfg.sampling.temperature = -1.0;
-    assert!(matches!(e.start(&[1], cfg), Err(SpecError::Config(m)) if m.contains("-1")));
+    assert!(
+        matches!(e.start(&[1], cfg), Err(SpecError::Setting { field, message }) if field == "temperature" && message.contains("-1"))
+    );
 }
 
 /// Upper quantile of chi-square with `df` degrees of freedom at z standard deviations (Wilson-Hilferty).
@@ -871,7 +873,7 @@ fn top_logprobs_come_from_the_targets_row_of_each_position_with_or_without_specu
         ..greedy_cfg(2, 4)
     };
     assert!(
-        matches!(bad.validate(), Err(SpecError::Config(m)) if m.contains("top_logprobs 21 is invalid"))
+        matches!(bad.validate(), Err(SpecError::Setting { field, message }) if field == "top_logprobs" && message.contains("top_logprobs 21 is invalid"))
     );
     assert!(run(target(1), None, &prompt, greedy_cfg(0, 4))
         .top_logprobs
@@ -915,7 +917,7 @@ fn prompt_logprobs_score_every_prompt_token_after_the_first_across_prefill_chunk
         ..greedy_cfg(0, 2)
     };
     assert!(
-        matches!(bad.validate(), Err(SpecError::Config(m)) if m.contains("prompt_logprobs 21 is invalid"))
+        matches!(bad.validate(), Err(SpecError::Setting { field, message }) if field == "prompt_logprobs" && message.contains("prompt_logprobs 21 is invalid"))
     );
 }
 
@@ -1003,6 +1005,6 @@ fn min_tokens_bans_eos_and_stop_ids_before_it_in_draft_and_target_alike() {
     // min_tokens above max_new_tokens is a clear error.
     let bad = cfg(0, 31);
     assert!(
-        matches!(bad.validate(), Err(SpecError::Config(m)) if m.contains("min_tokens 31 is invalid"))
+        matches!(bad.validate(), Err(SpecError::Setting { field, message }) if field == "min_tokens" && message.contains("min_tokens 31 is invalid"))
     );
 }

@@ -205,12 +205,12 @@ proptest! {
     fn validate_accepts_exactly_the_documented_ranges(p in params()) {
         match p.validate() {
             Ok(()) => prop_assert!(params_valid(&p), "accepted {p:?}"),
-            Err(SpecError::Config(m)) => {
+            Err(SpecError::Setting { field, message: m }) => {
                 prop_assert!(!params_valid(&p), "rejected valid {p:?}: {m}");
                 prop_assert!(
                     ["temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"]
-                        .iter().any(|n| m.starts_with(n)),
-                    "message does not name the parameter: {m}"
+                        .contains(&field.as_str()) && m.starts_with(&format!("{field} ")),
+                    "the error does not name the parameter: {field}: {m}"
                 );
             }
             Err(e) => prop_assert!(false, "validate returned {e:?}"),
@@ -550,9 +550,9 @@ proptest! {
                 prop_assert!(!out.tokens.is_empty() && out.tokens.len() <= max_new);
                 prop_assert!(out.logprobs.iter().all(|l| l.is_finite() && *l <= 1e-5), "{:?}", out.logprobs);
             }
-            Err(SpecError::Config(m)) => prop_assert!(
+            Err(e @ (SpecError::Config(_) | SpecError::Setting { .. })) => prop_assert!(
                 !params_valid(&p) || k > MAX_DRAFT_TOKENS || max_new == 0 || prompt.is_empty(),
-                "unexplained Config error: {}", m
+                "unexplained Config error: {}", e
             ),
             Err(SpecError::Vocab(_)) => prop_assert!(prompt.iter().any(|&t| t as usize >= VOCAB)),
             Err(SpecError::Length(_)) => prop_assert!(prompt.len().saturating_add(max_new) > 48),

@@ -192,7 +192,7 @@ fn serving_repeated_48_times_proposes_k_tokens_every_round() {
 fn config_outside_one_to_thirty_two_is_an_error() {
     for (lo, hi) in [(0, 0), (0, 4), (5, 4), (1, 33), (33, 33)] {
         match NgramProposer::new(lo, hi) {
-            Err(SpecError::Config(m)) => assert!(
+            Err(SpecError::Setting { message: m, .. }) => assert!(
                 m.contains(&lo.to_string())
                     && m.contains(&hi.to_string())
                     && m.contains("expected 1 <= prompt_lookup_min <= prompt_lookup_max <= 32"),

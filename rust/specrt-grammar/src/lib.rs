@@ -58,7 +58,7 @@ impl OutputConstraint {
 
     /// llguidance's grammar for the constraint.
     ///
-    /// Errors: [`SpecError::Config`] for a schema that is not a JSON object or an empty choice list / string.
+    /// Errors: [`SpecError::Setting`] for a schema that is not a JSON object or an empty choice list / string.
     fn grammar(&self) -> Result<TopLevelGrammar> {
         let json_options = |lenient: bool| {
             json!({
@@ -71,10 +71,13 @@ impl OutputConstraint {
         Ok(match self {
             Self::JsonSchema { schema, strict } => {
                 let Value::Object(obj) = schema else {
-                    return Err(SpecError::Config(format!(
-                        "json_schema {} is invalid (expected a JSON object)",
-                        short(&schema.to_string())
-                    )));
+                    return Err(SpecError::setting(
+                        "json_schema",
+                        format!(
+                            "json_schema {} is invalid (expected a JSON object)",
+                            short(&schema.to_string())
+                        ),
+                    ));
                 };
                 let mut obj = obj.clone();
                 obj.insert("x-guidance".to_owned(), json_options(!strict));
@@ -87,9 +90,10 @@ impl OutputConstraint {
             Self::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
             Self::Choice(choices) => {
                 if choices.is_empty() || choices.iter().any(String::is_empty) {
-                    return Err(SpecError::Config(format!(
-                        "choice {choices:?} is invalid (expected at least one non-empty string)"
-                    )));
+                    return Err(SpecError::setting(
+                        "choice",
+                        format!("choice {choices:?} is invalid (expected at least one non-empty string)"),
+                    ));
                 }
                 // Lark string literals take JSON's escapes.
                 let alts: Vec<String> = choices
@@ -105,7 +109,8 @@ impl OutputConstraint {
     /// over a byte-level vocabulary. [`specrt_ort::resolve_request`] calls it, so a bad constraint is refused before
     /// the request queues.
     ///
-    /// Errors: [`SpecError::Config`] naming the kind and llguidance's message.
+    /// Errors: [`SpecError::Setting`] naming the kind (the field: `json_schema`, `json_object`, `regex`, `grammar`,
+    /// `choice`) and llguidance's message.
     pub fn validate(&self) -> Result<()> {
         static FACTORY: OnceLock<std::result::Result<ParserFactory, String>> = OnceLock::new();
         let factory = FACTORY
@@ -128,7 +133,10 @@ impl OutputConstraint {
             Self::Regex(s) | Self::Lark(s) => short(s),
             Self::Choice(c) => short(&format!("{c:?}")),
         };
-        SpecError::Config(format!("{} {what} is invalid: {message}", self.kind()))
+        SpecError::setting(
+            self.kind(),
+            format!("{} {what} is invalid: {message}", self.kind()),
+        )
     }
 }
 
@@ -432,7 +440,7 @@ impl ConstraintFields {
     /// The constraint the fields ask for (`None`: none, or `response_format` `{"type": "text"}`). The syntax of the
     /// schema, regex or grammar is not compiled here: [`OutputConstraint::validate`] does that.
     ///
-    /// Errors: [`SpecError::Config`] naming the field, its value and what is allowed, for a value of the wrong type,
+    /// Errors: [`SpecError::Setting`] naming the field, its value and what is allowed, for a value of the wrong type,
     /// a `response_format` of unknown `type` or without its `json_schema.schema`, a `json_schema` string that is not
     /// JSON, an empty `choice`, or more than one constraint at once.
     pub fn resolve(&self) -> Result<Option<OutputConstraint>> {
@@ -445,10 +453,13 @@ impl ConstraintFields {
         if let Some(s) = &self.json_schema {
             let schema = match s {
                 Value::String(text) => serde_json::from_str(text).map_err(|e| {
-                    SpecError::Config(format!(
-                        "json_schema {} is invalid (expected a JSON Schema object, or a string of JSON): {e}",
-                        short(text)
-                    ))
+                    SpecError::setting(
+                        "json_schema",
+                        format!(
+                            "json_schema {} is invalid (expected a JSON Schema object, or a string of JSON): {e}",
+                            short(text)
+                        ),
+                    )
                 })?,
                 other => other.clone(),
             };
@@ -497,17 +508,22 @@ impl ConstraintFields {
         }
         if found.len() > 1 {
             let names: Vec<&str> = found.iter().map(|(n, _)| *n).collect();
-            return Err(SpecError::Config(format!(
-                "structured output takes at most one of {} (got {})",
-                CONSTRAINT_FIELDS.join(", "),
-                names.join(" and ")
-            )));
+            // The field named is the second one: the first alone would have been accepted.
+            return Err(SpecError::setting(
+                names[1],
+                format!(
+                    "structured output takes at most one of {} (got {})",
+                    CONSTRAINT_FIELDS.join(", "),
+                    names.join(" and ")
+                ),
+            ));
         }
         Ok(found.pop().map(|(_, c)| c))
     }
 }
 
-/// A [`SpecError::Config`] "`{name} {value} is invalid (expected {expected})`".
+/// A [`SpecError::Setting`] "`{name} {value} is invalid (expected {expected})`" whose field is `name` (words joined
+/// by dots: `response_format type` is the field `response_format.type`).
 fn field_error(name: &str, value: &Value, expected: &str) -> SpecError {
     let text = value.to_string();
     let shown = if text.chars().count() <= 200 {
@@ -515,7 +531,10 @@ fn field_error(name: &str, value: &Value, expected: &str) -> SpecError {
     } else {
         format!("{}...", text.chars().take(200).collect::<String>())
     };
-    SpecError::Config(format!("{name} {shown} is invalid (expected {expected})"))
+    SpecError::setting(
+        name.replace(' ', "."),
+        format!("{name} {shown} is invalid (expected {expected})"),
+    )
 }
 
 /// OpenAI's `response_format` as a constraint (`None` for `{"type": "text"}`).
@@ -595,10 +614,20 @@ mod tests {
         f
     }
 
+    /// The message of a refusal, after checking its field is the one the message names (a conflict of two
+    /// constraints names the second).
     fn err(pairs: &[(&str, Value)]) -> String {
         match fields(pairs).resolve() {
-            Err(SpecError::Config(m)) => m,
-            other => panic!("expected a config error, got {other:?}"),
+            Err(SpecError::Setting { field, message }) => {
+                assert!(
+                    message.starts_with(&format!("{field} "))
+                        || message.starts_with(&format!("{} ", field.replace('.', " ")))
+                        || message.ends_with(&format!(" and {field})")),
+                    "{field}: {message}"
+                );
+                message
+            }
+            other => panic!("expected a setting error, got {other:?}"),
         }
     }
 

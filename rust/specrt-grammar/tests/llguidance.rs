@@ -28,10 +28,17 @@ fn compiler() -> Option<(Tokenizer, GrammarCompiler)> {
     Some((tok, c))
 }
 
+/// The message of a refused constraint, after checking it names the constraint's kind as its field.
 fn config_message(r: Result<(), SpecError>) -> String {
     match r {
-        Err(SpecError::Config(m)) => m,
-        other => panic!("expected a ConfigError, got {other:?}"),
+        Err(SpecError::Setting { field, message }) => {
+            assert!(
+                message.starts_with(&format!("{field} ")),
+                "{field}: {message}"
+            );
+            message
+        }
+        other => panic!("expected a setting error, got {other:?}"),
     }
 }
 

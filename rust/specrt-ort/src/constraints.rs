@@ -90,7 +90,7 @@ impl ConstraintCompiler {
 
     /// A fresh matcher of `constraint` (its state: nothing consumed).
     ///
-    /// Errors: as [`ConstraintCompiler::grammar`]; [`SpecError::Config`] naming the constraint's kind when it does
+    /// Errors: as [`ConstraintCompiler::grammar`]; [`SpecError::Setting`] naming the constraint's kind when it does
     /// not compile.
     pub fn compile(&mut self, constraint: &OutputConstraint) -> Result<Box<dyn Constraint>> {
         Ok(Box::new(self.grammar()?.compile(constraint)?))

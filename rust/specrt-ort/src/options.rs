@@ -51,9 +51,10 @@ impl FromStr for Provider {
         match s.trim().to_ascii_lowercase().as_str() {
             "cpu" | "cpuexecutionprovider" => Ok(Provider::Cpu),
             "cuda" | "gpu" | "cudaexecutionprovider" => Ok(Provider::Cuda),
-            _ => Err(SpecError::Config(format!(
-                "provider '{s}' is invalid (expected one of: 'cpu', 'cuda')"
-            ))),
+            _ => Err(SpecError::setting(
+                "provider",
+                format!("provider '{s}' is invalid (expected one of: 'cpu', 'cuda')"),
+            )),
         }
     }
 }
@@ -228,13 +229,14 @@ impl DecoderOptions {
     /// Check the options and say which attention layout the models need: [`Attention::Batched`] for `max_batch`
     /// > 1, [`Attention::GqaGraph`] with `cuda_graph`, else [`Attention::Gqa`].
     ///
-    /// Errors: [`SpecError::Config`] naming the option and its allowed values: a count out of range, `cuda_graph`
+    /// Errors: [`SpecError::Setting`] naming the option and its allowed values: a count out of range, `cuda_graph`
     /// without the CUDA provider, or with `max_batch` > 1 (CUDA graphs replay single-stream decode steps).
     pub fn check(&self) -> Result<Attention> {
         let bad = |name: &str, value: i64, expected: &str| {
-            Err(SpecError::Config(format!(
-                "{name} {value} is invalid (expected {expected})"
-            )))
+            Err(SpecError::setting(
+                name,
+                format!("{name} {value} is invalid (expected {expected})"),
+            ))
         };
         if let Some(n) = self.intra_op_threads.filter(|&n| n < 1) {
             return bad("intra_op_threads", n, Self::INTRA_OP_THREADS);
@@ -262,10 +264,13 @@ impl DecoderOptions {
             return Err(cuda_graph_needs_cuda(self.provider));
         }
         if self.cuda_graph && self.max_batch > 1 {
-            return Err(SpecError::Config(format!(
-                "cuda_graph runs single-stream decoding (max_batch 1), got max_batch {}",
-                self.max_batch
-            )));
+            return Err(SpecError::setting(
+                "cuda_graph",
+                format!(
+                    "cuda_graph runs single-stream decoding (max_batch 1), got max_batch {}",
+                    self.max_batch
+                ),
+            ));
         }
         Ok(if self.max_batch > 1 {
             Attention::Batched
@@ -279,9 +284,12 @@ impl DecoderOptions {
 
 /// The error of `cuda_graph` on another provider than CUDA.
 fn cuda_graph_needs_cuda(provider: Provider) -> SpecError {
-    SpecError::Config(format!(
-        "cuda_graph needs provider 'cuda' (got provider '{provider}'): CUDA graphs replay GPU kernels"
-    ))
+    SpecError::setting(
+        "cuda_graph",
+        format!(
+            "cuda_graph needs provider 'cuda' (got provider '{provider}'): CUDA graphs replay GPU kernels"
+        ),
+    )
 }
 
 /// Options of one [`crate::OrtBackend`] (one model, one session).
@@ -507,9 +515,14 @@ mod tests {
     #[test]
     fn unknown_provider_names_the_valid_set() {
         let err = "tpu".parse::<Provider>().unwrap_err();
-        let SpecError::Config(msg) = err else {
-            panic!("expected Config")
+        let SpecError::Setting {
+            field,
+            message: msg,
+        } = err
+        else {
+            panic!("expected Setting")
         };
+        assert_eq!(field, "provider");
         assert!(
             msg.contains("provider 'tpu' is invalid (expected one of: 'cpu', 'cuda')"),
             "{msg}"
@@ -573,7 +586,10 @@ mod tests {
         ];
         for case in cases {
             assert!(
-                matches!(case.validate(), Err(SpecError::Config(_))),
+                matches!(
+                    case.validate(),
+                    Err(SpecError::Config(_) | SpecError::Setting { .. })
+                ),
                 "{case:?}"
             );
         }
@@ -680,7 +696,8 @@ mod tests {
         for (options, message) in refused {
             let err = options.check().unwrap_err();
             assert!(
-                matches!(&err, SpecError::Config(m) if m.contains(message)),
+                matches!(&err, SpecError::Setting { field, message: m }
+                    if m.contains(message) && m.starts_with(field.as_str())),
                 "{err}"
             );
         }

@@ -122,9 +122,12 @@ impl FromStr for SpeculativeTokens {
             return Ok(SpeculativeTokens::Auto);
         }
         s.parse().map(SpeculativeTokens::Fixed).map_err(|_| {
-            SpecError::Config(format!(
-                "num_speculative_tokens {s:?} is invalid (expected an integer 0..64 or \"auto\")"
-            ))
+            SpecError::setting(
+                "num_speculative_tokens",
+                format!(
+                    "num_speculative_tokens {s:?} is invalid (expected an integer 0..64 or \"auto\")"
+                ),
+            )
         })
     }
 }
@@ -196,10 +199,13 @@ impl FromStr for Proposer {
                     .iter()
                     .map(|p| format!("{:?}", p.as_str()))
                     .collect();
-                SpecError::Config(format!(
-                    "proposer {s:?} is invalid (expected one of: {})",
-                    names.join(", ")
-                ))
+                SpecError::setting(
+                    "proposer",
+                    format!(
+                        "proposer {s:?} is invalid (expected one of: {})",
+                        names.join(", ")
+                    ),
+                )
             })
     }
 }
@@ -887,9 +893,10 @@ pub struct TextOutput {
 /// for target-only; auto K up to [`AUTO_K_MAX`]); stop strings non-empty; stop token ids `< vocab_size` when it is
 /// given; everything else through [`GenerationConfig::validate`].
 ///
-/// Errors: [`SpecError::Config`] for a value out of range (named, with the allowed set: proposer, K, n-gram
-/// lengths, pinned costs without auto K, sampling settings, `max_new_tokens` 0, an empty stop string) or a draft
-/// proposer without a draft model; [`SpecError::Vocab`] for a stop token id `>= vocab_size`.
+/// Errors: [`SpecError::Setting`] naming the setting, for a value out of range (named, with the allowed set:
+/// proposer, K, n-gram lengths, pinned costs without auto K, sampling settings, `max_new_tokens` 0, an empty stop
+/// string, a constraint that does not compile) or a draft proposer without a draft model; [`SpecError::Vocab`] for a
+/// stop token id `>= vocab_size`.
 pub fn resolve_request(
     request: &GenerationRequest,
     defaults: &FolderDefaults,
@@ -897,9 +904,7 @@ pub fn resolve_request(
     vocab_size: Option<usize>,
 ) -> Result<GenerationConfig> {
     if request.stop.iter().any(String::is_empty) {
-        return Err(SpecError::Config(
-            "stop strings must be non-empty".to_owned(),
-        ));
+        return Err(SpecError::setting("stop", "stop strings must be non-empty"));
     }
     if let Some(c) = &request.constraint {
         // The schema, regex or grammar itself (no tokenizer needed): refused before the request queues.
@@ -915,25 +920,32 @@ pub fn resolve_request(
         Proposer::TargetOnly
     });
     if proposer.uses_draft_model() && !has_draft {
-        return Err(SpecError::Config(format!(
-            "proposer {:?} needs a draft model; none is loaded (load one with a draft folder)",
-            proposer.as_str()
-        )));
+        return Err(SpecError::setting(
+            "proposer",
+            format!(
+                "proposer {:?} needs a draft model; none is loaded (load one with a draft folder)",
+                proposer.as_str()
+            ),
+        ));
     }
     let auto = request.num_speculative_tokens == SpeculativeTokens::Auto;
     let k = match request.num_speculative_tokens {
         SpeculativeTokens::Fixed(k) if k > MAX_DRAFT_TOKENS => {
-            return Err(SpecError::Config(format!(
-                "num_speculative_tokens {k} is invalid (expected 0 <= K <= {MAX_DRAFT_TOKENS}, or \"auto\")"
-            )))
+            return Err(SpecError::setting(
+                "num_speculative_tokens",
+                format!(
+                    "num_speculative_tokens {k} is invalid (expected 0 <= K <= {MAX_DRAFT_TOKENS}, or \"auto\")"
+                ),
+            ))
         }
         SpeculativeTokens::Fixed(_) if proposer == Proposer::TargetOnly => 0,
         SpeculativeTokens::Fixed(k) => k,
         SpeculativeTokens::Auto => AUTO_K_MAX,
     };
     if request.pinned_costs.is_some() && !auto {
-        return Err(SpecError::Config(
-            "pinned_costs only apply with num_speculative_tokens = \"auto\"".to_owned(),
+        return Err(SpecError::setting(
+            "pinned_costs",
+            "pinned_costs only apply with num_speculative_tokens = \"auto\"",
         ));
     }
     let ngram = if proposer.uses_ngram() {
@@ -1065,10 +1077,11 @@ mod tests {
         Pipeline::from_engine(Engine::new(Box::new(target), d).unwrap(), defaults)
     }
 
-    fn config_error(p: &Pipeline, request: &GenerationRequest) -> String {
+    /// The setting a refused request names, and the message.
+    fn setting_error(p: &Pipeline, request: &GenerationRequest) -> (String, String) {
         match p.resolve(request) {
-            Err(SpecError::Config(m)) => m,
-            other => panic!("expected a config error, got {other:?}"),
+            Err(SpecError::Setting { field, message }) => (field, message),
+            other => panic!("expected a setting error, got {other:?}"),
         }
     }
 
@@ -1206,6 +1219,7 @@ mod tests {
                     proposer: Some(Proposer::DraftModel),
                     ..GenerationRequest::default()
                 },
+                "proposer",
                 "proposer \"draft\" needs a draft model",
             ),
             (
@@ -1213,6 +1227,7 @@ mod tests {
                     num_speculative_tokens: SpeculativeTokens::Fixed(65),
                     ..GenerationRequest::default()
                 },
+                "num_speculative_tokens",
                 "65 is invalid (expected 0 <= K <= 64",
             ),
             (
@@ -1220,6 +1235,7 @@ mod tests {
                     pinned_costs: Some(pinned),
                     ..GenerationRequest::default()
                 },
+                "pinned_costs",
                 "pinned_costs only apply",
             ),
             (
@@ -1229,6 +1245,7 @@ mod tests {
                     prompt_lookup_max: 3,
                     ..GenerationRequest::default()
                 },
+                "prompt_lookup_min",
                 "prompt_lookup_min = 5",
             ),
             (
@@ -1236,13 +1253,69 @@ mod tests {
                     temperature: Some(-1.0),
                     ..GenerationRequest::default()
                 },
+                "temperature",
                 "temperature -1",
             ),
+            (
+                GenerationRequest {
+                    top_p: Some(0.0),
+                    ..GenerationRequest::default()
+                },
+                "top_p",
+                "top_p 0",
+            ),
+            (
+                GenerationRequest {
+                    max_new_tokens: 0,
+                    ..GenerationRequest::default()
+                },
+                "max_new_tokens",
+                "max_new_tokens 0",
+            ),
+            (
+                GenerationRequest {
+                    max_new_tokens: 4,
+                    min_tokens: 5,
+                    ..GenerationRequest::default()
+                },
+                "min_tokens",
+                "min_tokens 5",
+            ),
+            (
+                GenerationRequest {
+                    top_logprobs: 21,
+                    ..GenerationRequest::default()
+                },
+                "top_logprobs",
+                "top_logprobs 21",
+            ),
+            (
+                GenerationRequest {
+                    stop: vec!["ok".into(), String::new()],
+                    ..GenerationRequest::default()
+                },
+                "stop",
+                "stop strings must be non-empty",
+            ),
+            (
+                GenerationRequest {
+                    constraint: Some(OutputConstraint::Regex("(unclosed".into())),
+                    ..GenerationRequest::default()
+                },
+                "regex",
+                "regex \"(unclosed\" is invalid",
+            ),
         ];
-        for (request, needle) in cases {
-            let m = config_error(&p, &request);
+        // Each refusal names its setting (the one its message names).
+        for (request, field, needle) in cases {
+            let (f, m) = setting_error(&p, &request);
+            assert_eq!(f, field, "{m}");
             assert!(m.contains(needle), "{needle:?} not in {m:?}");
         }
+        assert_eq!(
+            "beam".parse::<Proposer>().unwrap_err().field(),
+            Some("proposer")
+        );
         let m = "beam".parse::<Proposer>().unwrap_err().to_string();
         assert!(
             m.contains("\"beam\"") && m.contains("\"ngram+draft\""),
@@ -1286,10 +1359,12 @@ mod tests {
             matches!(&err, SpecError::Vocab(m) if m.contains("stop_token_ids token 99 at position 1")),
             "{err}"
         );
-        assert!(matches!(
-            p.generate(&[], &GenerationRequest::default()),
-            Err(SpecError::Config(_))
-        ));
+        assert_eq!(
+            p.generate(&[], &GenerationRequest::default())
+                .unwrap_err()
+                .field(),
+            Some("prompt")
+        );
     }
 
     /// Greedy settings for 40 tokens, and the target-only output under them for the prompt `[1, 2, 3]`.

@@ -284,7 +284,7 @@ fn bad_settings_are_config_errors_naming_the_value() {
     for (request, needle) in cases {
         let err = plain.generate(&ids, &request).unwrap_err();
         assert!(
-            matches!(&err, SpecError::Config(m) if m.contains(needle)),
+            matches!(&err, SpecError::Setting { message, .. } if message.contains(needle)),
             "{needle}: {err}"
         );
     }

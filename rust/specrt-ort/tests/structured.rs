@@ -144,7 +144,10 @@ fn a_bad_schema_is_a_config_error_before_anything_runs() {
         strict: true,
     };
     match p.generate(&[1, 2, 3], &greedy(bad, Proposer::DraftModel)) {
-        Err(SpecError::Config(m)) => assert!(m.starts_with("json_schema "), "{m}"),
+        Err(SpecError::Setting { field, message }) => {
+            assert_eq!(field, "json_schema");
+            assert!(message.starts_with("json_schema "), "{message}");
+        }
         other => panic!("expected a ConfigError, got {other:?}"),
     }
 }

@@ -157,7 +157,8 @@ fn cuda_graph_needs_the_cuda_provider() {
     options.cuda_graph = true;
     let err = OrtBackend::new(&model, &options).err().unwrap();
     assert!(
-        matches!(err, SpecError::Config(ref m) if m.contains("cuda_graph needs provider 'cuda' (got provider 'cpu')")),
+        matches!(err, SpecError::Setting { ref field, ref message }
+            if field == "cuda_graph" && message.contains("cuda_graph needs provider 'cuda' (got provider 'cpu')")),
         "{err}"
     );
 }

@@ -35,9 +35,10 @@ impl SamplingArgs {
     pub fn convert(&self, top_k_range: &str) -> PyResult<SamplingParams> {
         let top_k = self.top_k;
         let top_k = u32::try_from(top_k).map_err(|_| {
-            to_pyerr(SpecError::Config(format!(
-                "top_k {top_k} is invalid (expected {top_k_range})"
-            )))
+            to_pyerr(SpecError::setting(
+                "top_k",
+                format!("top_k {top_k} is invalid (expected {top_k_range})"),
+            ))
         })?;
         Ok(SamplingParams {
             temperature: self.temperature as f32,

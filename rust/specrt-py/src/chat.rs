@@ -43,10 +43,17 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 
 /// A Python value as JSON, as transformers' ``_plain_template_data`` sees it: None, bool, int, float, str, lists
 /// and tuples, mappings with str keys, pydantic models (``model_dump()``); anything else becomes the placeholder
-/// string ``"<TypeName>"``.
-pub(crate) fn to_json(obj: &Bound<'_, PyAny>, path: &str, depth: usize) -> PyResult<Json> {
+/// string ``"<TypeName>"``. A value it cannot take is a `ConfigError` whose `field` is `field` (the argument:
+/// ``kwargs``, ``tools``, ``response_format``, ...), its message naming the path inside it.
+pub(crate) fn to_json(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<Json> {
+    json_at(obj, field, field, 0)
+}
+
+/// [`to_json`] of the value at `path` (`depth` levels) inside the argument `field`.
+fn json_at(obj: &Bound<'_, PyAny>, field: &str, path: &str, depth: usize) -> PyResult<Json> {
+    let refused = |msg: String| to_pyerr(SpecError::setting(field, msg));
     if depth > MAX_DEPTH {
-        return Err(config(format!(
+        return Err(refused(format!(
             "{path}: nested deeper than {MAX_DEPTH} levels"
         )));
     }
@@ -63,7 +70,7 @@ pub(crate) fn to_json(obj: &Bound<'_, PyAny>, path: &str, depth: usize) -> PyRes
         if let Ok(v) = obj.extract::<u64>() {
             return Ok(Json::Number(v.into()));
         }
-        return Err(config(format!(
+        return Err(refused(format!(
             "{path}: the int {} is out of range for a chat template (expected -2**63 <= value < 2**64)",
             obj.str().map_or_else(|_| "?".to_owned(), |s| s.to_string())
         )));
@@ -71,7 +78,7 @@ pub(crate) fn to_json(obj: &Bound<'_, PyAny>, path: &str, depth: usize) -> PyRes
     if obj.is_instance_of::<PyFloat>() {
         let v: f64 = obj.extract()?;
         return Number::from_f64(v).map(Json::Number).ok_or_else(|| {
-            config(format!(
+            refused(format!(
                 "{path}: the float {v} is not finite (a chat template takes finite numbers)"
             ))
         });
@@ -82,7 +89,7 @@ pub(crate) fn to_json(obj: &Bound<'_, PyAny>, path: &str, depth: usize) -> PyRes
     if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
         let mut out = Vec::new();
         for (i, item) in obj.try_iter()?.enumerate() {
-            out.push(to_json(&item?, &format!("{path}[{i}]"), depth + 1)?);
+            out.push(json_at(&item?, field, &format!("{path}[{i}]"), depth + 1)?);
         }
         return Ok(Json::Array(out));
     }
@@ -92,43 +99,45 @@ pub(crate) fn to_json(obj: &Bound<'_, PyAny>, path: &str, depth: usize) -> PyRes
         for item in mapping.items()?.iter() {
             let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
             let Ok(key) = k.cast::<PyString>() else {
-                return Err(config(format!(
+                return Err(refused(format!(
                     "{path}: key {} is a {}, expected str",
                     k.repr().map_or_else(|_| "?".to_owned(), |s| s.to_string()),
                     type_name(&k)
                 )));
             };
             let key = key.to_str()?.to_owned();
-            let value = to_json(&v, &format!("{path}[{key:?}]"), depth + 1)?;
+            let value = json_at(&v, field, &format!("{path}[{key:?}]"), depth + 1)?;
             out.insert(key, value);
         }
         return Ok(Json::Object(out));
     }
     if let Ok(dump) = obj.getattr("model_dump") {
         if dump.is_callable() {
-            return to_json(&dump.call0()?, path, depth + 1);
+            return json_at(&dump.call0()?, field, path, depth + 1);
         }
     }
     Ok(Json::String(format!("<{}>", type_name(obj))))
 }
 
-/// A list of values (``messages``, ``tools``, ``documents``) as JSON.
+/// A list of values (``messages``, ``tools``, ``documents``) as JSON; a `ConfigError` refusing it has the field
+/// `name`.
 fn to_json_list(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Json>> {
+    let refused = |msg: String| to_pyerr(SpecError::setting(name, msg));
     if obj.is_instance_of::<PyString>() || obj.cast::<PyMapping>().is_ok() {
-        return Err(config(format!(
+        return Err(refused(format!(
             "{name} is a {}, expected a list",
             type_name(obj)
         )));
     }
     let Ok(iter) = obj.try_iter() else {
-        return Err(config(format!(
+        return Err(refused(format!(
             "{name} is a {}, expected a list",
             type_name(obj)
         )));
     };
     let mut out = Vec::new();
     for (i, item) in iter.enumerate() {
-        out.push(to_json(&item?, &format!("{name}[{i}]"), 1)?);
+        out.push(json_at(&item?, name, &format!("{name}[{i}]"), 1)?);
     }
     Ok(out)
 }
@@ -169,7 +178,7 @@ fn special_map(special_tokens: Option<&Bound<'_, PyAny>>) -> PyResult<Map<String
     match special_tokens {
         None => Ok(Map::new()),
         Some(obj) if obj.is_none() => Ok(Map::new()),
-        Some(obj) => match to_json(obj, "special_tokens", 0)? {
+        Some(obj) => match to_json(obj, "special_tokens")? {
             Json::Object(m) => Ok(m),
             _ => Err(config(format!(
                 "special_tokens is a {}, expected a dict of str -> str",
@@ -283,7 +292,7 @@ impl PyChatTemplate {
             .map(|d| to_json_list(d, "documents"))
             .transpose()?;
         let extra = match kwargs {
-            Some(k) => match to_json(k.as_any(), "kwargs", 0)? {
+            Some(k) => match to_json(k.as_any(), "kwargs")? {
                 Json::Object(m) => m,
                 _ => Map::new(),
             },

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! SpecrtError(Exception)
-//! ├── ConfigError(SpecrtError, ValueError)            SpecError::Config
+//! ├── ConfigError(SpecrtError, ValueError)            SpecError::Config (attribute field None), SpecError::Setting
+//! │                                                   (attribute field: the setting's name)
 //! ├── ShapeError(SpecrtError, ValueError)             SpecError::Shape
 //! ├── VocabError(SpecrtError, ValueError)             SpecError::Vocab
 //! ├── NonFiniteLogitsError(SpecrtError, ValueError)   SpecError::NonFinite (attributes row, token, value, what)
@@ -61,9 +62,23 @@ fn make_class(
     bases: &[Bound<'_, PyAny>],
     doc: &str,
 ) -> PyResult<Py<PyType>> {
+    make_class_with(py, name, bases, doc, &[])
+}
+
+/// A class with class attributes `attrs` (defaults its instances may override).
+fn make_class_with(
+    py: Python<'_>,
+    name: &str,
+    bases: &[Bound<'_, PyAny>],
+    doc: &str,
+    attrs: &[(&str, Py<PyAny>)],
+) -> PyResult<Py<PyType>> {
     let ns = PyDict::new(py);
     ns.set_item("__module__", "specrt.errors")?;
     ns.set_item("__doc__", doc)?;
+    for (k, v) in attrs {
+        ns.set_item(*k, v)?;
+    }
     let bases = PyTuple::new(py, bases)?;
     let cls = py
         .get_type::<PyType>()
@@ -100,10 +115,14 @@ fn create(py: Python<'_>) -> PyResult<Exceptions> {
         "A model file does not exist.",
     )?;
     Ok(Exceptions {
-        config: sub(
+        config: make_class_with(
+            py,
             "ConfigError",
-            "ValueError",
-            "An argument or setting outside its allowed range.",
+            &[base.clone(), b("ValueError")?],
+            "An argument or setting outside its allowed range. Attribute: field, the setting's name (e.g. \
+             'temperature', 'max_new_tokens', 'stop', 'response_format.json_schema.name') when the error is about \
+             one request or decoder setting, else None.",
+            &[("field", py.None())],
         )?,
         shape: sub(
             "ShapeError",
@@ -181,6 +200,13 @@ pub fn to_pyerr(err: SpecError) -> PyErr {
         let msg = err.to_string();
         match err {
             SpecError::Config(_) => raise(py, &ex.config, msg, &[]),
+            SpecError::Setting { field, .. } => {
+                let attrs: Vec<(&str, Py<PyAny>)> = field
+                    .into_pyobject(py)
+                    .map(|v| vec![("field", v.into_any().unbind())])
+                    .unwrap_or_default();
+                raise(py, &ex.config, msg, &attrs)
+            }
             SpecError::Shape(_) => raise(py, &ex.shape, msg, &[]),
             SpecError::Vocab(_) => raise(py, &ex.vocab, msg, &[]),
             SpecError::NonFinite {

@@ -107,8 +107,14 @@ impl RequestConfig {
         .convert("an integer >= 0; 0 = off")?;
         sampling.min_tokens = min_tokens;
         if auto_k && (pinned_c_draft.is_some() != pinned_c_verify.is_some()) {
-            return Err(to_pyerr(SpecError::Config(
-                "pinned costs need both pinned_c_draft and pinned_c_verify".to_owned(),
+            let missing = if pinned_c_draft.is_none() {
+                "pinned_c_draft"
+            } else {
+                "pinned_c_verify"
+            };
+            return Err(to_pyerr(SpecError::setting(
+                missing,
+                "pinned costs need both pinned_c_draft and pinned_c_verify",
             )));
         }
         let cfg = GenerationConfig {
@@ -146,9 +152,12 @@ impl RequestConfig {
                 None => None,
                 Some("residual_from_draft") => Some(Fault::ResidualFromDraft),
                 Some(other) => {
-                    return Err(to_pyerr(SpecError::Config(format!(
-                        "_fault {other:?} is invalid (expected None or \"residual_from_draft\")"
-                    ))))
+                    return Err(to_pyerr(SpecError::setting(
+                        "_fault",
+                        format!(
+                            "_fault {other:?} is invalid (expected None or \"residual_from_draft\")"
+                        ),
+                    )));
                 }
             },
         };
@@ -209,14 +218,15 @@ impl RequestConfig {
 // `specrt_ort::resolve_request`, which the Rust `Pipeline` uses too). This file only converts Python values,
 // naming the parameter in every error.
 
-/// A `ConfigError` "`{name} {value!r} is invalid (expected {expected})`".
+/// A `ConfigError` "`{name} {value!r} is invalid (expected {expected})`" whose `field` is `name`.
 pub(crate) fn invalid(name: &str, value: &Bound<'_, PyAny>, expected: &str) -> PyErr {
     let shown = value
         .repr()
         .map_or_else(|_| "<unprintable>".to_owned(), |r| r.to_string());
-    to_pyerr(SpecError::Config(format!(
-        "{name} {shown} is invalid (expected {expected})"
-    )))
+    to_pyerr(SpecError::setting(
+        name,
+        format!("{name} {shown} is invalid (expected {expected})"),
+    ))
 }
 
 /// A Python int (not a bool) as `i128`; `None` for a non-int, `Some(Err)` never: ints beyond `i128` saturate.
@@ -324,7 +334,7 @@ pub(crate) fn request_of(
         let key: String = key.extract()?;
         if CONSTRAINT_FIELDS.contains(&key.as_str()) {
             // Types and shapes are checked by `ConstraintFields::resolve` (the one translation, named errors).
-            constraint.set(&key, crate::chat::to_json(&value, &key, 0)?);
+            constraint.set(&key, crate::chat::to_json(&value, &key)?);
             continue;
         }
         let v = (!value.is_none()).then_some(&value);
@@ -463,7 +473,7 @@ pub(crate) fn request_of(
             other => {
                 return Err(PyTypeError::new_err(format!(
                     "unexpected request setting {other:?}"
-                )))
+                )));
             }
         }
     }
@@ -478,10 +488,18 @@ pub(crate) fn request_of(
                 )
             })
             .collect();
-        return Err(to_pyerr(SpecError::Config(format!(
-            "n-gram lengths {} are invalid (expected integers 1 <= prompt_lookup_min <= prompt_lookup_max <= 32)",
-            shown.join(", ")
-        ))));
+        // The field: the first length that is not a non-negative int.
+        let field = lookup_values
+            .iter()
+            .find(|(_, v)| as_int(v).and_then(|n| usize::try_from(n).ok()).is_none())
+            .map_or("prompt_lookup_min", |(n, _)| *n);
+        return Err(to_pyerr(SpecError::setting(
+            field,
+            format!(
+                "n-gram lengths {} are invalid (expected integers 1 <= prompt_lookup_min <= prompt_lookup_max <= 32)",
+                shown.join(", ")
+            ),
+        )));
     }
     r.constraint = constraint.resolve().map_err(to_pyerr)?;
     Ok(r)

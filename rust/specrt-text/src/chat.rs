@@ -500,7 +500,8 @@ impl ChatTemplate {
     /// a special token of the same name).
     ///
     /// # Errors
-    /// [`SpecError::Config`]: a message is not an object, `extra` uses a reserved name, the template calls
+    /// [`SpecError::Setting`] naming `messages` for a message that is not an object, `kwargs` for an `extra` of a
+    /// reserved name; [`SpecError::Config`]: the template calls
     /// `raise_exception(message)` (`chat template failed: <message>`), or rendering fails (the message names the
     /// construct and the line, e.g. `unknown filter: filter from_json is unknown (line 3)`).
     pub fn render(
@@ -514,18 +515,24 @@ impl ChatTemplate {
         let mut normalized = Vec::with_capacity(messages.len());
         for (i, m) in messages.iter().enumerate() {
             let Json::Object(m) = m else {
-                return Err(SpecError::Config(format!(
-                    "chat messages[{i}] is {}, expected an object (a dict with role and content)",
-                    json_kind(m)
-                )));
+                return Err(SpecError::setting(
+                    "messages",
+                    format!(
+                        "chat messages[{i}] is {}, expected an object (a dict with role and content)",
+                        json_kind(m)
+                    ),
+                ));
             };
             normalized.push(Json::Object(alias_reasoning(normalize_message(m))));
         }
         if let Some(key) = extra.keys().find(|k| RESERVED_NAMES.contains(&k.as_str())) {
-            return Err(SpecError::Config(format!(
-                "chat template argument {key:?} is reserved (the renderer sets messages, tools, documents and \
-                 add_generation_prompt itself)"
-            )));
+            return Err(SpecError::setting(
+                "kwargs",
+                format!(
+                    "chat template argument {key:?} is reserved (the renderer sets messages, tools, documents and \
+                     add_generation_prompt itself)"
+                ),
+            ));
         }
         let mut ctx = Map::new();
         ctx.insert("messages".into(), Json::Array(normalized));

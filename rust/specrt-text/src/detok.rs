@@ -307,7 +307,7 @@ impl TextAssembler {
     /// An assembler for one request's generated text.
     ///
     /// # Errors
-    /// [`SpecError::Config`] for an empty stop string.
+    /// [`SpecError::Setting`] (`stop`) for an empty stop string.
     pub fn new(tokenizer: Tokenizer, stops: Vec<String>, options: TextOptions) -> Result<Self> {
         let incremental = tokenizer.decoder_kind() == DecoderKind::ByteLevel;
         Self::with_mode(tokenizer, stops, options, incremental)

@@ -31,12 +31,13 @@ impl StopStrings {
     /// Check and keep `stops`.
     ///
     /// # Errors
-    /// [`SpecError::Config`] for an empty stop string (it would match everywhere), naming its index.
+    /// [`SpecError::Setting`] (`stop`) for an empty stop string (it would match everywhere), naming its index.
     pub fn new(stops: Vec<String>) -> Result<Self> {
         if let Some(i) = stops.iter().position(String::is_empty) {
-            return Err(SpecError::Config(format!(
-                "stop string {i} is empty (stop strings must be non-empty)"
-            )));
+            return Err(SpecError::setting(
+                "stop",
+                format!("stop string {i} is empty (stop strings must be non-empty)"),
+            ));
         }
         let max_chars = stops.iter().map(|s| s.chars().count()).max().unwrap_or(0);
         Ok(Self { stops, max_chars })
@@ -180,7 +181,8 @@ mod tests {
     #[test]
     fn empty_stop_is_a_config_error() {
         let err = StopStrings::new(vec!["a".into(), String::new()]).unwrap_err();
-        assert!(matches!(err, SpecError::Config(m) if m.contains("stop string 1 is empty")));
+        assert!(matches!(err, SpecError::Setting { field, message }
+            if field == "stop" && message.contains("stop string 1 is empty")));
     }
 
     fn text_strategy() -> impl Strategy<Value = String> {
