@@ -296,19 +296,19 @@ def convert(
 
     ``specrt_config.json`` holds: ``architecture``, ``hf_architecture``, ``vocab_size`` (logits width),
     ``tokenizer_vocab_size``, ``num_layers``, ``num_attention_heads``, ``num_kv_heads``, ``head_dim``,
-    ``hidden_size``, ``intermediate_size``, ``max_position_embeddings``, ``rope_theta``, ``rms_norm_eps``,
-    ``tied_embeddings``, ``dtype``, ``kv_dtype`` (``float32`` / ``float16``), ``weights`` (the
-    :class:`WeightPlan`: storage per weight kind), ``kv_layout`` (``"shared_buffer"``), ``bos_token_id``,
-    ``eos_token_ids``,
-    ``pad_token_id``, ``add_bos_token``, ``special_tokens`` (content -> id), ``source``, ``source_sha256``,
+    ``hidden_size``, ``intermediate_size``, ``max_position_embeddings``, ``rope_theta``, ``rope_freq_factors``
+    (Llama 3.x only), ``rms_norm_eps``, ``tied_embeddings``, ``dtype``, ``kv_dtype`` (``float32`` / ``float16``),
+    ``weights`` (the :class:`WeightPlan`: storage per weight kind), ``kv_layout`` (``"shared_buffer"``),
+    ``bos_token_id``, ``eos_token_ids``, ``pad_token_id``, ``add_bos_token``, ``special_tokens`` (content -> id),
+    ``source``, ``source_sha256``,
     ``source_name``, ``min_onnxruntime``, ``onnx_opset``, ``converter``; with ``num_layers`` also
     ``truncated_from`` (the source's block count); with ``vocab_subset`` also ``full_vocab_size`` and
     ``vocab_subset`` (the file name), ``vocab_size`` then being the subset's size; with ``prefill_graph`` also
     ``prefill_graph`` (the file name), ``prefill_min_tokens`` and ``prefill_weights`` (its :class:`WeightPlan`).
 
     Raises:
-        UnsupportedModelError: ``dtype`` other than fp32, RoPE scaling, partial rotary, unknown quantization,
-            ``num_layers`` outside ``1 .. block count``.
+        UnsupportedModelError: ``dtype`` other than fp32, RoPE scaling other than Llama 3.x's, partial rotary,
+            unknown quantization, ``num_layers`` outside ``1 .. block count``.
         UnsupportedArchitectureError: an architecture not in ``ARCH_INFO`` (the message lists them).
         GGUFFormatError: ``src`` is missing, not a GGUF, truncated or lacks required tensors / keys.
         HFFormatError: a Hugging Face folder lacks a file or tensor, has a tensor of the wrong shape (named, with
@@ -449,6 +449,7 @@ def convert(
                 "intermediate_size": spec.intermediate_size,
                 "max_position_embeddings": int(max_positions or spec.max_position_embeddings),
                 "rope_theta": spec.rope_theta,
+                **({"rope_freq_factors": list(spec.rope_freq_factors)} if spec.rope_freq_factors else {}),
                 "rms_norm_eps": spec.rms_norm_eps,
                 "tied_embeddings": spec.tied_embeddings,
                 "dtype": dtype,

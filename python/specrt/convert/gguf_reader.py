@@ -79,6 +79,9 @@ class ModelSpec:
         qkv_bias: q/k/v projections have biases.
         qk_norm: per-head RMSNorm of q and k before rotary (``blk.N.attn_q_norm.weight`` / ``attn_k_norm.weight``,
             ``[head_dim]``, epsilon ``rms_norm_eps``).
+        rope_freq_factors: Llama 3.x's rotary frequency divisors, float ``[head_dim / 2]`` (GGUF
+            ``rope_freqs.weight``; Hugging Face ``rope_scaling`` of type ``llama3``: :mod:`specrt.convert.rope`), or
+            None for plain RoPE.
     """
 
     architecture: str
@@ -95,6 +98,7 @@ class ModelSpec:
     tied_embeddings: bool
     qkv_bias: bool
     qk_norm: bool = False
+    rope_freq_factors: tuple[float, ...] | None = None
 
     @property
     def arch(self) -> ArchInfo:
@@ -294,8 +298,9 @@ class GGUFModel:
 
         Raises:
             UnsupportedArchitectureError: the architecture is not in :data:`ARCH_INFO`.
-            UnsupportedModelError: RoPE scaling, partial rotary, or another unimplemented feature.
-            GGUFFormatError: required keys or tensors are missing.
+            UnsupportedModelError: RoPE scaling by ``rope.scaling.type`` (linear, YaRN ...), partial rotary, or another
+                unimplemented feature (Llama 3.x's ``rope_freqs.weight`` is supported).
+            GGUFFormatError: required keys or tensors are missing, or ``rope_freqs.weight`` is misshapen.
         """
         arch = self.architecture
         if arch not in ARCH_INFO:
@@ -309,16 +314,23 @@ class GGUFModel:
         factor = self.get(f"{arch}.rope.scaling.factor")
         if factor not in (None, 0.0, 1.0):
             raise UnsupportedModelError(f"RoPE scaling factor {factor} ({arch}.rope.scaling.factor) is not implemented")
-        if "rope_freqs.weight" in self.tensors:
-            raise UnsupportedModelError(
-                "the GGUF carries rope_freqs.weight (Llama 3.1-style frequency scaling), which is not implemented"
-            )
         n_heads = int(self.require(f"{arch}.attention.head_count"))
         hidden = int(self.require(f"{arch}.embedding_length"))
         head_dim = int(self.get(f"{arch}.attention.key_length", hidden // n_heads))
         rot = int(self.get(f"{arch}.rope.dimension_count", head_dim))
         if rot != head_dim:
             raise UnsupportedModelError(f"partial rotary (rope.dimension_count {rot} != head_dim {head_dim})")
+        freq_factors = None
+        if "rope_freqs.weight" in self.tensors:  # Llama 3.x frequency scaling (llama.cpp's freq_factors)
+            info = self.tensors["rope_freqs.weight"]
+            if info.shape != (head_dim // 2,):
+                raise GGUFFormatError(
+                    f"{self.path}: tensor 'rope_freqs.weight' has shape {list(info.shape)}, expected [{head_dim // 2}]"
+                )
+            factors = self.raw_tensor("rope_freqs.weight")
+            if not np.all(np.isfinite(factors)) or not np.all(factors > 0):
+                raise GGUFFormatError(f"{self.path}: tensor 'rope_freqs.weight' has a factor <= 0 or not finite")
+            freq_factors = tuple(float(f) for f in factors)
         if "token_embd.weight" not in self.tensors:
             raise GGUFFormatError(f"{self.path}: tensor 'token_embd.weight' is missing")
         vocab = int(self.tensors["token_embd.weight"].shape[1])
@@ -355,6 +367,7 @@ class GGUFModel:
             tied_embeddings="output.weight" not in self.tensors,
             qkv_bias="blk.0.attn_q.bias" in self.tensors,
             qk_norm=ARCH_INFO[arch].qk_norm,
+            rope_freq_factors=freq_factors,
         )
 
     # ----- tensors ------------------------------------------------------------------------------------------

@@ -36,8 +36,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specrt.convert.gguf_reader import ModelSpec
 from specrt.convert.quant import BlockQuant, concat_rows, pack_matmul_nbits, quantize_rtn
+from specrt.convert.rope import rope_cache
 
-__all__ = ["ATTENTION_FORMS", "IR_VERSION", "OPSET", "ExternalDataWriter", "WeightPlan", "build_decoder", "rope_cache"]
+__all__ = ["ATTENTION_FORMS", "IR_VERSION", "OPSET", "ExternalDataWriter", "WeightPlan", "build_decoder"]
 
 #: ONNX opset of the default domain (ReduceMean with an ``axes`` input needs 18; ORT 1.20 runs up to 21).
 OPSET = 18
@@ -95,18 +96,6 @@ class ExternalDataWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def rope_cache(theta: float, head_dim: int, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables for half-split rotary embedding.
-
-    Returns:
-        ``(cos, sin)``, each float32 ``[max_positions, head_dim // 2]``: entry ``[p, i] = cos/sin(p * theta^(-2i/d))``
-        (angles computed in float64, then rounded).
-    """
-    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    angles = np.outer(np.arange(max_positions, dtype=np.float64), inv_freq)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
 #: Attention forms of :func:`build_decoder`.
@@ -572,7 +561,7 @@ def build_decoder(
         total_len = b.op1("Shape", ["attention_mask"], name="mask/shape", start=1, end=2)  # [1] int64
         total_len = b.op1("Squeeze", [total_len, "const_axes_0"], name="mask/total_scalar")
         total_len = b.op1("Cast", [total_len], name="total_sequence_length", to=6)  # int32 scalar
-    cos, sin = rope_cache(spec.rope_theta, hd, max_pos)
+    cos, sin = rope_cache(spec.rope_theta, hd, max_pos, spec.rope_freq_factors)
     b.weight("rope_cos_cache", cos)
     b.weight("rope_sin_cache", sin)
     del cos, sin

@@ -27,6 +27,7 @@ import numpy as np
 from specrt.convert.errors import ConversionError, ModelFileError, UnsupportedArchitectureError, UnsupportedModelError
 from specrt.convert.gguf_reader import ARCH_INFO, ModelSpec
 from specrt.convert.quant import BlockQuant, quantize_rtn
+from specrt.convert.rope import rope_scaling_factors
 
 __all__ = ["HFFormatError", "HFModel", "hf_tokenizer", "is_hf_folder"]
 
@@ -192,7 +193,8 @@ class HFModel:
         Raises:
             HFFormatError: a required ``config.json`` key or tensor is missing, or a tensor has the wrong shape
                 (the message names the tensor, its file and both shapes).
-            UnsupportedModelError: RoPE scaling, or an MLP without gate/up/down projections.
+            UnsupportedModelError: RoPE scaling other than Llama 3.x's ``llama3`` (:mod:`specrt.convert.rope`), or an
+                MLP without gate/up/down projections.
         """
         c = self.config
 
@@ -201,14 +203,18 @@ class HFModel:
                 raise HFFormatError(f"{self.path / 'config.json'}: required key {key!r} is missing")
             return c[key]
 
-        scaling = c.get("rope_scaling")
-        if scaling:
-            raise UnsupportedModelError(f"RoPE scaling {scaling!r} (config.json rope_scaling) is not implemented")
         if self.arch_name in ("qwen2", "qwen3") and c.get("use_sliding_window"):
             raise UnsupportedModelError("sliding-window attention (config.json use_sliding_window) is not implemented")
         hidden, n_heads = int(req("hidden_size")), int(req("num_attention_heads"))
         n_kv = int(c.get("num_key_value_heads") or n_heads)
         head_dim = int(c.get("head_dim") or hidden // n_heads)
+        # transformers < 5 writes rope_theta + rope_scaling; 5.x writes rope_parameters (rope_type, rope_theta, ...).
+        key = "rope_scaling" if c.get("rope_scaling") is not None else "rope_parameters"
+        scaling = c.get(key)
+        if scaling is not None and not isinstance(scaling, dict):
+            raise HFFormatError(f"{self.path / 'config.json'}: {key} must be an object or null, got {scaling!r}")
+        rope_theta = float(c.get("rope_theta") or (scaling or {}).get("rope_theta") or 10000.0)
+        freq_factors = rope_scaling_factors(scaling, rope_theta, head_dim, key)
         ffn, n_layers = int(req("intermediate_size")), int(req("num_hidden_layers"))
         if "token_embd.weight" not in self.tensors:
             raise HFFormatError(f"{self.path}: tensor 'model.embed_tokens.weight' is missing")
@@ -268,11 +274,12 @@ class HFModel:
             head_dim=head_dim,
             vocab_size=vocab,
             rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(c.get("rope_theta", 10000.0)),
+            rope_theta=rope_theta,
             max_position_embeddings=int(req("max_position_embeddings")),
             tied_embeddings=tied,
             qkv_bias=qkv_bias,
             qk_norm=ARCH_INFO[self.arch_name].qk_norm,
+            rope_freq_factors=None if freq_factors is None else tuple(float(f) for f in freq_factors),
         )
 
     @staticmethod

@@ -3,7 +3,8 @@
 Deliberately written the way llama.cpp defines the models rather than the way the converter builds its graph: it
 uses the tensors *as stored* (no Q/K un-permutation) with llama.cpp's RoPE mode for the architecture (``llama``:
 interleaved pairs ``(2i, 2i+1)``; ``qwen2`` / ``qwen3``: half-split pairs ``(i, i + d/2)``), separate q/k/v and gate/up
-projections, ``qwen3``'s per-head q/k RMSNorm on the ``[S, heads, head_dim]`` view, an explicit causal mask, and float64
+projections, ``qwen3``'s per-head q/k RMSNorm on the ``[S, heads, head_dim]`` view, Llama 3.x's ``rope_freqs`` frequency
+divisors read from the file, an explicit causal mask, and float64
 arithmetic. Agreement with the ONNX graph therefore checks the
 un-permutation, the fused projections and the rotary setup, not just the plumbing.
 
@@ -27,10 +28,13 @@ def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def _rope(x: np.ndarray, positions: np.ndarray, theta: float, mode: str) -> np.ndarray:
-    """Rotate ``x`` ``[S, heads, d]`` at ``positions`` ``[S]``."""
+def _rope(x: np.ndarray, positions: np.ndarray, theta: float, mode: str, factors: np.ndarray | None) -> np.ndarray:
+    """Rotate ``x`` ``[S, heads, d]`` at ``positions`` ``[S]``; ``factors`` ``[d/2]`` divide the frequencies
+    (llama.cpp's ``rope_freqs`` / ``freq_factors``, Llama 3.x)."""
     d = x.shape[-1]
     inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    if factors is not None:
+        inv_freq = inv_freq / factors
     ang = positions[:, None].astype(np.float64) * inv_freq[None, :]  # [S, d/2]
     cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
     if mode == "norm":
@@ -63,6 +67,8 @@ def reference_logits(model: GGUFModel, token_ids: list[int] | np.ndarray, spec: 
     def t(name: str) -> np.ndarray:
         return model.raw_tensor(name).astype(np.float64)
 
+    # Read from the file as llama.cpp does (not from spec), so the reader's handling of it is checked too.
+    factors = t("rope_freqs.weight") if "rope_freqs.weight" in model.tensors else None
     embed = model.raw_tensor("token_embd.weight")
     h = embed[ids].astype(np.float64)  # [S, H]
     causal = np.triu(np.full((S, S), -np.inf), k=1)
@@ -76,8 +82,8 @@ def reference_logits(model: GGUFModel, token_ids: list[int] | np.ndarray, spec: 
         if spec.qk_norm:  # qwen3: RMSNorm of each head's q and k (weights [hd]) before rotary
             q = _rms_norm(q, t(f"{p}.attn_q_norm.weight"), spec.rms_norm_eps)
             k = _rms_norm(k, t(f"{p}.attn_k_norm.weight"), spec.rms_norm_eps)
-        q = _rope(q, pos, spec.rope_theta, mode)
-        k = _rope(k, pos, spec.rope_theta, mode)
+        q = _rope(q, pos, spec.rope_theta, mode, factors)
+        k = _rope(k, pos, spec.rope_theta, mode, factors)
         v = v.reshape(S, kvh, hd)
         group = nh // kvh
         out = np.empty((S, nh, hd))

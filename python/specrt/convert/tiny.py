@@ -86,6 +86,7 @@ def write_tiny_gguf(
     seed: int = 0,
     pad_rows: int = 0,
     head_dim: int | None = None,
+    rope_scaling_llama3: dict[str, float] | None = None,
 ) -> Path:
     """Write a random-weight decoder GGUF.
 
@@ -110,6 +111,10 @@ def write_tiny_gguf(
             ``hidden // n_heads``); default: ``2 * hidden // n_heads`` for ``qwen3`` (Qwen3's head_dim is its own,
             e.g. 128 over a 1024 / 16 = 64 split in Qwen3-0.6B), else ``hidden // n_heads``. ``qwen3`` files also
             get the per-head q/k norms (``blk.N.attn_q_norm.weight`` / ``attn_k_norm.weight``, non-trivial weights).
+        rope_scaling_llama3: a Hugging Face ``rope_scaling`` of type ``llama3`` (keys ``factor``,
+            ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``): written as llama.cpp's
+            converter writes Llama 3.x, a float32 ``rope_freqs.weight`` ``[head_dim / 2]`` of frequency divisors
+            (:func:`specrt.convert.rope.llama3_freq_factors`) and no ``rope.scaling`` keys.
 
     Returns:
         ``Path(path)``.
@@ -198,6 +203,11 @@ def write_tiny_gguf(
         mat(f"{p}.ffn_up.weight", ffn, hidden, matrix_type, 0.2)
         mat(f"{p}.ffn_down.weight", hidden, ffn, matrix_type, 0.2)
     vec("output_norm.weight", hidden, 1.0, 0.1)
+    if rope_scaling_llama3 is not None:
+        from specrt.convert.rope import rope_scaling_factors
+
+        factors = rope_scaling_factors({"rope_type": "llama3", **rope_scaling_llama3}, rope_theta, head_dim)
+        w.add_tensor("rope_freqs.weight", np.asarray(factors, dtype=np.float32))
     if not tied:
         mat("output.weight", vocab, hidden, embed_type, 0.5, pad=True)
     try:  # write_header_to_file opens the file: close it on every path
@@ -217,6 +227,7 @@ def write_hf_folder(
     dtype: str = "F32",
     drop: tuple[str, ...] = (),
     generation_config: dict | None = None,
+    rope_scaling: dict | None = None,
 ) -> Path:
     """Write the weights of a (tiny) GGUF as a Hugging Face model folder, for tests of the safetensors input.
 
@@ -233,9 +244,14 @@ def write_hf_folder(
         drop: Hugging Face tensor names to leave out (error tests).
         generation_config: contents of ``generation_config.json`` (default: EOS ids, ``do_sample`` with
             temperature 0.7 / top_p 0.8).
+        rope_scaling: ``config.json``'s ``rope_scaling`` (e.g. ``{"rope_type": "llama3", "factor": 8.0, ...}``);
+            required when the GGUF carries ``rope_freqs.weight`` (the factors it implies must equal the file's).
 
     Returns:
         ``Path(folder)``.
+
+    Raises:
+        ValueError: ``rope_scaling`` missing for, or disagreeing with, the GGUF's ``rope_freqs.weight``.
     """
     import json
     import struct
@@ -247,7 +263,17 @@ def write_hf_folder(
     with GGUFModel(gguf_path) as model:
         spec = model.spec()
         tensors: dict[str, np.ndarray] = {}
+        from specrt.convert.rope import rope_scaling_factors
+
+        implied = rope_scaling_factors(rope_scaling, spec.rope_theta, spec.head_dim)
+        stored = spec.rope_freq_factors
+        if (implied is None) != (stored is None) or (
+            stored is not None and not np.allclose(implied, stored, rtol=1e-6, atol=0)
+        ):
+            raise ValueError(f"rope_scaling {rope_scaling!r} does not give the GGUF's rope_freqs.weight")
         for name in model.tensors:
+            if name == "rope_freqs.weight":  # config.json's rope_scaling carries it
+                continue
             if name in _GLOBAL_NAMES:
                 hf = _GLOBAL_NAMES[name]
             else:
@@ -295,6 +321,7 @@ def write_hf_folder(
         "max_position_embeddings": spec.max_position_embeddings,
         "rms_norm_eps": spec.rms_norm_eps,
         "rope_theta": spec.rope_theta,
+        "rope_scaling": rope_scaling,
         "vocab_size": spec.vocab_size,
         "tie_word_embeddings": spec.tied_embeddings,
         "torch_dtype": {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype],
