@@ -21,6 +21,10 @@ from test_convert_formats import IDS, Runner
 FORMS = ("gqa", "gqa-graph", "batched")
 #: Each family's tiny GGUF (``write_tiny_gguf`` keywords) with every structural feature of the family on.
 FAMILIES: dict[str, dict] = {
+    # llama.cpp's permuted q/k rows (NORM rotary) undone by the reader; an untied head
+    "llama": {"arch": "llama", "tied": False, "matrix_type": "Q8_0"},
+    # q/k/v biases, tied embeddings
+    "qwen2": {"arch": "qwen2", "tied": True, "matrix_type": "Q8_0"},
     # q/k norms with weights ~ 1 +- 0.3, head_dim 32 over a 64 / 4 = 16 split, tied embeddings
     "qwen3": {"arch": "qwen3", "tied": True, "matrix_type": "Q8_0"},
     # Llama 3.x rope scaling strong at test lengths: of head_dim 16's 8 frequencies one kept, one interpolated,
