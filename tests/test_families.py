@@ -1,9 +1,10 @@
-"""Every form of every converter family (llama, qwen2, qwen3, llama3; the family's own features are checked against the
-NumPy reference in tests/test_convert*.py, tests/test_qwen3.py, tests/test_llama3.py): the family's tiny GGUF (``family_checks.FAMILIES``: every structural feature of the family on) in int4 / int8 on
-their own weights, fp16 loosely, cache chunks and rollbacks in each dtype, the graph form, the batched layout, the
-prefill graph and a pruned vocabulary against fp32; greedy speculative decoding equal to the target alone (a self-draft
-and a layer-truncated draft, each attention form); and the seeded Monte Carlo losslessness certificate with the broken
-sampler it must catch. A new family is one row of ``FAMILIES``."""
+"""Every form of every converter family (llama, qwen2, qwen3, llama3; each family's own features are checked against
+the NumPy reference in tests/test_convert*.py, tests/test_qwen3.py, tests/test_llama3.py): the family's tiny GGUF
+(``family_checks.FAMILIES``: every structural feature of the family on) in int4 / int8 on their own weights, fp16
+loosely, cache chunks and rollbacks in each dtype, the graph form, the batched layout, the prefill graph and a pruned
+vocabulary against fp32; greedy speculative decoding equal to the target alone (a self-draft and a layer-truncated
+draft, each attention form); and the seeded Monte Carlo losslessness certificate with the broken sampler it must
+catch. A new family is one row of ``FAMILIES``."""
 
 from __future__ import annotations
 
