@@ -29,13 +29,13 @@ gives the median / min / max of that per-generation figure, per worker process a
 arm's median to genai's. The token ids of each prompt are compared across arms (greedy: equal, unless fp rounding
 splits a near-tie).
 
-``--profile`` turns ONNX Runtime's profiler on in every worker (specrt: ``_specrt.Engine(profile=...)``, genai: its
-``session_options.enable_profiling``) and splits each arm's step into ``run_ms`` (the median ``model_run`` event of
-ONNX Runtime's trace, parsed by ``benches/profile_step.py``; prefill runs, a few among hundreds of steps, are outliers
-the median ignores) and ``outside_run_ms`` = step - run (binding, sampling, copies, Python, pyo3). specrt's workers
-also report the engine's own split of a step: ``target_ms`` (the target forward: binding + run), ``core_ms``
-(greedy choice, log-probability, commit) and the rest (pyo3, text assembly, ``StreamChunk``s). The profiler slows
-each run a little: take headline ratios from a run without ``--profile``.
+``--profile`` turns ONNX Runtime's profiler on in every worker (specrt: ``_specrt.BatchPipeline(profile=...)``, genai:
+its ``session_options.enable_profiling``) and splits each arm's step into ``run_ms`` (the median ``model_run`` event
+of ONNX Runtime's trace, parsed by ``benches/profile_step.py``; prefill runs, a few among hundreds of steps, are
+outliers the median ignores) and ``outside_run_ms`` = step - run (binding, sampling, copies, Python, pyo3). specrt's
+workers also report the engine's own split of a step: ``target_ms`` (the target forward: binding + run), ``core_ms``
+(greedy choice, log-probability, commit) and the rest (pyo3, text assembly, ``StreamChunk``s). The profiler slows each
+run a little: take headline ratios from a run without ``--profile``.
 
 JSON (``--json``): the command, the machine (CPU model, CPU count, load average before and after), versions (specrt,
 its ONNX Runtime library, onnxruntime-genai and its onnxruntime), settings and every generation's figures.
@@ -92,9 +92,9 @@ def _specrt_worker(arm: str, model: Path, threads: int, max_seq_len: int, profil
     from specrt import _specrt
 
     if profile:
-        # Decoder builds its Engine itself: give that one the profiler (the target's session only).
-        engine = _specrt.Engine
-        _specrt.Engine = lambda *a, **kw: engine(*a, profile=profile, **kw)  # type: ignore[misc]
+        # Decoder builds its driver itself: give that one the profiler (the target's session only).
+        pipeline = _specrt.BatchPipeline
+        _specrt.BatchPipeline = lambda *a, **kw: pipeline(*a, profile=profile, **kw)  # type: ignore[misc]
     dec = specrt.Decoder(model, max_seq_len=max_seq_len, intra_op_threads=threads)
     steps: list[float] = []
     for line in sys.stdin:

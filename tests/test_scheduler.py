@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specrt.errors import ConfigError, GenerationCancelled
-from specrt.generate import GenerationResult, Stats, StreamChunk
+from specrt.generate import GenerationResult
 from specrt.scheduler import QueueFullError, RequestTimeoutError, Scheduler, SchedulerClosedError
 
 pytestmark = pytest.mark.timing  # threads, a worker, timeouts
@@ -91,52 +91,90 @@ def test_a_bad_request_fails_alone(tiny) -> None:
 
 
 class ScriptedDecoder:
-    """Stands in for a Decoder: each request yields ``rounds`` one-token chunks, each only after the test releases
-    it with ``step.release()``; records the order in which requests started."""
+    """Stands in for a single-stream Decoder and its driver (``_batch``: submit / step / cancel): each request yields
+    ``rounds`` one-token rounds, each only after the test releases it with ``step.release()``; records the order in
+    which requests started and, as ``"<prompt>:<rounds done>"``, when each was let go (``cancel``)."""
+
+    batched = False
 
     def __init__(self) -> None:
         self.step = threading.Semaphore(0)
         self.started: list[str] = []
         self.closed: list[str] = []
+        self._lock = threading.Lock()
+        self._batch = _ScriptedPipeline(self)
 
-    def stream(self, prompt: str, rounds: int = 3, **_kw):
-        self.started.append(prompt)
-        done = 0
-        try:
-            for i in range(rounds):
-                assert self.step.acquire(timeout=30), "the test never released a round"
-                done += 1
-                last = "length" if i == rounds - 1 else None
-                yield StreamChunk(text=f"{i}", token_ids=[i], sources=["bonus"], finish_reason=last, logprobs=[0.0])
-            stats = Stats._from_engine(
-                {
-                    **dict.fromkeys(
-                        ["n_prompt_tokens", "n_rounds", "n_drafted", "n_accepted", "n_recovered", "n_bonus"], 0
-                    ),
-                    **dict.fromkeys(["n_cached_tokens", "n_cached_tokens_dft"], 0),
-                    **dict.fromkeys(["prefill_ms", "draft_ms", "target_ms", "core_ms"], 0.0),
-                    **dict.fromkeys(["acceptance_rate", "mean_tokens_per_round"]),
-                    **dict.fromkeys(["decode_tokens_per_s", "tokens_per_s"]),
-                    "accepted_at": [],
-                    "n_drafted_ngram": 0,
-                    "n_accepted_ngram": 0,
-                    "rounds_by_k": [],
-                    "n_drafted_forced": 0,
-                    "n_accepted_forced": 0,
-                    "mask_ms": 0.0,
-                }
-            )
-            result = GenerationResult(
-                text="".join(str(i) for i in range(rounds)),
-                token_ids=list(range(rounds)),
-                finish_reason="length",
-                logprobs=[0.0] * rounds,
-                sources=["bonus"] * rounds,
-                stats=stats,
-            )
-            yield StreamChunk(text="", token_ids=[], sources=[], finish_reason="length", result=result)
-        finally:
-            self.closed.append(f"{prompt}:{done}")
+    def submission(self, prompt: str, rounds: int = 3, **_kw):
+        return [ord(ch) for ch in prompt], {"prompt": prompt, "rounds": rounds}, False
+
+
+class _ScriptedPipeline:
+    """The scripted driver: one request at a time, one released round per ``step``."""
+
+    max_batch = 1
+
+    def __init__(self, dec: ScriptedDecoder) -> None:
+        self.dec = dec
+        self.requests: dict[int, list] = {}  # id -> [prompt, rounds, done]
+        self.next = 0
+
+    def submit(self, _ids, settings: dict) -> int:
+        rid, self.next = self.next, self.next + 1
+        self.requests[rid] = [settings["prompt"], settings["rounds"], 0]
+        self.dec.started.append(settings["prompt"])
+        return rid
+
+    def cancel(self, rid: int) -> bool:
+        req = self.requests.pop(rid, None)
+        if req is not None:
+            self.dec.closed.append(f"{req[0]}:{req[2]}")
+        return req is not None
+
+    def step(self) -> list[dict]:
+        (rid, req), *_ = self.requests.items()
+        assert self.dec.step.acquire(timeout=30), "the test never released a round"
+        _, rounds, i = req
+        req[2] += 1
+        last = "length" if i == rounds - 1 else None
+        event = {
+            "id": rid,
+            "text": f"{i}",
+            "tokens": [i],
+            "sources": ["bonus"],
+            "finish_reason": last,
+            "logprobs": [0.0],
+            "top_logprobs": [[]],
+            "prompt": None,
+            "done": None,
+            "error": None,
+        }
+        if last is not None:
+            stats = {
+                **dict.fromkeys(["n_prompt_tokens", "n_rounds", "n_drafted", "n_accepted"], 0),
+                **dict.fromkeys(["n_recovered", "n_bonus"], 0),
+                **dict.fromkeys(["n_cached_tokens", "n_cached_tokens_dft"], 0),
+                **dict.fromkeys(["prefill_ms", "draft_ms", "target_ms", "core_ms"], 0.0),
+                **dict.fromkeys(["acceptance_rate", "mean_tokens_per_round"]),
+                **dict.fromkeys(["decode_tokens_per_s", "tokens_per_s"]),
+                "accepted_at": [],
+                "n_drafted_ngram": 0,
+                "n_accepted_ngram": 0,
+                "rounds_by_k": [],
+                "n_drafted_forced": 0,
+                "n_accepted_forced": 0,
+                "mask_ms": 0.0,
+            }
+            event["done"] = {
+                "text": "".join(str(j) for j in range(rounds)),
+                "tokens": list(range(rounds)),
+                "finish_reason": "length",
+                "logprobs": [0.0] * rounds,
+                "sources": ["bonus"] * rounds,
+                "top_logprobs": [[]] * rounds,
+                "stats": stats,
+                "prompt": None,
+            }
+        return [event]
 
 
 def _wait_until(cond, timeout: float = 30.0) -> None:

@@ -34,24 +34,34 @@ def client(tiny):
 
 
 class HeldDecoder:
-    """A decoder whose streams, after their first ``free`` chunks, wait for the test to set ``gate``: a shutdown or a
+    """A decoder whose requests, after their first ``free`` chunks, wait for the test to set ``gate``: a shutdown or a
     disconnect then surely comes while a stream is open, however fast or loaded the machine. ``n_chunks`` counts the
-    chunks its streams have yielded."""
+    chunks (the driver's per-request events) delivered so far. It holds the driver's ``step`` (the one loop every
+    request runs through), so the scheduler and the server are exercised as they are."""
 
     def __init__(self, dec, free: int = 1) -> None:
         self._dec, self.free = dec, free
         self.gate = threading.Event()
         self.n_chunks = 0
+        self._batch = _HeldPipeline(self, dec._batch)
 
     def __getattr__(self, name: str):
         return getattr(self._dec, name)
 
-    def stream(self, *args, **kwargs):
-        for i, chunk in enumerate(self._dec.stream(*args, **kwargs)):
-            if i >= self.free:
-                assert self.gate.wait(60), "the test never let the stream go on"
-            self.n_chunks += 1
-            yield chunk
+
+class _HeldPipeline:
+    def __init__(self, held: HeldDecoder, batch) -> None:
+        self._held, self._inner = held, batch
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def step(self):
+        if self._held.n_chunks >= self._held.free:
+            assert self._held.gate.wait(60), "the test never let the stream go on"
+        events = self._inner.step()
+        self._held.n_chunks += sum(1 for e in events if e["error"] is None)
+        return events
 
 
 def _wait_until(cond, what: str, timeout_s: float = 60.0) -> None:
@@ -438,14 +448,14 @@ def test_openai_shaped_errors_for_paths_and_methods(client) -> None:
 def test_a_setting_the_engine_refuses_is_a_400_even_when_streaming(tiny) -> None:
     from specrt.errors import ConfigError
 
-    class Refusing(HeldDecoder):
-        def stream(self, *args, **kwargs):
-            refusal = ConfigError("top_k 3 is invalid here (a refusal made by the test)")
-            refusal.field = "top_k"  # as the Rust validators' errors name their setting
-            raise refusal
-            yield  # a generator, like Decoder.stream
+    def refuse(*args, **kwargs):  # the driver's submit refusing a setting, as Rust's resolver does
+        refusal = ConfigError("top_k 3 is invalid here (a refusal made by the test)")
+        refusal.field = "top_k"  # as the Rust validators' errors name their setting
+        raise refusal
 
-    with TestClient(create_app(Refusing(tiny), model_name="tiny")) as c:
+    refusing = HeldDecoder(tiny, free=10**9)
+    refusing._batch.submit = refuse
+    with TestClient(create_app(refusing, model_name="tiny")) as c:
         for stream in (True, False):
             r = c.post("/v1/completions", json={"prompt": "x", "stream": stream})
             assert r.status_code == 400 and r.json()["error"]["param"] == "top_k", r.text

@@ -432,8 +432,9 @@ def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> list[int]
 
 @final
 class BatchPipeline:
-    """Batched rounds over target / draft models in the batched layout, text out (``specrt_ort::BatchPipeline``):
-    requests resolved at ``submit``, streamed text and stop strings Rust's; ``specrt.Scheduler`` adds the queue."""
+    """The driver every generation runs through (``specrt_ort::BatchPipeline``): the batched engine (``batched``,
+    folders in the batched layout) or the single-stream one (one request at a time); requests resolved at
+    ``submit``, streamed text and stop strings Rust's; ``specrt.Decoder`` / ``specrt.Scheduler`` drive it."""
 
     def __new__(
         cls,
@@ -441,21 +442,27 @@ class BatchPipeline:
         draft: str | os.PathLike[str] | None = None,
         *,
         ort_library: str | os.PathLike[str],
+        batched: bool = True,
         max_batch: int = 4,
         max_seq_len: int | None = None,
         intra_op_threads: int | None = None,
         prefill_chunk: int = 256,
         provider: str = "cpu",
+        device_id: int = 0,
         allow_fallback: bool = False,
+        cuda_graph: bool = False,
         prefix_caching: bool | None = None,
         prefix_cache_bytes: int | None = None,
         max_prefill_tokens: int | None = None,
+        profile: str | os.PathLike[str] | None = None,
     ) -> BatchPipeline: ...
     def submit(self, prompt: Sequence[int], settings: dict[str, Any]) -> int: ...
     def step(self) -> list[dict[str, Any]]:
         """One round: per request ``{"id", "text", "tokens", "sources", "logprobs", "top_logprobs", "n_drafted",
         "finish_reason", "prompt", "done", "error"}``."""
     def cancel(self, id: int) -> bool: ...
+    def stats(self, id: int) -> dict[str, Any] | None: ...
+    def last_stats(self) -> dict[str, Any] | None: ...
     @property
     def is_idle(self) -> bool: ...
     @property
@@ -470,6 +477,12 @@ class BatchPipeline:
     def max_seq_len(self) -> int: ...
     @property
     def max_batch(self) -> int: ...
+    @property
+    def providers(self) -> list[str]: ...
+    @property
+    def eos_token_ids(self) -> list[int]: ...
+    @eos_token_ids.setter
+    def eos_token_ids(self, value: list[int]) -> None: ...
 
 @final
 class Engine:

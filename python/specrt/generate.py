@@ -17,7 +17,7 @@ import inspect
 import json
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -472,47 +472,54 @@ class Decoder:
             "intra_op_threads": intra_op_threads,
             "allow_fallback": allow_fallback,
         }
-        self._batch: Any = None
         self._scheduler: Any = None  # the Scheduler that owns a batching decoder
-        self._solo_id: int | None = None  # the batched request of a stream() on a batching decoder
-        if batched:
-            self._batch = _specrt.BatchPipeline(
-                *models,
-                max_batch=max_batch,
-                prefill_chunk=prefill_chunk,
-                max_prefill_tokens=max_prefill_tokens,
-                prefix_caching=prefix_caching,
-                **common,
-            )
-            self._engine: Any = self._batch
-        else:
-            self._engine = _specrt.Engine(
-                *models, device_id=device_id, cuda_graph=cuda_graph, prefix_caching=prefix_caching, **common
-            )
+        self._solo_id: int | None = None  # the request of a stream() (a stream left unfinished leaves it behind)
+        # The one driver of every generation (``specrt_ort::BatchPipeline``): the batched engine for folders in the
+        # batched layout, else the single-stream engine (one request at a time).
+        layout: dict[str, Any] = (
+            {"max_batch": max_batch, "prefill_chunk": prefill_chunk, "max_prefill_tokens": max_prefill_tokens}
+            if batched
+            else {"device_id": device_id, "cuda_graph": cuda_graph}
+        )
+        self._batch: Any = _specrt.BatchPipeline(
+            *models, batched=batched, prefix_caching=prefix_caching, **layout, **common
+        )
+        #: Whether requests share batched rounds (a batched-layout folder); a Scheduler then owns the decoder.
+        self.batched = batched
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id holding _lock
         self._defaults = self._target.defaults
-        #: EOS ids of the target folder (generation_config.json's ``eos_token_id``, else specrt_config.json's).
-        self.eos_token_ids: list[int] = self._defaults.eos_token_ids
         #: The sampling defaults the target folder sets (generation_config.json; absent and ``null`` keys left out).
         self.defaults: dict[str, Any] = self._defaults.sampling()
 
     @property
+    def eos_token_ids(self) -> list[int]:
+        """Ids that end generation (default: the target folder's, generation_config.json's ``eos_token_id``, else
+        specrt_config.json's). Settable: requests started afterwards end at the ids given.
+
+        Raises:
+            VocabError: (on setting) an id outside ``0 <= id < vocab_size``.
+        """
+        return list(self._batch.eos_token_ids)
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids: Sequence[int]) -> None:
+        self._batch.eos_token_ids = list(ids)
+
+    @property
     def vocab_size(self) -> int:
         """Logits width shared by target and draft."""
-        return self._engine.vocab_size
+        return self._batch.vocab_size
 
     @property
     def max_seq_len(self) -> int:
         """Longest prompt + new tokens."""
-        return self._engine.max_seq_len
+        return self._batch.max_seq_len
 
     @property
     def providers(self) -> list[str]:
         """ONNX Runtime execution providers in use (preferred first)."""
-        if self._batch is not None:
-            return ["CPUExecutionProvider"]  # the batched layout runs on CPU only
-        return list(self._engine.providers)
+        return list(self._batch.providers)
 
     def apply_chat_template(
         self,
@@ -694,7 +701,7 @@ class Decoder:
             TypeError: a token id that is not an integer.
         """
         a = dict(locals())
-        ids, config, stops = self._prepare(a)
+        ids = self.encode(a["prompt"], a["messages"])
         self._check_not_scheduled()
         me = threading.get_ident()
         if self._owner == me:
@@ -707,10 +714,7 @@ class Decoder:
             self._check_not_scheduled()  # a Scheduler may have taken the decoder over while this call waited
             self._owner = me
             try:
-                if self._batch is not None:
-                    yield from self._run_batched(ids, _settings_of(a), config.prompt_logprobs is not None)
-                else:
-                    yield from self._run(self._engine, ids, config, stops)
+                yield from self._run(ids, _settings_of(a), a["prompt_logprobs"] is not None)
             finally:
                 self._owner = None
 
@@ -721,9 +725,15 @@ class Decoder:
                 "Scheduler, or close it before calling generate / stream"
             )
 
-    def _prepare(self, a: dict[str, Any]) -> tuple[list[int], Any, list[str]]:
-        """Check :meth:`stream`'s arguments (``a``: name -> value) and turn them into the prompt ids, the engine's
-        ``RequestConfig`` and the stop strings (the Rust resolver). Raises as :meth:`stream` documents."""
+    def prepare(self, **kwargs: Any) -> tuple[list[int], Any, list[str]]:
+        """The prompt ids, the engine's ``RequestConfig`` and the stop strings of :meth:`stream`'s keyword arguments,
+        resolved and checked by the one resolver in Rust (``specrt_ort::resolve_request``) as ``submit`` resolves them,
+        without generating (``specrt certify`` reads the processing in force from it).
+
+        Raises:
+            TypeError: an argument :meth:`stream` does not take. (plus what :meth:`stream` raises for bad settings)
+        """
+        a = _bind_stream_args("Decoder.prepare", kwargs)
         config, stops, ids = _request_settings(
             a,
             has_draft=self.draft_path is not None,
@@ -734,14 +744,6 @@ class Decoder:
             eos_token_ids=self.eos_token_ids,
         )
         return ids, config, stops
-
-    def prepare(self, **kwargs: Any) -> tuple[list[int], Any, list[str]]:
-        """:meth:`_prepare` from :meth:`stream`'s keyword arguments (for :class:`specrt.scheduler.Scheduler`).
-
-        Raises:
-            TypeError: an argument :meth:`stream` does not take. (plus what :meth:`stream` raises)
-        """
-        return self._prepare(_bind_stream_args("Scheduler.submit", kwargs))
 
     def submission(self, **kwargs: Any) -> tuple[list[int], dict[str, Any], bool]:
         """A batched request from :meth:`stream`'s keyword arguments (for :class:`specrt.scheduler.Scheduler`): the
@@ -755,19 +757,14 @@ class Decoder:
         a = _bind_stream_args("Scheduler.submit", kwargs)
         return self.encode(a["prompt"], a["messages"]), _settings_of(a), a["prompt_logprobs"] is not None
 
-    def _run(self, engine: Any, ids: list[int], config: Any, stops: list[str]) -> Iterator[StreamChunk]:
-        engine.start(ids, config)
-        asm = _Assembler(self, ids, stops, engine.stop_at, config.prompt_logprobs is not None, engine.prompt_logprobs)
-        while asm.finish is None:
-            yield asm.feed(engine.step())
-        yield asm.result_chunk(engine.stats(), engine.prompt_logprobs())
-
-    def _run_batched(self, ids: list[int], settings: dict[str, Any], scored: bool) -> Iterator[StreamChunk]:
-        """One request alone on the batching decoder's ``BatchPipeline`` (no Scheduler owns it)."""
+    def _run(self, ids: list[int], settings: dict[str, Any], scored: bool) -> Iterator[StreamChunk]:
+        """One request on the decoder's driver (``BatchPipeline``; no Scheduler owns it): submitted (resolved and
+        checked by the one resolver), stepped round by round, its events turned into chunks; cancelled when the
+        stream ends early (a closed generator, Ctrl-C between rounds)."""
         if self._solo_id is not None:
             self._batch.cancel(self._solo_id)  # a stream left unfinished leaves its row behind
         rid = self._solo_id = self._batch.submit(ids, settings)
-        events = _BatchedChunks(ids, scored)
+        events = _Chunks(ids, scored)
         try:
             while not events.done:
                 for e in self._batch.step():
@@ -776,90 +773,13 @@ class Decoder:
                             raise e["error"]
                         yield from events.chunks(e)
                 if not events.done and self._batch.is_idle:
-                    raise SpecrtError(f"batched request {rid} left the batch without finishing")  # a bug
+                    raise SpecrtError(f"request {rid} left the pipeline without finishing")  # a bug
         finally:
             self._batch.cancel(rid)  # a stream closed early frees its batch row now (a no-op once finished)
             self._solo_id = None
 
     def __repr__(self) -> str:
         return f"Decoder(target={str(self.target_path)!r}, draft={str(self.draft_path) if self.draft_path else None!r})"
-
-
-class _Assembler:
-    """One request's committed rounds -> :class:`StreamChunk` s. The text is ``_specrt.TextAssembler``'s (Rust:
-    detokenization, stop strings, holding back an incomplete UTF-8 sequence or a possible partial stop string until
-    the next round); this adds the per-token lists and cuts the engine at a stop string with ``stop_at(n_keep)``."""
-
-    def __init__(
-        self,
-        decoder: Decoder,
-        ids: list[int],
-        stops: list[str],
-        stop_at: Callable[[int], None],
-        prompt_scored: bool = False,
-        prompt_scores: Callable[[], dict[str, Any] | None] | None = None,
-    ) -> None:
-        self.decoder, self.ids, self.stops, self.stop_at = decoder, ids, stops, stop_at
-        self.prompt_scored = prompt_scored  # the request asked for prompt_logprobs
-        # The engine's prompt scores (complete from the first emitted token on), for the first chunk.
-        self.prompt_scores = prompt_scores
-        self.tokens: list[int] = []
-        self.sources: list[str] = []
-        self.logprobs: list[float] = []
-        self.top_logprobs: list[list[tuple[int, float]]] = []
-        self.finish: str | None = None
-        self._text = _specrt.TextAssembler(decoder.tokenizer, stops)
-
-    @property
-    def text(self) -> str:
-        """The text so far (once finished: the whole text, cut at the stop string)."""
-        return self._text.text
-
-    def feed(self, out: dict[str, Any]) -> StreamChunk:
-        """The chunk of one round's engine output (``Engine.step``'s dict)."""
-        n_before = len(self.tokens)
-        self.tokens += out["tokens"]
-        self.sources += out["sources"]
-        self.logprobs += out["logprobs"]
-        self.top_logprobs += out["top_logprobs"]
-        self.finish = out["finish_reason"]
-        delta = self._text.feed(out["tokens"], self.finish)
-        if delta.n_keep is not None:
-            n_keep = delta.n_keep
-            self.stop_at(n_keep)
-            del self.tokens[n_keep:], self.sources[n_keep:], self.logprobs[n_keep:], self.top_logprobs[n_keep:]
-            self.finish = "stop"
-        scores: dict[str, Any] = {}
-        if n_before == 0 and self.prompt_scored and self.prompt_scores is not None:
-            scores = _prompt_fields(self.ids, self.prompt_scores())
-        return StreamChunk(
-            text=delta.text,
-            token_ids=self.tokens[n_before:],
-            sources=self.sources[n_before:],
-            finish_reason=self.finish,
-            logprobs=self.logprobs[n_before:],
-            top_logprobs=self.top_logprobs[n_before:],
-            **scores,
-        )
-
-    def result_chunk(self, stats: dict[str, Any], prompt: dict[str, Any] | None = None) -> StreamChunk:
-        """The last chunk, carrying the :class:`GenerationResult` (``stats``: the engine's statistics dict;
-        ``prompt``: its prompt scores, ``Engine.prompt_logprobs()``)."""
-        assert self.finish is not None
-        return _result_chunk(
-            {
-                "text": self.text,
-                "tokens": self.tokens,
-                "finish_reason": self.finish,
-                "logprobs": self.logprobs,
-                "sources": self.sources,
-                "top_logprobs": self.top_logprobs,
-                "stats": stats,
-                "prompt": prompt,
-            },
-            self.ids,
-            self.prompt_scored,
-        )
 
 
 def _prompt_lists(prompt: dict[str, Any] | None) -> tuple[list[float | None], list[list[tuple[int, float]]]]:
@@ -894,8 +814,8 @@ def _result_chunk(out: dict[str, Any], ids: list[int], scored: bool) -> StreamCh
     return StreamChunk(text="", token_ids=[], sources=[], finish_reason=out["finish_reason"], result=result)
 
 
-class _BatchedChunks:
-    """One batched request's events (``BatchPipeline.step``'s dicts) -> :class:`StreamChunk` s. Its text, stop-string
+class _Chunks:
+    """One request's events (``BatchPipeline.step``'s dicts) -> :class:`StreamChunk` s. Its text, stop-string
     cut and finish are Rust's (``specrt_ort::BatchPipeline``); this only builds the Python objects."""
 
     def __init__(self, ids: list[int], scored: bool) -> None:

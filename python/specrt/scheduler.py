@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specrt.errors import GenerationCancelled, SpecrtError
-from specrt.generate import Decoder, GenerationResult, StreamChunk, _BatchedChunks
+from specrt.generate import Decoder, GenerationResult, StreamChunk, _Chunks
 
 __all__ = [
     "DEFAULT_MAX_QUEUE",
@@ -246,11 +246,14 @@ class Scheduler:
         self._active: list[RequestHandle] = []  # handles generating now
         self._n_running = 0
         self._n = 0
-        batched = getattr(decoder, "_batch", None) is not None
-        if batched:
+        # A batching decoder's requests share its batch: the scheduler owns it. A single-stream decoder stays usable
+        # directly: the worker holds its lock while requests of the scheduler run (direct calls wait, as for any
+        # other thread's generation).
+        self._owns = decoder.batched
+        self._holds_lock = False
+        if self._owns:
             self._take_over(decoder)
-        work = self._work_batched if batched else self._work
-        self._worker = threading.Thread(target=work, name="specrt-scheduler", daemon=True)
+        self._worker = threading.Thread(target=self._work, name="specrt-scheduler", daemon=True)
         self._worker.start()
 
     def _take_over(self, decoder: Decoder) -> None:
@@ -374,20 +377,6 @@ class Scheduler:
         self.close(drain=exc[0] is None)
 
     # ----- the worker --------------------------------------------------------------------------------------------
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closed)
-                if not self._queue:
-                    return  # closed and drained
-                handle = self._queue.popleft()
-                self._set_active([handle])
-            try:
-                self._run_one(handle)
-            finally:
-                self._set_active([])
-                self._finished(handle)
-
     def _set_active(self, handles: list[RequestHandle]) -> None:
         with self._cond:
             self._active = handles
@@ -398,34 +387,31 @@ class Scheduler:
             with contextlib.suppress(Exception):  # metrics must never stop the worker
                 self._on_finish(handle)
 
-    def _run_one(self, h: RequestHandle) -> None:
-        if not _may_start(h):
-            return
-        stream = None
+    def _work(self) -> None:
+        """Rounds of the decoder's driver: admit queued requests into free rows, run one round, deliver each
+        request's chunks (one request at a time on a single-stream decoder)."""
+        rows: dict[int, tuple[RequestHandle, _Chunks]] = {}
         try:
-            stream = self.decoder.stream(**h.kwargs)
-            for chunk in stream:
-                if _deliver(h, chunk):
-                    return
-                self._sweep_queue()
-        except Exception as e:  # the request's own error (bad settings, too long, ...): the scheduler goes on
-            h._finish(None, e)
-        finally:
-            if stream is not None:
-                stream.close()  # a generation left early releases the decoder here
-
-    def _work_batched(self) -> None:
-        """Batched rounds: admit queued requests into free rows, run one round, deliver each row's chunk."""
-        rows: dict[int, tuple[RequestHandle, _BatchedChunks]] = {}
-        try:
-            while self._batched_round(rows):
+            while self._round(rows):
                 pass
         finally:
-            self.decoder._scheduler = None
+            self._hold_decoder(False)
+            if self._owns:
+                self.decoder._scheduler = None
 
-    def _batched_round(self, rows: dict[int, tuple[RequestHandle, _BatchedChunks]]) -> bool:
-        """One iteration of the batched worker; False when closed and drained. An unexpected error ends the
-        requests in the batch (with that error), never the worker."""
+    def _hold_decoder(self, hold: bool) -> None:
+        """Take (``hold``) or give back a single-stream decoder's lock (no-op for a batching decoder, owned)."""
+        if self._owns or hold == self._holds_lock:
+            return
+        if hold:
+            self.decoder._lock.acquire()
+        else:
+            self.decoder._lock.release()
+        self._holds_lock = hold
+
+    def _round(self, rows: dict[int, tuple[RequestHandle, _Chunks]]) -> bool:
+        """One iteration of the worker; False when closed and drained. An unexpected error ends the requests in the
+        batch (with that error), never the worker."""
         batch = self.decoder._batch
         with self._cond:
             self._cond.wait_for(lambda: self._queue or rows or self._closed)
@@ -435,6 +421,9 @@ class Scheduler:
             while self._queue and len(rows) + len(admitted) < batch.max_batch:
                 admitted.append(self._queue.popleft())
         try:
+            if admitted:
+                self._set_active([h for h, _ in rows.values()] + admitted)  # running, though maybe waiting for the lock
+                self._hold_decoder(True)
             self._admit(batch, rows, admitted)
             self._set_active([h for h, _ in rows.values()])
             if rows:
@@ -449,9 +438,11 @@ class Scheduler:
                 self._finished(h)
             rows.clear()
         self._set_active([h for h, _ in rows.values()])
+        if not rows:
+            self._hold_decoder(False)
         return True
 
-    def _admit(self, batch: Any, rows: dict[int, tuple[RequestHandle, _BatchedChunks]], admitted: list) -> None:
+    def _admit(self, batch: Any, rows: dict[int, tuple[RequestHandle, _Chunks]], admitted: list) -> None:
         for h in admitted:
             if not _may_start(h):
                 self._finished(h)
@@ -463,9 +454,9 @@ class Scheduler:
                 h._finish(None, e)
                 self._finished(h)
                 continue
-            rows[rid] = (h, _BatchedChunks(ids, scored))
+            rows[rid] = (h, _Chunks(ids, scored))
 
-    def _step(self, batch: Any, rows: dict[int, tuple[RequestHandle, _BatchedChunks]]) -> None:
+    def _step(self, batch: Any, rows: dict[int, tuple[RequestHandle, _Chunks]]) -> None:
         events = batch.step()  # a failed model pass raises: every running row is gone (handled by the caller)
         for e in events:
             rid = e["id"]

@@ -16,8 +16,10 @@ pub mod engine;
 pub mod error;
 pub mod ngram;
 pub mod prefix;
+pub mod requests;
 pub mod rng;
 pub mod sampling;
+pub mod single_stream;
 pub mod stats;
 pub mod subset;
 pub mod testing;
@@ -38,8 +40,10 @@ pub use ngram::{NgramProposer, MAX_NGRAM_LEN};
 pub use prefix::{
     common_prefix_len, PrefixReuse, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING,
 };
+pub use requests::RequestEngine;
 pub use rng::{PcgState, Rng};
 pub use sampling::{PenaltyContext, Sampler, SamplingParams};
+pub use single_stream::SingleStream;
 pub use stats::Stats;
 pub use subset::{SubsetBackend, VocabSubset};
 pub use verify::{

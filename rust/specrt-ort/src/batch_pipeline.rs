@@ -32,12 +32,15 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use specrt_core::{BatchBackend, BatchEngine, BatchOptions};
+use specrt_core::{
+    Backend, BatchBackend, BatchEngine, BatchOptions, Engine, RequestEngine, SingleStream,
+};
 use specrt_core::{FinishReason, GenerationOutput, PromptLogprobs, Result, SpecError, StepOutput};
 use specrt_text::chat::ChatTemplate;
 use specrt_text::detok::{RoundEnd, TextAssembler};
 use specrt_text::tokenizer::Tokenizer;
 
+use crate::backend::OrtBackend;
 use crate::batched::BatchedOrtBackend;
 use crate::constraints::ConstraintCompiler;
 use crate::model::resolve_model_file;
@@ -74,10 +77,14 @@ struct Tracked {
     scored: bool,
 }
 
-/// A batched engine over a target (and optional draft) model folder in the batched layout, with the target
-/// folder's defaults and tokenizer.
+/// The driver of every generation: an engine of requests ([`RequestEngine`]: a batched engine over folders in the
+/// batched layout, or the single-stream engine, one request at a time) with the target folder's defaults and
+/// tokenizer.
 pub struct BatchPipeline {
-    engine: BatchEngine,
+    engine: Box<dyn RequestEngine>,
+    /// ONNX Runtime execution providers of the target session, preferred first (empty for
+    /// [`BatchPipeline::from_engine`]).
+    providers: Vec<&'static str>,
     defaults: FolderDefaults,
     tokenizer: Option<Tokenizer>,
     chat_template: Option<ChatTemplate>,
@@ -120,13 +127,48 @@ impl BatchPipeline {
         let tokenizer = crate::pipeline::folder_tokenizer(&target_file)?;
         let mut pipeline = Self::from_engine(engine, defaults, tokenizer);
         pipeline.chat_template = crate::pipeline::folder_chat_template(&target_file)?;
+        pipeline.providers = vec!["CPUExecutionProvider"];
         Ok(pipeline)
     }
 
-    /// A pipeline over a batched engine built elsewhere (mock models in tests).
+    /// Load a target folder (and an optional draft, loaded with [`OrtOptions::for_draft`]) in the single-stream
+    /// layouts (default or graph form, any provider; CUDA graphs with `options.cuda_graph`) and serve its requests
+    /// one at a time ([`SingleStream`]), with prefix reuse between generations when `prefix_caching`.
+    ///
+    /// Errors: as [`crate::Pipeline::load`].
+    pub fn load_single(
+        target: &Path,
+        draft: Option<&Path>,
+        options: &OrtOptions,
+        prefix_caching: bool,
+    ) -> Result<Self> {
+        let target_file = resolve_model_file(target)?;
+        let defaults = FolderDefaults::read(&target_file)?;
+        let tokenizer_vocab = match draft {
+            Some(d) => check_draft_folder(&target_file, d)?,
+            None => None,
+        };
+        let t = OrtBackend::new(&target_file, options)?;
+        let providers = t.providers();
+        let mut draft_options = options.for_draft();
+        draft_options.profile = None; // the target's session is the one profiled
+        let d = match draft {
+            Some(p) => Some(Box::new(OrtBackend::new(p, &draft_options)?) as Box<dyn Backend>),
+            None => None,
+        };
+        let mut engine = Engine::with_tokenizer_vocab(Box::new(t), d, tokenizer_vocab)?;
+        engine.set_prefix_caching(prefix_caching);
+        let tokenizer = crate::pipeline::folder_tokenizer(&target_file)?;
+        let mut pipeline = Self::from_engine(SingleStream::new(engine), defaults, tokenizer);
+        pipeline.chat_template = crate::pipeline::folder_chat_template(&target_file)?;
+        pipeline.providers = providers;
+        Ok(pipeline)
+    }
+
+    /// A pipeline over an engine of requests built elsewhere (other backends, mock models in tests).
     #[must_use]
     pub fn from_engine(
-        engine: BatchEngine,
+        engine: impl RequestEngine + 'static,
         defaults: FolderDefaults,
         tokenizer: Option<Tokenizer>,
     ) -> Self {
@@ -136,7 +178,8 @@ impl BatchPipeline {
             defaults.eos_token_ids.clone(),
         );
         Self {
-            engine,
+            engine: Box::new(engine),
+            providers: Vec::new(),
             defaults,
             tokenizer,
             chat_template: None,
@@ -247,7 +290,7 @@ impl BatchPipeline {
     /// Errors: [`SpecError::Backend`] / [`SpecError::NonFinite`] when the round itself fails (every running
     /// request is then failed); a single request's failure is its event's `error`.
     pub fn step(&mut self) -> Result<Vec<BatchEvent>> {
-        let steps = self.engine.step()?.to_vec();
+        let steps = self.engine.step()?;
         let mut events = Vec::with_capacity(steps.len());
         for row in steps {
             let id = row.id;
@@ -343,6 +386,32 @@ impl BatchPipeline {
     #[must_use]
     pub fn defaults(&self) -> &FolderDefaults {
         &self.defaults
+    }
+
+    /// End requests submitted from now on at these ids instead of the folder's EOS ids (structured output's
+    /// end too).
+    pub fn set_eos_token_ids(&mut self, ids: Vec<u32>) {
+        self.constraints.set_eos_token_ids(&ids);
+        self.defaults.eos_token_ids = ids;
+    }
+
+    /// ONNX Runtime execution providers of the target session, preferred first.
+    #[must_use]
+    pub fn providers(&self) -> &[&'static str] {
+        &self.providers
+    }
+
+    /// Statistics so far of a running request.
+    #[must_use]
+    pub fn stats(&self, id: u64) -> Option<&specrt_core::Stats> {
+        self.engine.stats(id)
+    }
+
+    /// Statistics of the request run last, even one cancelled or failed since ([`RequestEngine::last_stats`]:
+    /// the single-stream engine's; `None` when batched).
+    #[must_use]
+    pub fn last_stats(&self) -> Option<&specrt_core::Stats> {
+        self.engine.last_stats()
     }
 }
 

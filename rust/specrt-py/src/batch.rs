@@ -10,42 +10,49 @@ use pyo3::types::PyDict;
 use specrt_core::{
     BatchOptions, DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING,
 };
-use specrt_ort::{BatchEvent, BatchPipeline, Provider};
+use specrt_ort::{check_ids, BatchEvent, BatchPipeline, Provider};
 
 use crate::args::ort_options;
 use crate::engine::{prompt_dict, stats_dict, step_dict};
 use crate::errors::{run_kernel, to_pyerr};
 use crate::request::{ids_of, request_of};
 
-/// Batched rounds over a target and an optional draft model in the batched layout (``specrt convert --attention
-/// batched``): up to ``max_batch`` requests share each draft pass and each verification pass; a finished request
-/// leaves and a waiting one joins at the next round. Requests are resolved by the one resolver at ``submit``
-/// (the target folder's generation_config.json defaults, every check); text, stop strings and streamed pieces are
-/// the target folder's tokenizer's (as ``TextAssembler``).
+/// The driver every generation runs through (``specrt_ort::BatchPipeline``): requests submitted with their
+/// settings, one round per ``step``, per-request events out, ``cancel``. With ``batched`` (folders in the batched
+/// layout, ``specrt convert --attention batched``) up to ``max_batch`` requests share each draft pass and each
+/// verification pass, a finished request leaving and a waiting one joining at the next round; without it the
+/// single-stream engine (default or graph form, any provider, CUDA graphs, structured output) serves one request
+/// at a time and the others wait. Requests are resolved by the one resolver at ``submit`` (the target folder's
+/// generation_config.json defaults, every check); text, stop strings and streamed pieces are the target folder's
+/// tokenizer's (as ``TextAssembler``).
 ///
-/// Low-level: ``specrt.Scheduler`` (Python) adds the queue, threads, timeouts and asyncio. Each method locks the
-/// pipeline for its call.
+/// Low-level: ``specrt.Decoder`` and ``specrt.Scheduler`` (Python) add model names, the queue, threads, timeouts
+/// and asyncio. Each method locks the pipeline for its call.
 ///
 /// Args:
-///     target: target model folder (batched layout).
-///     draft: draft model folder (batched layout), or ``None``.
+///     target: target model folder.
+///     draft: draft model folder (the target's layout), or ``None``.
 ///     ort_library: absolute path of ``libonnxruntime.so.1.x``.
-///     max_batch: rows decoding at once (1..=64); each model preallocates that many KV cache slots.
+///     batched: the batched engine (folders in the batched layout) or the single-stream one (default: batched).
+///     max_batch: rows decoding at once (1..=64, batched only); each model preallocates that many KV cache slots.
 ///     max_seq_len: longest prompt + new tokens per row (default: the model's ``max_position_embeddings``).
 ///     intra_op_threads: ONNX Runtime intra-op threads per session (default: the physical cores).
-///     prefill_chunk: most prompt tokens a joining request prefills per pass (its prompt's chunks).
+///     prefill_chunk: most prompt tokens a joining request prefills per pass (its prompt's chunks; batched only).
 ///     max_prefill_tokens: most prompt tokens prefilled per round over all joining requests, in whole chunks (the
-///         round's first always; default ``DEFAULT_MAX_PREFILL_TOKENS``, 256): the longest the running rows wait.
-///     provider: ``"cpu"`` (the batched layout runs on CPU only for now).
+///         round's first always; default ``DEFAULT_MAX_PREFILL_TOKENS``, 256): the longest the running rows wait
+///         (batched only).
+///     provider: ``"cpu"`` or ``"cuda"`` (the batched layout runs on CPU only for now); ``device_id``: the GPU.
 ///     allow_fallback: run on CPU if another provider was asked for and cannot be used.
-///     prefix_caching: keep finished rows' KV in the prefix store and copy the longest matching prefix into a
-///         joining row's slot (default ``DEFAULT_PREFIX_CACHING``: on).
-///     prefix_cache_bytes: the prefix store's budget, both models together, least recently used dropped first
-///         (default ``DEFAULT_PREFIX_CACHE_BYTES``, 1 GiB).
+///     cuda_graph: capture and replay CUDA graphs (single-stream graph-form folders on CUDA).
+///     prefix_caching: reuse the longest prompt prefix the caches hold (default ``DEFAULT_PREFIX_CACHING``: on;
+///         batched: finished rows' KV kept in the prefix store and copied into a joining row's slot).
+///     prefix_cache_bytes: the batched prefix store's budget, both models together, least recently used dropped
+///         first (default ``DEFAULT_PREFIX_CACHE_BYTES``, 1 GiB).
+///     profile: write ONNX Runtime's profile of the target's session under this prefix (single-stream only).
 ///
 /// Raises:
 ///     FileNotFoundError, ModelFileError: a model or the library is missing or unreadable. ConfigError: a model
-///     not in the batched layout, or a setting out of range. VocabError, ProviderError, BackendError.
+///     not in the layout asked for, or a setting out of range. VocabError, ProviderError, BackendError.
 #[pyclass(module = "specrt._specrt", name = "BatchPipeline")]
 pub struct PyBatchPipeline {
     inner: Mutex<BatchPipeline>,
@@ -95,9 +102,9 @@ fn event_dict(py: Python<'_>, e: BatchEvent) -> PyResult<Bound<'_, PyDict>> {
 impl PyBatchPipeline {
     #[new]
     #[pyo3(signature = (
-        target, draft=None, *, ort_library, max_batch=4, max_seq_len=None, intra_op_threads=None,
-        prefill_chunk=256, provider="cpu", allow_fallback=false, prefix_caching=None, prefix_cache_bytes=None,
-        max_prefill_tokens=None
+        target, draft=None, *, ort_library, batched=true, max_batch=4, max_seq_len=None, intra_op_threads=None,
+        prefill_chunk=256, provider="cpu", device_id=0, allow_fallback=false, cuda_graph=false,
+        prefix_caching=None, prefix_cache_bytes=None, max_prefill_tokens=None, profile=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -105,41 +112,51 @@ impl PyBatchPipeline {
         target: PathBuf,
         draft: Option<PathBuf>,
         ort_library: PathBuf,
+        batched: bool,
         max_batch: usize,
         max_seq_len: Option<usize>,
         intra_op_threads: Option<usize>,
         prefill_chunk: usize,
         provider: &str,
+        device_id: i32,
         allow_fallback: bool,
+        cuda_graph: bool,
         prefix_caching: Option<bool>,
         prefix_cache_bytes: Option<usize>,
         max_prefill_tokens: Option<usize>,
+        profile: Option<PathBuf>,
     ) -> PyResult<Self> {
         let provider: Provider = provider.parse().map_err(to_pyerr)?;
-        let options = ort_options(
+        let mut options = ort_options(
             ort_library,
             provider,
-            0,
+            device_id,
             max_seq_len,
             intra_op_threads,
             allow_fallback,
-            false,
+            cuda_graph,
         );
+        options.profile = profile;
+        let prefix_caching = prefix_caching.unwrap_or(DEFAULT_PREFIX_CACHING);
         let batch_options = BatchOptions {
             prefill_chunk,
-            prefix_caching: prefix_caching.unwrap_or(DEFAULT_PREFIX_CACHING),
+            prefix_caching,
             prefix_cache_bytes: prefix_cache_bytes.unwrap_or(DEFAULT_PREFIX_CACHE_BYTES),
             max_prefill_tokens: max_prefill_tokens.unwrap_or(DEFAULT_MAX_PREFILL_TOKENS),
             ..BatchOptions::default()
         };
         let pipeline = run_kernel(py, move || {
-            BatchPipeline::load(
-                &target,
-                draft.as_deref(),
-                &options,
-                max_batch,
-                batch_options,
-            )
+            if batched {
+                BatchPipeline::load(
+                    &target,
+                    draft.as_deref(),
+                    &options,
+                    max_batch,
+                    batch_options,
+                )
+            } else {
+                BatchPipeline::load_single(&target, draft.as_deref(), &options, prefix_caching)
+            }
         })?;
         Ok(Self {
             vocab_size: pipeline.vocab_size(),
@@ -221,9 +238,45 @@ impl PyBatchPipeline {
         self.max_seq_len
     }
 
-    /// Rows decoding at once.
+    /// Rows decoding at once (1 for the single-stream engine).
     #[getter]
     fn max_batch(&self) -> usize {
         self.max_batch
+    }
+
+    /// ONNX Runtime execution providers of the target session, preferred first.
+    #[getter]
+    fn providers(&self, py: Python<'_>) -> PyResult<Vec<&'static str>> {
+        run_kernel(py, || Ok(lock(&self.inner).providers().to_vec()))
+    }
+
+    /// The ids that end requests submitted from now on (default: the target folder's EOS ids).
+    #[getter]
+    fn eos_token_ids(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        run_kernel(py, || {
+            Ok(lock(&self.inner).defaults().eos_token_ids.clone())
+        })
+    }
+
+    #[setter]
+    fn set_eos_token_ids(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
+        check_ids("eos_token_ids", &ids, self.vocab_size).map_err(to_pyerr)?;
+        run_kernel(py, || {
+            lock(&self.inner).set_eos_token_ids(ids);
+            Ok(())
+        })
+    }
+
+    /// Statistics so far of running request ``id`` (the keys of ``Stats``), or ``None`` when it is not running.
+    fn stats<'py>(&self, py: Python<'py>, id: u64) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let stats = run_kernel(py, || Ok(lock(&self.inner).stats(id).cloned()))?;
+        stats.map(|s| stats_dict(py, &s)).transpose()
+    }
+
+    /// Statistics of the request run last, even one cancelled or failed since (single-stream: the engine keeps them
+    /// until its next request starts), or ``None`` (batched, or nothing run yet). Read between rounds.
+    fn last_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let stats = run_kernel(py, || Ok(lock(&self.inner).last_stats().cloned()))?;
+        stats.map(|s| stats_dict(py, &s)).transpose()
     }
 }

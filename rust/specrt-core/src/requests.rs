@@ -1,0 +1,150 @@
+//! [`RequestEngine`]: the one interface the driver (`specrt_ort::BatchPipeline`: text, stop strings, events) runs
+//! every generation through, single-stream or batched: requests are added under an id, each [`RequestEngine::step`]
+//! runs one round and reports what each request committed ([`RowStep`]), a request is cut at a stop string with
+//! [`RequestEngine::stop_at`], and a finished one's output is taken with [`RequestEngine::take_output`].
+//!
+//! Two engines implement it: [`crate::BatchEngine`] (many rows per round) and [`crate::SingleStream`] (one request
+//! at a time on an [`crate::Engine`]: structured output, CUDA graphs and prefix reuse between generations as the
+//! single-stream engine has them; later requests wait their turn).
+
+use crate::batch::RowStep;
+use crate::constraint::Constraint;
+use crate::engine::{GenerationConfig, GenerationOutput, PromptLogprobs};
+use crate::error::Result;
+use crate::stats::Stats;
+
+/// An engine of requests under ids (see the module docs). Ids are the caller's, unique among requests not yet
+/// taken with [`RequestEngine::take_output`] or cancelled.
+pub trait RequestEngine: Send {
+    /// Queue a request (validated now: settings, prompt ids, length); it runs from a later
+    /// [`RequestEngine::step`].
+    ///
+    /// Errors: [`crate::SpecError::Config`] (a duplicate id, an empty prompt, bad settings, a used constraint),
+    /// [`crate::SpecError::Vocab`], [`crate::SpecError::Length`]. Nothing is queued on an error.
+    fn add_with(
+        &mut self,
+        id: u64,
+        prompt: &[u32],
+        cfg: GenerationConfig,
+        constraint: Option<Box<dyn Constraint>>,
+    ) -> Result<()>;
+
+    /// Run one round; returns what each request that ran committed (a failed request's step carries its error and
+    /// the request is gone). Requests that finished wait for [`RequestEngine::take_output`].
+    ///
+    /// Errors: a failure of the round itself (every running request is then dropped).
+    fn step(&mut self) -> Result<Vec<RowStep>>;
+
+    /// Remove a running, waiting or finished request now; returns whether `id` was known.
+    ///
+    /// Errors: [`crate::SpecError::Backend`] when freeing its cache slot fails.
+    fn cancel(&mut self, id: u64) -> Result<bool>;
+
+    /// Keep the first `n_keep` generated tokens of request `id` and finish it with
+    /// [`crate::FinishReason::Stop`] (its caller matched a stop string).
+    ///
+    /// Errors: [`crate::SpecError::Config`] for an id neither running nor finished, or `n_keep` beyond its count.
+    fn stop_at(&mut self, id: u64, n_keep: usize) -> Result<()>;
+
+    /// The output of finished request `id`, removed from the engine (`None` if not finished or unknown).
+    fn take_output(&mut self, id: u64) -> Option<GenerationOutput>;
+
+    /// The prompt scores of a running or finished request (complete from its first emitted token on).
+    fn prompt_logprobs(&self, id: u64) -> Option<&PromptLogprobs>;
+
+    /// Statistics so far of a running or finished request.
+    fn stats(&self, id: u64) -> Option<&Stats>;
+
+    /// Statistics of the request run last, even one cancelled or failed since (the single-stream engine keeps them
+    /// until its next request starts; `None` for engines that do not, as the batched one).
+    fn last_stats(&self) -> Option<&Stats> {
+        None
+    }
+
+    /// The target's logits width.
+    fn vocab_size(&self) -> usize;
+
+    /// Whether a draft model is attached.
+    fn has_draft(&self) -> bool;
+
+    /// Longest prompt + new tokens of a request.
+    fn max_seq_len(&self) -> usize;
+
+    /// Requests that run in one round at most (1 for [`crate::SingleStream`]).
+    fn max_batch(&self) -> usize;
+
+    /// Requests running now.
+    fn n_running(&self) -> usize;
+
+    /// Requests waiting for their turn.
+    fn n_waiting(&self) -> usize;
+
+    /// Whether nothing is running or waiting.
+    fn is_idle(&self) -> bool {
+        self.n_running() == 0 && self.n_waiting() == 0
+    }
+}
+
+impl RequestEngine for crate::BatchEngine {
+    fn add_with(
+        &mut self,
+        id: u64,
+        prompt: &[u32],
+        cfg: GenerationConfig,
+        constraint: Option<Box<dyn Constraint>>,
+    ) -> Result<()> {
+        crate::BatchEngine::add_with(self, id, prompt, cfg, constraint)
+    }
+
+    fn step(&mut self) -> Result<Vec<RowStep>> {
+        crate::BatchEngine::step(self).map(<[RowStep]>::to_vec)
+    }
+
+    fn cancel(&mut self, id: u64) -> Result<bool> {
+        crate::BatchEngine::cancel(self, id)
+    }
+
+    fn stop_at(&mut self, id: u64, n_keep: usize) -> Result<()> {
+        crate::BatchEngine::stop_at(self, id, n_keep)
+    }
+
+    fn take_output(&mut self, id: u64) -> Option<GenerationOutput> {
+        crate::BatchEngine::take_output(self, id)
+    }
+
+    fn prompt_logprobs(&self, id: u64) -> Option<&PromptLogprobs> {
+        crate::BatchEngine::prompt_logprobs(self, id)
+    }
+
+    fn stats(&self, id: u64) -> Option<&Stats> {
+        crate::BatchEngine::stats(self, id)
+    }
+
+    fn vocab_size(&self) -> usize {
+        crate::BatchEngine::vocab_size(self)
+    }
+
+    fn has_draft(&self) -> bool {
+        crate::BatchEngine::has_draft(self)
+    }
+
+    fn max_seq_len(&self) -> usize {
+        crate::BatchEngine::max_seq_len(self)
+    }
+
+    fn max_batch(&self) -> usize {
+        crate::BatchEngine::max_batch(self)
+    }
+
+    fn n_running(&self) -> usize {
+        crate::BatchEngine::n_running(self)
+    }
+
+    fn n_waiting(&self) -> usize {
+        crate::BatchEngine::n_waiting(self)
+    }
+
+    fn is_idle(&self) -> bool {
+        crate::BatchEngine::is_idle(self)
+    }
+}
