@@ -125,23 +125,29 @@ def test_separate_decoders_run_in_parallel_and_match_serial_results(tiny) -> Non
         t.join(timeout=60)
 
 
-def test_two_threads_on_one_low_level_engine_do_not_crash(tiny) -> None:
-    # The binding locks the engine per call; concurrent start/step from two threads may disturb each other's
-    # generation (that is what Decoder's lock is for) but never crash or corrupt memory.
-    eng = _specrt.Engine(str(tiny["target"]), str(tiny["draft"]), ort_library=find_ort_library(), max_seq_len=128)
+def test_two_threads_on_one_driver_do_not_crash(tiny) -> None:
+    # The binding locks the driver per call; concurrent submit/step/cancel from two threads interleave their
+    # requests (that is what Decoder's lock and the Scheduler are for) but never crash or corrupt memory, and each
+    # thread's requests end with valid tokens.
+    batch = _specrt.BatchPipeline(
+        str(tiny["target"]), str(tiny["draft"]), ort_library=find_ort_library(), batched=False, max_seq_len=128
+    )
     errors: list[BaseException] = []
+    ended: list[int] = []
 
     def worker(seed: int) -> None:
         try:
             for _ in range(20):
-                eng.start([1, 2, 3], _specrt.RequestConfig(max_new_tokens=16, seed=seed, num_speculative_tokens=3))
-                for _ in range(20):
-                    out = eng.step()
-                    assert all(0 <= t < eng.vocab_size for t in out["tokens"])
-                    if out["finish_reason"]:
+                rid = batch.submit([1, 2, 3], {"max_new_tokens": 16, "seed": seed, "num_speculative_tokens": 3})
+                for _ in range(40):
+                    events = batch.step()
+                    for e in events:
+                        assert all(0 <= t < batch.vocab_size for t in e["tokens"])
+                    if any(e["id"] == rid and e["done"] for e in events):
+                        ended.append(rid)
                         break
-        except specrt.errors.ConfigError as e:  # the other thread finished or restarted the generation
-            assert "no generation in progress" in str(e) or "finished" in str(e), e
+                else:
+                    batch.cancel(rid)  # the other thread's steps ran it to its end (its event went there)
         except BaseException as e:
             errors.append(e)
 
@@ -152,6 +158,8 @@ def test_two_threads_on_one_low_level_engine_do_not_crash(tiny) -> None:
         t.join(timeout=60)
     assert not errors, errors
     assert not any(t.is_alive() for t in threads)
+    assert ended, "no request ended in either thread"
+    assert batch.is_idle, "a request was left in the driver"
 
 
 def _another_thread_runs_during(call, attempts: int = 20) -> bool:
@@ -188,18 +196,28 @@ def _another_thread_runs_during(call, attempts: int = 20) -> bool:
 def test_the_gil_is_released_while_models_run(tiny) -> None:
     lib = find_ort_library()
     model = _specrt.OrtModel(str(tiny["slow"]), ort_library=lib, max_seq_len=512)
-    # Without prefix caching: each start below repeats the prompt and must prefill it in full (a long native call).
-    eng = _specrt.Engine(str(tiny["slow"]), str(tiny["slow"]), ort_library=lib, max_seq_len=512, prefix_caching=False)
+    # Without prefix caching: each submission below repeats the prompt and its first step must prefill it in full
+    # (a long native call).
+    batch = _specrt.BatchPipeline(
+        str(tiny["slow"]), str(tiny["slow"]), ort_library=lib, batched=False, max_seq_len=512, prefix_caching=False
+    )
     tokens = np.arange(1, 257, dtype=np.int64)
     model.forward(tokens, 0)  # warm-up
     prompt = [1 + i % 250 for i in range(400)]
-    cfg = _specrt.RequestConfig(max_new_tokens=100, temperature=0.0, num_speculative_tokens=4, ignore_eos=True)
-    eng.start(prompt, cfg)
+    settings = {"max_new_tokens": 100, "temperature": 0.0, "num_speculative_tokens": 4, "ignore_eos": True}
+    running = [batch.submit(prompt, settings)]
+    batch.step()
+
+    def prefill() -> None:  # the running request gives way to a new one, whose first step prefills its prompt
+        batch.cancel(running.pop())
+        running.append(batch.submit(prompt, settings))
+        batch.step()
+
     calls = {
         "OrtModel.forward": lambda: model.forward(tokens, 0),
-        # A long prompt: Engine.start (the prefill) is one native call.
-        "Engine.start (prefill)": lambda: eng.start(prompt, cfg),
-        "Engine.step (a round)": eng.step,
+        # A long prompt: the first step of a request (its prefill and a round) is one native call.
+        "BatchPipeline.step (prefill)": prefill,
+        "BatchPipeline.step (a round)": batch.step,
     }
     for name, call in calls.items():
         assert _another_thread_runs_during(call), f"{name}: no other Python thread ran during it: it held the GIL"

@@ -27,7 +27,6 @@ __all__ = [
     "ConstraintMasks",
     "DraftComparison",
     "Encoding",
-    "Engine",
     "FolderDefaults",
     "GenerationCancelled",
     "InternalError",
@@ -340,7 +339,7 @@ class OrtModel:
 
 @final
 class RequestConfig:
-    """The settings of one generation request (Engine.start's; BatchPipeline.submit resolves its own)."""
+    """The settings of one generation request (low level; BatchPipeline.submit resolves a dict)."""
 
     def __new__(
         cls,
@@ -483,42 +482,6 @@ class BatchPipeline:
     def eos_token_ids(self) -> list[int]: ...
     @eos_token_ids.setter
     def eos_token_ids(self, value: list[int]) -> None: ...
-
-@final
-class Engine:
-    """The draft/verify loop over a target and an optional draft model; driven round by round by specrt.Decoder."""
-
-    def __new__(
-        cls,
-        target: str | os.PathLike[str],
-        draft: str | os.PathLike[str] | None = None,
-        *,
-        ort_library: str | os.PathLike[str],
-        provider: str = "cpu",
-        device_id: int = 0,
-        max_seq_len: int | None = None,
-        intra_op_threads: int | None = None,
-        allow_fallback: bool = False,
-        cuda_graph: bool = False,
-        prefix_caching: bool | None = None,
-        profile: str | os.PathLike[str] | None = None,
-    ) -> Engine: ...
-    def start(self, prompt: Sequence[int], config: RequestConfig) -> None: ...
-    def step(self) -> dict[str, Any]:
-        """One round: ``{"tokens", "sources", "logprobs", "n_drafted", "finish_reason"}``."""
-    def stop_at(self, n_keep: int) -> None: ...
-    def stats(self) -> dict[str, Any] | None: ...
-    def prompt_logprobs(self) -> dict[str, Any] | None: ...
-    @property
-    def vocab_size(self) -> int: ...
-    @property
-    def has_draft(self) -> bool: ...
-    @property
-    def max_seq_len(self) -> int: ...
-    @property
-    def providers(self) -> list[str]: ...
-
-# ----- structured output (rust/specrt-py/src/constraint.rs) -------------------------------------------------------
 
 @final
 class ConstraintMasks:

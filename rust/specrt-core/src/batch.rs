@@ -324,9 +324,7 @@ impl BatchEngine {
         constraint: Option<Box<dyn Constraint>>,
     ) -> Result<()> {
         if self.knows(id) {
-            return Err(SpecError::Config(format!(
-                "request id {id} is already in use (expected an id not yet taken)"
-            )));
+            return Err(crate::requests::id_in_use(id));
         }
         let mut req = Request::new(prompt, cfg, self.vocab, self.max_seq_len())?;
         req.controller = None; // the batch chooses K

@@ -10,7 +10,7 @@
 use crate::batch::RowStep;
 use crate::constraint::Constraint;
 use crate::engine::{GenerationConfig, GenerationOutput, PromptLogprobs};
-use crate::error::Result;
+use crate::error::{Result, SpecError};
 use crate::stats::Stats;
 
 /// An engine of requests under ids (see the module docs). Ids are the caller's, unique among requests not yet
@@ -147,4 +147,11 @@ impl RequestEngine for crate::BatchEngine {
     fn is_idle(&self) -> bool {
         crate::BatchEngine::is_idle(self)
     }
+}
+
+/// The error of an `add` under an id already taken (every [`RequestEngine`] gives it).
+pub(crate) fn id_in_use(id: u64) -> SpecError {
+    SpecError::Config(format!(
+        "request id {id} is already in use (expected an id not yet taken)"
+    ))
 }

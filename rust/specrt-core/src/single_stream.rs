@@ -82,9 +82,7 @@ impl RequestEngine for SingleStream {
         constraint: Option<Box<dyn Constraint>>,
     ) -> Result<()> {
         if self.knows(id) {
-            return Err(SpecError::Config(format!(
-                "request id {id} is already in use (expected an id not yet taken)"
-            )));
+            return Err(crate::requests::id_in_use(id));
         }
         // The checks Engine::start makes, now, so a bad request is refused before it queues.
         cfg.validate()?;
@@ -217,5 +215,95 @@ impl RequestEngine for SingleStream {
 
     fn n_waiting(&self) -> usize {
         self.waiting.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::MockModel;
+
+    fn engine() -> Engine {
+        let target = MockModel::new(40, 256, 5, 3.0);
+        let draft = target.clone().with_noise(2, 0.5);
+        Engine::new(Box::new(target), Some(Box::new(draft))).unwrap()
+    }
+
+    fn cfg(seed: u64) -> GenerationConfig {
+        let mut cfg = GenerationConfig {
+            max_new_tokens: 12,
+            ignore_eos: true,
+            seed,
+            ..GenerationConfig::default()
+        };
+        cfg.sampling.temperature = 1.0;
+        cfg
+    }
+
+    /// Run `stream` until idle; the outputs in the order requests finished.
+    fn drain(stream: &mut SingleStream) -> Vec<(u64, GenerationOutput)> {
+        let mut done = Vec::new();
+        for _ in 0..1000 {
+            if stream.is_idle() {
+                break;
+            }
+            for row in stream.step().unwrap() {
+                assert!(row.error.is_none());
+                if row.out.finish_reason.is_some() {
+                    done.push((row.id, stream.take_output(row.id).unwrap()));
+                }
+            }
+        }
+        assert!(stream.is_idle(), "the requests never ended");
+        done
+    }
+
+    #[test]
+    fn queued_requests_run_in_order_with_the_engines_own_output() {
+        let prompts: [&[u32]; 3] = [&[1, 2, 3], &[4, 5], &[1, 2, 3, 6]];
+        let mut stream = SingleStream::new(engine());
+        for (i, p) in prompts.iter().enumerate() {
+            stream
+                .add_with(10 + i as u64, p, cfg(i as u64), None)
+                .unwrap();
+        }
+        assert_eq!((stream.n_waiting(), stream.n_running()), (3, 0));
+        let err = stream.add_with(11, &[1], cfg(0), None).unwrap_err();
+        assert!(err.to_string().contains("already in use"), "{err}");
+        let done = drain(&mut stream);
+        assert_eq!(done.iter().map(|d| d.0).collect::<Vec<_>>(), [10, 11, 12]);
+        for (i, p) in prompts.iter().enumerate() {
+            let alone = engine().generate(p, cfg(i as u64), |_| true).unwrap();
+            assert_eq!(done[i].1.tokens, alone.tokens, "request {i}");
+            assert_eq!(done[i].1.finish_reason, alone.finish_reason);
+        }
+    }
+
+    #[test]
+    fn cancel_stop_at_and_bad_requests() {
+        let mut stream = SingleStream::new(engine());
+        stream.add_with(1, &[1, 2], cfg(1), None).unwrap();
+        stream.add_with(2, &[3, 4], cfg(2), None).unwrap();
+        // Refused at add, nothing queued: an empty prompt, an id out of the vocabulary.
+        assert!(stream.add_with(3, &[], cfg(3), None).is_err());
+        assert!(matches!(
+            stream.add_with(3, &[99], cfg(3), None),
+            Err(SpecError::Vocab(_))
+        ));
+        assert!(stream.cancel(2).unwrap(), "a waiting request is cancelled");
+        let first = stream.step().unwrap();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].id, 1);
+        let n = first[0].out.tokens.len();
+        stream.stop_at(1, n).unwrap();
+        let out = stream.take_output(1).unwrap();
+        assert_eq!(out.tokens.len(), n);
+        assert_eq!(out.finish_reason, crate::FinishReason::Stop);
+        assert!(stream.is_idle());
+        assert!(!stream.cancel(2).unwrap(), "already gone");
+        assert!(
+            stream.stop_at(1, 0).is_err(),
+            "taken: neither running nor finished"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! Latency of whole speculative rounds (draft passes + one target pass + verification + bookkeeping) at
-//! K = 0, 1, 4, 8, on real ONNX models, from Rust alone (no Python in the loop).
+//! K = 0, 1, 4, 8, on real ONNX models, from Rust alone (no Python in the loop), through the driver every generation
+//! runs through (`BatchPipeline` over the single-stream engine).
 //!
 //! Models, first that applies:
 //! 1. `$SPECRT_BENCH_TARGET` (and `$SPECRT_BENCH_DRAFT`; without it the target is its own draft);
@@ -13,7 +14,7 @@
 //!
 //! Each round is greedy (temperature 0) with a fixed K and the draft-model proposer, on a fixed ~40-token code
 //! prompt (cut to a quarter of the KV length), `ignore_eos`, up to 192 new tokens per generation; a finished
-//! generation is restarted outside the timed region (prefill is never timed). criterion reports the time per
+//! generation is restarted outside the timed region (its first step, the prefill and a round, is never timed). criterion reports the time per
 //! round; after it, one line per K splits the measured rounds with the engine's own timers (`Stats::draft_ms`,
 //! `target_ms`, `core_ms`): ms/round total (wall), draft, target, verify+bookkeeping, and emitted tokens per round.
 //! The KV caches hold 512 positions (the tiny model: its 256).
@@ -24,9 +25,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use specrt_ort::specrt_core::{GenerationConfig, Stats};
+use specrt_ort::specrt_core::{Stats, DEFAULT_PREFIX_CACHING};
 use specrt_ort::{
-    find_ort_library, GenerationRequest, OrtOptions, Pipeline, Proposer, SpeculativeTokens,
+    find_ort_library, BatchPipeline, GenerationRequest, OrtOptions, Proposer, SpeculativeTokens,
 };
 
 const KS: [usize; 4] = [0, 1, 4, 8];
@@ -138,32 +139,48 @@ impl Totals {
     }
 }
 
-/// Runs timed rounds of one configuration, restarting finished generations untimed.
+/// Runs timed rounds of one configuration through the driver, restarting finished generations untimed.
 struct Runner<'a> {
-    pipeline: &'a mut Pipeline,
+    driver: &'a mut BatchPipeline,
     prompt: &'a [u32],
-    cfg: GenerationConfig,
+    request: GenerationRequest,
+    /// The running generation.
+    id: Option<u64>,
     base: Stats,
     totals: Totals,
 }
 
 impl Runner<'_> {
+    /// Submit the generation again and run its first step (the prefill and a round), untimed.
     fn restart(&mut self) {
-        let engine = self.pipeline.engine_mut();
-        engine.start(self.prompt, self.cfg.clone()).expect("start");
-        self.base = engine.stats().cloned().unwrap_or_default();
+        let id = self
+            .driver
+            .submit_ids(self.prompt, &self.request)
+            .expect("submit");
+        self.id = Some(id);
+        self.base = Stats::default();
+        self.step();
+    }
+
+    /// One step of the driver; accounts the generation's counts when it ends.
+    fn step(&mut self) {
+        for event in black_box(self.driver.step().expect("step")) {
+            if let Some((_, output)) = event.done {
+                self.totals.add(&output.stats, &self.base);
+                self.id = None;
+            }
+        }
     }
 
     /// Time `iters` rounds (criterion's `iter_custom`).
     fn rounds(&mut self, iters: u64) -> Duration {
         let mut elapsed = Duration::ZERO;
         for _ in 0..iters {
-            if self.pipeline.engine_mut().finish_reason().is_some() {
-                self.account();
+            while self.id.is_none() {
                 self.restart();
             }
             let t0 = Instant::now();
-            black_box(self.pipeline.engine_mut().step().expect("step"));
+            self.step();
             elapsed += t0.elapsed();
         }
         self.totals.wall += elapsed;
@@ -171,16 +188,12 @@ impl Runner<'_> {
         elapsed
     }
 
-    /// Move the engine's counts since `base` into the totals.
+    /// Move the running generation's counts since `base` into the totals.
     fn account(&mut self) {
-        let now = self
-            .pipeline
-            .engine_mut()
-            .stats()
-            .cloned()
-            .unwrap_or_default();
-        self.totals.add(&now, &self.base);
-        self.base = now;
+        if let Some(now) = self.id.and_then(|id| self.driver.stats(id)).cloned() {
+            self.totals.add(&now, &self.base);
+            self.base = now;
+        }
     }
 }
 
@@ -215,8 +228,13 @@ fn main() {
     };
     let mut options = OrtOptions::new(&library);
     options.max_seq_len = Some(512);
-    let mut pipeline =
-        Pipeline::load(&models.target, Some(&models.draft), &options).expect("load the models");
+    let mut pipeline = BatchPipeline::load_single(
+        &models.target,
+        Some(&models.draft),
+        &options,
+        DEFAULT_PREFIX_CACHING,
+    )
+    .expect("load the models");
     let mut prompt = prompt_ids(&models.target, pipeline.vocab_size());
     // Leave room for the generation in small models (the tiny model holds 256 positions).
     prompt.truncate(pipeline.max_seq_len() / 4);
@@ -248,15 +266,14 @@ fn main() {
                 ignore_eos: true,
                 ..GenerationRequest::default()
             };
-            let cfg = pipeline.resolve(&request).expect("settings");
             let mut runner = Runner {
-                pipeline: &mut pipeline,
+                driver: &mut pipeline,
                 prompt: &prompt,
-                cfg,
+                request,
+                id: None,
                 base: Stats::default(),
                 totals: Totals::default(),
             };
-            runner.restart();
             group.bench_function(format!("k={k}"), |b| {
                 b.iter_custom(|iters| runner.rounds(iters));
             });

@@ -43,9 +43,9 @@ use specrt_text::tokenizer::Tokenizer;
 use crate::backend::OrtBackend;
 use crate::batched::BatchedOrtBackend;
 use crate::constraints::ConstraintCompiler;
-use crate::model::resolve_model_file;
+use crate::folder::{chat_ids, FolderDefaults, TargetFolder};
 use crate::options::OrtOptions;
-use crate::pipeline::{check_draft_folder, resolve_request, FolderDefaults, GenerationRequest};
+use crate::request::{resolve_request, GenerationRequest};
 
 /// What one round brought one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,6 +85,8 @@ pub struct BatchPipeline {
     /// ONNX Runtime execution providers of the target session, preferred first (empty for
     /// [`BatchPipeline::from_engine`]).
     providers: Vec<&'static str>,
+    /// Why CUDA was requested but the CPU is used (`allow_fallback`), if it was.
+    fallback_reason: Option<String>,
     defaults: FolderDefaults,
     tokenizer: Option<Tokenizer>,
     chat_template: Option<ChatTemplate>,
@@ -108,13 +110,9 @@ impl BatchPipeline {
         max_batch: usize,
         batch_options: BatchOptions,
     ) -> Result<Self> {
-        let target_file = resolve_model_file(target)?;
-        let defaults = FolderDefaults::read(&target_file)?;
-        let tokenizer_vocab = match draft {
-            Some(d) => check_draft_folder(&target_file, d)?,
-            None => None,
-        };
-        let t = BatchedOrtBackend::new(&target_file, options, max_batch)?;
+        let folder = TargetFolder::open(target, draft)?;
+        let t = BatchedOrtBackend::new(&folder.model_file, options, max_batch)?;
+        let fallback_reason = t.fallback_reason().map(str::to_owned);
         let d = match draft {
             Some(p) => Some(
                 Box::new(BatchedOrtBackend::new(p, &options.for_draft(), max_batch)?)
@@ -122,12 +120,16 @@ impl BatchPipeline {
             ),
             None => None,
         };
-        let engine =
-            BatchEngine::with_tokenizer_vocab(Box::new(t), d, batch_options, tokenizer_vocab)?;
-        let tokenizer = crate::pipeline::folder_tokenizer(&target_file)?;
-        let mut pipeline = Self::from_engine(engine, defaults, tokenizer);
-        pipeline.chat_template = crate::pipeline::folder_chat_template(&target_file)?;
+        let engine = BatchEngine::with_tokenizer_vocab(
+            Box::new(t),
+            d,
+            batch_options,
+            folder.tokenizer_vocab,
+        )?;
+        let mut pipeline = Self::from_engine(engine, folder.defaults, folder.tokenizer);
+        pipeline.chat_template = folder.chat_template;
         pipeline.providers = vec!["CPUExecutionProvider"];
+        pipeline.fallback_reason = fallback_reason;
         Ok(pipeline)
     }
 
@@ -142,26 +144,23 @@ impl BatchPipeline {
         options: &OrtOptions,
         prefix_caching: bool,
     ) -> Result<Self> {
-        let target_file = resolve_model_file(target)?;
-        let defaults = FolderDefaults::read(&target_file)?;
-        let tokenizer_vocab = match draft {
-            Some(d) => check_draft_folder(&target_file, d)?,
-            None => None,
-        };
-        let t = OrtBackend::new(&target_file, options)?;
+        let folder = TargetFolder::open(target, draft)?;
+        let t = OrtBackend::new(&folder.model_file, options)?;
         let providers = t.providers();
+        let fallback_reason = t.fallback_reason().map(str::to_owned);
         let mut draft_options = options.for_draft();
         draft_options.profile = None; // the target's session is the one profiled
         let d = match draft {
             Some(p) => Some(Box::new(OrtBackend::new(p, &draft_options)?) as Box<dyn Backend>),
             None => None,
         };
-        let mut engine = Engine::with_tokenizer_vocab(Box::new(t), d, tokenizer_vocab)?;
+        let mut engine = Engine::with_tokenizer_vocab(Box::new(t), d, folder.tokenizer_vocab)?;
         engine.set_prefix_caching(prefix_caching);
-        let tokenizer = crate::pipeline::folder_tokenizer(&target_file)?;
-        let mut pipeline = Self::from_engine(SingleStream::new(engine), defaults, tokenizer);
-        pipeline.chat_template = crate::pipeline::folder_chat_template(&target_file)?;
+        let mut pipeline =
+            Self::from_engine(SingleStream::new(engine), folder.defaults, folder.tokenizer);
+        pipeline.chat_template = folder.chat_template;
         pipeline.providers = providers;
+        pipeline.fallback_reason = fallback_reason;
         Ok(pipeline)
     }
 
@@ -180,6 +179,7 @@ impl BatchPipeline {
         Self {
             engine: Box::new(engine),
             providers: Vec::new(),
+            fallback_reason: None,
             defaults,
             tokenizer,
             chat_template: None,
@@ -203,7 +203,7 @@ impl BatchPipeline {
         let tokenizer = self.tokenizer.as_ref().ok_or_else(|| {
             SpecError::Config("this pipeline has no tokenizer; submit token ids".to_owned())
         })?;
-        crate::pipeline::chat_ids(self.chat_template.as_ref(), tokenizer, messages)
+        chat_ids(self.chat_template.as_ref(), tokenizer, messages)
     }
 
     /// Rows the batch holds.
@@ -239,12 +239,7 @@ impl BatchPipeline {
     /// without a tokenizer, [`SpecError::Config`] for a constraint (`request.constraint`) that does not compile or
     /// without a tokenizer. Nothing is queued on an error.
     pub fn submit_ids(&mut self, prompt_ids: &[u32], request: &GenerationRequest) -> Result<u64> {
-        let cfg = resolve_request(
-            request,
-            &self.defaults,
-            self.engine.has_draft(),
-            Some(self.engine.vocab_size()),
-        )?;
+        let cfg = self.resolve(request)?;
         // Compiled before the request queues: a bad constraint is refused here.
         let constraint = self
             .constraints
@@ -283,6 +278,62 @@ impl BatchPipeline {
     pub fn cancel(&mut self, id: u64) -> Result<bool> {
         let known = self.requests.remove(&id).is_some();
         Ok(self.engine.cancel(id)? || known)
+    }
+
+    /// Stop request `id` now, keeping the tokens its events carried (finish reason `Stop`, as when a caller stops
+    /// reading); returns its whole text and output, as its last event would. The request is then gone.
+    ///
+    /// Errors: [`SpecError::Config`] for an id not running (unknown, waiting, or already ended).
+    pub fn finish(&mut self, id: u64) -> Result<(String, GenerationOutput)> {
+        let Some(tracked) = self.requests.get(&id) else {
+            return Err(SpecError::setting(
+                "id",
+                format!("request {id} is not running (expected the id of a running request)"),
+            ));
+        };
+        self.engine.stop_at(id, tracked.n_emitted)?;
+        let mut text = self.requests.remove(&id).and_then(|t| t.text);
+        if let Some(assembler) = &mut text {
+            assembler.feed(&[], RoundEnd::Finished)?;
+        }
+        let output = self.engine.take_output(id).ok_or_else(|| {
+            SpecError::Internal(format!("request {id} stopped without an output"))
+        })?;
+        Ok((
+            text.map(|a| a.text().to_owned()).unwrap_or_default(),
+            output,
+        ))
+    }
+
+    /// The engine settings `request` resolves to here ([`resolve_request`] with this pipeline's defaults, draft
+    /// and vocabulary): what [`BatchPipeline::submit_ids`] would run.
+    ///
+    /// Errors: as [`resolve_request`].
+    pub fn resolve(&self, request: &GenerationRequest) -> Result<specrt_core::GenerationConfig> {
+        resolve_request(
+            request,
+            &self.defaults,
+            self.engine.has_draft(),
+            Some(self.engine.vocab_size()),
+        )
+    }
+
+    /// The target folder's chat template (`None` without `chat_template.jinja`).
+    #[must_use]
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// Use `tokenizer` for text (a pipeline built with [`BatchPipeline::from_engine`] without one).
+    pub fn set_tokenizer(&mut self, tokenizer: Tokenizer) {
+        self.constraints.set_tokenizer(tokenizer.clone());
+        self.tokenizer = Some(tokenizer);
+    }
+
+    /// Why CUDA was requested but the CPU is used (`allow_fallback`), if it was.
+    #[must_use]
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback_reason.as_deref()
     }
 
     /// Run one batched round; returns an event for each request that committed tokens, finished or failed.

@@ -8,7 +8,7 @@ use specrt_core::{Constraint, Result, SpecError};
 use specrt_grammar::{GrammarCompiler, OutputConstraint};
 use specrt_text::tokenizer::Tokenizer;
 
-use crate::pipeline::{folder_tokenizer, TOKENIZER_FILE};
+use crate::folder::{folder_tokenizer, TOKENIZER_FILE};
 
 /// Compiles constraints for one model: its tokenizer, its vocabulary size (logits width) and the EOS ids, with
 /// llguidance's parser factory built lazily (building it reads the whole vocabulary: tens of ms) and rebuilt only

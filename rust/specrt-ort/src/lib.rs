@@ -65,10 +65,12 @@ mod batched;
 pub mod constraints;
 mod cuda_graph;
 pub mod discover;
+pub mod folder;
 mod kv_binding;
 pub mod model;
 pub mod options;
 pub mod pipeline;
+pub mod request;
 pub mod runtime;
 
 pub use backend::{check_cuda_provider, OrtBackend};
@@ -77,13 +79,14 @@ pub use batched::{BatchedOrtBackend, MAX_BATCH};
 pub use constraints::ConstraintCompiler;
 pub use cuda_graph::MAX_GRAPH_TOKENS;
 pub use discover::find_ort_library;
+pub use folder::{check_draft_folder, FolderDefaults};
 pub use options::{
     physical_cores, Attention, DecoderOptions, KvLayout, Memory, MemoryPlan, OrtOptions, Provider,
     DEFAULT_MAX_SEQ_LEN,
 };
-pub use pipeline::{
-    check_draft_folder, check_ids, resolve_request, FolderDefaults, GenerationRequest, Pipeline,
-    Proposer, SpeculativeTokens, TextOutput, TextStep, AUTO_K_MAX,
+pub use pipeline::{Pipeline, TextOutput, TextStep};
+pub use request::{
+    check_ids, resolve_request, GenerationRequest, Proposer, SpeculativeTokens, AUTO_K_MAX,
 };
 pub use runtime::{
     init_runtime, init_runtime_with_threads, loaded_library, runtime_info, RuntimeInfo,

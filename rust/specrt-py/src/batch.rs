@@ -13,8 +13,8 @@ use specrt_core::{
 use specrt_ort::{check_ids, BatchEvent, BatchPipeline, Provider};
 
 use crate::args::ort_options;
-use crate::engine::{prompt_dict, stats_dict, step_dict};
 use crate::errors::{run_kernel, to_pyerr};
+use crate::outputs::{prompt_dict, stats_dict, step_dict};
 use crate::request::{ids_of, request_of};
 
 /// The driver every generation runs through (``specrt_ort::BatchPipeline``): requests submitted with their
@@ -66,7 +66,7 @@ fn lock(m: &Mutex<BatchPipeline>) -> std::sync::MutexGuard<'_, BatchPipeline> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// One event as a dict: ``Engine.step``'s keys (the round's tokens, sources, logprobs, top_logprobs, n_drafted,
+/// One event as a dict: the round's keys (its tokens, sources, logprobs, top_logprobs, n_drafted,
 /// finish_reason) plus ``id``, ``text``, ``prompt`` (a prompt-scores dict or None), ``error`` (an exception or None)
 /// and ``done`` (None, or ``{"text", "tokens", "sources", "logprobs", "top_logprobs", "finish_reason", "stats",
 /// "prompt"}`` on the request's last event).

@@ -9,9 +9,9 @@ mod chat;
 mod constraint;
 mod cost;
 mod coupled;
-mod engine;
 pub mod errors;
 mod options;
+mod outputs;
 mod request;
 mod runtime;
 mod sampling;
@@ -29,7 +29,6 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     runtime::register(m)?;
     coupled::register(m)?;
     m.add_class::<backend::PyOrtModel>()?;
-    m.add_class::<engine::PyEngine>()?;
     m.add_class::<constraint::PyConstraintMasks>()?;
     m.add_class::<batch::PyBatchPipeline>()?;
     m.add_class::<request::RequestConfig>()?;

@@ -1,15 +1,15 @@
-//! `RequestConfig`: the settings of one generation request, shared by `Engine.start` and `BatchEngine.add`.
+//! `RequestConfig`: the settings of one generation request, resolved by the one resolver (`specrt_ort::resolve_request`).
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString};
 use specrt_core::sampling::Fault;
 use specrt_core::{check_prompt, AutoK, GenerationConfig, NgramConfig, PinnedCosts, SpecError};
-use specrt_ort::pipeline::{
+use specrt_ort::specrt_grammar::{ConstraintFields, OutputConstraint, CONSTRAINT_FIELDS};
+use specrt_ort::{
     resolve_request as resolve_request_rs, FolderDefaults, GenerationRequest, Proposer,
     SpeculativeTokens,
 };
-use specrt_ort::specrt_grammar::{ConstraintFields, OutputConstraint, CONSTRAINT_FIELDS};
 
 use crate::args::SamplingArgs;
 use crate::errors::to_pyerr;
