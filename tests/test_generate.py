@@ -159,6 +159,22 @@ def test_stop_string_cuts_text_and_tokens(tiny, target_only) -> None:
     assert out.stats.n_emitted == n
 
 
+def test_include_stop_str_in_output_keeps_the_stop_string_in_the_text_and_the_stream(tiny, target_only) -> None:
+    # vLLM's include_stop_str_in_output, per request on the driver: the same tokens, the text through the stop.
+    ref = target_only.generate("hello", max_new_tokens=40, temperature=0, ignore_eos=True)
+    stop = ref.text[12:15]
+    cut = ref.text.find(stop)
+    kw = {"max_new_tokens": 40, "temperature": 0, "stop": [stop], "ignore_eos": True}
+    left_out = target_only.generate("hello", **kw)
+    kept = target_only.generate("hello", include_stop_str_in_output=True, **kw)
+    assert (left_out.text, kept.text) == (ref.text[:cut], ref.text[: cut + len(stop)])
+    assert kept.token_ids == left_out.token_ids and kept.finish_reason == "stop"
+    streamed = "".join(c.text for c in target_only.stream("hello", include_stop_str_in_output=True, **kw))
+    assert streamed == kept.text
+    with pytest.raises(specrt.errors.ConfigError, match="include_stop_str_in_output"):
+        target_only.generate("hello", include_stop_str_in_output="yes", **kw)
+
+
 def test_streaming_yields_the_final_text_and_holds_back_partial_stops(tiny, target_only) -> None:
     ref = target_only.generate("hello", max_new_tokens=40, temperature=0, ignore_eos=True)
     stop = ref.text[20:24]

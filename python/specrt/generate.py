@@ -613,6 +613,8 @@ class Decoder:
         regex: str | None = _D["regex"],
         grammar: str | None = _D["grammar"],
         choice: Sequence[str] | None = _D["choice"],
+        skip_special_tokens: bool = _D["skip_special_tokens"],
+        include_stop_str_in_output: bool = _D["include_stop_str_in_output"],
         _fault: str | None = None,
     ) -> Iterator[StreamChunk]:
         """Generate, yielding text as it is committed.
@@ -639,6 +641,9 @@ class Decoder:
             repetition_penalty: HF-style (1 = off); frequency_penalty, presence_penalty: OpenAI-style (0 = off).
             seed: random seed; the same seed and settings give the same tokens.
             stop: stop strings; the text ends before the first match.
+            skip_special_tokens: vLLM's (default true): leave the text of special added tokens out of the text.
+            include_stop_str_in_output: vLLM's (default false): keep the stop string (or the text of the EOS / stop
+                id token) that ended the generation at the end of the text.
             stop_token_ids: extra token ids that end generation.
             ignore_eos: keep going past the model's EOS ids.
             coupled: coupled sampling (off by default): the random choice at each output position depends on

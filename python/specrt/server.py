@@ -714,9 +714,6 @@ class _Choice:
     prompt_index: int
     handle: RequestHandle
     n_prompt: int
-    # The choice's text as vLLM's skip_special_tokens / include_stop_str_in_output define it (Rust's TextAssembler
-    # over the Decoder's rounds): fed each streamed chunk, or the whole result at once.
-    view: _specrt.TextAssembler
     echo: str = ""  # text put before the generated text (completions' echo)
     first: bool = True  # nothing sent yet
     chunks: Any = None  # the handle's async iterator (streaming)
@@ -730,8 +727,9 @@ class _Choice:
 
 
 def _whole_text(c: _Choice, result: GenerationResult) -> str:
-    """The text of a finished choice that was not streamed (its view fed the whole result)."""
-    return c.view.feed(result.token_ids, result.finish_reason).text
+    """The text of a finished choice that was not streamed: the driver's, as the request's skip_special_tokens /
+    include_stop_str_in_output define it."""
+    return result.text
 
 
 async def _merged(choices: list[_Choice]) -> AsyncIterator[tuple[_Choice, StreamChunk]]:
@@ -888,7 +886,19 @@ def _json(name: str, description: str) -> dict[str, Any]:
 def _generation_ok(name: str) -> dict[str, Any]:
     """200 of a generation endpoint: the whole response as JSON, or with ``stream: true`` server-sent events."""
     ok = _json(name, "The completion (JSON), or with stream: true its chunks as server-sent events")
-    ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+    # One server-sent event (OpenAPI before 3.2: ``schema`` describes each event of a stream): its ``data`` holds a
+    # chunk as JSON, or ``[DONE]``.
+    event = {
+        "type": "object",
+        "properties": {
+            "data": {"type": "string"},
+            "event": {"type": "string"},
+            "id": {"type": "string"},
+            "retry": {"type": "integer"},
+        },
+        "required": ["data"],
+    }
+    ok["content"]["text/event-stream"] = {"schema": event}
     return ok
 
 
@@ -1032,6 +1042,9 @@ def create_app(
             "ignore_eos": req.ignore_eos,
             "coupled": req.coupled,
             "min_tokens": req.min_tokens,
+            # Which text the driver gives each choice (vLLM's definitions; Rust's TextAssembler, one place).
+            "skip_special_tokens": req.skip_special_tokens,
+            "include_stop_str_in_output": req.include_stop_str_in_output,
         }
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
             value = getattr(req, name)
@@ -1280,19 +1293,12 @@ def create_app(
                 "rate_limit_error",
                 code="queue_full",
             )
-        stops = kw.get("stop", [])
         choices: list[_Choice] = []
         try:
             for k, ids in enumerate(prompts):
                 for i, seed in enumerate(_seeds(req)):
                     handle = scheduler.submit(ids, **{**kw, "max_new_tokens": budgets[k], "seed": seed})
-                    view = _specrt.TextAssembler(
-                        tokenizer,
-                        stops,
-                        skip_special_tokens=req.skip_special_tokens,
-                        include_stop_str_in_output=req.include_stop_str_in_output,
-                    )
-                    choices.append(_Choice(k * req.n + i, k, handle, len(ids), view, echoes[k] if echoes else ""))
+                    choices.append(_Choice(k * req.n + i, k, handle, len(ids), echoes[k] if echoes else ""))
         except (QueueFullError, SchedulerClosedError, ConfigError, SpecrtError, ValueError) as e:
             for c in choices:
                 c.handle.cancel()
@@ -1424,14 +1430,13 @@ def create_app(
             """The server-sent event of one chunk of choice ``c`` (None: nothing to send)."""
             if chunk.result is not None:
                 c.result = chunk.result
-                # (The chunk of the last round finished the view; the result has no tokens of its own.)
-                rest = "" if c.view.finished else c.view.feed([], chunk.result.finish_reason).text
-                body = event_of(c, rest, [], [], [], _FINISH.get(chunk.result.finish_reason))
+                # (The chunk of the last round carried the rest of the text; the result has no tokens of its own.)
+                body = event_of(c, "", [], [], [], _FINISH.get(chunk.result.finish_reason))
                 n_out = len(chunk.result.token_ids)
             else:
                 if chunk.prompt_logprobs is not None:
                     c.prompt_chunk = chunk
-                text = c.view.feed(chunk.token_ids, chunk.finish_reason).text
+                text = chunk.text  # the driver's text of this round (stop strings cut, partial characters held)
                 c.n_out += len(chunk.token_ids)
                 if not (text or chunk.token_ids or c.first):
                     return None

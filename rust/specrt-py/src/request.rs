@@ -429,6 +429,10 @@ pub(crate) fn request_of(
                 };
             }
             "ignore_eos" => r.ignore_eos = boolean(&key, &value)?,
+            "skip_special_tokens" => r.text.skip_special_tokens = boolean(&key, &value)?,
+            "include_stop_str_in_output" => {
+                r.text.include_stop_str_in_output = boolean(&key, &value)?;
+            }
             "coupled" => r.coupled = boolean(&key, &value)?,
             "logprobs" => r.logprobs = boolean(&key, &value)?,
             "top_logprobs" => {
@@ -608,6 +612,11 @@ pub fn request_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("top_logprobs", r.top_logprobs)?;
     d.set_item("prompt_logprobs", r.prompt_logprobs)?;
     d.set_item("min_tokens", r.min_tokens)?;
+    d.set_item("skip_special_tokens", r.text.skip_special_tokens)?;
+    d.set_item(
+        "include_stop_str_in_output",
+        r.text.include_stop_str_in_output,
+    )?;
     for name in CONSTRAINT_FIELDS {
         d.set_item(name, py.None())?; // no constraint (GenerationRequest::constraint None)
     }
