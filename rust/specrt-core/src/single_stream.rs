@@ -63,8 +63,7 @@ impl SingleStream {
     }
 
     fn knows(&self, id: u64) -> bool {
-        matches!(self.current, Current::Running(i) | Current::Finished(i) if i == id)
-            || self.waiting.iter().any(|w| w.id == id)
+        self.holds(id) || self.waiting.iter().any(|w| w.id == id)
     }
 
     /// The engine's request when it is `id` (running or finished).
