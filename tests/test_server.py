@@ -427,7 +427,7 @@ def test_shutdown_drains_open_streams(tiny) -> None:
         (b'{"prompt": [true, false]}', "prompt", "valid integer (at prompt.0)"),
         (b'{"prompt": 5}', "prompt", "valid string or"),
         (b'{"prompt": "x", "repetition_penalty": Infinity}', "repetition_penalty", "finite number"),
-        (b'{"prompt": "x", "top_k": 1099511627776}', "top_k", "less than 4294967296"),
+        (b'{"prompt": "x", "top_k": 1099511627776}', "top_k", "top_k < 2**32"),
         (b'{"prompt": [], "stream": true}', "prompt", "empty"),
     ],
 )

@@ -20,6 +20,9 @@ __all__ = [
     "DEFAULT_PREFIX_CACHE_BYTES",
     "DEFAULT_PREFIX_CACHING",
     "MAX_DRAFT_TOKENS",
+    "MAX_TOP_LOGPROBS",
+    "AUTO_K_MAX",
+    "MAX_BATCH",
     "BackendError",
     "BatchPipeline",
     "ChatTemplate",
@@ -385,6 +388,12 @@ DEFAULT_MAX_SEQ_LEN: int
 DEFAULT_MAX_PREFILL_TOKENS: int
 DEFAULT_PREFIX_CACHING: bool
 DEFAULT_PREFIX_CACHE_BYTES: int
+#: Most top_logprobs (and prompt_logprobs) alternatives per position (specrt_core::MAX_TOP_LOGPROBS).
+MAX_TOP_LOGPROBS: int
+#: Largest K that num_speculative_tokens "auto" picks (specrt_ort::AUTO_K_MAX).
+AUTO_K_MAX: int
+#: Largest max_batch of a batched decoder (specrt_ort::MAX_BATCH).
+MAX_BATCH: int
 
 @final
 class FolderDefaults:

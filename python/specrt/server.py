@@ -55,6 +55,7 @@ from specrt import _specrt
 from specrt.errors import ConfigError, GenerationCancelled, SequenceLengthError, SpecrtError, VocabError
 from specrt.generate import Decoder, GenerationResult, StreamChunk, check_request
 from specrt.scheduler import (
+    DEFAULT_MAX_QUEUE,
     QueueFullError,
     RequestHandle,
     RequestTimeoutError,
@@ -166,11 +167,6 @@ def _check_policy(req: Any, chat: bool) -> None:
             "continue_final_message true needs add_generation_prompt false (the final message is continued, no new "
             "one is started)",
         )
-    stop = getattr(req, "stop", None)
-    if stop is not None:
-        stops = [stop] if isinstance(stop, str) else list(stop)
-        if any(not s for s in stops):
-            raise _BadFieldError("stop", f"stop: the strings must be non-empty, got {_shown(stops)}")
 
 
 def _constraint_fields(req: Any) -> list[tuple[str, str, Any]]:
@@ -262,13 +258,14 @@ def _pydantic_models() -> dict[str, Any]:
         model: str | None = None
         max_tokens: int | None = Field(default=None, ge=1)
         temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-        top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-        top_k: int | None = Field(default=None, ge=0, lt=2**32)
-        min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-        repetition_penalty: float | None = Field(default=None, ge=1e-6, le=1e6)
+        # Ranges checked by the Rust resolver when the request is submitted (a 400 naming the field).
+        top_p: float | None = None
+        top_k: int | None = None
+        min_p: float | None = None
+        repetition_penalty: float | None = None
         frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
         presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-        seed: int | None = Field(default=None, ge=0, lt=2**64)
+        seed: int | None = None  # 0 <= seed < 2**64, checked by the Rust resolver (_submit_all)
         stop: str | Annotated[list[str], Field(max_length=_MAX_STOPS)] | None = None
         n: int = Field(default=1, ge=1, le=128)
         stream: bool = False
@@ -286,7 +283,7 @@ def _pydantic_models() -> dict[str, Any]:
         length_penalty: float = 1.0  # vLLM: beam search only
         guided_decoding_backend: str | None = None  # vLLM: always llguidance here
         # specrt's settings.
-        num_speculative_tokens: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] | None = None
+        num_speculative_tokens: Annotated[int, Field(ge=0, le=_specrt.MAX_DRAFT_TOKENS)] | Literal["auto"] | None = None
         ignore_eos: bool = False
         coupled: bool = False
         # vLLM's extensions, implemented.
@@ -385,7 +382,7 @@ def _pydantic_models() -> dict[str, Any]:
     class ChatCompletionRequest(ChatTemplating, Sampling):
         max_completion_tokens: int | None = Field(default=None, ge=1)
         logprobs: bool = False
-        top_logprobs: int | None = Field(default=None, ge=0, le=20)
+        top_logprobs: int | None = Field(default=None, ge=0, le=_specrt.MAX_TOP_LOGPROBS)
         tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
         parallel_tool_calls: bool | None = None
         prediction: Prediction | None = None
@@ -920,7 +917,7 @@ def create_app(
     decoder: Decoder,
     *,
     model_name: str,
-    max_queue: int = 64,
+    max_queue: int = DEFAULT_MAX_QUEUE,
     request_timeout_s: float | None = 600.0,
     num_speculative_tokens: int | str = "auto",
     default_max_tokens: int = 256,
@@ -1251,6 +1248,11 @@ def create_app(
             return _unavailable()
         if req.model is not None and req.model != model_name:
             return _model_not_found(req.model)
+        if req.seed is not None:  # the range is Rust's (a u64); choice i's seed is seed + i modulo 2**64
+            try:
+                check_request("specrt serve", has_draft=decoder.draft_path is not None, seed=req.seed)
+            except ConfigError as e:
+                return _rejected(endpoint, str(e), _param_of(e, req))
         n_total = len(prompts) * req.n
         if n_total > scheduler.max_queue:
             return _rejected(

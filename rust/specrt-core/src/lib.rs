@@ -42,7 +42,7 @@ pub use prefix::{
 };
 pub use requests::RequestEngine;
 pub use rng::{PcgState, Rng};
-pub use sampling::{PenaltyContext, Sampler, SamplingParams};
+pub use sampling::{PenaltyContext, Sampler, SamplingParams, MAX_TOP_LOGPROBS};
 pub use single_stream::SingleStream;
 pub use stats::Stats;
 pub use subset::{SubsetBackend, VocabSubset};

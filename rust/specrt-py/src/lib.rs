@@ -38,6 +38,10 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(request::request_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(request::check_token_ids, m)?)?;
     m.add("DEFAULT_MAX_SEQ_LEN", specrt_ort::DEFAULT_MAX_SEQ_LEN)?;
+    // Limits the server's request schema and the CLI read (one definition: the constants the Rust validators use).
+    m.add("MAX_TOP_LOGPROBS", specrt_core::MAX_TOP_LOGPROBS)?;
+    m.add("AUTO_K_MAX", specrt_ort::AUTO_K_MAX)?;
+    m.add("MAX_BATCH", specrt_ort::MAX_BATCH)?;
     m.add(
         "DEFAULT_PREFIX_CACHING",
         specrt_core::DEFAULT_PREFIX_CACHING,
