@@ -19,7 +19,8 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient
 
-from specrt.server import _param_of, create_app
+from specrt.server import create_app
+from specrt.server.policy import param_of
 
 #: tests/test_request.py's refusals: (Decoder settings, the error, its field (None: not a ConfigError), an HTTP
 #: request body with the same refusal, the 400's param). The HTTP fields are OpenAI's / vLLM's: some of the values
@@ -189,20 +190,20 @@ def test_the_settings_names_become_the_requests_names() -> None:
     assert e.value.field == "max_new_tokens"
     completion = SimpleNamespace(prompt="x", max_tokens=0)
     chat = SimpleNamespace(messages=[], max_tokens=None, max_completion_tokens=5)
-    assert _param_of(e.value, completion) == "max_tokens"
-    assert _param_of(e.value, chat) == "max_completion_tokens"
+    assert param_of(e.value, completion) == "max_tokens"
+    assert param_of(e.value, chat) == "max_completion_tokens"
     with pytest.raises(ConfigError) as e:
         _specrt.resolve_request({}, has_draft=False, prompt_ids=[])
     assert e.value.field == "prompt"
-    assert _param_of(e.value, completion) == "prompt" and _param_of(e.value, chat) == "messages"
+    assert param_of(e.value, completion) == "prompt" and param_of(e.value, chat) == "messages"
     template = _specrt.ChatTemplate("{{ messages }}")
     with pytest.raises(ConfigError) as e:
         template.render([{"role": "user", "content": "x"}], flag=float("nan"))
-    assert e.value.field == "kwargs" and _param_of(e.value, chat) == "chat_template_kwargs"
+    assert e.value.field == "kwargs" and param_of(e.value, chat) == "chat_template_kwargs"
     # Not about one setting: no field, no param.
     with pytest.raises(ConfigError) as e:
         _specrt.ChatTemplate("{{ raise_exception('no') }}").render([])
-    assert e.value.field is None and _param_of(e.value, chat) is None
+    assert e.value.field is None and param_of(e.value, chat) is None
 
 
 def test_config_error_keeps_its_class_and_a_python_raised_one_has_no_field() -> None:
