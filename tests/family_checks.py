@@ -40,6 +40,17 @@ FAMILIES: dict[str, dict] = {
             "original_max_position_embeddings": 32,
         },
     },
+    # Mistral as llama.cpp writes it (a llama file: permuted q/k rows), head_dim 16 under a 128 / 4 = 32 split (as
+    # Mistral NeMo's 128 under 5120 / 32 = 160; ONNX Runtime's GroupQueryAttention needs multiples of 16), a sliding
+    # window of 5 positions, shorter than every test's sequence; an untied head
+    "mistral": {
+        "arch": "mistral",
+        "tied": False,
+        "matrix_type": "Q8_0",
+        "hidden": 128,
+        "head_dim": 16,
+        "sliding_window": 5,
+    },
 }
 
 

@@ -308,6 +308,6 @@ def test_hf_folder_missing_files_and_bad_architecture(tmp_path: Path) -> None:
     with pytest.raises(HFFormatError, match=r"no tokenizer\.json"):
         convert(hf2, tmp_path / "out", progress=False)
     (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / "config.json").write_text(json.dumps({"model_type": "mistral"}))
-    with pytest.raises(UnsupportedArchitectureError, match=r"'mistral'.*llama, qwen2"):
+    (tmp_path / "empty" / "config.json").write_text(json.dumps({"model_type": "gpt_neox"}))
+    with pytest.raises(UnsupportedArchitectureError, match=r"'gpt_neox'.*llama, mistral, qwen2, qwen3"):
         convert(tmp_path / "empty", tmp_path / "out", progress=False)

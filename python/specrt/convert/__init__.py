@@ -36,8 +36,8 @@ from specrt.convert.errors import (
     UnsupportedArchitectureError,
     UnsupportedModelError,
 )
-from specrt.convert.gguf_reader import ARCH_INFO, GGUFModel, ModelSpec
-from specrt.convert.graph import ATTENTION_FORMS, INT8_WEIGHT_MAX, WeightPlan
+from specrt.convert.gguf_reader import ARCH_INFO, GGUFModel, ModelSpec, checked_sliding_window
+from specrt.convert.graph import ATTENTION_FORMS, INT8_WEIGHT_MAX, MIN_ONNXRUNTIME_WINDOW, WeightPlan
 from specrt.convert.hf_reader import HFFormatError, HFModel, hf_tokenizer, is_hf_folder
 
 __all__ = [
@@ -248,7 +248,8 @@ def convert(
     attention: str = "gqa",
     prefill_graph: bool = False,
 ) -> Path:
-    """Convert a GGUF file or a Hugging Face folder (``llama``, ``qwen2`` or ``qwen3``) into a specrt ONNX model folder.
+    """Convert a GGUF file (``llama``, ``qwen2``, ``qwen3``) or a Hugging Face folder (those and ``mistral``) into a
+    specrt ONNX model folder.
 
     The folder is written into a temporary sibling of ``out`` and renamed at the end, so an error (or Ctrl-C) leaves
     no half-written ``out``. Peak memory is about twice the largest fp32 tensor (the embedding), not the model.
@@ -297,18 +298,22 @@ def convert(
     ``specrt_config.json`` holds: ``architecture``, ``hf_architecture``, ``vocab_size`` (logits width),
     ``tokenizer_vocab_size``, ``num_layers``, ``num_attention_heads``, ``num_kv_heads``, ``head_dim``,
     ``hidden_size``, ``intermediate_size``, ``max_position_embeddings``, ``rope_theta``, ``rope_freq_factors``
-    (Llama 3.x only), ``rms_norm_eps``, ``tied_embeddings``, ``dtype``, ``kv_dtype`` (``float32`` / ``float16``),
-    ``weights`` (the :class:`WeightPlan`: storage per weight kind), ``kv_layout`` (``"shared_buffer"``),
-    ``bos_token_id``, ``eos_token_ids``, ``pad_token_id``, ``add_bos_token``, ``special_tokens`` (content -> id),
-    ``source``, ``source_sha256``,
-    ``source_name``, ``min_onnxruntime``, ``onnx_opset``, ``converter``; with ``num_layers`` also
-    ``truncated_from`` (the source's block count); with ``vocab_subset`` also ``full_vocab_size`` and
-    ``vocab_subset`` (the file name), ``vocab_size`` then being the subset's size; with ``prefill_graph`` also
-    ``prefill_graph`` (the file name), ``prefill_min_tokens`` and ``prefill_weights`` (its :class:`WeightPlan`).
+    (Llama 3.x only), ``sliding_window`` (int: each query attends that many positions, itself included, in every
+    attention form; null: full causal attention), ``rms_norm_eps``, ``tied_embeddings``, ``dtype``, ``kv_dtype``
+    (``float32`` / ``float16``), ``weights`` (the :class:`WeightPlan`: storage per weight kind), ``kv_layout``
+    (``"shared_buffer"``), ``bos_token_id``, ``eos_token_ids``, ``pad_token_id``, ``add_bos_token``,
+    ``special_tokens`` (content -> id), ``source``, ``source_sha256``, ``source_name``, ``min_onnxruntime``
+    (:data:`MIN_ONNXRUNTIME`; with a sliding window :data:`~specrt.convert.graph.MIN_ONNXRUNTIME_WINDOW`, the first
+    whose GroupQueryAttention counts the window as Hugging Face does), ``onnx_opset``, ``converter``; with
+    ``num_layers`` also ``truncated_from`` (the source's block count); with ``vocab_subset`` also
+    ``full_vocab_size`` and ``vocab_subset`` (the file name), ``vocab_size`` then being the subset's size; with
+    ``prefill_graph`` also ``prefill_graph`` (the file name), ``prefill_min_tokens`` and ``prefill_weights`` (its
+    :class:`WeightPlan`).
 
     Raises:
         UnsupportedModelError: ``dtype`` other than fp32, RoPE scaling other than Llama 3.x's, partial rotary,
-            unknown quantization, ``num_layers`` outside ``1 .. block count``.
+            unknown quantization, ``num_layers`` outside ``1 .. block count``, a sliding window that is not a
+            positive integer (:func:`~specrt.convert.gguf_reader.checked_sliding_window`).
         UnsupportedArchitectureError: an architecture not in ``ARCH_INFO`` (the message lists them).
         GGUFFormatError: ``src`` is missing, not a GGUF, truncated or lacks required tensors / keys.
         HFFormatError: a Hugging Face folder lacks a file or tensor, has a tensor of the wrong shape (named, with
@@ -436,6 +441,9 @@ def convert(
                 **gen_defaults,
             }
             (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")
+            config_window = checked_sliding_window(
+                spec.sliding_window, int(max_positions or spec.max_position_embeddings), "sliding_window"
+            )
             config: dict[str, Any] = {
                 "architecture": spec.architecture,
                 "hf_architecture": spec.arch.hf_architecture,
@@ -450,6 +458,7 @@ def convert(
                 "max_position_embeddings": int(max_positions or spec.max_position_embeddings),
                 "rope_theta": spec.rope_theta,
                 **({"rope_freq_factors": list(spec.rope_freq_factors)} if spec.rope_freq_factors else {}),
+                "sliding_window": config_window,
                 "rms_norm_eps": spec.rms_norm_eps,
                 "tied_embeddings": spec.tied_embeddings,
                 "dtype": dtype,
@@ -465,7 +474,7 @@ def convert(
                 "source": src.name,
                 "source_sha256": sha,
                 "source_name": model.get("general.name"),
-                "min_onnxruntime": MIN_ONNXRUNTIME,
+                "min_onnxruntime": MIN_ONNXRUNTIME if config_window is None else MIN_ONNXRUNTIME_WINDOW,
                 "onnx_opset": OPSET,
                 "converter": "specrt.convert",
                 **({"truncated_from": full_layers} if num_layers is not None else {}),

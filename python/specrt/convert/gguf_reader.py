@@ -27,7 +27,16 @@ import numpy as np
 from specrt.convert.errors import GGUFFormatError, UnsupportedArchitectureError, UnsupportedModelError
 from specrt.convert.quant import BlockQuant
 
-__all__ = ["ARCH_INFO", "ArchInfo", "GGUFModel", "GGUFTensorInfo", "ModelSpec", "file_sha256"]
+__all__ = [
+    "ARCH_INFO",
+    "GGUF_ARCHITECTURES",
+    "ArchInfo",
+    "GGUFModel",
+    "GGUFTensorInfo",
+    "ModelSpec",
+    "checked_sliding_window",
+    "file_sha256",
+]
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,10 @@ class ArchInfo:
         hf_architecture: the Hugging Face class name, for the NOTICE and config.
         qk_norm: every layer has a per-head RMSNorm on q and on k (weights ``[head_dim]``, GGUF
             ``blk.N.attn_q_norm.weight`` / ``attn_k_norm.weight``), applied after the projections and before rotary.
+        in_gguf: llama.cpp writes the family's GGUFs under this ``general.architecture``. False for ``mistral``,
+            which llama.cpp writes as ``llama`` (a GGUF naming ``mistral`` is refused as llama.cpp refuses it).
+        sliding_window: the Hugging Face ``config.json`` key ``sliding_window`` (int or null) is read: each query
+            attends only the last ``sliding_window`` positions (:attr:`ModelSpec.sliding_window`).
     """
 
     name: str
@@ -48,6 +61,8 @@ class ArchInfo:
     qkv_bias: bool
     hf_architecture: str
     qk_norm: bool = False
+    in_gguf: bool = True
+    sliding_window: bool = False
 
 
 #: Supported architectures. A new llama-like family is one row here (plus any extra tensors in graph.py).
@@ -56,7 +71,43 @@ ARCH_INFO: dict[str, ArchInfo] = {
     "qwen2": ArchInfo("qwen2", qk_permuted=False, qkv_bias=True, hf_architecture="Qwen2ForCausalLM"),
     # Qwen3: the qwen2 decoder without q/k/v biases, with q/k norms and a head_dim of its own (attention.key_length).
     "qwen3": ArchInfo("qwen3", qk_permuted=False, qkv_bias=False, hf_architecture="Qwen3ForCausalLM", qk_norm=True),
+    # Mistral: the llama decoder with config.json's head_dim (Mistral NeMo: 128 over 5120 / 32 = 160) and an optional
+    # sliding window (Mistral 7B v0.1: 4096). Hugging Face folders only: its GGUFs say "llama" (q/k rows permuted).
+    "mistral": ArchInfo(
+        "mistral",
+        qk_permuted=True,
+        qkv_bias=False,
+        hf_architecture="MistralForCausalLM",
+        in_gguf=False,
+        sliding_window=True,
+    ),
 }
+#: The ``general.architecture`` values a GGUF may have.
+GGUF_ARCHITECTURES = tuple(sorted(name for name, info in ARCH_INFO.items() if info.in_gguf))
+
+
+def checked_sliding_window(value: object, max_positions: int, field: str) -> int | None:
+    """The sliding window of :attr:`ModelSpec.sliding_window` from a config value.
+
+    Args:
+        value: the window in positions as the source gives it (``None`` = full attention).
+        max_positions: the model's trained context (``max_position_embeddings``).
+        field: where ``value`` was read (for the message), e.g. ``config.json sliding_window``.
+
+    Returns:
+        ``value`` as an int, or None when it is None or ``>= max_positions`` (then no query ever has a key outside
+        its window: full causal attention).
+
+    Raises:
+        UnsupportedModelError: ``value`` is not a positive integer.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UnsupportedModelError(
+            f"sliding-window attention ({field}) must be a positive integer or null, got {value!r}"
+        )
+    return None if value >= max_positions else value
 
 
 @dataclass(frozen=True)
@@ -64,7 +115,7 @@ class ModelSpec:
     """Hyperparameters of a decoder-only transformer read from GGUF metadata.
 
     Attributes:
-        architecture: a key of :data:`ARCH_INFO` (``llama``, ``qwen2``, ``qwen3``).
+        architecture: a key of :data:`ARCH_INFO` (``llama``, ``qwen2``, ``qwen3``, ``mistral``).
         num_layers: transformer blocks.
         hidden_size: model width H.
         intermediate_size: SwiGLU width F.
@@ -82,6 +133,10 @@ class ModelSpec:
         rope_freq_factors: Llama 3.x's rotary frequency divisors, float ``[head_dim / 2]`` (GGUF
             ``rope_freqs.weight``; Hugging Face ``rope_scaling`` of type ``llama3``: :mod:`specrt.convert.rope`), or
             None for plain RoPE.
+        sliding_window: the query at position i attends the keys at positions j with ``i - sliding_window < j <= i``
+            (``sliding_window`` keys, itself included: Hugging Face Mistral's ``sliding_window`` and llama.cpp's
+            ``attention.sliding_window``); None: every earlier key (full causal attention). Never
+            ``>= max_position_embeddings`` (:func:`checked_sliding_window`).
     """
 
     architecture: str
@@ -99,6 +154,7 @@ class ModelSpec:
     qkv_bias: bool
     qk_norm: bool = False
     rope_freq_factors: tuple[float, ...] | None = None
+    sliding_window: int | None = None
 
     @property
     def arch(self) -> ArchInfo:
@@ -298,13 +354,19 @@ class GGUFModel:
 
         Raises:
             UnsupportedArchitectureError: the architecture is not in :data:`ARCH_INFO`.
-            UnsupportedModelError: RoPE scaling by ``rope.scaling.type`` (linear, YaRN ...), partial rotary, or another
-                unimplemented feature (Llama 3.x's ``rope_freqs.weight`` is supported).
+            UnsupportedModelError: RoPE scaling by ``rope.scaling.type`` (linear, YaRN ...), partial rotary, a
+                ``{arch}.attention.sliding_window`` below 1, or another unimplemented feature (Llama 3.x's
+                ``rope_freqs.weight`` is supported).
+
+        A ``{arch}.attention.sliding_window`` key (llama.cpp's name for the window of Gemma 2/3 and Cohere 2) is
+        honoured in every family (:attr:`ModelSpec.sliding_window`). llama.cpp's own converter writes none for
+        Mistral's ``llama`` files (Mistral 7B v0.1's 4096-position window is dropped there, and llama.cpp's ``llama``
+        graph would ignore the key); specrt's tiny test models carry it.
             GGUFFormatError: required keys or tensors are missing, or ``rope_freqs.weight`` is misshapen.
         """
         arch = self.architecture
-        if arch not in ARCH_INFO:
-            raise UnsupportedArchitectureError(arch, sorted(ARCH_INFO))
+        if arch not in GGUF_ARCHITECTURES:
+            raise UnsupportedArchitectureError(arch, list(GGUF_ARCHITECTURES))
         scaling = self.get(f"{arch}.rope.scaling.type")
         if scaling not in (None, "none", ""):
             raise UnsupportedModelError(
@@ -335,6 +397,9 @@ class GGUFModel:
             raise GGUFFormatError(f"{self.path}: tensor 'token_embd.weight' is missing")
         vocab = int(self.tensors["token_embd.weight"].shape[1])
         n_layers = int(self.require(f"{arch}.block_count"))
+        max_pos = int(self.require(f"{arch}.context_length"))
+        window_key = f"{arch}.attention.sliding_window"
+        window = checked_sliding_window(self.get(window_key), max_pos, window_key)
         for i in range(n_layers):
             for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"):
                 if f"blk.{i}.{part}.weight" not in self.tensors:
@@ -363,11 +428,12 @@ class GGUFModel:
             vocab_size=vocab,
             rms_norm_eps=float(self.require(f"{arch}.attention.layer_norm_rms_epsilon")),
             rope_theta=float(self.get(f"{arch}.rope.freq_base", 10000.0)),
-            max_position_embeddings=int(self.require(f"{arch}.context_length")),
+            max_position_embeddings=max_pos,
             tied_embeddings="output.weight" not in self.tensors,
             qkv_bias="blk.0.attn_q.bias" in self.tensors,
             qk_norm=ARCH_INFO[arch].qk_norm,
             rope_freq_factors=freq_factors,
+            sliding_window=window,
         )
 
     # ----- tensors ------------------------------------------------------------------------------------------

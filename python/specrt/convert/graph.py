@@ -7,7 +7,7 @@ soon as it is produced and hands back a small ``TensorProto`` that only points i
 Graph, per token position:
 
     Gather(token_embd) -> RMSNorm -> N x [packed QKV MatMul (+bias) (-> Split, per-head q/k RMSNorm: qwen3)
-    -> GroupQueryAttention(do_rotary, shared KV)
+    -> GroupQueryAttention(do_rotary, shared KV, local_window_size with a sliding window)
     -> o MatMul -> SkipSimplifiedLayerNormalization (+residual, RMSNorm) -> packed gate|up MatMul
     -> SiLU(gate) * up -> down MatMul -> SkipSimplifiedLayerNormalization (+residual, next RMSNorm)]
     -> Slice(last num_logits_to_keep positions) -> lm_head -> logits (float32)
@@ -34,16 +34,29 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from specrt.convert.gguf_reader import ModelSpec
+from specrt.convert.gguf_reader import ModelSpec, checked_sliding_window
 from specrt.convert.quant import BlockQuant, concat_rows, pack_matmul_nbits, quantize_rtn
 from specrt.convert.rope import rope_cache
 
-__all__ = ["ATTENTION_FORMS", "IR_VERSION", "OPSET", "ExternalDataWriter", "WeightPlan", "build_decoder"]
+__all__ = [
+    "ATTENTION_FORMS",
+    "IR_VERSION",
+    "MIN_ONNXRUNTIME_WINDOW",
+    "OPSET",
+    "ExternalDataWriter",
+    "WeightPlan",
+    "build_decoder",
+]
 
 #: ONNX opset of the default domain (ReduceMean with an ``axes`` input needs 18; ORT 1.20 runs up to 21).
 OPSET = 18
 #: IR version 8 is the newest that every onnxruntime >= 1.14 loads; opset 18 is valid under it.
 IR_VERSION = 8
+#: Oldest onnxruntime that runs a sliding-window model's GroupQueryAttention forms right: 1.24 made
+#: ``local_window_size`` w admit w keys, the query's own included (microsoft/onnxruntime#25927, "Fix Local Attention
+#: off by 1 bug"); 1.20-1.23 admit w + 1 (measured on the CPU wheels 1.20.1, 1.22.0 and 1.23.2 against 1.24.1 and
+#: 1.32.0: tests/test_mistral.py pins the installed one).
+MIN_ONNXRUNTIME_WINDOW = "1.24"
 _ALIGN_BIG = 4096  # page alignment lets onnxruntime memory-map large initializers
 _ALIGN_SMALL = 64
 
@@ -255,12 +268,17 @@ class _Builder:
         self.nodes[-1].output[2] = ""
         return outs[0], outs[3]
 
-    def batched_masks(self, first_past_kt: str, group: int) -> dict[str, str]:
+    def batched_masks(self, first_past_kt: str, group: int, window: int | None = None) -> dict[str, str]:
         """Masks shared by every layer of the batched contract: ``past`` ``[B, 1, 1, L]`` (0 where the cache position
         is below the row's ``past_lengths``, -inf beyond), ``causal`` ``[group S, S]`` (0 on and below the diagonal of
         each of the ``group`` stacked ``[S, S]`` blocks: the query rows of a KV head's group, folded), the split sizes
         ``[L, S]`` of the joint softmax, and cos / sin at each token's position ``[B, 1, S, hd / 2]`` (keys) and
-        ``[B, 1, 1, S, hd / 2]`` (queries)."""
+        ``[B, 1, 1, S, hd / 2]`` (queries).
+
+        With a sliding ``window`` (:attr:`ModelSpec.sliding_window`) both masks also hide every key at a position
+        ``<= positions[b, s] - window`` from query s of row b: ``past`` becomes ``[B, 1, group S, L]`` (cache slot j
+        holds position j) and ``causal`` ``[B, 1, group S, S]`` (new key s' sits at ``positions[b, s']``). A query
+        always sees its own key, so no softmax row is all -inf (pads included: their positions repeat a real one)."""
         self.const("const_zero_f", np.array(0.0, dtype=self.ft))
         self.const("const_neg_inf", np.array(-np.inf, dtype=self.ft))
         self.const("const_zero_i64", np.array(0, dtype=np.int64))
@@ -284,6 +302,8 @@ class _Builder:
         causal = self.op1("Where", [tril, "const_zero_f", "const_neg_inf"], name="batch/causal1")
         self.const("const_causal_repeats", np.array([group, 1], dtype=np.int64))
         causal = self.op1("Tile", [causal, "const_causal_repeats"], name="batch/causal")  # [group S, S]
+        if window is not None:
+            past, causal = self._window_masks(arange, past, causal, group, window)
         split = self.op1("Concat", [cap, seq], name="batch/split_sizes", axis=0)
         out = {"past": past, "causal": causal, "split": split}
         for name in ("cos", "sin"):
@@ -291,6 +311,27 @@ class _Builder:
             out[f"{name}_k"] = self.op1("Unsqueeze", [g, "const_axes_1"], name=f"batch/{name}_k")  # [B, 1, S, hd/2]
             out[f"{name}_q"] = self.op1("Unsqueeze", [out[f"{name}_k"], "const_axes_2"], name=f"batch/{name}_q")
         return out
+
+    def _window_masks(self, arange: str, past: str, causal: str, group: int, window: int) -> tuple[str, str]:
+        """:meth:`batched_masks`' ``past`` and ``causal`` with the sliding window added (its docstring)."""
+        self.const("const_window", np.array(window, dtype=np.int64))
+        self.const("const_window_repeats", np.array([1, 1, group, 1], dtype=np.int64))
+        # [B, S, 1]: the last position outside query s's window
+        outside = self.op1("Sub", ["positions", "const_window"], name="batch/window_outside")
+        outside = self.op1("Unsqueeze", [outside, "const_axes_last"], name="batch/window_outside3")
+        key_positions = {
+            "past": arange,  # [L]: cache slot j holds position j
+            "new": self.op1("Unsqueeze", ["positions", "const_axes_1"], name="batch/window_new_pos"),  # [B, 1, S]
+        }
+        added = {}
+        for part, keys in key_positions.items():
+            inside = self.op1("Greater", [keys, outside], name=f"batch/window_{part}_in")  # [B, S, L] / [B, S, S]
+            mask = self.op1("Where", [inside, "const_zero_f", "const_neg_inf"], name=f"batch/window_{part}_mask")
+            mask = self.op1("Unsqueeze", [mask, "const_axes_1"], name=f"batch/window_{part}_4d")  # [B, 1, S, *]
+            added[part] = self.op1("Tile", [mask, "const_window_repeats"], name=f"batch/window_{part}")  # [B,1,gS,*]
+        past = self.op1("Add", [past, added["past"]], name="batch/past_window")  # [B, 1, group S, L]
+        causal = self.op1("Add", [causal, added["new"]], name="batch/causal_window")  # [B, 1, group S, S]
+        return past, causal
 
     def _rotary(self, x: str, cos: str, sin: str, name: str) -> str:
         """Half-split rotary embedding of ``x`` (last axis ``hd``) with ``cos`` / ``sin`` broadcast to it."""
@@ -549,8 +590,10 @@ def build_decoder(
     b.const("const_eps", np.array(spec.rms_norm_eps, dtype=ft))
     b.const("const_shape_2d", np.array([-1, H], dtype=np.int64))
     b.const("const_shape_logits", np.array([1, -1, n_out], dtype=np.int64))
+    # The sliding window, None where it spans every position the caches hold (full causal attention).
+    window = checked_sliding_window(spec.sliding_window, max_pos, "ModelSpec.sliding_window")
     if batched:
-        masks = b.batched_masks("past_key_values.0.key_t", nh // kvh)
+        masks = b.batched_masks("past_key_values.0.key_t", nh // kvh, window)
     elif graph_form:
         seqlens_k, total_len = "seqlens_k", "total_sequence_length"
     else:
@@ -648,6 +691,9 @@ def build_decoder(
                 do_rotary=1,
                 rotary_interleaved=0,
                 scale=float(1.0 / np.sqrt(hd)),
+                # Since ONNX Runtime 1.24 (microsoft/onnxruntime#25927) a window w admits w keys, the query's own
+                # included, as Hugging Face's sliding_window; 1.20-1.23 admit w + 1 (MIN_ONNXRUNTIME_WINDOW).
+                **({} if window is None else {"local_window_size": window}),
             )
             # Rename the cache outputs to the contract's graph-output names.
             b.nodes[-1].output[1] = f"present.{i}.key"

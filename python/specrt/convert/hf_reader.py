@@ -1,5 +1,5 @@
-"""Read a Hugging Face model folder (``llama`` / ``qwen2`` / ``qwen3``): config, safetensors weights, tokenizer,
-defaults.
+"""Read a Hugging Face model folder (``llama`` / ``qwen2`` / ``qwen3`` / ``mistral``): config, safetensors weights,
+tokenizer, defaults.
 
 A folder holds ``config.json``, ``model.safetensors`` (or shards listed by ``model.safetensors.index.json``),
 ``tokenizer.json``, and optionally ``tokenizer_config.json`` (chat template, BOS/EOS tokens) and
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from specrt.convert.errors import ConversionError, ModelFileError, UnsupportedArchitectureError, UnsupportedModelError
-from specrt.convert.gguf_reader import ARCH_INFO, ModelSpec
+from specrt.convert.gguf_reader import ARCH_INFO, ModelSpec, checked_sliding_window
 from specrt.convert.quant import BlockQuant, quantize_rtn
 from specrt.convert.rope import rope_scaling_factors
 
@@ -106,7 +106,8 @@ class HFModel:
     Raises:
         HFFormatError: ``config.json``, ``tokenizer.json`` or the safetensors files are missing or unreadable, or
             the index names a shard that does not exist.
-        UnsupportedArchitectureError: ``model_type`` not in ``ARCH_INFO`` (``llama``, ``qwen2``, ``qwen3``).
+        UnsupportedArchitectureError: ``model_type`` not in ``ARCH_INFO`` (``llama``, ``qwen2``, ``qwen3``,
+            ``mistral``).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -174,7 +175,7 @@ class HFModel:
     # ----- metadata (the GGUFModel interface the converter uses) ---------------------------------------------------
     @property
     def architecture(self) -> str:
-        """``llama``, ``qwen2`` or ``qwen3`` (``config.json`` ``model_type``)."""
+        """``llama``, ``qwen2``, ``qwen3`` or ``mistral`` (``config.json`` ``model_type``)."""
         return self.arch_name
 
     def has(self, key: str) -> bool:
@@ -193,8 +194,9 @@ class HFModel:
         Raises:
             HFFormatError: a required ``config.json`` key or tensor is missing, or a tensor has the wrong shape
                 (the message names the tensor, its file and both shapes).
-            UnsupportedModelError: RoPE scaling other than Llama 3.x's ``llama3`` (:mod:`specrt.convert.rope`), or an
-                MLP without gate/up/down projections.
+            UnsupportedModelError: RoPE scaling other than Llama 3.x's ``llama3`` (:mod:`specrt.convert.rope`), an
+                MLP without gate/up/down projections, qwen2 / qwen3's ``use_sliding_window``, or a mistral
+                ``sliding_window`` that is not a positive integer or null.
         """
         c = self.config
 
@@ -216,6 +218,10 @@ class HFModel:
         rope_theta = float(c.get("rope_theta") or (scaling or {}).get("rope_theta") or 10000.0)
         freq_factors = rope_scaling_factors(scaling, rope_theta, head_dim, key)
         ffn, n_layers = int(req("intermediate_size")), int(req("num_hidden_layers"))
+        max_pos = int(req("max_position_embeddings"))
+        window = None
+        if ARCH_INFO[self.arch_name].sliding_window:
+            window = checked_sliding_window(c.get("sliding_window"), max_pos, "config.json sliding_window")
         if "token_embd.weight" not in self.tensors:
             raise HFFormatError(f"{self.path}: tensor 'model.embed_tokens.weight' is missing")
         vocab = int(self.tensors["token_embd.weight"].shape[0])
@@ -275,11 +281,12 @@ class HFModel:
             vocab_size=vocab,
             rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
-            max_position_embeddings=int(req("max_position_embeddings")),
+            max_position_embeddings=max_pos,
             tied_embeddings=tied,
             qkv_bias=qkv_bias,
             qk_norm=ARCH_INFO[self.arch_name].qk_norm,
             rope_freq_factors=None if freq_factors is None else tuple(float(f) for f in freq_factors),
+            sliding_window=window,
         )
 
     @staticmethod

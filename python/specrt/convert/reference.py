@@ -4,7 +4,9 @@ Deliberately written the way llama.cpp defines the models rather than the way th
 uses the tensors *as stored* (no Q/K un-permutation) with llama.cpp's RoPE mode for the architecture (``llama``:
 interleaved pairs ``(2i, 2i+1)``; ``qwen2`` / ``qwen3``: half-split pairs ``(i, i + d/2)``), separate q/k/v and gate/up
 projections, ``qwen3``'s per-head q/k RMSNorm on the ``[S, heads, head_dim]`` view, Llama 3.x's ``rope_freqs`` frequency
-divisors read from the file, an explicit causal mask, and float64
+divisors read from the file, an explicit causal mask (banded to the last ``sliding_window`` positions when the spec
+has a window: Hugging Face's ``sliding_window_overlay``, key j visible to query i iff ``i - window < j <= i``), and
+float64
 arithmetic. Agreement with the ONNX graph therefore checks the
 un-permutation, the fused projections and the rotary setup, not just the plumbing.
 
@@ -21,7 +23,7 @@ from specrt.convert.gguf_reader import GGUFModel, ModelSpec
 __all__ = ["ROPE_MODE", "reference_logits"]
 
 #: llama.cpp's rotary layout per architecture (``llama_model_rope_type``): NORM = adjacent pairs, NEOX = halves.
-ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
+ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "mistral": "norm"}
 
 
 def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -71,7 +73,10 @@ def reference_logits(model: GGUFModel, token_ids: list[int] | np.ndarray, spec: 
     factors = t("rope_freqs.weight") if "rope_freqs.weight" in model.tensors else None
     embed = model.raw_tensor("token_embd.weight")
     h = embed[ids].astype(np.float64)  # [S, H]
+    # [S, S] additive mask: -inf where key j is after query i or, with a window, at or before i - window
     causal = np.triu(np.full((S, S), -np.inf), k=1)
+    if spec.sliding_window is not None:
+        causal += np.tril(np.full((S, S), -np.inf), k=-spec.sliding_window)
     for i in range(spec.num_layers):
         p = f"blk.{i}"
         x = _rms_norm(h, t(f"{p}.attn_norm.weight"), spec.rms_norm_eps)

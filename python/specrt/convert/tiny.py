@@ -1,5 +1,5 @@
-"""Write tiny random-weight GGUF decoders (llama, qwen2 or qwen3 layout) for tests: a few hundred kB, written in
-milliseconds, with a small byte-level BPE tokenizer and a ChatML template in the metadata.
+"""Write tiny random-weight GGUF decoders (llama, qwen2, qwen3 or mistral layout) for tests: a few hundred kB, written
+in milliseconds, with a small byte-level BPE tokenizer and a ChatML template in the metadata.
 
 The weights are random, so llama.cpp's Q/K permutation of ``llama`` files is simply "how these bytes are meant to be
 read": the reference forward pass reads them with llama.cpp's interleaved rotary, the converter un-permutes them.
@@ -87,12 +87,15 @@ def write_tiny_gguf(
     pad_rows: int = 0,
     head_dim: int | None = None,
     rope_scaling_llama3: dict[str, float] | None = None,
+    sliding_window: int | None = None,
 ) -> Path:
     """Write a random-weight decoder GGUF.
 
     Args:
         path: file to create.
-        arch: ``general.architecture`` (any string; unsupported ones let tests check the error).
+        arch: ``general.architecture`` (any string; unsupported ones let tests check the error), or ``mistral``:
+            written as llama.cpp writes Mistral, a ``llama`` file (permuted q/k rows) named ``tiny-random-mistral``
+            (:func:`write_hf_folder` makes it a ``MistralForCausalLM`` folder).
         n_layers, hidden, n_heads, n_kv_heads, ffn: sizes (``hidden`` divisible by ``n_heads``; multiples of 32 for
             32-element quant blocks, of 256 for ``Q4_K`` / ``Q6_K``).
         context: ``{arch}.context_length``.
@@ -115,6 +118,8 @@ def write_tiny_gguf(
             ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``): written as llama.cpp's
             converter writes Llama 3.x, a float32 ``rope_freqs.weight`` ``[head_dim / 2]`` of frequency divisors
             (:func:`specrt.convert.rope.llama3_freq_factors`) and no ``rope.scaling`` keys.
+        sliding_window: each query attends the last ``sliding_window`` positions (``{arch}.attention.sliding_window``;
+            :attr:`specrt.convert.gguf_reader.ModelSpec.sliding_window`), or None for full attention.
 
     Returns:
         ``Path(path)``.
@@ -131,8 +136,9 @@ def write_tiny_gguf(
     if qkv_bias is None:
         qkv_bias = arch == "qwen2"
     path = Path(path)
+    family, arch = arch, "llama" if arch == "mistral" else arch
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-random-{arch}")
+    w.add_name(f"tiny-random-{family}")
     w.add_license("apache-2.0")
     w.add_block_count(n_layers)
     w.add_context_length(context)
@@ -144,6 +150,8 @@ def write_tiny_gguf(
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_rope_freq_base(rope_theta)
+    if sliding_window is not None:
+        w.add_sliding_window(sliding_window)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab + pad_rows)
     if rope_scaling is not None:
@@ -228,6 +236,7 @@ def write_hf_folder(
     drop: tuple[str, ...] = (),
     generation_config: dict | None = None,
     rope_scaling: dict | None = None,
+    model_type: str | None = None,
 ) -> Path:
     """Write the weights of a (tiny) GGUF as a Hugging Face model folder, for tests of the safetensors input.
 
@@ -246,17 +255,21 @@ def write_hf_folder(
             temperature 0.7 / top_p 0.8).
         rope_scaling: ``config.json``'s ``rope_scaling`` (e.g. ``{"rope_type": "llama3", "factor": 8.0, ...}``);
             required when the GGUF carries ``rope_freqs.weight`` (the factors it implies must equal the file's).
+        model_type: ``config.json``'s ``model_type`` (a key of ``ARCH_INFO``). Default: the GGUF's architecture, but
+            ``mistral`` for a ``tiny-random-mistral`` file (:func:`write_tiny_gguf`'s ``arch="mistral"``) or any
+            ``llama`` file with a sliding window. A family with a window (``mistral``) gets ``sliding_window``.
 
     Returns:
         ``Path(folder)``.
 
     Raises:
-        ValueError: ``rope_scaling`` missing for, or disagreeing with, the GGUF's ``rope_freqs.weight``.
+        ValueError: ``rope_scaling`` missing for, or disagreeing with, the GGUF's ``rope_freqs.weight``; a GGUF with
+            a sliding window written as a family without one.
     """
     import json
     import struct
 
-    from specrt.convert.gguf_reader import GGUFModel
+    from specrt.convert.gguf_reader import ARCH_INFO, GGUFModel
     from specrt.convert.hf_reader import _GLOBAL_NAMES, _LAYER_NAMES
     from specrt.convert.tokenizer import build_tokenizer
 
@@ -282,6 +295,12 @@ def write_hf_folder(
             if hf not in drop:
                 tensors[hf] = model.tensor(name, spec)
         tok, info = build_tokenizer(model)
+        if model_type is None:
+            mistral = model.get("general.name") == "tiny-random-mistral" or spec.sliding_window is not None
+            model_type = "mistral" if spec.architecture == "llama" and mistral else spec.architecture
+    arch = ARCH_INFO[model_type]
+    if spec.sliding_window is not None and not arch.sliding_window:
+        raise ValueError(f"the GGUF has a sliding window, which a {model_type!r} folder cannot carry")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     names = sorted(tensors)
@@ -308,10 +327,9 @@ def write_hf_folder(
     if shards > 1:
         index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    arch = spec.architecture
     config = {
-        "architectures": [spec.arch.hf_architecture],
-        "model_type": arch,
+        "architectures": [arch.hf_architecture],
+        "model_type": model_type,
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
         "num_attention_heads": spec.num_attention_heads,
@@ -325,6 +343,7 @@ def write_hf_folder(
         "vocab_size": spec.vocab_size,
         "tie_word_embeddings": spec.tied_embeddings,
         "torch_dtype": {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype],
+        **({"sliding_window": spec.sliding_window} if arch.sliding_window else {}),
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     tok.save(str(folder / "tokenizer.json"))
