@@ -208,3 +208,131 @@ def test_a_mistral_gguf_architecture_and_a_window_in_a_llama_folder_are_refused(
         convert(tmp_path / "mistral.gguf", tmp_path / "out", progress=False)
     with pytest.raises(ValueError, match=r"sliding window, which a 'llama' folder cannot carry"):
         write_hf_folder(gguf, tmp_path / "llama", model_type="llama")
+
+
+# ----- the SentencePiece tokenizer of Mistral GGUFs ---------------------------------------------------------------
+#: Training text of the tiny SentencePiece model: whitespace runs, digits, accents, CJK, emoji, code.
+SPM_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. Hello world, hello specrt!",
+    "Two  spaces,   three,    four; tabs\tand\nnewlines\n\n  indented",
+    "Numbers 1234567890 and 3.14159; dates 2026-12-05, 0xFF, 1e-6.",
+    "Café naïve résumé über façade Ångström crème brûlée",
+    "中文 日本語 한국어 Привет мир 你好世界",
+    "emoji 🤖😀👍🏽 done 🎉",
+    "def f(x):\n    return x * 2  # doubled\n",
+]
+#: Texts the tokenizers must agree on: unseen characters (byte fallback), leading / trailing / only whitespace, a
+#: literal ▁, digits, accents, CJK, emoji with modifiers, mixed scripts.
+SPM_TEXTS = [
+    "",
+    " ",
+    "   ",
+    "Hello world",
+    " Hello   world\n\n\t x ",
+    "\n\nstarts with newlines",
+    "▁ a literal mark ▁▁",
+    "9876543210 + 1234567890 = 11111111100",
+    "déjà vu, Ωmega, ǅ, ﬁ ligature, e\u0301 combining",
+    "中文 日本語 한국어 Привет мир 未见过的字 ស្ព",
+    "🤖😀👍🏽🦀 🏳️‍🌈 flags",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "a" * 100 + " " + "9" * 30,
+]
+
+
+@pytest.fixture(scope="module")
+def spm(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, tuple[list[str], list[float], list[int]]]:
+    """A tiny SentencePiece BPE model trained on :data:`SPM_CORPUS` as Llama 2 / Mistral's are configured (byte
+    fallback, identity normalization, a dummy prefix, whitespace kept, digits split) and its vocabulary as llama.cpp's
+    converter writes it to GGUF (pieces, scores, token types: unknown 2, control 3, unused 5, byte 6, else 1)."""
+    import sentencepiece as spm_lib
+
+    root = tmp_path_factory.mktemp("spm")
+    (root / "corpus.txt").write_text("\n".join(SPM_CORPUS * 30), encoding="utf-8")
+    spm_lib.SentencePieceTrainer.train(
+        input=str(root / "corpus.txt"),
+        model_prefix=str(root / "m"),
+        vocab_size=420,
+        model_type="bpe",
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=True,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        character_coverage=0.995,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        num_threads=1,
+        minloglevel=2,
+    )
+    sp = spm_lib.SentencePieceProcessor(model_file=str(root / "m.model"))
+    pieces, scores, types = [], [], []
+    for i in range(sp.get_piece_size()):
+        pieces.append(sp.id_to_piece(i))
+        scores.append(sp.get_score(i))
+        kind = 2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 5 if sp.is_unused(i) else 6 if sp.is_byte(i) else 1
+        types.append(kind)
+    return sp, (pieces, scores, types)
+
+
+def spm_mismatches(tok: object, sp: object, bos: bool = True) -> list[str]:
+    """The texts of :data:`SPM_TEXTS` that ``tok`` encodes (without BOS, and with it when ``bos``) or decodes
+    otherwise than SentencePiece."""
+    bad = []
+    for text in SPM_TEXTS:
+        ids = sp.encode(text)
+        if (
+            tok.encode(text, add_special_tokens=False).ids != ids
+            or (bos and tok.encode(text).ids != [1, *ids])
+            or tok.decode(ids) != sp.decode(ids)
+        ):
+            bad.append(text)
+    return bad
+
+
+def test_the_sentencepiece_tokenizer_equals_sentencepiece(spm: tuple, tmp_path: Path) -> None:
+    sp, vocab = spm
+    assert 2 in vocab[2] and 6 in vocab[2] and 1 in vocab[2]
+    assert "<0xE6>" in [sp.id_to_piece(i) for i in sp.encode(SPM_TEXTS[9])]  # byte fallback in play (未见过的字)
+    g = write_tiny_gguf(tmp_path / "m.gguf", seed=1, spm_vocab=vocab, **MISTRAL)
+    from specrt.convert.tokenizer import build_tokenizer
+
+    with GGUFModel(g) as model:
+        tok, info = build_tokenizer(model)
+    assert (info.bos_token_id, info.eos_token_ids, info.add_bos_token) == (1, [2], True)
+    assert info.special_tokens == {"<unk>": 0, "<s>": 1, "</s>": 2}
+    assert spm_mismatches(tok, sp) == []
+    # the texts survive (identity normalization), but for a literal ▁, which SentencePiece decodes as a space too
+    assert [t for t in SPM_TEXTS if sp.decode(sp.encode(t)) != t] == ["▁ a literal mark ▁▁"]
+
+
+def test_a_tokenizer_without_the_space_prefix_or_with_merges_misranked_fails(spm: tuple) -> None:
+    from specrt.convert.tokenizer import sentencepiece_bpe
+
+    sp, (pieces, scores, types) = spm
+    assert spm_mismatches(sentencepiece_bpe(pieces, scores, types), sp, bos=False) == []
+    no_prefix = sentencepiece_bpe(pieces, scores, types, add_space_prefix=False)
+    assert len(spm_mismatches(no_prefix, sp, bos=False)) >= 10  # observed 12 of 13
+    # merges by the lowest score first instead of the highest
+    misranked = sentencepiece_bpe(pieces, [-s for s in scores], types)
+    assert len(spm_mismatches(misranked, sp, bos=False)) >= 3  # observed 4 (whitespace runs, accents, code)
+
+
+def test_a_sentencepiece_mistral_gguf_converts_and_decodes(spm: tuple, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    import specrt
+
+    sp, vocab = spm
+    g = write_tiny_gguf(tmp_path / "m.gguf", seed=1, spm_vocab=vocab, **MISTRAL)
+    folder = convert(g, tmp_path / "onnx", progress=False)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert spm_mismatches(tok, sp) == []
+    cfg = json.loads((folder / "specrt_config.json").read_text())
+    assert (cfg["bos_token_id"], cfg["eos_token_ids"], cfg["vocab_size"]) == (1, [2], len(vocab[0]))
+    out = specrt.Decoder(folder, max_seq_len=64).generate(
+        "Café 中文 🤖", max_new_tokens=24, temperature=0, ignore_eos=True
+    )
+    assert out.token_ids[:1] != [] and out.text == tok.decode(out.token_ids)

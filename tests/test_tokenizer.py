@@ -151,16 +151,25 @@ def test_unsupported_pre_tokenizer_is_named(tmp_path: Path) -> None:
         build_tokenizer(GGUFModel(p))
 
 
-def test_sentencepiece_tokenizer_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("t5", r"tokenizer model 't5' \(tokenizer.ggml.model\) is not supported; supported: gpt2, llama"),
+        ("llama", r"'tokenizer.ggml.scores' is missing"),  # SentencePiece needs its scores (tests/test_mistral.py)
+    ],
+)
+def test_unsupported_tokenizer_models_and_sentencepiece_without_scores_are_refused(
+    tmp_path: Path, kind: str, message: str
+) -> None:
     import gguf
 
     p = tmp_path / "v.gguf"
     w = gguf.GGUFWriter(str(p), "llama")
-    w.add_tokenizer_model("llama")
+    w.add_tokenizer_model(kind)
     w.add_token_list(["<unk>", "a"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(TokenizerMetadataError, match="'llama'"):
+    with pytest.raises(TokenizerMetadataError, match=message):
         build_tokenizer(GGUFModel(p))

@@ -12,11 +12,17 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CHATML_TEMPLATE", "tiny_vocab", "write_hf_folder", "write_tiny_gguf"]
+__all__ = ["CHATML_TEMPLATE", "MISTRAL_TEMPLATE", "tiny_vocab", "write_hf_folder", "write_tiny_gguf"]
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
     "'\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+#: Mistral 7B Instruct v0.1's ``[INST]`` template (the tiny SentencePiece models' chat template).
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] "
+    "+ ' [/INST]' }}{% else %}{{ message['content'] + eos_token + ' ' }}{% endif %}{% endfor %}"
 )
 
 
@@ -88,6 +94,7 @@ def write_tiny_gguf(
     head_dim: int | None = None,
     rope_scaling_llama3: dict[str, float] | None = None,
     sliding_window: int | None = None,
+    spm_vocab: tuple[list[str], list[float], list[int]] | None = None,
 ) -> Path:
     """Write a random-weight decoder GGUF.
 
@@ -120,6 +127,10 @@ def write_tiny_gguf(
             (:func:`specrt.convert.rope.llama3_freq_factors`) and no ``rope.scaling`` keys.
         sliding_window: each query attends the last ``sliding_window`` positions (``{arch}.attention.sliding_window``;
             :attr:`specrt.convert.gguf_reader.ModelSpec.sliding_window`), or None for full attention.
+        spm_vocab: a SentencePiece vocabulary ``(pieces, scores, llama.cpp token types)`` by id, written as llama.cpp
+            writes Llama 2 / Mistral tokenizers (``tokenizer.ggml.model = llama``, ids 0 / 1 / 2 = unknown / BOS /
+            EOS, ``add_bos_token``, the ``[INST]`` chat template of :data:`MISTRAL_TEMPLATE`) instead of the byte-level
+            BPE vocabulary of :func:`tiny_vocab`; the embedding has one row per piece.
 
     Returns:
         ``Path(path)``.
@@ -128,7 +139,7 @@ def write_tiny_gguf(
     from gguf.quants import quantize
 
     rng = np.random.default_rng(seed)
-    tokens, types, merges = tiny_vocab()
+    tokens, types, merges = tiny_vocab() if spm_vocab is None else (spm_vocab[0], spm_vocab[2], [])
     vocab = len(tokens)
     qk_norm = arch == "qwen3"
     if head_dim is None:
@@ -157,7 +168,18 @@ def write_tiny_gguf(
     if rope_scaling is not None:
         w.add_string(f"{arch}.rope.scaling.type", rope_scaling)
         w.add_float32(f"{arch}.rope.scaling.factor", 4.0)
-    if with_tokenizer:
+    if with_tokenizer and spm_vocab is not None:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores([float(x) for x in spm_vocab[1]])
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        w.add_chat_template(MISTRAL_TEMPLATE)
+    elif with_tokenizer:
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("qwen2" if arch in ("qwen2", "qwen3") else "smollm")
         w.add_token_list(tokens)
@@ -347,10 +369,14 @@ def write_hf_folder(
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     tok.save(str(folder / "tokenizer.json"))
+
+    def name(i: int | None) -> str | None:
+        return None if i is None else tok.id_to_token(i)
+
     tok_cfg = {
-        "add_bos_token": False,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
+        "add_bos_token": info.add_bos_token,
+        "eos_token": name(info.eos_token_ids[0]),
+        "pad_token": name(info.pad_token_id),
         "chat_template": info.chat_template,
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))

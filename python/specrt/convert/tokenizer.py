@@ -1,8 +1,10 @@
 """Build a Hugging Face ``tokenizers`` tokenizer (``tokenizer.json``) from GGUF tokenizer metadata.
 
-Supported: ``tokenizer.ggml.model = gpt2`` (byte-level BPE) with the pre-tokenizers listed in :data:`PRE_TOKENIZERS`.
-Token types follow llama.cpp: 1 normal, 2 unknown, 3 control (-> special added token), 4 user-defined (-> added,
-not special), 5 unused (vocabulary only), 6 byte.
+Supported: ``tokenizer.ggml.model = gpt2`` (byte-level BPE) with the pre-tokenizers listed in :data:`PRE_TOKENIZERS`,
+and ``tokenizer.ggml.model = llama`` (SentencePiece BPE with byte fallback: Llama 1/2, Mistral, Mixtral; see
+:func:`sentencepiece_bpe`). Token types follow llama.cpp: 1 normal, 2 unknown and 3 control (-> special added
+tokens), 4 user-defined (-> added, not special), 5 unused (vocabulary only), 6 byte (``<0x0A>``: SentencePiece's byte
+fallback).
 """
 
 from __future__ import annotations
@@ -13,7 +15,16 @@ from typing import Any
 from specrt.convert.errors import TokenizerMetadataError
 from specrt.convert.gguf_reader import GGUFModel
 
-__all__ = ["END_OF_TURN_TOKENS", "PRE_TOKENIZERS", "TokenizerInfo", "build_tokenizer", "hf_tokenizer_config"]
+__all__ = [
+    "END_OF_TURN_TOKENS",
+    "PRE_TOKENIZERS",
+    "SPM_SPACE",
+    "TOKENIZER_MODELS",
+    "TokenizerInfo",
+    "build_tokenizer",
+    "hf_tokenizer_config",
+    "sentencepiece_bpe",
+]
 
 _CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
 _TAIL = r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -36,7 +47,11 @@ PRE_TOKENIZERS: dict[str, str | None] = {
 #: Token strings that end a turn or a document; a control token with one of these names joins ``eos_token_ids``.
 END_OF_TURN_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "<|end|>", "</s>")
 
-_CONTROL, _USER_DEFINED = 3, 4
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _BYTE = 1, 2, 3, 4, 6
+#: ``tokenizer.ggml.model`` values :func:`build_tokenizer` reads.
+TOKENIZER_MODELS = ("gpt2", "llama")
+#: SentencePiece's whitespace mark (U+2581), which its pieces carry instead of spaces.
+SPM_SPACE = "\u2581"
 
 
 @dataclass
@@ -49,7 +64,7 @@ class TokenizerInfo:
             :data:`END_OF_TURN_TOKENS`.
         pad_token_id: padding id (None when absent).
         add_bos_token: whether encoding should prepend BOS.
-        special_tokens: content -> id of every special (control) token.
+        special_tokens: content -> id of every special (control or unknown) token.
         chat_template: Jinja chat template (None when the GGUF has none).
         vocab_size: number of tokens.
     """
@@ -115,41 +130,19 @@ def hf_tokenizer_config(
     return config
 
 
-def build_tokenizer(model: GGUFModel) -> tuple[Any, TokenizerInfo]:
-    """Build the tokenizer described by ``model``'s metadata.
+def _byte_level_bpe(model: GGUFModel, tokens: list[str]) -> Any:
+    """The ``gpt2`` tokenizer model: byte-level BPE with the GGUF's merges and ``tokenizer.ggml.pre``'s split."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    Returns:
-        ``(tokenizer, info)``: a ``tokenizers.Tokenizer`` (save with ``.save(path)``) and :class:`TokenizerInfo`.
-
-    Raises:
-        TokenizerMetadataError: tokenizer keys are missing, or the tokenizer model / pre-tokenizer is unsupported.
-    """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-
-    for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
-        if not model.has(key):
-            raise TokenizerMetadataError(
-                f"{model.path}: tokenizer metadata {key!r} is missing; cannot build a tokenizer"
-            )
-    kind = model.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise TokenizerMetadataError(
-            f"tokenizer model {kind!r} is not supported (only byte-level BPE, tokenizer.ggml.model = 'gpt2')"
-        )
     pre = model.get("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
         raise TokenizerMetadataError(
             f"pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not supported; "
             f"supported: {', '.join(sorted(PRE_TOKENIZERS))}"
         )
-    tokens: list[str] = model.get("tokenizer.ggml.tokens")
-    types: list[int] = model.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     merges_raw: list[str] | None = model.get("tokenizer.ggml.merges")
     if not merges_raw:
         raise TokenizerMetadataError(f"{model.path}: tokenizer metadata 'tokenizer.ggml.merges' is missing")
-    if len(types) != len(tokens):
-        raise TokenizerMetadataError(f"{model.path}: {len(tokens)} tokens but {len(types)} token types")
-
     vocab = {tok: i for i, tok in enumerate(tokens)}
     merges = []
     for m in merges_raw:
@@ -169,11 +162,119 @@ def build_tokenizer(model: GGUFModel) -> tuple[Any, TokenizerInfo]:
             ]
         )
     tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _sentencepiece(model: GGUFModel, tokens: list[str], types: list[int]) -> Any:
+    """The ``llama`` tokenizer model: :func:`sentencepiece_bpe` over the GGUF's pieces, scores and types."""
+    scores = model.get("tokenizer.ggml.scores")
+    if scores is None or len(scores) != len(tokens):
+        found = "missing" if scores is None else f"{len(scores)} scores for {len(tokens)} tokens"
+        raise TokenizerMetadataError(f"{model.path}: tokenizer metadata 'tokenizer.ggml.scores' is {found}")
+    # llama.cpp's SPM tokenizer applies neither (it reads them for other tokenizer models): refuse rather than guess
+    if model.get("tokenizer.ggml.remove_extra_whitespaces", False):
+        raise TokenizerMetadataError(
+            "tokenizer.ggml.remove_extra_whitespaces is not supported for a SentencePiece (llama) tokenizer"
+        )
+    if model.get("tokenizer.ggml.precompiled_charsmap"):
+        raise TokenizerMetadataError(
+            "a normalizer (tokenizer.ggml.precompiled_charsmap) is not supported for a SentencePiece (llama) tokenizer"
+        )
+    add_space_prefix = bool(model.get("tokenizer.ggml.add_space_prefix", True))
+    return sentencepiece_bpe(tokens, [float(x) for x in scores], types, add_space_prefix=add_space_prefix)
+
+
+def sentencepiece_bpe(
+    tokens: list[str], scores: list[float], types: list[int], *, add_space_prefix: bool = True
+) -> Any:
+    """A ``tokenizers.Tokenizer`` that encodes as SentencePiece's BPE model (``SentencePieceProcessor.encode``) and
+    as llama.cpp's ``llama`` (SPM) tokenizer: what transformers' ``LlamaConverter`` writes for Llama 2 and Mistral
+    (their ``tokenizer.json``), built from the GGUF's pieces instead of a ``tokenizer.model``.
+
+    SentencePiece's BPE repeatedly joins the adjacent pair whose joined piece has the highest score (leftmost
+    first); a BPE model whose merges are ranked by that score (then by piece id) makes the same choices. Only normal
+    pieces (type 1) merge; characters missing from the vocabulary become their UTF-8 bytes (``<0xE4>``: byte
+    fallback) when the vocabulary has byte pieces, else the unknown piece. Spaces become ``▁`` and, with
+    ``add_space_prefix`` (SentencePiece's ``add_dummy_prefix``; GGUF ``tokenizer.ggml.add_space_prefix``, default
+    true), one ``▁`` is prepended to each stretch of text between added tokens (llama.cpp adds the space after every
+    special token likewise; transformers calls this the "legacy" form, which Mistral's ``tokenizer.json`` uses).
+    Decoding maps ``▁`` back to spaces, fuses byte pieces into UTF-8 and drops the prefix's space.
+
+    Args:
+        tokens: the pieces by id (``tokenizer.ggml.tokens``).
+        scores: their scores (``tokenizer.ggml.scores``): higher merges first.
+        types: their llama.cpp token types (``tokenizer.ggml.token_type``).
+        add_space_prefix: prepend ``▁`` (see above).
+
+    Returns:
+        The tokenizer, without added tokens or post-processor (:func:`build_tokenizer` adds them).
+
+    Raises:
+        TokenizerMetadataError: no unknown piece (type 2), which SentencePiece always has.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    unknown = [t for t, ty in zip(tokens, types, strict=True) if ty == _UNKNOWN]
+    if not unknown:
+        raise TokenizerMetadataError("a SentencePiece vocabulary needs an unknown piece (token type 2); none found")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    normal = {t: (float(scores[i]), i) for i, t in enumerate(tokens) if types[i] == _NORMAL}
+    # Each way of splitting a normal piece into two normal pieces is a merge; its rank: the joined piece's score
+    # (highest first), then its id (transformers' SpmConverter ranks them the same way).
+    ranked = []
+    for piece, (score, i) in normal.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in normal and right in normal:
+                ranked.append((-score, i, left, right))
+    merges = [(left, right) for _, _, left, right in sorted(ranked)]
+    byte_fallback = _BYTE in types
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token=unknown[0], fuse_unk=True, byte_fallback=byte_fallback)
+    )
+    steps = [normalizers.Prepend(SPM_SPACE)] if add_space_prefix else []
+    tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPM_SPACE)])
+    decode = [decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:  # Strip applies to each token: after Fuse it strips the start of the text only
+        decode.append(decoders.Strip(content=" ", left=1, right=0))
+    tok.decoder = decoders.Sequence(decode)
+    return tok
+
+
+def build_tokenizer(model: GGUFModel) -> tuple[Any, TokenizerInfo]:
+    """Build the tokenizer described by ``model``'s metadata.
+
+    Returns:
+        ``(tokenizer, info)``: a ``tokenizers.Tokenizer`` (save with ``.save(path)``) and :class:`TokenizerInfo`.
+
+    Raises:
+        TokenizerMetadataError: tokenizer keys are missing or inconsistent, or the tokenizer model (one of
+            :data:`TOKENIZER_MODELS`) / pre-tokenizer is unsupported, or a SentencePiece vocabulary asks for
+            ``tokenizer.ggml.remove_extra_whitespaces`` or a ``precompiled_charsmap`` normalizer.
+    """
+    from tokenizers import AddedToken, processors
+
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
+        if not model.has(key):
+            raise TokenizerMetadataError(
+                f"{model.path}: tokenizer metadata {key!r} is missing; cannot build a tokenizer"
+            )
+    kind = model.get("tokenizer.ggml.model")
+    if kind not in TOKENIZER_MODELS:
+        raise TokenizerMetadataError(
+            f"tokenizer model {kind!r} (tokenizer.ggml.model) is not supported; supported: "
+            f"{', '.join(TOKENIZER_MODELS)} (byte-level BPE, SentencePiece BPE)"
+        )
+    tokens: list[str] = model.get("tokenizer.ggml.tokens")
+    types: list[int] = model.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise TokenizerMetadataError(f"{model.path}: {len(tokens)} tokens but {len(types)} token types")
+    tok = _sentencepiece(model, tokens, types) if kind == "llama" else _byte_level_bpe(model, tokens)
 
     special: dict[str, int] = {}
     added = []
     for i, (t, ty) in enumerate(zip(tokens, types, strict=True)):
-        if ty == _CONTROL:
+        if ty in (_CONTROL, _UNKNOWN):  # llama.cpp matches both in text as special tokens, transformers too
             special[t] = i
             added.append(AddedToken(t, special=True, normalized=False))
         elif ty == _USER_DEFINED:
