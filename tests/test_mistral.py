@@ -9,7 +9,9 @@ an untied head) is a ``llama`` GGUF carrying ``llama.attention.sliding_window``,
 Here: the window's convention on the NumPy reference and on ONNX Runtime's GroupQueryAttention; fp32 against the
 reference over a prefill longer than the window, a chunk on the cache, a rollback and a one-token step, in the default
 and the batched layouts, from the GGUF and from the Hugging Face folder; converters that ignore the window failing
-the same checks; a window at least the context being full attention; the refusals. Every other form (quantized,
+the same checks; a window at least the context being full attention; the refusals. Mistral GGUFs' SentencePiece
+tokenizer (``tokenizer.ggml.model = llama``) against the ``sentencepiece`` package on a model trained here, with
+tokenizers missing the space prefix or misranking merges failing it. Every other form (quantized,
 fp16, graph form, prefill graph, pruned vocabulary, speculative decoding, the losslessness certificate) is checked for
 each family alike in tests/test_families.py.
 """
