@@ -108,23 +108,17 @@ def worker(
 ) -> int:
     """Serve one runtime in this process: read a JSON list of prompt ids per line, answer with the timing."""
     import specrt
-    from specrt.generate import _ModelFolder, _render_chat
+    from specrt.folder_text import folder_text
 
-    folder = _ModelFolder(model)
+    tokenizer, template = folder_text(model)
 
     def encode(p: dict[str, Any]) -> list[int]:
         # Decoder.encode without a session (the specrt worker checks the two agree): the genai worker must hold
         # no specrt session, so that each process has exactly one.
         if p.get("messages") is None:
-            return folder.tokenizer.encode(p["prompt"]).ids
-        text = _render_chat(
-            folder.chat_template or "",
-            p["messages"],
-            True,
-            bos_token=folder.config.get("bos_token", ""),
-            eos_token=folder.config.get("eos_token", ""),
-        )
-        return folder.tokenizer.encode(text, add_special_tokens=False).ids
+            return tokenizer.encode(p["prompt"]).ids
+        text = template.render(p["messages"], True) if template is not None else ""
+        return tokenizer.encode(text, add_special_tokens=False).ids
 
     if runtime == "specrt":
         dec = specrt.Decoder(model, max_seq_len=max_seq_len, intra_op_threads=threads)

@@ -274,19 +274,19 @@ def test_code_editing_set_holds_whole_files_with_the_named_change_target() -> No
 
 
 def test_peer_prompt_token_counts_match_peers_md() -> None:
-    from specrt.generate import _ModelFolder, _render_chat
+    from specrt.folder_text import folder_text
     from specrt.models import cache_dir
 
     folder = cache_dir() / "models" / "qwen2.5-coder-1.5b-instruct" / "fp32"
     if not (folder / "tokenizer.json").is_file():
         pytest.skip("Qwen2.5-Coder-1.5B not converted in the cache")
-    f = _ModelFolder(folder)
+    tokenizer, template = folder_text(folder)
     want = {"a": 14, "b": 53, "c": 387, "d": 39}
     for p in bench.load_prompts(REPO / "benches" / "prompts.json", set_name="peers"):
         if p.messages:
-            ids = f.tokenizer.encode(_render_chat(f.chat_template, list(p.messages), True), add_special_tokens=False)
+            ids = tokenizer.encode(template.render(list(p.messages), True), add_special_tokens=False)
         else:
-            ids = f.tokenizer.encode(p.prompt)
+            ids = tokenizer.encode(p.prompt)
         assert len(ids.ids) == want[p.peer], p.id
 
 

@@ -15,14 +15,14 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "AUTO_K_MAX",
     "DEFAULT_MAX_PREFILL_TOKENS",
     "DEFAULT_MAX_SEQ_LEN",
     "DEFAULT_PREFIX_CACHE_BYTES",
     "DEFAULT_PREFIX_CACHING",
+    "MAX_BATCH",
     "MAX_DRAFT_TOKENS",
     "MAX_TOP_LOGPROBS",
-    "AUTO_K_MAX",
-    "MAX_BATCH",
     "BackendError",
     "BatchPipeline",
     "ChatTemplate",
@@ -440,9 +440,11 @@ def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> list[int]
 
 @final
 class BatchPipeline:
-    """The driver every generation runs through (``specrt_ort::BatchPipeline``): the batched engine (``batched``,
-    folders in the batched layout) or the single-stream one (one request at a time); requests resolved at
-    ``submit``, streamed text and stop strings Rust's; ``specrt.Decoder`` / ``specrt.Scheduler`` drive it."""
+    """The driver every generation runs through (``specrt_ort::BatchPipeline``): the batched engine (folders in the
+    batched layout) or the single-stream one (one request at a time); ``batched`` None (default) takes the layout the
+    folders were converted for (``BatchPipeline::open``; ConfigError when target and draft differ, or max_batch > 1
+    without the batched layout). Requests are resolved at ``submit``; streamed text and stop strings are Rust's;
+    ``specrt.Decoder`` / ``specrt.Scheduler`` drive it."""
 
     def __new__(
         cls,
@@ -450,7 +452,7 @@ class BatchPipeline:
         draft: str | os.PathLike[str] | None = None,
         *,
         ort_library: str | os.PathLike[str],
-        batched: bool = True,
+        batched: bool | None = None,
         max_batch: int = 4,
         max_seq_len: int | None = None,
         intra_op_threads: int | None = None,
@@ -481,6 +483,14 @@ class BatchPipeline:
     def vocab_size(self) -> int: ...
     @property
     def has_draft(self) -> bool: ...
+    @property
+    def batched(self) -> bool: ...
+    @property
+    def tokenizer(self) -> Tokenizer | None: ...
+    @property
+    def chat_template_source(self) -> str | None: ...
+    @property
+    def defaults(self) -> FolderDefaults: ...
     @property
     def max_seq_len(self) -> int: ...
     @property

@@ -14,226 +14,18 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specrt import _specrt
 from specrt._ort import check_cuda, find_ort_library, is_cuda
-from specrt.errors import ConfigError, ModelFileError, SpecrtError
+from specrt.errors import ConfigError, ModelFileNotFoundError, SpecrtError
+from specrt.results import EventChunks, GenerationResult, Stats, StreamChunk
 
 __all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk", "check_request"]
-
-_SOURCES = ("accepted", "recovered", "bonus")
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Statistics of one generation (vLLM's definitions: emitted = accepted + recovered + bonus).
-
-    Attributes:
-        n_prompt_tokens: prompt length in tokens.
-        n_rounds: verification rounds (target passes after prefill).
-        n_drafted: draft tokens proposed and verified.
-        n_accepted: emitted draft tokens the target accepted.
-        n_recovered: emitted tokens sampled from the residual norm(max(0, p - q)) after a rejection.
-        n_bonus: emitted tokens from the target's last row after all drafts were accepted (K = 0 steps included).
-        acceptance_rate: accepted / drafted in [0, 1] (None if nothing was drafted).
-        mean_tokens_per_round: emitted / rounds (the seed's E).
-        prefill_ms, draft_ms, target_ms, core_ms: wall time in ms (core = verification and bookkeeping).
-        draft_ms_per_round, target_ms_per_round: per-round means in ms.
-        decode_tokens_per_s: emitted tokens per second after prefill; tokens_per_s: including prefill.
-        accepted_at: rounds in which draft position i was accepted.
-        n_drafted_ngram, n_accepted_ngram: of n_drafted / n_accepted, the prompt-lookup (n-gram) proposals.
-        rounds_by_k: rounds_by_k[k] = rounds that verified k draft tokens (how often each K was chosen).
-        n_cached_tokens: of n_prompt_tokens, those whose target KV was reused from an earlier generation instead of
-            prefilled (prefix caching; OpenAI's ``usage.prompt_tokens_details.cached_tokens``); 0 = a miss.
-        n_cached_tokens_dft: the same for the draft model (0 when the request does not run it).
-        n_drafted_forced, n_accepted_forced: of n_drafted / n_accepted, the tokens an output constraint forced
-            (structured output: proposed without a draft pass, verified as any proposal).
-        mask_ms: wall time in ms spent in the output constraint (masks, forced tokens, advancing); 0 without one.
-    """
-
-    n_prompt_tokens: int
-    n_rounds: int
-    n_drafted: int
-    n_accepted: int
-    n_recovered: int
-    n_bonus: int
-    acceptance_rate: float | None
-    mean_tokens_per_round: float | None
-    prefill_ms: float
-    draft_ms: float
-    target_ms: float
-    core_ms: float
-    draft_ms_per_round: float
-    target_ms_per_round: float
-    decode_tokens_per_s: float | None
-    tokens_per_s: float | None
-    accepted_at: tuple[int, ...] = ()
-    n_drafted_ngram: int = 0
-    n_accepted_ngram: int = 0
-    rounds_by_k: tuple[int, ...] = ()
-    n_cached_tokens: int = 0
-    n_cached_tokens_dft: int = 0
-    n_drafted_forced: int = 0
-    n_accepted_forced: int = 0
-    mask_ms: float = 0.0
-
-    @property
-    def prefix_cache_hit(self) -> bool:
-        """Whether the target reused a cached prefix of the prompt."""
-        return self.n_cached_tokens > 0
-
-    @property
-    def n_emitted(self) -> int:
-        """accepted + recovered + bonus."""
-        return self.n_accepted + self.n_recovered + self.n_bonus
-
-    @classmethod
-    def _from_engine(cls, d: dict[str, Any]) -> Stats:
-        rounds = max(int(d["n_rounds"]), 1)
-        return cls(
-            n_prompt_tokens=d["n_prompt_tokens"],
-            n_rounds=d["n_rounds"],
-            n_drafted=d["n_drafted"],
-            n_accepted=d["n_accepted"],
-            n_recovered=d["n_recovered"],
-            n_bonus=d["n_bonus"],
-            acceptance_rate=d["acceptance_rate"],
-            mean_tokens_per_round=d["mean_tokens_per_round"],
-            prefill_ms=d["prefill_ms"],
-            draft_ms=d["draft_ms"],
-            target_ms=d["target_ms"],
-            core_ms=d["core_ms"],
-            draft_ms_per_round=d["draft_ms"] / rounds,
-            target_ms_per_round=d["target_ms"] / rounds,
-            decode_tokens_per_s=d["decode_tokens_per_s"],
-            tokens_per_s=d["tokens_per_s"],
-            accepted_at=tuple(d["accepted_at"]),
-            n_drafted_ngram=d["n_drafted_ngram"],
-            n_accepted_ngram=d["n_accepted_ngram"],
-            rounds_by_k=tuple(d["rounds_by_k"]),
-            n_cached_tokens=d["n_cached_tokens"],
-            n_cached_tokens_dft=d["n_cached_tokens_dft"],
-            n_drafted_forced=d["n_drafted_forced"],
-            n_accepted_forced=d["n_accepted_forced"],
-            mask_ms=d["mask_ms"],
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        """All fields plus ``n_emitted``, JSON-ready."""
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["accepted_at"] = list(self.accepted_at)
-        out["rounds_by_k"] = list(self.rounds_by_k)
-        out["n_emitted"] = self.n_emitted
-        return out
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """What :meth:`Decoder.generate` returns.
-
-    Attributes:
-        text: the generated text as vLLM's defaults define it (Rust ``TextOptions``): special tokens skipped; ends
-            before a matched stop string; the text of the EOS or stop token id that ended generation left out.
-        token_ids: the emitted token ids (an EOS or stop token id that ended generation included).
-        finish_reason: ``"eos"``, ``"stop"`` (stop string or stop token id), ``"length"`` or ``"grammar"`` (the
-            output constraint is complete).
-        logprobs: the target's log-probability (natural log, raw logits) of each emitted token; empty when the
-            request passed ``logprobs=False``.
-        top_logprobs: per emitted token, the request's ``top_logprobs`` most likely tokens of the target's
-            verification row of its position as ``(token id, log-probability)``, most likely first (the first is the
-            greedy choice); empty when the request asked for none.
-        prompt_logprobs: with ``prompt_logprobs=k``, one entry per prompt token: ``None`` for the first (no
-            position before it), then the target's log-probability of each from the prefill pass (the row of the
-            position before it); empty otherwise. ``prompt_top_logprobs``: each position's ``k`` alternatives
-            (``[]`` for the first).
-        sources: ``"accepted"``, ``"recovered"`` or ``"bonus"`` for each emitted token.
-        stats: counters and timings.
-        prompt_token_ids: the prompt as the models saw it.
-    """
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    logprobs: list[float]
-    sources: list[str]
-    stats: Stats
-    prompt_token_ids: list[int] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    prompt_logprobs: list[float | None] = field(default_factory=list)
-    prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class StreamChunk:
-    """One piece of a streamed generation: the text and tokens committed by one round.
-
-    ``text`` holds back incomplete UTF-8 and a possible partial stop string until they resolve. ``logprobs`` are the
-    target's log-probabilities of ``token_ids`` (as :attr:`GenerationResult.logprobs`). The chunk of the last round
-    already carries ``finish_reason``; the last chunk (no tokens) has ``finish_reason`` and ``result`` set. With
-    ``prompt_logprobs``, the first chunk carries the prompt's scores too (``prompt_token_ids``, ``prompt_logprobs``,
-    ``prompt_top_logprobs``, as :class:`GenerationResult` has them; None on the other chunks).
-    """
-
-    text: str
-    token_ids: list[int]
-    sources: list[str]
-    finish_reason: str | None = None
-    result: GenerationResult | None = None
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    prompt_logprobs: list[float | None] | None = None
-    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
-    prompt_token_ids: list[int] | None = None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelFileError(f"{path}: {e}") from e
-
-
-class _ModelFolder:
-    """The files of a converted model folder that the Python side needs."""
-
-    def __init__(self, path: Path, batched: bool | None = None) -> None:
-        self.path = path
-        # ModelFileNotFoundError / ModelFileError naming the file when it is missing or malformed.
-        self.tokenizer: _specrt.Tokenizer = _specrt.Tokenizer.from_file(path / "tokenizer.json")
-        self.config = _read_json(path / "specrt_config.json")
-        # generation_config.json as Rust reads it (a malformed file is a ModelFileError for a draft folder too).
-        self.defaults = _specrt.FolderDefaults(str(path))
-        self.batched = self.config.get("kv_layout") == "batched_rows"
-        if batched is not None and self.batched != batched:
-            want = "the batched layout (`specrt convert --attention batched`)" if batched else "the GQA layout"
-            raise ConfigError(
-                f"{path} is not in {want} that this decoder needs (kv_layout {self.config.get('kv_layout')!r}); "
-                "target and draft must share one layout, and max_batch > 1 needs the batched one"
-            )
-        template = path / "chat_template.jinja"
-        self.chat_template = template.read_text(encoding="utf-8") if template.is_file() else None
-
-
-def _render_chat(template: str, messages: Sequence[dict[str, Any]], add_generation_prompt: bool, **extra: Any) -> str:
-    """Render a chat template as Hugging Face transformers' ``apply_chat_template(..., tokenize=False)`` does (in Rust:
-    ``_specrt.ChatTemplate``); ``extra`` (``tools``, ``documents``, ``bos_token``, ...) reaches the template as named.
-
-    Raises:
-        ConfigError: the template raised (``chat template failed: <its message>``) or uses a construct the renderer
-            lacks (named, with its line).
-    """
-    tools = extra.pop("tools", None)
-    documents = extra.pop("documents", None)
-    return _compiled_chat_template(template).render(list(messages), add_generation_prompt, tools, documents, **extra)
 
 
 @functools.lru_cache(maxsize=16)
@@ -454,16 +246,6 @@ class Decoder:
             if draft is not None
             else None
         )
-        self._target = _ModelFolder(self.target_path, batched=True if max_batch > 1 else None)
-        # A batched-layout folder runs batched rounds even at max_batch 1 (its own engine).
-        batched = self._target.batched
-        if self.draft_path is not None:
-            _ModelFolder(self.draft_path, batched=batched)
-            # The draft/target vocabulary rule (same tokenizer; logits widths equal or differing only in padding rows
-            # beyond the tokenizer's ids, as Qwen2.5 7B's 152064 against 0.5B's 151936) is Rust's, applied when the
-            # engine below is built (``specrt_ort::check_draft_folder``, ``specrt_core::check_draft_width``): a
-            # VocabError before any session loads.
-        self.tokenizer = self._target.tokenizer
         models = (str(self.target_path), str(self.draft_path) if self.draft_path is not None else None)
         common = {
             "ort_library": ort_library or find_ort_library(provider),
@@ -474,21 +256,32 @@ class Decoder:
         }
         self._scheduler: Any = None  # the Scheduler that owns a batching decoder
         self._solo_id: int | None = None  # the request of a stream() (a stream left unfinished leaves it behind)
-        # The one driver of every generation (``specrt_ort::BatchPipeline``): the batched engine for folders in the
-        # batched layout, else the single-stream engine (one request at a time).
-        layout: dict[str, Any] = (
-            {"max_batch": max_batch, "prefill_chunk": prefill_chunk, "max_prefill_tokens": max_prefill_tokens}
-            if batched
-            else {"device_id": device_id, "cuda_graph": cuda_graph}
-        )
+        # The one driver of every generation (``specrt_ort::BatchPipeline``), in the layout the folders were converted
+        # for (Rust reads it: the batched engine for the batched layout, at any max_batch, else the single-stream
+        # engine; target and draft layouts must agree, and max_batch > 1 needs the batched one). Rust also checks
+        # the draft against the target (the same tokenizer; logits widths equal or differing only in padding rows
+        # beyond the tokenizer's ids, as Qwen2.5 7B's 152064 against 0.5B's 151936): a VocabError before any
+        # session loads.
         self._batch: Any = _specrt.BatchPipeline(
-            *models, batched=batched, prefix_caching=prefix_caching, **layout, **common
+            *models,
+            max_batch=max_batch,
+            prefill_chunk=prefill_chunk,
+            max_prefill_tokens=max_prefill_tokens,
+            device_id=device_id,
+            cuda_graph=cuda_graph,
+            prefix_caching=prefix_caching,
+            **common,
         )
+        batched = self._batch.batched
+        tokenizer = self._batch.tokenizer
+        if tokenizer is None:
+            raise ModelFileNotFoundError(f"{self.target_path / 'tokenizer.json'} not found (the Decoder needs one)")
+        self.tokenizer: _specrt.Tokenizer = tokenizer
         #: Whether requests share batched rounds (a batched-layout folder); a Scheduler then owns the decoder.
         self.batched = batched
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id holding _lock
-        self._defaults = self._target.defaults
+        self._defaults = self._batch.defaults
         #: The sampling defaults the target folder sets (generation_config.json; absent and ``null`` keys left out).
         self.defaults: dict[str, Any] = self._defaults.sampling()
 
@@ -541,10 +334,10 @@ class Decoder:
             ConfigError: the model has no chat template, or the template rejects the messages (its message), or uses
                 a construct the renderer lacks (named, with its line).
         """
-        if not self._target.chat_template:
+        template = self._batch.chat_template_source
+        if not template:
             raise ConfigError(f"{self.target_path} has no chat_template.jinja; pass a plain prompt instead")
-        # Compiled on first use: a folder whose template minijinja cannot compile still loads for plain prompts.
-        return _compiled_chat_template(self._target.chat_template, self.target_path).render(
+        return _compiled_chat_template(template, self.target_path).render(
             list(messages),
             add_generation_prompt,
             None if tools is None else list(tools),
@@ -769,7 +562,7 @@ class Decoder:
         if self._solo_id is not None:
             self._batch.cancel(self._solo_id)  # a stream left unfinished leaves its row behind
         rid = self._solo_id = self._batch.submit(ids, settings)
-        events = _Chunks(ids, scored)
+        events = EventChunks(ids, scored)
         try:
             while not events.done:
                 for e in self._batch.step():
@@ -785,64 +578,3 @@ class Decoder:
 
     def __repr__(self) -> str:
         return f"Decoder(target={str(self.target_path)!r}, draft={str(self.draft_path) if self.draft_path else None!r})"
-
-
-def _prompt_lists(prompt: dict[str, Any] | None) -> tuple[list[float | None], list[list[tuple[int, float]]]]:
-    """The engine's prompt scores as :class:`GenerationResult` holds them (first position: None / no alternatives)."""
-    if prompt is None:
-        return [], []
-    return [None, *prompt["logprobs"]], [[], *prompt["top_logprobs"]]
-
-
-def _prompt_fields(ids: list[int], prompt: dict[str, Any] | None) -> dict[str, Any]:
-    """The prompt's scores as the first :class:`StreamChunk` carries them."""
-    lps, tops = _prompt_lists(prompt)
-    return {"prompt_logprobs": lps, "prompt_top_logprobs": tops, "prompt_token_ids": list(ids)}
-
-
-def _result_chunk(out: dict[str, Any], ids: list[int], scored: bool) -> StreamChunk:
-    """The last chunk of a generation, carrying its :class:`GenerationResult`, from its whole output ``out`` (the keys
-    of ``BatchPipeline``'s ``done``: text, tokens, finish_reason, logprobs, sources, top_logprobs, stats, prompt)."""
-    prompt_logprobs, prompt_top = _prompt_lists(out["prompt"]) if scored else ([], [])
-    result = GenerationResult(
-        text=out["text"],
-        token_ids=out["tokens"],
-        finish_reason=out["finish_reason"],
-        logprobs=out["logprobs"],
-        sources=out["sources"],
-        stats=Stats._from_engine(out["stats"]),
-        prompt_token_ids=ids,
-        top_logprobs=out["top_logprobs"],
-        prompt_logprobs=prompt_logprobs,
-        prompt_top_logprobs=prompt_top,
-    )
-    return StreamChunk(text="", token_ids=[], sources=[], finish_reason=out["finish_reason"], result=result)
-
-
-class _Chunks:
-    """One request's events (``BatchPipeline.step``'s dicts) -> :class:`StreamChunk` s. Its text, stop-string
-    cut and finish are Rust's (``specrt_ort::BatchPipeline``); this only builds the Python objects."""
-
-    def __init__(self, ids: list[int], scored: bool) -> None:
-        self.ids = ids
-        self.scored = scored  # the request asked for prompt_logprobs
-        self.done = False
-
-    def chunks(self, e: dict[str, Any]) -> list[StreamChunk]:
-        """The chunks of one event: the round's, then (on the last event) the one carrying the result."""
-        scores = _prompt_fields(self.ids, e["prompt"]) if e["prompt"] is not None else {}
-        out = [
-            StreamChunk(
-                text=e["text"],
-                token_ids=e["tokens"],
-                sources=e["sources"],
-                finish_reason=e["finish_reason"],
-                logprobs=e["logprobs"],
-                top_logprobs=e["top_logprobs"],
-                **scores,
-            )
-        ]
-        if e["done"] is not None:
-            self.done = True
-            out.append(_result_chunk(e["done"], self.ids, self.scored))
-        return out

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specrt.errors import GenerationCancelled, SpecrtError
-from specrt.generate import Decoder, GenerationResult, StreamChunk, _Chunks
+from specrt.generate import Decoder
+from specrt.results import EventChunks, GenerationResult, StreamChunk
 
 __all__ = [
     "DEFAULT_MAX_QUEUE",
@@ -390,7 +391,7 @@ class Scheduler:
     def _work(self) -> None:
         """Rounds of the decoder's driver: admit queued requests into free rows, run one round, deliver each
         request's chunks (one request at a time on a single-stream decoder)."""
-        rows: dict[int, tuple[RequestHandle, _Chunks]] = {}
+        rows: dict[int, tuple[RequestHandle, EventChunks]] = {}
         try:
             while self._round(rows):
                 pass
@@ -409,7 +410,7 @@ class Scheduler:
             self.decoder._lock.release()
         self._holds_lock = hold
 
-    def _round(self, rows: dict[int, tuple[RequestHandle, _Chunks]]) -> bool:
+    def _round(self, rows: dict[int, tuple[RequestHandle, EventChunks]]) -> bool:
         """One iteration of the worker; False when closed and drained. An unexpected error ends the requests in the
         batch (with that error), never the worker."""
         batch = self.decoder._batch
@@ -442,7 +443,7 @@ class Scheduler:
             self._hold_decoder(False)
         return True
 
-    def _admit(self, batch: Any, rows: dict[int, tuple[RequestHandle, _Chunks]], admitted: list) -> None:
+    def _admit(self, batch: Any, rows: dict[int, tuple[RequestHandle, EventChunks]], admitted: list) -> None:
         for h in admitted:
             if not _may_start(h):
                 self._finished(h)
@@ -454,9 +455,9 @@ class Scheduler:
                 h._finish(None, e)
                 self._finished(h)
                 continue
-            rows[rid] = (h, _Chunks(ids, scored))
+            rows[rid] = (h, EventChunks(ids, scored))
 
-    def _step(self, batch: Any, rows: dict[int, tuple[RequestHandle, _Chunks]]) -> None:
+    def _step(self, batch: Any, rows: dict[int, tuple[RequestHandle, EventChunks]]) -> None:
         events = batch.step()  # a failed model pass raises: every running row is gone (handled by the caller)
         for e in events:
             rid = e["id"]

@@ -518,7 +518,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         load_prompts(cfg.prompts_file, set_name=cfg.sweep_set, ids=cfg.sweep_ids or None) if cfg.sweeps else []
     )
     machine = _machine(cfg.provider)
-    from specrt.generate import _compiled_chat_template, _ModelFolder
+    from specrt.folder_text import folder_text
     from specrt.models import resolve_model
 
     phase_s: dict[str, Any] = {}
@@ -546,21 +546,19 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         attention = "gqa-graph" if cfg.cuda_graph else "gqa"
         target_path = resolve_model(cfg.target, cfg.dtype, attention=attention)
         draft_path = resolve_model(cfg.draft, cfg.dtype, attention=attention)
-    folder = _ModelFolder(target_path)
+    tokenizer, template = folder_text(target_path)  # as the Decoder encodes and renders prompts
 
     def render(p: Prompt) -> str:
         """The prompt as text: chat messages through the model's chat template, a completion prompt as it is."""
         if p.messages is None:
             return p.prompt or ""
-        # As Decoder.apply_chat_template renders it: the folder's BOS / EOS strings.
-        template = _compiled_chat_template(folder.chat_template, folder.path) if folder.chat_template else None
         return template.render([dict(m) for m in p.messages], True) if template is not None else ""
 
     def encode(p: Prompt) -> list[int]:
         # The same ids Decoder.encode gives (checked against it below), without loading a model.
         if p.messages is not None:
-            return folder.tokenizer.encode(render(p), add_special_tokens=False).ids
-        return folder.tokenizer.encode(p.prompt).ids
+            return tokenizer.encode(render(p), add_special_tokens=False).ids
+        return tokenizer.encode(p.prompt).ids
 
     all_prompts = {p.id: p for p in [*prompts, *sweep_prompts]}
     prompt_tokens = {pid: encode(p) for pid, p in all_prompts.items()}

@@ -44,7 +44,8 @@ use crate::backend::OrtBackend;
 use crate::batched::BatchedOrtBackend;
 use crate::constraints::ConstraintCompiler;
 use crate::folder::{chat_ids, FolderDefaults, TargetFolder};
-use crate::options::OrtOptions;
+use crate::model::{resolve_model_file, SpecrtConfig};
+use crate::options::{KvLayout, OrtOptions};
 use crate::request::{resolve_request, GenerationRequest};
 
 /// What one round brought one request.
@@ -87,6 +88,8 @@ pub struct BatchPipeline {
     providers: Vec<&'static str>,
     /// Why CUDA was requested but the CPU is used (`allow_fallback`), if it was.
     fallback_reason: Option<String>,
+    /// Loaded by [`Self::load`]: requests share batched rounds.
+    batched: bool,
     defaults: FolderDefaults,
     tokenizer: Option<Tokenizer>,
     chat_template: Option<ChatTemplate>,
@@ -130,6 +133,7 @@ impl BatchPipeline {
         pipeline.chat_template = folder.chat_template;
         pipeline.providers = vec!["CPUExecutionProvider"];
         pipeline.fallback_reason = fallback_reason;
+        pipeline.batched = true;
         Ok(pipeline)
     }
 
@@ -164,6 +168,33 @@ impl BatchPipeline {
         Ok(pipeline)
     }
 
+    /// Load a target folder (and an optional draft) in the layout they were converted for, read from their
+    /// `specrt_config.json` (`kv_layout`): the batched layout ([`Self::load`], `max_batch` rows, `batch_options`) or
+    /// a single-stream one ([`Self::load_single`], prefix reuse as `batch_options.prefix_caching`). A batched-layout
+    /// folder runs batched rounds at any `max_batch`.
+    ///
+    /// Errors: [`SpecError::Config`] when target and draft were converted for different layouts, or `max_batch` > 1
+    /// asks for batched rounds of a folder not in the batched layout (folder and its `kv_layout` named); as
+    /// [`Self::load`] and [`Self::load_single`].
+    pub fn open(
+        target: &Path,
+        draft: Option<&Path>,
+        options: &OrtOptions,
+        max_batch: usize,
+        batch_options: BatchOptions,
+    ) -> Result<Self> {
+        let batched = folder_layout(target)? == Some(KvLayout::BatchedRows);
+        check_layout(target, batched || max_batch > 1)?;
+        if let Some(d) = draft {
+            check_layout(d, batched)?;
+        }
+        if batched {
+            Self::load(target, draft, options, max_batch, batch_options)
+        } else {
+            Self::load_single(target, draft, options, batch_options.prefix_caching)
+        }
+    }
+
     /// A pipeline over an engine of requests built elsewhere (other backends, mock models in tests).
     #[must_use]
     pub fn from_engine(
@@ -180,6 +211,7 @@ impl BatchPipeline {
             engine: Box::new(engine),
             providers: Vec::new(),
             fallback_reason: None,
+            batched: false,
             defaults,
             tokenizer,
             chat_template: None,
@@ -187,6 +219,12 @@ impl BatchPipeline {
             next_id: 0,
             constraints,
         }
+    }
+
+    /// Whether requests share batched rounds (the batched layout, [`Self::load`]); else they run one at a time.
+    #[must_use]
+    pub fn is_batched(&self) -> bool {
+        self.batched
     }
 
     /// The target folder's tokenizer, if it has one.
@@ -473,6 +511,30 @@ fn cut_step(step: &mut StepOutput, n: usize) {
     step.logprobs.truncate(n);
     step.top_logprobs.truncate(n);
     step.finish_reason = Some(FinishReason::Stop);
+}
+
+/// The `kv_layout` of the model folder (or `.onnx` file) `path` (`None`: its `specrt_config.json` names none).
+fn folder_layout(path: &Path) -> Result<Option<KvLayout>> {
+    Ok(SpecrtConfig::read_beside(&resolve_model_file(path)?)?.kv_layout)
+}
+
+/// `path` is in the batched layout when `batched`, in a single-stream one otherwise ([`BatchPipeline::open`]).
+fn check_layout(path: &Path, batched: bool) -> Result<()> {
+    let layout = folder_layout(path)?;
+    if (layout == Some(KvLayout::BatchedRows)) == batched {
+        return Ok(());
+    }
+    let want = if batched {
+        "the batched layout (`specrt convert --attention batched`)"
+    } else {
+        "the GQA layout"
+    };
+    Err(SpecError::Config(format!(
+        "{} is not in {want} that this decoder needs (kv_layout {}); target and draft must share one layout, and \
+         max_batch > 1 needs the batched one",
+        path.display(),
+        layout.map_or("None".to_owned(), |l| format!("'{}'", l.as_str())),
+    )))
 }
 
 #[cfg(test)]

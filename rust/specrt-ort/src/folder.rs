@@ -214,7 +214,8 @@ fn parse_ids(v: &Value, path: &Path, key: &str) -> Result<Vec<u32>> {
 /// engines' width rule ([`specrt_core::check_draft_width`], through [`Engine::with_tokenizer_vocab`] and
 /// [`specrt_core::BatchEngine::with_tokenizer_vocab`]) compares logits widths that differ with.
 ///
-/// Errors: [`SpecError::Vocab`] (vocabularies differ), [`SpecError::Io`] (a missing model file, a malformed file).
+/// Errors: [`SpecError::Vocab`] (vocabularies differ), [`SpecError::Io`] (a missing model file, a malformed file, a
+/// draft without the `tokenizer.json` its target has).
 pub fn check_draft_folder(target: &Path, draft: &Path) -> Result<Option<usize>> {
     let target_file = resolve_model_file(target)?;
     let draft_file = resolve_model_file(draft)?;
@@ -321,8 +322,15 @@ fn tokenizer_vocabulary(path: &Path) -> Result<Option<std::collections::HashMap<
 fn check_same_vocabulary(target_file: &Path, draft_file: &Path) -> Result<()> {
     let target = target_file.with_file_name(TOKENIZER_FILE);
     let draft = draft_file.with_file_name(TOKENIZER_FILE);
-    if !target.is_file() || !draft.is_file() {
+    if !target.is_file() {
         return Ok(());
+    }
+    if !draft.is_file() {
+        return Err(SpecError::Io(format!(
+            "{} not found: a draft needs its tokenizer.json to be checked against the target's ({})",
+            draft.display(),
+            target.display()
+        )));
     }
     // Usually byte-identical (a draft cut from the target, or one family's converter): no parsing needed.
     let same_bytes = std::fs::read(&target).ok() == std::fs::read(&draft).ok();

@@ -15,7 +15,8 @@ use specrt_ort::{check_ids, BatchEvent, BatchPipeline, Provider};
 use crate::args::ort_options;
 use crate::errors::{run_kernel, to_pyerr};
 use crate::outputs::{prompt_dict, stats_dict, step_dict};
-use crate::request::{ids_of, request_of};
+use crate::request::{ids_of, request_of, PyFolderDefaults};
+use crate::text::PyTokenizer;
 
 /// The driver every generation runs through (``specrt_ort::BatchPipeline``): requests submitted with their
 /// settings, one round per ``step``, per-request events out, ``cancel``. With ``batched`` (folders in the batched
@@ -102,7 +103,7 @@ fn event_dict(py: Python<'_>, e: BatchEvent) -> PyResult<Bound<'_, PyDict>> {
 impl PyBatchPipeline {
     #[new]
     #[pyo3(signature = (
-        target, draft=None, *, ort_library, batched=true, max_batch=4, max_seq_len=None, intra_op_threads=None,
+        target, draft=None, *, ort_library, batched=None, max_batch=4, max_seq_len=None, intra_op_threads=None,
         prefill_chunk=256, provider="cpu", device_id=0, allow_fallback=false, cuda_graph=false,
         prefix_caching=None, prefix_cache_bytes=None, max_prefill_tokens=None, profile=None
     ))]
@@ -112,7 +113,7 @@ impl PyBatchPipeline {
         target: PathBuf,
         draft: Option<PathBuf>,
         ort_library: PathBuf,
-        batched: bool,
+        batched: Option<bool>,
         max_batch: usize,
         max_seq_len: Option<usize>,
         intra_op_threads: Option<usize>,
@@ -145,16 +146,22 @@ impl PyBatchPipeline {
             max_prefill_tokens: max_prefill_tokens.unwrap_or(DEFAULT_MAX_PREFILL_TOKENS),
             ..BatchOptions::default()
         };
-        let pipeline = run_kernel(py, move || {
-            if batched {
-                BatchPipeline::load(
-                    &target,
-                    draft.as_deref(),
-                    &options,
-                    max_batch,
-                    batch_options,
-                )
-            } else {
+        let pipeline = run_kernel(py, move || match batched {
+            None => BatchPipeline::open(
+                &target,
+                draft.as_deref(),
+                &options,
+                max_batch,
+                batch_options,
+            ),
+            Some(true) => BatchPipeline::load(
+                &target,
+                draft.as_deref(),
+                &options,
+                max_batch,
+                batch_options,
+            ),
+            Some(false) => {
                 BatchPipeline::load_single(&target, draft.as_deref(), &options, prefix_caching)
             }
         })?;
@@ -224,6 +231,38 @@ impl PyBatchPipeline {
     #[getter]
     fn vocab_size(&self) -> usize {
         self.vocab_size
+    }
+
+    /// Whether requests share batched rounds (a folder in the batched layout); else they run one at a time.
+    #[getter]
+    fn batched(&self, py: Python<'_>) -> PyResult<bool> {
+        run_kernel(py, || Ok(lock(&self.inner).is_batched()))
+    }
+
+    /// The target folder's tokenizer (``tokenizer.json``), or ``None`` when the folder has none.
+    #[getter]
+    fn tokenizer(&self, py: Python<'_>) -> PyResult<Option<PyTokenizer>> {
+        run_kernel(py, || {
+            Ok(lock(&self.inner).tokenizer().cloned().map(PyTokenizer))
+        })
+    }
+
+    /// The source of the target folder's chat template (``chat_template.jinja``), or ``None`` when it has none.
+    #[getter]
+    fn chat_template_source(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        run_kernel(py, || {
+            Ok(lock(&self.inner)
+                .chat_template()
+                .map(|t| t.source().to_owned()))
+        })
+    }
+
+    /// The target folder's generation defaults (``generation_config.json``; ``specrt_config.json``'s EOS ids).
+    #[getter]
+    fn defaults(&self, py: Python<'_>) -> PyResult<PyFolderDefaults> {
+        run_kernel(py, || {
+            Ok(PyFolderDefaults(lock(&self.inner).defaults().clone()))
+        })
     }
 
     /// Whether a draft model is attached.
