@@ -86,17 +86,23 @@ def sequence_errors(folder: Path, model: GGUFModel) -> list[float]:
     return errors
 
 
-def errors_without(gguf: Path, out: Path, **spec_changes: object) -> list[float]:
-    """:func:`sequence_errors` of ``gguf`` converted with its ``ModelSpec`` fields replaced by ``spec_changes`` (a
-    converter that drops a feature of the family), measured against the reference of the real file."""
+def convert_changed(gguf: Path, out: Path, **spec_changes: object) -> Path:
+    """``gguf`` converted to ``out`` with its ``ModelSpec`` fields replaced by ``spec_changes`` (a converter that
+    drops or misreads a feature of the family)."""
     import dataclasses
 
     real = GGUFModel.spec
     try:
         GGUFModel.spec = lambda self: dataclasses.replace(real(self), **spec_changes)  # type: ignore[method-assign]
-        broken = convert(gguf, out, progress=False)
+        return convert(gguf, out, progress=False)
     finally:
         GGUFModel.spec = real  # type: ignore[method-assign]
+
+
+def errors_without(gguf: Path, out: Path, **spec_changes: object) -> list[float]:
+    """:func:`sequence_errors` of ``gguf`` converted by :func:`convert_changed`, measured against the reference of the
+    real file."""
+    broken = convert_changed(gguf, out, **spec_changes)
     with GGUFModel(gguf) as model:
         return sequence_errors(broken, model)
 
@@ -190,6 +196,7 @@ __all__ = [
     "FORMS",
     "check_certificate",
     "check_greedy_speculative",
+    "convert_changed",
     "copy_gguf",
     "errors_without",
     "sequence_errors",

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from family_checks import FAMILIES, copy_gguf, errors_without, sequence_errors
-from specrt.convert import GGUFFormatError, HFFormatError, convert
+from specrt.convert import GGUFFormatError, HFFormatError, UnsupportedModelError, convert
 from specrt.convert.gguf_reader import GGUFModel
 from specrt.convert.tiny import write_hf_folder, write_tiny_gguf
 
@@ -80,3 +80,17 @@ def test_missing_or_misshapen_norms_are_named(tmp_path: Path) -> None:
         GGUFModel(tmp_path / "nonorm.gguf") as model,
     ):
         model.spec()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_a_qwen_sliding_window_is_refused_naming_the_field(tmp_path: Path, family: str) -> None:
+    """Qwen2 / Qwen3 folders with ``use_sliding_window`` (their windows cover only some layers: not implemented)."""
+    g = write_tiny_gguf(tmp_path / "m.gguf", seed=1, **FAMILIES[family])
+    hf = write_hf_folder(g, tmp_path / "hf")
+    cfg = json.loads((hf / "config.json").read_text())
+    convert(hf, tmp_path / "full", progress=False)  # the same folder converts without the window
+    cfg.update(use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    (hf / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match=r"sliding-window attention \(config.json use_sliding_window\)"):
+        convert(hf, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
