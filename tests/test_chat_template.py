@@ -122,6 +122,7 @@ FAMILIES = {
     "llama-3.3": "meta-llama-Llama-3.3-70B-Instruct",
     "mistral-nemo": "mistralai-Mistral-Nemo-Instruct-2407",
     "mistral-small-3.2": "Mistral-Small-3.2-24B-Instruct-2506",
+    "ministral-3": "mistralai-Ministral-3-14B-Reasoning-2512",
     "gemma-2": "google-gemma-2-2b-it",
     "phi-3.5": "microsoft-Phi-3.5-mini-instruct",
     "deepseek-r1-distill-qwen": "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
