@@ -16,6 +16,7 @@ from typing import Any
 from specrt import _specrt
 from specrt.cli_args import K_RANGE, REQUEST_DEFAULTS, k_arg, positive_int
 from specrt.scheduler import DEFAULT_MAX_QUEUE
+from specrt.server import defaults as serve_defaults
 
 __all__ = ["DTYPES", "build_parser", "main"]
 
@@ -348,24 +349,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--target", required=True, help="model name (specrt models list) or converted model folder")
     sv.add_argument("--draft", default=None, help="draft model name or folder (default: none, i.e. target-only)")
-    sv.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    sv.add_argument("--port", type=int, default=8000, help="TCP port")
+    sv.add_argument("--host", default=serve_defaults.HOST, help="address to listen on")
+    sv.add_argument("--port", type=int, default=serve_defaults.PORT, help="TCP port")
     sv.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name)")
     sv.add_argument(
         "--num-speculative-tokens",
         "-k",
         type=k_arg,
-        default="auto",
+        default=serve_defaults.NUM_SPECULATIVE_TOKENS,
         help=f"K of requests that do not set num_speculative_tokens: {K_RANGE} or 'auto'",
     )
     sv.add_argument(
         "--max-queue", type=positive_int, default=DEFAULT_MAX_QUEUE, help="requests that may wait; one more gets 429"
     )
     sv.add_argument(
-        "--request-timeout", type=float, default=600.0, help="seconds from arrival before a request ends (504)"
+        "--request-timeout",
+        type=float,
+        default=serve_defaults.REQUEST_TIMEOUT_S,
+        help="seconds from arrival before a request ends (504)",
     )
-    sv.add_argument("--default-max-tokens", type=positive_int, default=256, help="max_tokens of chat requests")
-    sv.add_argument("--drain-timeout", type=float, default=60.0, help="seconds open streams get at shutdown")
+    sv.add_argument(
+        "--default-max-tokens",
+        type=positive_int,
+        default=serve_defaults.CHAT_MAX_TOKENS,
+        help="max_tokens of chat requests",
+    )
+    sv.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=serve_defaults.DRAIN_TIMEOUT_S,
+        help="seconds open streams get at shutdown",
+    )
     _add_model_dtypes(sv)
     sv.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider")
     sv.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")

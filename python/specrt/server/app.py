@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specrt.generate import Decoder
 from specrt.scheduler import DEFAULT_MAX_QUEUE, Scheduler
+from specrt.server import defaults
 from specrt.server.chat import chat_completions
 from specrt.server.completions import completions
 from specrt.server.context import ServerContext, card, model_not_found, unavailable
@@ -43,9 +44,9 @@ def create_app(
     *,
     model_name: str,
     max_queue: int = DEFAULT_MAX_QUEUE,
-    request_timeout_s: float | None = 600.0,
-    num_speculative_tokens: int | str = "auto",
-    default_max_tokens: int = 256,
+    request_timeout_s: float | None = defaults.REQUEST_TIMEOUT_S,
+    num_speculative_tokens: int | str = defaults.NUM_SPECULATIVE_TOKENS,
+    default_max_tokens: int = defaults.CHAT_MAX_TOKENS,
 ) -> Any:
     """The FastAPI app serving ``decoder`` as ``model_name``.
 
@@ -55,7 +56,7 @@ def create_app(
         max_queue: generations that may wait (a request queues one per choice: prompts x n); a request whose
             choices do not all fit now gets 429, one with more choices than ``max_queue`` a 400.
         request_timeout_s: seconds from arrival after which a request ends (504 / an error event); None = no limit.
-        num_speculative_tokens: K of requests that do not set it (an int 0..64 or ``"auto"``).
+        num_speculative_tokens: K of requests that do not set it (an int 0..``_specrt.MAX_DRAFT_TOKENS`` or ``"auto"``).
         default_max_tokens: ``max_tokens`` of chat requests that set neither it nor ``max_completion_tokens``
             (completions default to OpenAI's 16).
 
@@ -175,7 +176,12 @@ def _version() -> str:
 
 
 def run_server(
-    app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", drain_timeout_s: float = 60.0
+    app: Any,
+    *,
+    host: str = defaults.HOST,
+    port: int = defaults.PORT,
+    log_level: str = "info",
+    drain_timeout_s: float = defaults.DRAIN_TIMEOUT_S,
 ) -> None:
     """Serve ``app`` with uvicorn until SIGINT / SIGTERM; then stop accepting and drain (at most
     ``drain_timeout_s`` seconds for open streams)."""

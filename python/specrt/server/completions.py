@@ -10,6 +10,7 @@ from fastapi import Request
 
 from specrt.generate import GenerationResult, StreamChunk
 from specrt.server.context import ServerContext, parsed, rejected
+from specrt.server.defaults import COMPLETIONS_MAX_TOKENS
 from specrt.server.generation import Choice, offsets, reply, submit_all, token_text, whole_text
 from specrt.server.policy import BadFieldError, check_policy
 from specrt.server.prompts import completion_prompts
@@ -30,9 +31,9 @@ async def completions(ctx: ServerContext, request: Request) -> Any:
                 "max_tokens 0 scores the prompt only: it needs echo true and stream false (accepted otherwise: "
                 "max_tokens >= 1)",
             )
-        # OpenAI's default of 16 tokens is a request setting like any other: too long a prompt for it is an error.
+        # OpenAI's default (16 tokens) is a request setting like any other: too long a prompt for it is an error.
         # Scoring only generates one token (the engine always does), which is neither returned nor counted.
-        kw = settings_of(ctx, req, 16 if req.max_tokens is None else max(req.max_tokens, 1))
+        kw = settings_of(ctx, req, COMPLETIONS_MAX_TOKENS if req.max_tokens is None else max(req.max_tokens, 1))
         constrain(ctx, req, kw)
         prompts, texts = completion_prompts(ctx, req)
     except BadFieldError as e:

@@ -43,10 +43,13 @@ use crate::adaptive::{is_forced, AutoK, KController};
 use crate::backend::{BatchBackend, BatchRow};
 use crate::constrained::{ConstrainedProposal, ConstrainedScratch, Proposer};
 use crate::constraint::{mask_words, Constraint};
-use crate::engine::{ms_since, GenerationConfig, GenerationOutput, Request, StepOutput};
 use crate::error::{Result, SpecError};
 use crate::ngram::NgramProposer;
 use crate::prefix::{PrefixPool, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING};
+use crate::request::{
+    ms_since, GenerationConfig, GenerationOutput, PromptLogprobs, Request, StepOutput,
+};
+use crate::request_engine::{id_in_use, RequestEngine, RowStep};
 use crate::sampling::Sampler;
 use crate::stats::Stats;
 use crate::verify::{Verification, VerifyMode};
@@ -122,17 +125,6 @@ impl Default for BatchOptions {
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
         }
     }
-}
-
-/// What one row committed in a round.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct RowStep {
-    /// The request's id (as given to [`BatchEngine::add`]).
-    pub id: u64,
-    /// The committed tokens (empty when the row failed).
-    pub out: StepOutput,
-    /// Set when this row failed in the round (it has left the batch).
-    pub error: Option<SpecError>,
 }
 
 /// One request in the batch.
@@ -324,7 +316,7 @@ impl BatchEngine {
         constraint: Option<Box<dyn Constraint>>,
     ) -> Result<()> {
         if self.knows(id) {
-            return Err(crate::requests::id_in_use(id));
+            return Err(id_in_use(id));
         }
         let mut req = Request::new(prompt, cfg, self.vocab, self.max_seq_len())?;
         req.controller = None; // the batch chooses K
@@ -1200,5 +1192,69 @@ fn pool_acceptance(accept_probs: &[f32], forced_bits: u64, pooled: &mut (Vec<f32
         } else {
             pooled.0.push(a);
         }
+    }
+}
+
+impl RequestEngine for BatchEngine {
+    fn add_with(
+        &mut self,
+        id: u64,
+        prompt: &[u32],
+        cfg: GenerationConfig,
+        constraint: Option<Box<dyn Constraint>>,
+    ) -> Result<()> {
+        BatchEngine::add_with(self, id, prompt, cfg, constraint)
+    }
+
+    fn step(&mut self) -> Result<Vec<RowStep>> {
+        BatchEngine::step(self).map(<[RowStep]>::to_vec)
+    }
+
+    fn cancel(&mut self, id: u64) -> Result<bool> {
+        BatchEngine::cancel(self, id)
+    }
+
+    fn stop_at(&mut self, id: u64, n_keep: usize) -> Result<()> {
+        BatchEngine::stop_at(self, id, n_keep)
+    }
+
+    fn take_output(&mut self, id: u64) -> Option<GenerationOutput> {
+        BatchEngine::take_output(self, id)
+    }
+
+    fn prompt_logprobs(&self, id: u64) -> Option<&PromptLogprobs> {
+        BatchEngine::prompt_logprobs(self, id)
+    }
+
+    fn stats(&self, id: u64) -> Option<&Stats> {
+        BatchEngine::stats(self, id)
+    }
+
+    fn vocab_size(&self) -> usize {
+        BatchEngine::vocab_size(self)
+    }
+
+    fn has_draft(&self) -> bool {
+        BatchEngine::has_draft(self)
+    }
+
+    fn max_seq_len(&self) -> usize {
+        BatchEngine::max_seq_len(self)
+    }
+
+    fn max_batch(&self) -> usize {
+        BatchEngine::max_batch(self)
+    }
+
+    fn n_running(&self) -> usize {
+        BatchEngine::n_running(self)
+    }
+
+    fn n_waiting(&self) -> usize {
+        BatchEngine::n_waiting(self)
+    }
+
+    fn is_idle(&self) -> bool {
+        BatchEngine::is_idle(self)
     }
 }

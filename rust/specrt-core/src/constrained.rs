@@ -10,8 +10,8 @@
 use std::time::Instant;
 
 use crate::constraint::{apply_mask, mask_allows, mask_words, Constraint};
-use crate::engine::{ms_since, FinishReason, Request, MAX_FORCED_PER_ROUND};
 use crate::error::{Result, SpecError};
+use crate::request::{ms_since, FinishReason, Request, MAX_FORCED_PER_ROUND};
 use crate::sampling::{Fault, Sampler};
 use crate::verify::MAX_DRAFT_TOKENS;
 

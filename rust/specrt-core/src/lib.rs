@@ -16,7 +16,8 @@ pub mod engine;
 pub mod error;
 pub mod ngram;
 pub mod prefix;
-pub mod requests;
+pub mod request;
+pub mod request_engine;
 pub mod rng;
 pub mod sampling;
 pub mod single_stream;
@@ -28,19 +29,20 @@ pub mod vocab;
 
 pub use adaptive::{AutoK, KController, PinnedCosts, RoundKind};
 pub use backend::{Backend, BatchBackend, BatchRow};
-pub use batch::{BatchEngine, BatchOptions, RowStep, DEFAULT_MAX_PREFILL_TOKENS};
+pub use batch::{BatchEngine, BatchOptions, DEFAULT_MAX_PREFILL_TOKENS};
 pub use constraint::{apply_mask, mask_allows, mask_set, mask_words, next_mask, Constraint};
 pub use coupled::CoupledNoise;
-pub use engine::{
-    check_prompt, Engine, FinishReason, GenerationConfig, GenerationOutput, NgramConfig,
-    PromptLogprobs, StepOutput, TokenSource, PROMPT_LOGPROBS_CHUNK,
-};
+pub use engine::Engine;
 pub use error::{Result, SpecError};
 pub use ngram::{NgramProposer, MAX_NGRAM_LEN};
 pub use prefix::{
     common_prefix_len, PrefixReuse, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING,
 };
-pub use requests::RequestEngine;
+pub use request::{
+    check_prompt, FinishReason, GenerationConfig, GenerationOutput, NgramConfig, PromptLogprobs,
+    StepOutput, TokenSource, PROMPT_LOGPROBS_CHUNK,
+};
+pub use request_engine::{RequestEngine, RowStep};
 pub use rng::{PcgState, Rng};
 pub use sampling::{PenaltyContext, Sampler, SamplingParams, MAX_TOP_LOGPROBS};
 pub use single_stream::SingleStream;

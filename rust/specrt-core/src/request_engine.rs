@@ -7,11 +7,21 @@
 //! at a time on an [`crate::Engine`]: structured output, CUDA graphs and prefix reuse between generations as the
 //! single-stream engine has them; later requests wait their turn).
 
-use crate::batch::RowStep;
 use crate::constraint::Constraint;
-use crate::engine::{GenerationConfig, GenerationOutput, PromptLogprobs};
 use crate::error::{Result, SpecError};
+use crate::request::{GenerationConfig, GenerationOutput, PromptLogprobs, StepOutput};
 use crate::stats::Stats;
+
+/// What one row committed in a round.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RowStep {
+    /// The request's id (as given to [`BatchEngine::add`]).
+    pub id: u64,
+    /// The committed tokens (empty when the row failed).
+    pub out: StepOutput,
+    /// Set when this row failed in the round (it has left the batch).
+    pub error: Option<SpecError>,
+}
 
 /// An engine of requests under ids (see the module docs). Ids are the caller's, unique among requests not yet
 /// taken with [`RequestEngine::take_output`] or cancelled.
@@ -82,70 +92,6 @@ pub trait RequestEngine: Send {
     /// Whether nothing is running or waiting.
     fn is_idle(&self) -> bool {
         self.n_running() == 0 && self.n_waiting() == 0
-    }
-}
-
-impl RequestEngine for crate::BatchEngine {
-    fn add_with(
-        &mut self,
-        id: u64,
-        prompt: &[u32],
-        cfg: GenerationConfig,
-        constraint: Option<Box<dyn Constraint>>,
-    ) -> Result<()> {
-        crate::BatchEngine::add_with(self, id, prompt, cfg, constraint)
-    }
-
-    fn step(&mut self) -> Result<Vec<RowStep>> {
-        crate::BatchEngine::step(self).map(<[RowStep]>::to_vec)
-    }
-
-    fn cancel(&mut self, id: u64) -> Result<bool> {
-        crate::BatchEngine::cancel(self, id)
-    }
-
-    fn stop_at(&mut self, id: u64, n_keep: usize) -> Result<()> {
-        crate::BatchEngine::stop_at(self, id, n_keep)
-    }
-
-    fn take_output(&mut self, id: u64) -> Option<GenerationOutput> {
-        crate::BatchEngine::take_output(self, id)
-    }
-
-    fn prompt_logprobs(&self, id: u64) -> Option<&PromptLogprobs> {
-        crate::BatchEngine::prompt_logprobs(self, id)
-    }
-
-    fn stats(&self, id: u64) -> Option<&Stats> {
-        crate::BatchEngine::stats(self, id)
-    }
-
-    fn vocab_size(&self) -> usize {
-        crate::BatchEngine::vocab_size(self)
-    }
-
-    fn has_draft(&self) -> bool {
-        crate::BatchEngine::has_draft(self)
-    }
-
-    fn max_seq_len(&self) -> usize {
-        crate::BatchEngine::max_seq_len(self)
-    }
-
-    fn max_batch(&self) -> usize {
-        crate::BatchEngine::max_batch(self)
-    }
-
-    fn n_running(&self) -> usize {
-        crate::BatchEngine::n_running(self)
-    }
-
-    fn n_waiting(&self) -> usize {
-        crate::BatchEngine::n_waiting(self)
-    }
-
-    fn is_idle(&self) -> bool {
-        crate::BatchEngine::is_idle(self)
     }
 }
 

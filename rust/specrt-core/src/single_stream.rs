@@ -5,13 +5,13 @@
 
 use std::collections::VecDeque;
 
-use crate::batch::RowStep;
 use crate::constraint::Constraint;
-use crate::engine::{
-    check_prompt, Engine, GenerationConfig, GenerationOutput, PromptLogprobs, StepOutput,
-};
+use crate::engine::Engine;
 use crate::error::{Result, SpecError};
-use crate::requests::RequestEngine;
+use crate::request::{
+    check_prompt, GenerationConfig, GenerationOutput, PromptLogprobs, StepOutput,
+};
+use crate::request_engine::{RequestEngine, RowStep};
 use crate::stats::Stats;
 
 /// A request waiting for its turn.
@@ -81,7 +81,7 @@ impl RequestEngine for SingleStream {
         constraint: Option<Box<dyn Constraint>>,
     ) -> Result<()> {
         if self.knows(id) {
-            return Err(crate::requests::id_in_use(id));
+            return Err(crate::request_engine::id_in_use(id));
         }
         // The checks Engine::start makes, now, so a bad request is refused before it queues.
         cfg.validate()?;

@@ -440,7 +440,14 @@ mod tests {
             matches!(&err, SpecError::Vocab(m) if m.contains("other") && m.contains("3 tokens")),
             "{err}"
         );
-        check_same_vocabulary(&t, &tmp.path().join("none/model.onnx")).unwrap();
+        // A draft without the tokenizer its target has cannot be checked: refused, naming the missing file.
+        let err = check_same_vocabulary(&t, &tmp.path().join("none/model.onnx")).unwrap_err();
+        assert!(
+            matches!(&err, SpecError::Io(m) if m.contains("none/tokenizer.json not found")),
+            "{err}"
+        );
+        // Without a target tokenizer there is nothing to compare.
+        check_same_vocabulary(&tmp.path().join("none/model.onnx"), &t).unwrap();
     }
 
     #[test]

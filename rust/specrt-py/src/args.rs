@@ -9,7 +9,7 @@ use specrt_ort::{OrtOptions, Provider};
 
 use crate::arrays::{f32_1d, token_ids};
 use crate::errors::to_pyerr;
-use crate::sampling::PyRng;
+use crate::rng::PyRng;
 
 /// How the sampling functions word the valid `top_k` range in their `ConfigError`.
 pub const TOP_K_RANGE: &str = "an integer 0 <= top_k < 2**32; 0 = off";

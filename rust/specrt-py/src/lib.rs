@@ -13,6 +13,7 @@ pub mod errors;
 mod options;
 mod outputs;
 mod request;
+mod rng;
 mod runtime;
 mod sampling;
 mod text;

@@ -1,83 +1,14 @@
-//! Python wrappers of `specrt_core::sampling` and `specrt_core::rng`: `Rng`, `sample`, `sample_draft`,
-//! `process_logits`, `log_softmax_at`. Convert, call the core, convert back.
+//! Python wrappers of `specrt_core::sampling`: `sample`, `sample_draft`, `process_logits`, `log_softmax_at`.
+//! Convert, call the core, convert back.
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use specrt_core::rng::PcgState;
-use specrt_core::{Rng, Sampler, SpecError};
+use specrt_core::{Sampler, SpecError};
 
 use crate::args::{logits_row, penalties_from, with_stream, SamplingArgs};
 use crate::arrays::as_slice;
 use crate::errors::{run_kernel, to_pyerr};
-
-/// A seeded PCG64 random stream, the twin of `numpy.random.PCG64` (see `specrt.reference.numpy_generator`).
-///
-/// Passed as `rng=` to `sample` / `sample_draft` / `verify`, it is advanced in place, so successive calls continue
-/// one stream.
-#[pyclass(module = "specrt._specrt", name = "Rng")]
-#[derive(Clone)]
-pub struct PyRng {
-    pub(crate) inner: Rng,
-}
-
-#[pymethods]
-impl PyRng {
-    /// Create a stream from a 64-bit seed (splitmix64 -> `rand_pcg::Pcg64::new`, reproduced by
-    /// `specrt.reference.pcg_state_from_seed`).
-    ///
-    /// Args:
-    ///     seed: integer in [0, 2**64).
-    #[new]
-    #[pyo3(text_signature = "(seed)")]
-    fn new(seed: u64) -> Self {
-        Self {
-            inner: Rng::seed_from_u64(seed),
-        }
-    }
-
-    /// Create a stream at an exact PCG64 state.
-    ///
-    /// Args:
-    ///     state: 128-bit LCG state.
-    ///     inc: 128-bit odd increment.
-    ///
-    /// Raises:
-    ///     ConfigError: `inc` is even.
-    #[staticmethod]
-    #[pyo3(text_signature = "(state, inc)")]
-    fn from_state(state: u128, inc: u128) -> PyResult<Self> {
-        Ok(Self {
-            inner: Rng::from_state(PcgState { state, inc }).map_err(to_pyerr)?,
-        })
-    }
-
-    /// The current `(state, inc)`; NumPy's `PCG64.state["state"]` takes them as `{"state": .., "inc": ..}`.
-    #[getter]
-    fn state(&self) -> (u128, u128) {
-        let s = self.inner.state();
-        (s.state, s.inc)
-    }
-
-    /// Next raw 64-bit output (NumPy `PCG64.random_raw()`).
-    fn next_u64(&mut self) -> u64 {
-        self.inner.next_u64()
-    }
-
-    /// Next uniform float in [0, 1) (NumPy `Generator(PCG64).random()`).
-    fn random(&mut self) -> f64 {
-        self.inner.next_f64()
-    }
-
-    /// An independent copy at the same state (a checkpoint).
-    fn copy(&self) -> Self {
-        self.clone()
-    }
-
-    fn __repr__(&self) -> String {
-        let s = self.inner.state();
-        format!("Rng(state=0x{:032x}, inc=0x{:032x})", s.state, s.inc)
-    }
-}
+use crate::rng::PyRng;
 
 /// Sample one token from a row of logits (a target-only step).
 ///

@@ -6,7 +6,7 @@ use specrt_core::{LastToken, Sampler, SpecError, Verification, VerifyMode};
 use crate::args::{penalties_from, with_stream, SamplingArgs};
 use crate::arrays::{as_slice, f32_2d, token_ids};
 use crate::errors::{run_kernel, to_pyerr};
-use crate::sampling::PyRng;
+use crate::rng::PyRng;
 
 /// The result of one verification round. Output tokens = accepted + one recovered or bonus token.
 #[pyclass(module = "specrt._specrt", name = "Verification", frozen, get_all)]

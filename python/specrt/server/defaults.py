@@ -1,0 +1,21 @@
+"""The defaults of ``specrt serve`` (one definition: the CLI's flags, :func:`specrt.server.create_app` and
+:func:`specrt.server.run_server` read them). Importing this module loads no web framework.
+
+Defaults that differ on purpose from the Decoder's (``_specrt.request_defaults()``: 128 new tokens, K = 4): a server
+picks K per request (``"auto"``), chat requests get 256 tokens and completions OpenAI's 16."""
+
+from __future__ import annotations
+
+#: K of requests that set no ``num_speculative_tokens``: the cost-model controller picks it per round.
+NUM_SPECULATIVE_TOKENS: int | str = "auto"
+#: ``max_tokens`` of chat requests that set neither it nor ``max_completion_tokens``.
+CHAT_MAX_TOKENS = 256
+#: ``max_tokens`` of completions requests that do not set it (OpenAI's default).
+COMPLETIONS_MAX_TOKENS = 16
+#: Seconds from a request's arrival after which it ends (504, or an error event once streaming).
+REQUEST_TIMEOUT_S = 600.0
+#: Seconds open streams get to finish at shutdown.
+DRAIN_TIMEOUT_S = 60.0
+#: Address and TCP port the server listens on.
+HOST = "127.0.0.1"
+PORT = 8000
