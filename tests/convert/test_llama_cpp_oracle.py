@@ -1,0 +1,146 @@
+"""llama.cpp as an independent oracle of the converted families (issue 41): specrt's fp32 logits of each family's
+tiny random-weight GGUF (family_checks.FAMILIES, every structural feature on: llama.cpp's permuted q/k rows,
+qwen2's q/k/v biases, qwen3's q/k norms and head_dim of its own, llama3's ``rope_freqs`` scaling, mistral's head_dim
+16 under a 128 / 4 split and its window), from the GGUF and from the same weights as a Hugging Face folder, equal
+llama.cpp's logits of the GGUF over a prefill, a chunk on the cache, a rollback and a one-token step.
+
+llama.cpp is llama-cpp-python built from the sdist ``specrt bench``'s llama.cpp peer uses, in a venv of its own
+(benches/peers/setup_llama_cpp_python.sh; CI builds it, cached); it runs in a subprocess
+(tests/convert/llama_cpp_worker.py), never in this process. The tests skip, saying how to build it, where that venv
+is missing.
+
+Weights are F32 on both sides: with quantized matrices llama.cpp also quantizes the activations (Q8_0 x Q8_0 dot
+products), specrt's fp32 graph does not, so the two would differ by quantization, not by rounding.
+
+Sliding windows: llama.cpp reads no ``attention.sliding_window`` for ``llama`` files (its llama graph has no SWA;
+Mistral GGUFs are ``llama`` files), so a Mistral GGUF runs with full attention in llama.cpp. The mistral comparison
+therefore uses a window of 16, longer than the 12 positions of the steps (specrt's graph has the window, it drops
+nothing), and a test shows what llama.cpp does with a window of 5: it equals specrt with the window removed and is
+far from specrt with it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_convert_formats import IDS
+
+from family_checks import FAMILIES, convert_changed, tolerance
+from specrt.convert import convert
+from specrt.convert.tiny import write_hf_folder, write_tiny_gguf
+
+WORKER = Path(__file__).with_name("llama_cpp_worker.py")
+SETUP = "bash benches/peers/setup_llama_cpp_python.sh"
+#: (n_past, tokens): a prefill of 6, a 4-token chunk on that cache, a rollback of 2 with 3 other tokens, a step.
+STEPS = [(0, IDS[:6]), (6, IDS[6:10]), (8, [1, 2, 3]), (11, [9])]
+N_POSITIONS = 12
+#: Each family's GGUF for the oracle: FAMILIES with F32 matrices (mistral's window longer than the steps: above).
+ORACLE = {name: dict(kw, matrix_type="F32", embed_type="F32") for name, kw in FAMILIES.items()}
+ORACLE["mistral"]["sliding_window"] = 16
+#: A converter that drops or misreads each family's feature (``ModelSpec`` fields), which the oracle must catch.
+BROKEN = {
+    "llama": {"rope_theta": 20000.0},  # the wrong rotary base
+    "qwen2": {"qkv_bias": False},
+    "qwen3": {"qk_norm": False},
+    "llama3": {"rope_freq_factors": None},
+    "mistral": {"sliding_window": 4},  # a misread window, 4 instead of 16
+}
+
+# Tolerance, from fp32 rounding: both sides compute in float32 (unit roundoff u = 2^-24 ~ 6e-8) in different orders
+# (ggml's dot products vs ONNX Runtime's MLAS GEMMs, each exp and softmax of its own). A sum of n <= 128 terms is off
+# by at most n * u ~ 7.6e-6 of the sum of its |terms|; a logit goes through about 13 such reductions in a row (per
+# layer: RMSNorm, q/k/v, q.k, softmax, attention x v, o, RMSNorm, gate/up, down; then the final norm and the head), so
+# the worst case is ~1e-4 of the logits' scale. That is family_checks.tolerance, the NumPy reference tests' rule:
+# 1e-4 of the step's largest |logit| (floor 1e-3). Rounding errors add up as a random walk, not all one way: the
+# measured errors are 0.4-4% of it (printed), a broken converter is off by hundreds of tolerances or more.
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_python() -> Path:
+    """The venv python of benches/peers/setup_llama_cpp_python.sh; skip when it is not built."""
+    from specrt.bench.peers import LLAMA_CPP_PYTHON_VERSION
+    from specrt.models import cache_dir
+
+    root = cache_dir() / "llama-cpp-python" / LLAMA_CPP_PYTHON_VERSION
+    python = root / "venv" / "bin" / "python"
+    if not ((root / "built").is_file() and python.is_file()):
+        pytest.skip(f"llama.cpp (llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}) is not built in {root}: run {SETUP}")
+    return python
+
+
+def llama_cpp_logits(python: Path, gguf: Path) -> list[np.ndarray]:
+    """llama.cpp's float32 logits ``[len(tokens), vocab]`` of each of :data:`STEPS` on one cache."""
+    request = gguf.with_suffix(".request.json")
+    out = gguf.with_suffix(".llama_cpp.npz")
+    steps = [{"n_past": n_past, "tokens": tokens} for n_past, tokens in STEPS]
+    request.write_text(json.dumps({"model": str(gguf), "n_ctx": 64, "steps": steps}))
+    r = subprocess.run([str(python), str(WORKER), str(request), str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with np.load(out) as z:
+        return [z[f"step{i}"] for i in range(len(STEPS))]
+
+
+def specrt_logits(folder: Path) -> list[np.ndarray]:
+    """specrt's float32 logits (its ONNX Runtime model with its KV cache, ``OrtModel``) of each of :data:`STEPS`."""
+    from specrt._specrt import OrtModel
+
+    model = OrtModel(folder, max_seq_len=64)
+    return [model.forward(tokens, n_past, n_logits=len(tokens)) for n_past, tokens in STEPS]
+
+
+def step_errors(got: list[np.ndarray], want: list[np.ndarray]) -> list[float]:
+    """Max |got - want| of each step divided by its :func:`tolerance` (<= 1 passes)."""
+    assert [g.shape for g in got] == [w.shape for w in want]
+    return [float(np.abs(g - w).max()) / tolerance(w) for g, w in zip(got, want, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def oracle(llama_cpp_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list]]:
+    """family -> (its GGUF, llama.cpp's logits of it)."""
+    root = tmp_path_factory.mktemp("oracle")
+    out = {}
+    for name, kw in ORACLE.items():
+        gguf = write_tiny_gguf(root / f"{name}.gguf", seed=5, **kw)
+        out[name] = (gguf, llama_cpp_logits(llama_cpp_python, gguf))
+    return out
+
+
+@pytest.mark.parametrize("source", ["gguf", "hf"])
+@pytest.mark.parametrize("family", list(ORACLE))
+def test_fp32_logits_equal_llama_cpp(oracle: dict, tmp_path: Path, family: str, source: str) -> None:
+    gguf, want = oracle[family]
+    scaling = ORACLE[family].get("rope_scaling_llama3")
+    hf_kw = {"rope_scaling": {"rope_type": "llama3", **scaling}} if scaling else {}
+    src = gguf if source == "gguf" else write_hf_folder(gguf, tmp_path / "hf", **hf_kw)
+    folder = convert(src, tmp_path / "onnx", progress=False)
+    got = specrt_logits(folder)
+    errors = step_errors(got, want)
+    print(f"{family} {source}: max error / tolerance per step {[round(e, 4) for e in errors]}")
+    assert max(errors) <= 1, errors
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g.argmax(-1), w.argmax(-1))
+
+
+@pytest.mark.parametrize("family", list(ORACLE))
+def test_a_broken_converter_fails_the_oracle(oracle: dict, tmp_path: Path, family: str) -> None:
+    gguf, want = oracle[family]
+    errors = step_errors(specrt_logits(convert_changed(gguf, tmp_path / "broken", **BROKEN[family])), want)
+    print(f"{family} with {BROKEN[family]}: max error / tolerance per step {[round(e) for e in errors]}")
+    assert min(errors) > 10, errors  # every step off by more than 10 tolerances
+
+
+def test_llama_cpp_runs_a_mistral_gguf_without_its_window(llama_cpp_python: Path, tmp_path: Path) -> None:
+    """What llama.cpp does with a Mistral GGUF whose window (5) is shorter than the steps: full attention. Its logits
+    equal specrt's of the same file converted without the window and are far from specrt's with it at every step
+    (each step has a position >= 5, where a window of 5 drops keys; specrt follows the window, as transformers)."""
+    gguf = write_tiny_gguf(tmp_path / "m.gguf", seed=5, **dict(ORACLE["mistral"], sliding_window=5))
+    want = llama_cpp_logits(llama_cpp_python, gguf)
+    full = specrt_logits(convert_changed(gguf, tmp_path / "full", sliding_window=None))
+    assert max(step_errors(full, want)) <= 1
+    errors = step_errors(specrt_logits(convert(gguf, tmp_path / "windowed", progress=False)), want)
+    print(f"mistral, window 5, specrt vs llama.cpp: max error / tolerance per step {[round(e) for e in errors]}")
+    assert min(errors) > 10, errors
