@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["pytester"]  # tests/test_leaks.py runs inner pytest sessions with this file as their conftest
+pytest_plugins = ["pytester"]  # tests/engine/test_leaks.py runs inner pytest sessions with this file as their conftest
 
 settings.register_profile(
     "specrt", max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
@@ -28,7 +28,7 @@ settings.load_profile("specrt")
 # reference cycle is only freed by the garbage collector, which runs whenever it likes: in some later test, which
 # then fails for another test's leak. So collect at the end of every test: a leak in the test body fails that test
 # (the collection runs inside the call phase), a leak in a fixture's teardown errors that test's teardown. Run
-# `python -X tracemalloc=20 -m pytest ...` to see where a leaked object was allocated. (tests/test_leaks.py)
+# `python -X tracemalloc=20 -m pytest ...` to see where a leaked object was allocated. (tests/engine/test_leaks.py)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

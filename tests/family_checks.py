@@ -1,4 +1,5 @@
-"""Checks every converter family runs the same way (tests/test_qwen3.py, tests/test_llama3.py, ...): a GGUF copied with
+"""Checks every converter family runs the same way (tests/convert/test_qwen3.py, test_llama3.py, ...): a GGUF
+copied with
 some tensors dropped or changed (for error tests), a tiny target / truncated-draft pair in each attention form, greedy
 speculative decoding against the target alone, and the seeded Monte Carlo losslessness certificate with the broken
 sampler it must catch."""

@@ -12,7 +12,7 @@
 # Checks, in order (time limits in seconds, environment overrides):
 #   1. one-ort (30)        a CUDA forward in a process where the image's onnxruntime is importable: no `onnxruntime`
 #                          module and no onnxruntime_pybind11_state mapped afterwards, one libonnxruntime mapped
-#   2. pytest (GPU_TEST_S=180)  tests/test_gpu.py and the gpu test of tests/test_bench_cuda.py (CUDA graphs included)
+#   2. pytest (GPU_TEST_S=180)  tests/gpu/test_gpu.py and the gpu test of tests/gpu/test_bench_cuda.py (CUDA graphs included)
 #   3. graph-speed (GPU_SPEED_S=160)  benches/gpu/graph_speed.py on the Qwen2.5-Coder 1.5B / 0.5B shapes: step costs
 #                          with graphs off / on / on with ONNX Runtime copies, t(n), predictions, end-to-end runs
 #   4. graph-speed-7b (GPU_7B_S=100)  the 7B target's costs and the prediction with the 0.5B draft's costs of step 3
@@ -151,10 +151,10 @@ if [[ $DRY != 1 && ${results[0]} != rc=0* ]]; then
   names+=("LD_LIBRARY_PATH fallback"); results+=("rc=1 (specrt's preload failed; later checks ran with it)")
 fi
 if [[ $DRY == 1 ]]; then
-  check pytest "${GPU_TEST_S:-180}" "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_bench_cuda.py
+  check pytest "${GPU_TEST_S:-180}" "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu.py tests/gpu/test_bench_cuda.py
 else
-  check pytest "${GPU_TEST_S:-180}" "$PY" -m pytest -m gpu -q -p no:cacheprovider -x --timeout 120 tests/test_gpu.py \
-    tests/test_bench_cuda.py
+  check pytest "${GPU_TEST_S:-180}" "$PY" -m pytest -m gpu -q -p no:cacheprovider -x --timeout 120 tests/gpu/test_gpu.py \
+    tests/gpu/test_bench_cuda.py
 fi
 wait_ready() {  # wait until the background writer marked a pair ready (bounded by the check's limit)
   # (or until the writer is gone: graph_speed.py then writes what is missing itself, or fails naming it)

@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension ``specrt._specrt`` (hand-written; sections per binding file).
 
-Checked against the built module by ``python -m mypy.stubtest specrt._specrt`` (tests/test_stubs.py). Every pyo3
+Checked against the built module by ``python -m mypy.stubtest specrt._specrt`` (tests/cli/test_stubs.py). Every pyo3
 class is ``@final`` (pyo3 classes cannot be subclassed) and is built by ``__new__`` (pyo3's ``#[new]``), so
 constructors are stubbed as ``__new__``; read-only attributes (``#[getter]``, ``get_all``) are properties.
 """

@@ -33,7 +33,7 @@ def _unescape(value: str) -> str:
 
 
 #: ``--dtype`` values: specrt.convert.SUPPORTED_DTYPES, spelled out so that building the parser does not import the
-#: converter (and onnx); tests/test_cli_help.py checks that the two agree.
+#: converter (and onnx); tests/cli/test_cli_help.py checks that the two agree.
 DTYPES = ("fp32", "fp16", "int4", "int8")
 _DTYPE_HELP = "fp32 (exact), fp16 (CUDA), int4 (fast CPU) or int8 (close to fp32)"
 

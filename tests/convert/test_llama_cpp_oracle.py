@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_convert_formats import IDS
 
 from family_checks import FAMILIES, convert_changed, tolerance
 from specrt.convert import convert
 from specrt.convert.tiny import write_hf_folder, write_tiny_gguf
+from test_convert_formats import IDS
 
 WORKER = Path(__file__).with_name("llama_cpp_worker.py")
 SETUP = "bash benches/peers/setup_llama_cpp_python.sh"

@@ -55,7 +55,7 @@ IR_VERSION = 8
 #: Oldest onnxruntime that runs a sliding-window model's GroupQueryAttention forms right: 1.24 made
 #: ``local_window_size`` w admit w keys, the query's own included (microsoft/onnxruntime#25927, "Fix Local Attention
 #: off by 1 bug"); 1.20-1.23 admit w + 1 (measured on the CPU wheels 1.20.1, 1.22.0 and 1.23.2 against 1.24.1 and
-#: 1.32.0: tests/test_mistral.py pins the installed one).
+#: 1.32.0: tests/convert/test_mistral.py pins the installed one).
 MIN_ONNXRUNTIME_WINDOW = "1.24"
 _ALIGN_BIG = 4096  # page alignment lets onnxruntime memory-map large initializers
 _ALIGN_SMALL = 64

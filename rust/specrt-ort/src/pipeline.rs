@@ -17,7 +17,7 @@
 //! [`Pipeline::generate_ids_text_stream`]): the target folder's `tokenizer.json` (`specrt-text`, the same
 //! tokenizers version as Python's), stop strings ([`GenerationRequest::stop`]; they may end mid-token) and
 //! incremental detokenization that never shows a partial UTF-8 character, with the same text and token ids as
-//! Python's `Decoder` (tests/test_rust_parity.py). Token ids in, token ids out: [`Pipeline::generate`]. Batched
+//! Python's `Decoder` (tests/engine/test_rust_parity.py). Token ids in, token ids out: [`Pipeline::generate`]. Batched
 //! decoding from Rust is not here yet (Python's `Scheduler` drives the batched engine).
 //!
 //! KV memory: [`OrtOptions::new`] sets `max_seq_len = Some(4096)` ([`crate::DEFAULT_MAX_SEQ_LEN`], capped by the

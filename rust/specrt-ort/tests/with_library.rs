@@ -1,6 +1,6 @@
 //! Tests that need the ONNX Runtime library and a tiny model. They run only when `SPECRT_ORT_LIBRARY` (absolute
 //! path of libonnxruntime.so.1.x) and `SPECRT_TEST_MODEL` (a contract-layout model folder, e.g. built by
-//! `tests/fixtures/tiny_decoders.py`) are set; otherwise they return early. The full suite is `tests/test_ort_backend.py`.
+//! `tests/fixtures/tiny_decoders.py`) are set; otherwise they return early. The full suite is `tests/engine/test_ort_backend.py`.
 
 use std::path::PathBuf;
 

@@ -60,7 +60,7 @@ impl RequestConfig {
         top_logprobs=0, prompt_logprobs=None, min_tokens=0, _fault=None
     ),
     // Spelled out because pyo3 shows the `vec![]` defaults as `...`: keep it in step with `signature` (stubtest
-    // compares it with `_specrt.pyi`, tests/test_stubs.py).
+    // compares it with `_specrt.pyi`, tests/cli/test_stubs.py).
     text_signature = "(*, max_new_tokens, num_speculative_tokens=4, temperature=1.0, top_k=0, top_p=1.0, \
         min_p=0.0, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, seed=0, eos_token_ids=(), \
         stop_token_ids=(), ignore_eos=False, auto_k=False, pinned_c_draft=None, pinned_c_verify=None, \

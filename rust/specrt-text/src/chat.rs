@@ -22,7 +22,7 @@
 //! minijinja's formatting (`true`, `none`, `{"a": 1}`) where Python would write `True`, `None`, `{'a': 1}`;
 //! `'...'|safe + x` does not HTML-escape `x` (jinja2's `Markup.__add__` does, even without auto-escaping: llama.cpp's
 //! functionary-medium-v3.1 template is the one case seen); unknown filters and tests are reported when reached rather
-//! than when the template is compiled. `tests/test_chat_template.py` compares both on the registry's templates and
+//! than when the template is compiled. `tests/text/test_chat_template.py` compares both on the registry's templates and
 //! llama.cpp's `models/templates` collection.
 
 use std::fmt::Write as _;

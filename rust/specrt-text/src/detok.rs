@@ -10,7 +10,7 @@
 //! # What the text is
 //! The text is always the whole generated sequence decoded at once (`tokenizers`' `decode(tokens,
 //! skip_special_tokens)`), and the emitted chunks are slices of it, exactly as the Python `_Assembler` this
-//! replaces (`python/specrt/generate.py` before the port; `tests/test_text.py` keeps that algorithm as its oracle).
+//! replaces (`python/specrt/generate.py` before the port; `tests/text/test_text.py` keeps that algorithm as its oracle).
 //! Python counted code points; here positions are bytes, with the code-point bookkeeping kept where the result
 //! depends on it (the stop search starts `max stop length` characters before the text already sent; a chunk is
 //! `text[sent..end]` in characters even if a tokenizer rewrote earlier text), so the bytes emitted are identical.

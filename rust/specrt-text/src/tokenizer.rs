@@ -2,7 +2,7 @@
 //!
 //! [`Tokenizer`] is a cheap-to-clone handle (an `Arc`) shared by the `Decoder`, its text assemblers
 //! ([`crate::detok::TextAssembler`]) and the server. Encoding and decoding are the crate's own, the same version as
-//! the Python `tokenizers` package's (`tests/test_text.py` checks ids and text are identical), so nothing here
+//! the Python `tokenizers` package's (`tests/text/test_text.py` checks ids and text are identical), so nothing here
 //! re-implements tokenization; this module only adds the errors of [`SpecError`] and the facts the detokenizer
 //! needs (which ids are special, whether decoding is byte-level).
 
