@@ -526,7 +526,8 @@ def test_skip_special_tokens_false_keeps_special_tokens_but_not_the_eos_that_end
     client_for_policy, tiny_decoder
 ) -> None:
     c = client_for_policy
-    special = set(tiny_decoder._target.config["special_tokens"].values())
+    config = json.loads((tiny_decoder.target_path / "specrt_config.json").read_text())
+    special = set(config["special_tokens"].values())
     # A seed whose sample holds a special token before its end (ignore_eos: an EOS does not end it).
     for seed in range(200):
         r = tiny_decoder.generate(

@@ -13,7 +13,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from specrt.errors import ConfigError, GenerationCancelled, SpecrtError
+from specrt import _specrt
+from specrt.errors import ConfigError, GenerationCancelled, SequenceLengthError, SpecrtError
 from specrt.generate import GenerationResult, StreamChunk, check_request
 from specrt.scheduler import QueueFullError, RequestHandle, RequestTimeoutError, SchedulerClosedError
 from specrt.server.context import ServerContext, failure, model_not_found, outcome, rejected, unavailable
@@ -109,33 +110,29 @@ def submit_all(
             f"this server's queue (max_queue {ctx.scheduler.max_queue}); send fewer at a time",
             "n" if req.n > 1 else source,
         )
-    # Token ids and length are checked before queueing; the other settings when the request starts, before any
-    # response is sent (see _reply), so a bad request is a 400, not a failed stream.
+    # Token ids and length are checked before queueing (Rust's check_prompt: prompt + max_new_tokens within the
+    # maximum sequence length); the other settings when the request starts, before any response is sent (see
+    # reply), so a bad request is a 400, not a failed stream. The server's own default is capped to the room a
+    # prompt leaves (at least 1, so a prompt that fills the context is refused by the same check).
     budgets = []
     for k, ids in enumerate(prompts):
-        where = source if len(prompts) == 1 else f"{source}.{k}"
-        room = ctx.decoder.max_seq_len - len(ids)
-        if room < 1:
-            return rejected(
-                ctx,
-                endpoint,
-                f"{where}: {len(ids)} tokens leave no room to generate (maximum sequence length "
-                f"{ctx.decoder.max_seq_len})",
-                source,
-            )
+        budget = kw["max_new_tokens"]
         if max_tokens_field is None:
-            budgets.append(min(kw["max_new_tokens"], room))
-        elif kw["max_new_tokens"] > room:
-            return rejected(
-                ctx,
-                endpoint,
-                f"{max_tokens_field}: prompt of {len(ids)} tokens + {max_tokens_field} {kw['max_new_tokens']} "
-                f"exceeds the maximum sequence length {ctx.decoder.max_seq_len}"
-                + ("" if len(prompts) == 1 else f" ({where})"),
-                max_tokens_field,
+            budget = max(1, min(budget, ctx.decoder.max_seq_len - len(ids)))
+        try:
+            _specrt.resolve_request(
+                {"max_new_tokens": budget},
+                has_draft=ctx.decoder.draft_path is not None,
+                vocab_size=ctx.decoder.vocab_size,
+                prompt_ids=ids,
+                max_seq_len=ctx.decoder.max_seq_len,
             )
-        else:
-            budgets.append(kw["max_new_tokens"])
+        except SequenceLengthError as e:
+            where = "" if len(prompts) == 1 else f"{source}.{k}: "
+            # About the prompt when it fills the context alone, else about the field that set max_new_tokens.
+            full = len(ids) >= ctx.decoder.max_seq_len
+            return rejected(ctx, endpoint, f"{where}{e}", source if full else max_tokens_field or source)
+        budgets.append(budget)
     if ctx.scheduler.queue_length + n_total > ctx.scheduler.max_queue:  # all or none (nothing else submits meanwhile)
         ctx.metrics.requests.labels(endpoint, "rejected_queue_full").inc()
         return error_response(
