@@ -1,9 +1,10 @@
 """Locate the ONNX Runtime shared library that the Rust backend loads (``ort`` with ``load-dynamic``).
 
-The Rust side ``dlopen``s ``libonnxruntime.so.1.x`` by absolute path. We use the copy shipped inside the installed
-``onnxruntime`` (CPU) or ``onnxruntime-gpu`` wheel: ``<onnxruntime package>/capi/libonnxruntime.so.1.x``. Its CUDA
-provider library (``libonnxruntime_providers_cuda.so``, GPU wheel only) sits beside it and is found by ONNX Runtime
-from there. ``SPECRT_ORT_LIBRARY`` overrides the search.
+The Rust side ``dlopen``s ``libonnxruntime.so.1.x`` by absolute path, found by Rust's one search
+(``specrt_ort::discover``, :func:`find_ort_library`): usually the copy shipped inside the installed ``onnxruntime``
+(CPU) or ``onnxruntime-gpu`` wheel, ``<onnxruntime package>/capi/libonnxruntime.so.1.x``. Its CUDA provider library
+(``libonnxruntime_providers_cuda.so``, GPU wheel only) sits beside it and is found by ONNX Runtime from there.
+``SPECRT_ORT_LIBRARY`` overrides the search.
 """
 
 from __future__ import annotations
@@ -42,27 +43,28 @@ ORT_LIBRARY_ENV = "SPECRT_ORT_LIBRARY"
 _CUDA_PROVIDER = "libonnxruntime_providers_cuda.so"
 
 
-def _version_key(path: str) -> tuple[int, ...]:
-    """Sort key: the numeric suffix of ``libonnxruntime.so.1.32.0`` -> ``(1, 32, 0)``."""
-    suffix = os.path.basename(path).split(".so", 1)[-1]
-    return tuple(int(n) for n in re.findall(r"\d+", suffix))
-
-
-def _onnxruntime_capi_dir() -> str | None:
-    """The wheel's ``capi`` folder, found without importing onnxruntime (importing it loads a second ORT copy)."""
+def _onnxruntime_package_dir() -> str | None:
+    """The installed onnxruntime package folder, found without importing it (importing it loads a second ORT copy)."""
     spec = importlib.util.find_spec("onnxruntime")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return os.path.join(next(iter(spec.submodule_search_locations)), "capi")
+    return next(iter(spec.submodule_search_locations))
+
+
+def _onnxruntime_capi_dir() -> str | None:
+    """The wheel's ``capi`` folder (its libraries), or None without onnxruntime."""
+    package = _onnxruntime_package_dir()
+    return None if package is None else os.path.join(package, "capi")
 
 
 def find_ort_library(provider: str = "cpu") -> str:
     """Return the absolute path of ``libonnxruntime.so.1.x`` for the Rust backend.
 
-    Order: ``$SPECRT_ORT_LIBRARY`` if set (must exist), else the newest ``libonnxruntime.so.1*`` in the installed
-    onnxruntime wheel's ``capi/`` folder. When ``provider`` is CUDA, :func:`preload_cuda_dlls` loads the
-    pip-installed CUDA/cuDNN libraries (``site-packages/nvidia/*/lib``) first, so that they are there when the Rust
-    side registers the CUDA provider.
+    The search is Rust's, the one a Rust program's ``specrt_ort::find_ort_library`` makes
+    (``specrt_ort::discover``): ``$SPECRT_ORT_LIBRARY`` if set (must exist), ``$ORT_DYLIB_PATH`` likewise, the
+    newest ``libonnxruntime.so.1*`` in this interpreter's onnxruntime wheel (``capi/``), then the system library
+    folders. When ``provider`` is CUDA, :func:`preload_cuda_dlls` loads the pip-installed CUDA/cuDNN libraries
+    (``site-packages/nvidia/*/lib``) first, so that they are there when the Rust side registers the CUDA provider.
 
     Args:
         provider: ``"cpu"`` or ``"cuda"``.
@@ -71,30 +73,17 @@ def find_ort_library(provider: str = "cpu") -> str:
         Absolute path (str).
 
     Raises:
-        FileNotFoundError: the override does not exist, no ONNX Runtime is installed (the message names both
-            install lines, ``specrt[cpu]`` and ``specrt[cuda]``), or its wheel has no ``libonnxruntime.so.1*``.
+        ModelFileNotFoundError (a FileNotFoundError): a variable names no file, or no ONNX Runtime is found (the
+            message lists every place searched and names both install lines, ``specrt[cpu]`` and ``specrt[cuda]``).
     """
-    override = os.environ.get(ORT_LIBRARY_ENV)
-    if override:
-        path = os.path.abspath(os.path.expanduser(override))
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{ORT_LIBRARY_ENV}={override!r}: no such file {path}")
-        library = path
-    else:
-        capi = _onnxruntime_capi_dir()
-        if capi is None:
-            raise FileNotFoundError(
-                "ONNX Runtime is not installed (specrt depends on neither build; pick one): "
-                f"{INSTALL_CPU} for the CPU build, or {INSTALL_CUDA} for the CUDA build; "
-                f"or set {ORT_LIBRARY_ENV} to the absolute path of libonnxruntime.so.1.x"
-            )
-        candidates = sorted(glob.glob(os.path.join(capi, "libonnxruntime.so.1*")), key=_version_key)
-        if not candidates:
-            raise FileNotFoundError(
-                f"no libonnxruntime.so.1* in {capi} (a broken or unusual onnxruntime install?); "
-                f"set {ORT_LIBRARY_ENV} to the absolute path of libonnxruntime.so.1.x"
-            )
-        library = os.path.abspath(candidates[-1])
+    from specrt import _specrt
+
+    install = (
+        "ONNX Runtime is not installed (specrt depends on neither build; pick one): "
+        f"{INSTALL_CPU} for the CPU build, or {INSTALL_CUDA} for the CUDA build; "
+        f"or set {ORT_LIBRARY_ENV} to the absolute path of libonnxruntime.so.1.x"
+    )
+    library = str(_specrt.find_ort_library(_onnxruntime_package_dir(), install))
     if is_cuda(provider):
         preload_cuda_dlls(library)
     return library

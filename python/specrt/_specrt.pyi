@@ -59,6 +59,7 @@ __all__ = [
     "coupled_uniforms",
     "cycle_cost",
     "expected_tokens",
+    "find_ort_library",
     "log_softmax_at",
     "optimal_k",
     "process_logits",
@@ -250,6 +251,9 @@ class DraftComparison:
         """True when B is strictly faster."""
 
 def runtime_info(ort_library: str | os.PathLike[str]) -> dict[str, Any]: ...
+def find_ort_library(package: str | os.PathLike[str] | None, install: str) -> pathlib.Path:
+    """libonnxruntime.so.1.x by Rust's one search (specrt_ort::discover::find_ort_library_in_package)."""
+
 def acceptance_prob(p: float, q: float) -> float: ...
 def expected_tokens(a: float, k: int) -> float: ...
 def cycle_cost(k: int, c_q: float, c_p: float, c_verify: float | None = None) -> float: ...

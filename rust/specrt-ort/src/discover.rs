@@ -1,9 +1,10 @@
-//! Finding `libonnxruntime.so` for a Rust-only program: [`find_ort_library`].
+//! Finding `libonnxruntime.so`: [`find_ort_library`] (a Rust program) and [`find_ort_library_in_package`] (the
+//! Python package, through `specrt._ort.find_ort_library`): one search for both.
 //!
 //! `specrt-ort` builds `ort` with `load-dynamic`: nothing is linked at build time, and
-//! [`crate::OrtOptions::ort_library`] must name the library file at run time. The Python package finds it in the
-//! installed `onnxruntime` wheel (`python/specrt/_ort.py`); a Rust program calls [`find_ort_library`], which looks
-//! in this order and returns the first hit:
+//! [`crate::OrtOptions::ort_library`] must name the library file at run time. [`find_ort_library`] looks in this
+//! order and returns the first hit (the Python package's search is the same, with step 4 the wheel of the running
+//! interpreter, whose package folder it passes, and no explicit path):
 //!
 //! 1. the explicit path (a `--ort-library` flag), if given;
 //! 2. `$SPECRT_ORT_LIBRARY` ([`ORT_LIBRARY_ENV`]);
@@ -58,11 +59,48 @@ print(next(iter(s.submodule_search_locations)) if s is not None and s.submodule_
 /// (`pip install onnxruntime`, `pip install 'onnxruntime-gpu[cuda,cudnn]'`, or pass `--ort-library`).
 pub fn find_ort_library(explicit: Option<&Path>) -> Result<PathBuf> {
     let dirs: Vec<PathBuf> = SYSTEM_LIBRARY_DIRS.iter().map(PathBuf::from).collect();
-    find_in(explicit, &dirs)
+    find_in(explicit, &dirs, wheel_library, RUST_INSTALL)
 }
 
-/// [`find_ort_library`] with the system folders as a parameter (tests use temporary folders).
-fn find_in(explicit: Option<&Path>, system_dirs: &[PathBuf]) -> Result<PathBuf> {
+/// How a Rust program gets ONNX Runtime (the end of the "not found" message of [`find_ort_library`]).
+const RUST_INSTALL: &str = "Install it with `pip install onnxruntime` (CPU) or `pip install \
+                            'onnxruntime-gpu[cuda,cudnn]'` (CUDA), or pass --ort-library PATH (or set \
+                            SPECRT_ORT_LIBRARY) to the absolute path of libonnxruntime.so.1.x";
+
+/// The search of [`find_ort_library`] for a caller that is itself a Python interpreter (the binding): no explicit
+/// path, and step 4 is the wheel whose package folder `package` is (the running interpreter's `onnxruntime`, found
+/// without importing it; `None`: not installed). `install` ends the "not found" message (how to install ONNX
+/// Runtime for that caller, e.g. specrt's extras).
+///
+/// Errors: as [`find_ort_library`].
+pub fn find_ort_library_in_package(package: Option<&Path>, install: &str) -> Result<PathBuf> {
+    let dirs: Vec<PathBuf> = SYSTEM_LIBRARY_DIRS.iter().map(PathBuf::from).collect();
+    let wheel = || match package {
+        None => Err(vec![
+            "the onnxruntime wheel of this interpreter: onnxruntime is not installed".to_owned(),
+        ]),
+        Some(p) => {
+            let capi = p.join("capi");
+            newest_matching(&capi, "libonnxruntime.so.1").ok_or_else(|| {
+                vec![format!(
+                    "the onnxruntime wheel of this interpreter: no libonnxruntime.so.1* in {} (a broken or \
+                     unusual onnxruntime install?)",
+                    capi.display()
+                )]
+            })
+        }
+    };
+    find_in(None, &dirs, wheel, install)
+}
+
+/// [`find_ort_library`] with the system folders, the wheel search and the install advice as parameters (tests
+/// use temporary folders).
+fn find_in(
+    explicit: Option<&Path>,
+    system_dirs: &[PathBuf],
+    wheel: impl FnOnce() -> std::result::Result<PathBuf, Vec<String>>,
+    install: &str,
+) -> Result<PathBuf> {
     let mut searched = Vec::new();
     match explicit {
         Some(p) => return existing_file(p, "--ort-library (explicit path)"),
@@ -74,7 +112,7 @@ fn find_in(explicit: Option<&Path>, system_dirs: &[PathBuf]) -> Result<PathBuf> 
             None => searched.push(format!("${var}: unset")),
         }
     }
-    match wheel_library() {
+    match wheel() {
         Ok(path) => return Ok(path),
         Err(why) => searched.extend(why),
     }
@@ -85,9 +123,7 @@ fn find_in(explicit: Option<&Path>, system_dirs: &[PathBuf]) -> Result<PathBuf> 
         }
     }
     Err(SpecError::Io(format!(
-        "ONNX Runtime library (libonnxruntime.so) not found. Searched, in order:\n  - {}\n\
-         Install it with `pip install onnxruntime` (CPU) or `pip install 'onnxruntime-gpu[cuda,cudnn]'` (CUDA), \
-         or pass --ort-library PATH (or set {ORT_LIBRARY_ENV}) to the absolute path of libonnxruntime.so.1.x",
+        "ONNX Runtime library (libonnxruntime.so) not found. Searched, in order:\n  - {}\n{install}",
         searched.join("\n  - ")
     )))
 }
@@ -204,6 +240,11 @@ fn version_key(path: &Path) -> Vec<u64> {
 
 #[cfg(test)]
 mod tests {
+    /// [`find_ort_library`]'s search over `system_dirs`.
+    fn find(explicit: Option<&Path>, system_dirs: &[PathBuf]) -> Result<PathBuf> {
+        find_in(explicit, system_dirs, wheel_library, RUST_INSTALL)
+    }
+
     use super::*;
     use std::ffi::OsString;
     use std::sync::Mutex;
@@ -333,14 +374,49 @@ mod tests {
             (ORT_LIBRARY_ENV, Some(ours.as_os_str())),
             (ORT_DYLIB_PATH_ENV, Some(theirs.as_os_str())),
         ]);
-        assert_eq!(find_in(Some(&explicit), &[]).unwrap(), explicit);
-        assert_eq!(find_in(None, &[]).unwrap(), ours);
+        assert_eq!(find(Some(&explicit), &[]).unwrap(), explicit);
+        assert_eq!(find(None, &[]).unwrap(), ours);
+    }
+
+    #[test]
+    fn the_python_package_search_takes_the_given_wheel_after_the_variables() {
+        let tmp = tempfile::tempdir().unwrap();
+        let package = tmp.path().join("site-packages/onnxruntime");
+        touch(&package.join("capi/libonnxruntime.so.1.9.1"));
+        touch(&package.join("capi/libonnxruntime.so.1.32.0"));
+        let ours = tmp.path().join("b/libonnxruntime.so.1.21.0");
+        touch(&ours);
+        {
+            let _env = EnvGuard::new(&[(ORT_LIBRARY_ENV, None), (ORT_DYLIB_PATH_ENV, None)]);
+            assert_eq!(
+                find_ort_library_in_package(Some(&package), "pip install x").unwrap(),
+                package.join("capi/libonnxruntime.so.1.32.0")
+            );
+            // No wheel (and, on this machine, no system install is assumed absent): the message says why and how.
+            if let Err(SpecError::Io(m)) =
+                find_ort_library_in_package(None, "pip install 'specrt[cpu]'")
+            {
+                assert!(
+                    m.contains("onnxruntime is not installed")
+                        && m.ends_with("pip install 'specrt[cpu]'"),
+                    "{m}"
+                );
+            }
+        }
+        let _env = EnvGuard::new(&[
+            (ORT_LIBRARY_ENV, Some(ours.as_os_str())),
+            (ORT_DYLIB_PATH_ENV, None),
+        ]);
+        assert_eq!(
+            find_ort_library_in_package(Some(&package), "").unwrap(),
+            ours
+        );
     }
 
     #[test]
     fn missing_explicit_path_is_an_error_naming_it() {
         let _env = EnvGuard::new(&[(ORT_LIBRARY_ENV, None)]);
-        let err = find_in(Some(Path::new("/nonexistent/libonnxruntime.so.1.2")), &[]).unwrap_err();
+        let err = find(Some(Path::new("/nonexistent/libonnxruntime.so.1.2")), &[]).unwrap_err();
         let SpecError::Io(msg) = err else {
             panic!("expected Io, got {err:?}")
         };
@@ -359,7 +435,7 @@ mod tests {
             (ORT_LIBRARY_ENV, Some("".as_ref())),
             (ORT_DYLIB_PATH_ENV, Some(theirs.as_os_str())),
         ]);
-        assert_eq!(find_in(None, &[]).unwrap(), theirs);
+        assert_eq!(find(None, &[]).unwrap(), theirs);
     }
 
     #[test]
@@ -372,7 +448,7 @@ mod tests {
             (ORT_LIBRARY_ENV, None),
             (ORT_DYLIB_PATH_ENV, Some(missing.as_os_str())),
         ]);
-        let err = find_in(None, &[system]).unwrap_err();
+        let err = find(None, &[system]).unwrap_err();
         assert!(
             matches!(&err, SpecError::Io(m) if m.contains("$ORT_DYLIB_PATH") && m.contains("gone")),
             "{err}"
@@ -392,7 +468,7 @@ mod tests {
         touch(&system.join("libonnxruntime.so.1.30.0"));
         let _env = no_env(&python);
         assert_eq!(
-            find_in(None, &[system]).unwrap(),
+            find(None, &[system]).unwrap(),
             package.join("capi/libonnxruntime.so.1.22.0")
         );
     }
@@ -407,7 +483,7 @@ mod tests {
         touch(&second.join("libonnxruntime.so.1.30.0"));
         let _env = no_env(&python);
         assert_eq!(
-            find_in(None, &[tmp.path().join("empty"), first.clone(), second]).unwrap(),
+            find(None, &[tmp.path().join("empty"), first.clone(), second]).unwrap(),
             first.join("libonnxruntime.so.1.17.0")
         );
     }
@@ -418,7 +494,7 @@ mod tests {
         let python = fake_python(tmp.path(), "");
         let system = tmp.path().join("lib");
         let _env = no_env(&python);
-        let err = find_in(None, std::slice::from_ref(&system)).unwrap_err();
+        let err = find(None, std::slice::from_ref(&system)).unwrap_err();
         let SpecError::Io(msg) = err else {
             panic!("expected Io, got {err:?}")
         };
@@ -444,10 +520,10 @@ mod tests {
         touch(&system.join("libonnxruntime.so.1.20.0"));
         let _env = no_env(&python);
         assert_eq!(
-            find_in(None, std::slice::from_ref(&system)).unwrap(),
+            find(None, std::slice::from_ref(&system)).unwrap(),
             system.join("libonnxruntime.so.1.20.0")
         );
-        let err = find_in(None, &[]).unwrap_err();
+        let err = find(None, &[]).unwrap_err();
         assert!(err.to_string().contains("cannot run"), "{err}");
     }
 }

@@ -37,6 +37,27 @@ fn runtime_info(py: Python<'_>, ort_library: PathBuf) -> PyResult<Bound<'_, PyDi
 }
 
 /// Register the functions of this module.
+/// The absolute path of ``libonnxruntime.so.1.x`` by the one search of ``specrt_ort::discover``
+/// (``find_ort_library_in_package``): ``$SPECRT_ORT_LIBRARY``, ``$ORT_DYLIB_PATH``, the newest
+/// ``capi/libonnxruntime.so.1*`` of the onnxruntime package folder ``package`` (the calling interpreter's; None: not
+/// installed), then the system library folders.
+///
+/// Args:
+///     package: the ``onnxruntime`` package folder, or None.
+///     install: how to install ONNX Runtime, the end of the "not found" message.
+///
+/// Raises:
+///     ModelFileNotFoundError: a variable names no file (naming it), or nothing was found (every place searched
+///         listed, then ``install``).
+#[pyfunction]
+#[pyo3(signature = (package, install))]
+fn find_ort_library(py: Python<'_>, package: Option<PathBuf>, install: &str) -> PyResult<PathBuf> {
+    run_kernel(py, || {
+        specrt_ort::discover::find_ort_library_in_package(package.as_deref(), install)
+    })
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(find_ort_library, m)?)?;
     m.add_function(wrap_pyfunction!(runtime_info, m)?)
 }
