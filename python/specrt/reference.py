@@ -1,6 +1,6 @@
 """NumPy reference sampler and verifier: the test oracle for the Rust core (``rust/specrt-core``).
 
-Short and obviously correct rather than fast. It follows the exact definitions of ``sampling.rs`` / ``verify.rs``
+Short and obviously correct rather than fast. It follows the exact definitions of ``sampling/`` / ``verify.rs``
 (float32 logits, float64 sums, the same random draws in the same order), and numpy's ``PCG64`` is the twin of the
 Rust ``Pcg64``, so for the same seed the Rust functions and these give the same tokens draw for draw (up to
 last-ulp differences of ``exp``, which flip a token with probability ~1e-7 per draw).
