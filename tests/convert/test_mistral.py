@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from specrt.convert.gguf_reader import GGUFModel
 from specrt.convert.graph import MIN_ONNXRUNTIME_WINDOW
 from specrt.convert.reference import reference_logits
 from specrt.convert.tiny import write_hf_folder, write_tiny_gguf
+from specrt.errors import ConfigError
 from test_batched_graph import Batch
 from test_convert_formats import IDS
 
@@ -338,3 +340,21 @@ def test_a_sentencepiece_mistral_gguf_converts_and_decodes(spm: tuple, tmp_path:
         "Café 中文 🤖", max_new_tokens=24, temperature=0, ignore_eos=True
     )
     assert out.token_ids[:1] != [] and out.text == tok.decode(out.token_ids)
+
+
+@pytest.mark.parametrize("attention", ["gqa", "batched"])
+def test_a_graph_for_a_newer_onnx_runtime_is_refused_before_it_runs(gguf: Path, tmp_path: Path, attention: str) -> None:
+    """A windowed graph needs ONNX Runtime >= 1.24 (``min_onnxruntime``): an older library would run it with one key
+    more per window. The loader compares the folder's ``min_onnxruntime`` with the loaded library; raised above it,
+    the same folder is refused naming both versions."""
+    import specrt
+    from specrt._ort import ort_version
+
+    folder = convert(gguf, tmp_path / "m", progress=False, attention=attention)
+    specrt.Decoder(folder, max_seq_len=64)  # the installed ONNX Runtime is new enough
+    config_path = folder / "specrt_config.json"
+    config = json.loads(config_path.read_text())
+    config["min_onnxruntime"] = "99.0"
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=rf">= 99\.0 .*loaded library is {re.escape(str(ort_version()))}"):
+        specrt.Decoder(folder, max_seq_len=64)

@@ -25,8 +25,8 @@ use crate::cuda_graph::{
 };
 use crate::kv_binding::bind_kv_buffers;
 use crate::model::{
-    analyze, choose_max_seq_len, past_name, present_name, resolve_model_file, DecoderIo,
-    SpecrtConfig, TensorDesc,
+    analyze, check_min_onnxruntime, choose_max_seq_len, past_name, present_name,
+    resolve_model_file, DecoderIo, SpecrtConfig, TensorDesc,
 };
 use crate::options::{KvLayout, Memory, MemoryPlan, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN};
 use crate::runtime::{
@@ -464,6 +464,7 @@ impl OrtBackend {
         init_runtime_with_threads(&options.ort_library, options.effective_intra_op_threads())?;
         let model_file = resolve_model_file(model.as_ref())?;
         let config = SpecrtConfig::read_beside(&model_file)?;
+        check_min_onnxruntime(&config, &crate::runtime::loaded_version()?, &model_file)?;
 
         let (session, provider, fallback_reason) =
             match build_session(&model_file, options, options.provider) {

@@ -23,8 +23,8 @@ use specrt_core::{Result, SpecError};
 
 use crate::backend::{build_session, describe, overridable_initializers, prefill_session};
 use crate::model::{
-    analyze_batched, batched_new_name, batched_past_name, choose_max_seq_len, resolve_model_file,
-    BatchedIo, SpecrtConfig,
+    analyze_batched, batched_new_name, batched_past_name, check_min_onnxruntime,
+    choose_max_seq_len, resolve_model_file, BatchedIo, SpecrtConfig,
 };
 use crate::options::{KvLayout, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN};
 use crate::runtime::{init_runtime_with_threads, ort_err};
@@ -203,6 +203,7 @@ impl BatchedOrtBackend {
         init_runtime_with_threads(&options.ort_library, options.effective_intra_op_threads())?;
         let model_file = resolve_model_file(model.as_ref())?;
         let config = SpecrtConfig::read_beside(&model_file)?;
+        check_min_onnxruntime(&config, &crate::runtime::loaded_version()?, &model_file)?;
         let session = build_session(&model_file, options, Provider::Cpu)?;
         let inputs = describe(session.inputs());
         let outputs = describe(session.outputs());

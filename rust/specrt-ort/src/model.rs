@@ -78,6 +78,10 @@ pub struct SpecrtConfig {
     /// row a pass must have to run on it (`prefill_min_tokens`, default [`DEFAULT_PREFILL_MIN_TOKENS`]). Used by a
     /// draft model only ([`crate::OrtOptions::prefill_graph`]).
     pub prefill_graph: Option<(PathBuf, usize)>,
+    /// `min_onnxruntime`: the oldest ONNX Runtime whose operators compute this graph as converted (e.g. `"1.24"`
+    /// for a sliding window: GroupQueryAttention's `local_window_size` counts the window's keys from 1.24 on, one
+    /// more before). Checked against the loaded library when a session is made ([`crate::runtime`]).
+    pub min_onnxruntime: Option<String>,
 }
 
 /// Fewest new tokens per row for which a pass runs on the prefill graph when `specrt_config.json` does not say.
@@ -179,7 +183,16 @@ impl SpecrtConfig {
                 )))
             }
         };
+        let min_onnxruntime = match obj.get("min_onnxruntime") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(v)) if version_numbers(v).is_some() => Some(v.clone()),
+            Some(v) => return Err(SpecError::Io(format!(
+                "{}: min_onnxruntime = {v} is invalid (expected a version string such as \"1.24\")",
+                origin.display()
+            ))),
+        };
         Ok(SpecrtConfig {
+            min_onnxruntime,
             vocab_size: usize_field("vocab_size")?,
             max_position_embeddings: usize_field("max_position_embeddings")?,
             kv_layout,
@@ -292,6 +305,38 @@ pub fn past_name(i: usize, kind: &str) -> String {
 /// Name of the present output of layer `i` (`kind` = `"key"` or `"value"`).
 pub fn present_name(i: usize, kind: &str) -> String {
     format!("present.{i}.{kind}")
+}
+
+/// The numbers of a version string (`"1.24"` -> `[1, 24]`, `"1.32.0"` -> `[1, 32, 0]`); `None` unless it is
+/// dot-separated integers.
+pub(crate) fn version_numbers(v: &str) -> Option<Vec<u64>> {
+    v.split('.').map(|n| n.parse::<u64>().ok()).collect()
+}
+
+/// Refuse a model whose `specrt_config.json` asks for a newer ONNX Runtime (`min_onnxruntime`) than the loaded
+/// library `version`: its graph would run, and compute something else (e.g. a sliding window one key wider).
+///
+/// Errors: [`SpecError::Config`] naming the model, both versions and the fix.
+pub(crate) fn check_min_onnxruntime(
+    config: &SpecrtConfig,
+    version: &str,
+    model_file: &Path,
+) -> Result<()> {
+    let Some(min) = &config.min_onnxruntime else {
+        return Ok(());
+    };
+    let (Some(want), Some(have)) = (version_numbers(min), version_numbers(version)) else {
+        return Ok(()); // an unparsable library version (a custom build): nothing to compare
+    };
+    if have < want {
+        return Err(SpecError::Config(format!(
+            "{} needs ONNX Runtime >= {min} (specrt_config.json min_onnxruntime: its operators compute this graph \
+             differently before that), but the loaded library is {version}; install a newer onnxruntime (or \
+             onnxruntime-gpu) wheel, or point SPECRT_ORT_LIBRARY at one",
+            model_file.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Analyse a decoder's inputs/outputs and choose the KV layout.
@@ -665,6 +710,27 @@ pub fn choose_max_seq_len(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_graph_for_a_newer_onnx_runtime_is_refused_with_both_versions() {
+        let parse = |text: &str| SpecrtConfig::parse(text, Path::new("m/specrt_config.json"));
+        let cfg = parse(r#"{"min_onnxruntime": "1.24"}"#).unwrap();
+        let model = Path::new("m/model.onnx");
+        let err = check_min_onnxruntime(&cfg, "1.23.2", model).unwrap_err();
+        assert!(
+            matches!(&err, SpecError::Config(m) if m.contains(">= 1.24") && m.contains("1.23.2") && m.contains("m/model.onnx")),
+            "{err}"
+        );
+        for ok in ["1.24.0", "1.24.1", "1.32.0", "2.0"] {
+            check_min_onnxruntime(&cfg, ok, model).unwrap();
+        }
+        check_min_onnxruntime(&parse("{}").unwrap(), "1.0.0", model).unwrap();
+        let err = parse(r#"{"min_onnxruntime": "new"}"#).unwrap_err();
+        assert!(
+            matches!(&err, SpecError::Io(m) if m.contains("min_onnxruntime")),
+            "{err}"
+        );
+    }
 
     fn desc(name: &str, dtype: &str, shape: &[i64], symbols: &[&str]) -> TensorDesc {
         TensorDesc {

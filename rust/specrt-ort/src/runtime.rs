@@ -200,6 +200,18 @@ pub fn runtime_info() -> Result<RuntimeInfo> {
     })
 }
 
+/// The version string of the ONNX Runtime library this process loaded (e.g. `"1.32.0"`).
+///
+/// Errors: [`SpecError::Config`] before [`init_runtime`]; [`SpecError::Backend`] when the library cannot say.
+pub(crate) fn loaded_version() -> Result<String> {
+    let Some(library) = loaded_library() else {
+        return Err(SpecError::Config(
+            "no ONNX Runtime library is loaded in this process (call init_runtime first)".into(),
+        ));
+    };
+    library_version(library)
+}
+
 /// The version string of the ONNX Runtime library at `path` (already loaded: `dlopen` returns the same handle).
 fn library_version(path: &Path) -> Result<String> {
     let load_err = |what: &str, e: libloading::Error| SpecError::Backend {
