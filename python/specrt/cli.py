@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -380,6 +381,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=serve_defaults.DRAIN_TIMEOUT_S,
         help="seconds open streams get at shutdown",
     )
+    sv.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help=f"a key clients send as 'Authorization: Bearer KEY', repeatable; also ${serve_defaults.API_KEY_ENV} "
+        "(default: none: anyone who reaches the port may use it)",
+    )
+    sv.add_argument(
+        "--metrics-need-key", action="store_true", help="GET /metrics needs a key too (default: it is open)"
+    )
+    sv.add_argument(
+        "--max-request-bytes",
+        type=positive_int,
+        default=serve_defaults.MAX_REQUEST_BYTES,
+        help="largest request body in bytes; a larger one gets 413 before it is read",
+    )
+    sv.add_argument(
+        "--body-timeout",
+        type=float,
+        default=serve_defaults.BODY_TIMEOUT_S,
+        help="seconds a request body may take to arrive (408 after)",
+    )
     _add_model_dtypes(sv)
     sv.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider")
     sv.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
@@ -530,6 +554,7 @@ def _serve(a: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
 
         from specrt.server import create_app, run_server
+        from specrt.server.guard import is_loopback
     except ImportError as e:
         raise ConfigError(
             f"specrt serve needs the serve extra ({e.name} is missing): pip install 'specrt[serve]'"
@@ -538,6 +563,9 @@ def _serve(a: argparse.Namespace) -> int:
         raise ConfigError(f"--request-timeout must be > 0 seconds, got {a.request_timeout}")
     dec = _decoder(a)
     name = a.model_name or (a.target if not Path(a.target).exists() else Path(a.target).resolve().name)
+    keys = list(a.api_key or [])
+    if os.environ.get(serve_defaults.API_KEY_ENV):
+        keys.append(os.environ[serve_defaults.API_KEY_ENV])
     app = create_app(
         dec,
         model_name=name,
@@ -545,9 +573,19 @@ def _serve(a: argparse.Namespace) -> int:
         request_timeout_s=a.request_timeout,
         num_speculative_tokens=a.num_speculative_tokens,
         default_max_tokens=a.default_max_tokens,
+        api_keys=keys,
+        metrics_need_key=a.metrics_need_key,
+        max_request_bytes=a.max_request_bytes,
+        body_timeout_s=a.body_timeout,
     )
     draft = f"{a.draft}, {a.draft_dtype}" if a.draft and a.draft_dtype else a.draft or "none"
     print(f"specrt serve: {name} on http://{a.host}:{a.port} (draft: {draft})", file=sys.stderr)
+    if not keys and not is_loopback(a.host):
+        print(
+            f"specrt serve: warning: no API key and --host {a.host}: anyone who reaches port {a.port} can use this "
+            f"server (set --api-key or ${serve_defaults.API_KEY_ENV})",
+            file=sys.stderr,
+        )
     run_server(app, host=a.host, port=a.port, log_level=a.log_level, drain_timeout_s=a.drain_timeout)
     return 0
 

@@ -20,8 +20,11 @@ layout, see :class:`specrt.Decoder`).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+from specrt.server.defaults import API_KEY_ENV
 
 __all__ = ["app_builder", "deployment"]
 
@@ -84,7 +87,9 @@ def app_builder(args: dict[str, str]) -> Any:
     """For ``serve run specrt.ray_serve:app_builder key=value ...``: ``target`` (required), ``draft``,
     ``model_name``, ``num_replicas``, ``num_cpus``, ``num_gpus``, ``max_seq_len``, ``provider``, ``max_queue``,
     ``request_timeout_s``, ``num_speculative_tokens`` (an int or ``auto``), ``max_batch`` (batched rounds in each
-    replica), ``dtype`` and ``draft_dtype`` (weights pulled for model names, as :class:`specrt.Decoder`).
+    replica), ``dtype`` and ``draft_dtype`` (weights pulled for model names, as :class:`specrt.Decoder`), and
+    ``specrt serve``'s network options: ``api_key`` (comma-separated keys; ``$SPECRT_API_KEY`` adds one),
+    ``metrics_need_key``, ``max_request_bytes``, ``body_timeout_s``.
 
     Raises:
         ConfigError: no ``target``, or a key it does not know (named).
@@ -93,7 +98,8 @@ def app_builder(args: dict[str, str]) -> Any:
 
     known = {
         "target", "draft", "model_name", "num_replicas", "num_cpus", "num_gpus", "max_seq_len", "provider",
-        "max_queue", "request_timeout_s", "num_speculative_tokens", "max_batch", "dtype", "draft_dtype",
+        "max_queue", "request_timeout_s", "num_speculative_tokens", "max_batch", "dtype", "draft_dtype", "api_key",
+        "metrics_need_key", "max_request_bytes", "body_timeout_s",
     }  # fmt: skip
     unknown = sorted(set(args) - known)
     if unknown:
@@ -118,6 +124,18 @@ def app_builder(args: dict[str, str]) -> Any:
     if "num_speculative_tokens" in args:
         k = args["num_speculative_tokens"]
         app_kw["num_speculative_tokens"] = k if k == "auto" else int(k)
+    # API keys as `specrt serve` takes them: api_key=K1,K2 and $SPECRT_API_KEY (read here, in the driver).
+    keys = [k for k in args.get("api_key", "").split(",") if k]
+    if os.environ.get(API_KEY_ENV):
+        keys.append(os.environ[API_KEY_ENV])
+    if keys:
+        app_kw["api_keys"] = keys
+    if "metrics_need_key" in args:
+        app_kw["metrics_need_key"] = args["metrics_need_key"].lower() in ("1", "true", "yes")
+    if "max_request_bytes" in args:
+        app_kw["max_request_bytes"] = int(args["max_request_bytes"])
+    if "body_timeout_s" in args:
+        app_kw["body_timeout_s"] = float(args["body_timeout_s"])
     return deployment(
         args["target"],
         args.get("draft"),

@@ -72,3 +72,17 @@ def test_app_builder_names_bad_arguments() -> None:
         app_builder({"tagret": "x"})
     with pytest.raises(ConfigError, match="target=<model name or folder> is required"):
         app_builder({"draft": "x"})
+
+
+def test_app_builder_takes_serves_network_options(monkeypatch) -> None:
+    import specrt.ray_serve as rs
+
+    got: dict = {}
+    monkeypatch.setattr(rs, "deployment", lambda *a, **kw: got.update(kw))
+    monkeypatch.setenv("SPECRT_API_KEY", "from-env")
+    app_builder({"target": "x", "api_key": "k1,k2", "max_request_bytes": "2048", "metrics_need_key": "true"})
+    assert got["app_kwargs"] == {
+        "api_keys": ["k1", "k2", "from-env"],
+        "max_request_bytes": 2048,
+        "metrics_need_key": True,
+    }

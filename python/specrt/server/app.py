@@ -4,7 +4,7 @@ and the uvicorn runner (:func:`run_server`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -14,12 +14,14 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specrt.errors import ConfigError
 from specrt.generate import Decoder
 from specrt.scheduler import DEFAULT_MAX_QUEUE, Scheduler
 from specrt.server import defaults
 from specrt.server.chat import chat_completions
 from specrt.server.completions import completions
 from specrt.server.context import ServerContext, card, model_not_found, unavailable
+from specrt.server.guard import RequestGuard
 from specrt.server.metrics import Metrics
 from specrt.server.schemas import body_doc, generation_ok, json_doc, openapi_components, pydantic_models, responses_doc
 from specrt.server.tokenize import detokenize, tokenize, tokenizer_info
@@ -47,6 +49,10 @@ def create_app(
     request_timeout_s: float | None = defaults.REQUEST_TIMEOUT_S,
     num_speculative_tokens: int | str = defaults.NUM_SPECULATIVE_TOKENS,
     default_max_tokens: int = defaults.CHAT_MAX_TOKENS,
+    api_keys: Sequence[str] = (),
+    metrics_need_key: bool = False,
+    max_request_bytes: int = defaults.MAX_REQUEST_BYTES,
+    body_timeout_s: float = defaults.BODY_TIMEOUT_S,
 ) -> Any:
     """The FastAPI app serving ``decoder`` as ``model_name``.
 
@@ -59,11 +65,21 @@ def create_app(
         num_speculative_tokens: K of requests that do not set it (an int 0..``_specrt.MAX_DRAFT_TOKENS`` or ``"auto"``).
         default_max_tokens: ``max_tokens`` of chat requests that set neither it nor ``max_completion_tokens``
             (completions default to OpenAI's 16).
+        api_keys: keys a request must send as ``Authorization: Bearer <key>`` (empty: none needed); ``/health``
+            never needs one, ``/metrics`` only with ``metrics_need_key`` (:mod:`specrt.server.guard`).
+        metrics_need_key: whether ``/metrics`` needs a key too.
+        max_request_bytes: the largest request body (bytes); a larger one is a 413 before it is read.
+        body_timeout_s: seconds a request body may take to arrive; a slower one is a 408.
 
     Raises:
         ImportError: fastapi / prometheus_client are not installed (``pip install 'specrt[serve]'``).
-        ConfigError: ``max_queue`` < 1 or ``request_timeout_s`` <= 0.
+        ConfigError: ``max_queue`` < 1, ``request_timeout_s`` <= 0, an empty API key, ``max_request_bytes`` < 1 or
+            ``body_timeout_s`` <= 0.
     """
+    try:
+        RequestGuard.check(api_keys, max_request_bytes, body_timeout_s)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     schemas = pydantic_models()
     scheduler = Scheduler(decoder, max_queue=max_queue, default_timeout_s=request_timeout_s)
     metrics = Metrics(scheduler)
@@ -88,6 +104,13 @@ def create_app(
         await asyncio.to_thread(scheduler.close, True)
 
     app = FastAPI(title="specrt", version=_version(), lifespan=lifespan)
+    app.add_middleware(
+        RequestGuard,
+        api_keys=list(api_keys),
+        metrics_need_key=metrics_need_key,
+        max_request_bytes=max_request_bytes,
+        body_timeout_s=body_timeout_s,
+    )
     app.state.scheduler = scheduler
     app.state.metrics = metrics
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -27,11 +28,15 @@ async def chat_completions(ctx: ServerContext, request: Request) -> Any:
         return rejected(ctx, endpoint, "top_logprobs: needs logprobs: true", "top_logprobs")
     field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens" if req.max_tokens else None
     max_tokens = req.max_completion_tokens or req.max_tokens or ctx.default_max_tokens
-    try:
+
+    def prepare() -> tuple[dict[str, Any], str | None, list[int]]:
         check_policy(req, chat=True)
         kw = settings_of(ctx, req, max_tokens)
         constrained_by = constrain(ctx, req, kw)
-        ids = chat_ids(ctx, req)
+        return kw, constrained_by, chat_ids(ctx, req)
+
+    try:  # off the event loop: compiling a constraint, the chat template and tokenizing take a while
+        kw, constrained_by, ids = await asyncio.to_thread(prepare)
     except BadFieldError as e:
         return rejected(ctx, endpoint, str(e), e.param)
     # tool_choice required / a function / auto: the output is parsed into tool calls.

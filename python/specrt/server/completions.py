@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -22,9 +23,10 @@ async def completions(ctx: ServerContext, request: Request) -> Any:
     req = await parsed(ctx, request, "completion", endpoint)
     if not isinstance(req, ctx.schemas["completion"]):
         return req  # the schema's 400
-    try:
+    score_only = req.max_tokens == 0
+
+    def prepare() -> tuple[dict[str, Any], list[list[int]], list[str]]:
         check_policy(req, chat=False)
-        score_only = req.max_tokens == 0
         if score_only and not (req.echo and not req.stream):
             raise BadFieldError(
                 "max_tokens",
@@ -35,7 +37,10 @@ async def completions(ctx: ServerContext, request: Request) -> Any:
         # Scoring only generates one token (the engine always does), which is neither returned nor counted.
         kw = settings_of(ctx, req, COMPLETIONS_MAX_TOKENS if req.max_tokens is None else max(req.max_tokens, 1))
         constrain(ctx, req, kw)
-        prompts, texts = completion_prompts(ctx, req)
+        return kw, *completion_prompts(ctx, req)
+
+    try:  # off the event loop: compiling a constraint and tokenizing long prompts take a while
+        kw, prompts, texts = await asyncio.to_thread(prepare)
     except BadFieldError as e:
         return rejected(ctx, endpoint, str(e), e.param)
     # Log-probabilities only when asked for: without them a greedy request reads only argmax ids.

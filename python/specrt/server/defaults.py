@@ -19,3 +19,9 @@ DRAIN_TIMEOUT_S = 60.0
 #: Address and TCP port the server listens on.
 HOST = "127.0.0.1"
 PORT = 8000
+#: Largest request body, in bytes (TGI's --payload-limit is 2 MB; a 4 MiB body holds a 1M-token id list's JSON).
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+#: Seconds a request body may take to arrive (from the request's start): a slower one is a 408.
+BODY_TIMEOUT_S = 30.0
+#: Environment variable holding an API key (as if given with --api-key).
+API_KEY_ENV = "SPECRT_API_KEY"

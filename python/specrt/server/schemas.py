@@ -3,6 +3,7 @@ answers a bad body with OpenAI's 400 naming the field."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Literal
 
 from specrt import _specrt
@@ -399,8 +400,8 @@ async def parse_body(request: Any, schema: Any) -> Any:
     from pydantic import ValidationError
 
     raw = await request.body()
-    try:
-        return schema.model_validate_json(raw or b"null")
+    try:  # off the event loop: a large body takes a while to validate, and /health must answer meanwhile
+        return await asyncio.to_thread(schema.model_validate_json, raw or b"null")
     except ValidationError as e:
         errs = e.errors()
     first = errs[0]

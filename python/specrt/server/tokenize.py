@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from fastapi import Request
 
+from specrt import _specrt
+from specrt.errors import VocabError
 from specrt.server.context import ServerContext, model_not_found
 from specrt.server.policy import BadFieldError, check_policy
 from specrt.server.prompts import chat_ids, encode
@@ -45,7 +48,7 @@ async def tokenize(ctx: ServerContext, request: Request) -> Any:
     """vLLM's ``/tokenize``: a prompt (``add_special_tokens`` default true) or chat messages (rendered as a chat
     request renders them; ``add_special_tokens`` default false) -> token ids."""
     try:
-        peek = json.loads(await request.body())
+        peek = await asyncio.to_thread(json.loads, await request.body())
     except (ValueError, RecursionError):
         peek = None  # _parse says what is wrong
     chat = isinstance(peek, dict) and "messages" in peek
@@ -55,12 +58,15 @@ async def tokenize(ctx: ServerContext, request: Request) -> Any:
         return req
     if req.model is not None and req.model != ctx.model_name:
         return model_not_found(ctx, req.model)
-    try:
+
+    def prompt_ids() -> list[int]:
         if chat:
             check_policy(req, chat=True)
-            ids = chat_ids(ctx, req)
-        else:
-            ids = encode(ctx, req.prompt, req.add_special_tokens, "prompt", "prompt")
+            return chat_ids(ctx, req)
+        return encode(ctx, req.prompt, req.add_special_tokens, "prompt", "prompt")
+
+    try:  # off the event loop (templating and tokenizing a long prompt take a while)
+        ids = await asyncio.to_thread(prompt_ids)
     except BadFieldError as e:
         return error_response(400, str(e), "invalid_request_error", e.param)
     strs = [ctx.tokenizer.id_to_token(i) or "" for i in ids] if req.return_token_strs else None
@@ -74,16 +80,11 @@ async def detokenize(ctx: ServerContext, request: Request) -> Any:
         return req
     if req.model is not None and req.model != ctx.model_name:
         return model_not_found(ctx, req.model)
-    for k, t in enumerate(req.tokens):
-        if not 0 <= t < ctx.decoder.vocab_size:
-            return error_response(
-                400,
-                f"tokens: token {t} at position {k} is out of range (expected 0 <= id < vocab size "
-                f"{ctx.decoder.vocab_size})",
-                "invalid_request_error",
-                "tokens",
-            )
-    return {"prompt": ctx.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+    try:  # the vocabulary check every prompt gets (Rust's)
+        ids = _specrt.check_token_ids("tokens", req.tokens, ctx.decoder.vocab_size)
+    except VocabError as e:
+        return error_response(400, f"tokens: {e}", "invalid_request_error", "tokens")
+    return {"prompt": await asyncio.to_thread(ctx.tokenizer.decode, ids, skip_special_tokens=False)}
 
 
 async def tokenizer_info(ctx: ServerContext, request: Request) -> Any:
