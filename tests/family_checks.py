@@ -52,6 +52,17 @@ FAMILIES: dict[str, dict] = {
         "head_dim": 16,
         "sliding_window": 5,
     },
+    # Gemma 3: q/k norms, post-attention and post-MLP norms (weights ~ 1 +- 0.3), GELU-tanh, embeddings times
+    # sqrt(hidden), tied embeddings; layer 0 local (window 5, rotary base 1e4), layer 1 global (1e6, no window)
+    "gemma3": {
+        "arch": "gemma3",
+        "tied": True,
+        "matrix_type": "Q8_0",
+        "sliding_window": 5,
+        "sliding_window_pattern": 2,
+        "rope_theta": 1e6,
+        "rope_local_theta": 1e4,
+    },
 }
 
 

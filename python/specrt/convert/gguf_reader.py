@@ -29,6 +29,7 @@ from specrt.convert.quant import BlockQuant
 
 __all__ = [
     "ARCH_INFO",
+    "DEFAULT_ROPE_LOCAL_THETA",
     "GGUF_ARCHITECTURES",
     "ArchInfo",
     "GGUFModel",
@@ -54,6 +55,18 @@ class ArchInfo:
             which llama.cpp writes as ``llama`` (a GGUF naming ``mistral`` is refused as llama.cpp refuses it).
         sliding_window: the Hugging Face ``config.json`` key ``sliding_window`` (int or null) is read: each query
             attends only the last ``sliding_window`` positions (:attr:`ModelSpec.sliding_window`).
+        sandwich_norms: every layer also normalizes the attention and the MLP outputs before adding them to the
+            residual (GGUF ``blk.N.post_attention_norm.weight`` / ``post_ffw_norm.weight``: Gemma 2 / 3).
+        mlp_activation: the gate's activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU with the tanh
+            approximation of GELU, Hugging Face ``gelu_pytorch_tanh``: Gemma).
+        embed_scale: the token embeddings are multiplied by ``sqrt(hidden_size)`` (Gemma).
+        norm_offset: a Hugging Face folder's RMSNorm weights are used as ``norm_offset + w`` (Gemma's ``1 + w``);
+            llama.cpp's converter stores the sum in the GGUF (``Gemma3Model.norm_shift``), so GGUF weights are used as
+            stored.
+        local_layers_pattern: with a sliding window, layer i attends globally (full causal attention, rotary base
+            ``rope_theta``) when ``i % p == p - 1`` and through the window (rotary base ``rope_local_theta``)
+            otherwise, ``p`` being this default of ``{arch}.attention.sliding_window_pattern`` (llama.cpp's
+            ``load_swa_pattern``; Gemma 3: 6). None: every layer uses the window and ``rope_theta``.
     """
 
     name: str
@@ -63,6 +76,11 @@ class ArchInfo:
     qk_norm: bool = False
     in_gguf: bool = True
     sliding_window: bool = False
+    sandwich_norms: bool = False
+    mlp_activation: str = "silu"
+    embed_scale: bool = False
+    norm_offset: float = 0.0
+    local_layers_pattern: int | None = None
 
 
 #: Supported architectures. A new llama-like family is one row here (plus any extra tensors in graph.py).
@@ -81,7 +99,25 @@ ARCH_INFO: dict[str, ArchInfo] = {
         in_gguf=False,
         sliding_window=True,
     ),
+    # Gemma 3 (text): q/k norms, four norms per layer, GeGLU, embeddings scaled by sqrt(hidden), interleaved local
+    # (sliding-window, rotary base 10000) and global layers (every 6th), tied embeddings. NEOX rotary, unpermuted.
+    "gemma3": ArchInfo(
+        "gemma3",
+        qk_permuted=False,
+        qkv_bias=False,
+        hf_architecture="Gemma3ForCausalLM",
+        qk_norm=True,
+        sliding_window=True,
+        sandwich_norms=True,
+        mlp_activation="gelu_tanh",
+        embed_scale=True,
+        norm_offset=1.0,
+        local_layers_pattern=6,
+    ),
 }
+#: llama.cpp's rotary base of the sliding-window layers when ``{arch}.rope.freq_base_swa`` is absent
+#: (``llama_hparams::rope_freq_base_train_swa``; Hugging Face Gemma 3's ``rope_local_base_freq``).
+DEFAULT_ROPE_LOCAL_THETA = 10000.0
 #: The ``general.architecture`` values a GGUF may have.
 GGUF_ARCHITECTURES = tuple(sorted(name for name, info in ARCH_INFO.items() if info.in_gguf))
 
@@ -137,6 +173,11 @@ class ModelSpec:
             (``sliding_window`` keys, itself included: Hugging Face Mistral's ``sliding_window`` and llama.cpp's
             ``attention.sliding_window``); None: every earlier key (full causal attention). Never
             ``>= max_position_embeddings`` (:func:`checked_sliding_window`).
+        local_layers_pattern: interleaved local and global layers (:attr:`ArchInfo.local_layers_pattern`): layer i
+            is global iff ``i % local_layers_pattern == local_layers_pattern - 1``; None: all layers alike.
+        rope_local_theta: the rotary base of the local layers (with ``local_layers_pattern``).
+        attention_scale: the factor of q . k (None: ``1 / sqrt(head_dim)``; Gemma 3 27B: ``1 / sqrt(hidden /
+            heads)``, Hugging Face ``query_pre_attn_scalar ** -0.5``).
     """
 
     architecture: str
@@ -155,11 +196,35 @@ class ModelSpec:
     qk_norm: bool = False
     rope_freq_factors: tuple[float, ...] | None = None
     sliding_window: int | None = None
+    local_layers_pattern: int | None = None
+    rope_local_theta: float | None = None
+    attention_scale: float | None = None
 
     @property
     def arch(self) -> ArchInfo:
         """The :class:`ArchInfo` row of this architecture."""
         return ARCH_INFO[self.architecture]
+
+    def is_global_layer(self, i: int) -> bool:
+        """Whether layer ``i`` attends globally with ``rope_theta`` in a model of interleaved local and global layers
+        (:attr:`local_layers_pattern`); False for every layer of other models."""
+        p = self.local_layers_pattern
+        return p is not None and i % p == p - 1
+
+    def layer_window(self, i: int, window: int | None) -> int | None:
+        """The sliding window of layer ``i`` given the model's effective ``window`` (None on global layers)."""
+        return None if self.is_global_layer(i) else window
+
+    def layer_rope_theta(self, i: int) -> float:
+        """The rotary base of layer ``i``: ``rope_local_theta`` on the local layers of an interleaved model."""
+        if self.local_layers_pattern is None or self.is_global_layer(i) or self.rope_local_theta is None:
+            return self.rope_theta
+        return self.rope_local_theta
+
+    @property
+    def scale(self) -> float:
+        """The attention scale (:attr:`attention_scale`, default ``1 / sqrt(head_dim)``)."""
+        return self.attention_scale if self.attention_scale is not None else float(1.0 / np.sqrt(self.head_dim))
 
 
 @dataclass(frozen=True)
@@ -400,6 +465,17 @@ class GGUFModel:
         max_pos = int(self.require(f"{arch}.context_length"))
         window_key = f"{arch}.attention.sliding_window"
         window = checked_sliding_window(self.get(window_key), max_pos, window_key)
+        info = ARCH_INFO[arch]
+        pattern, local_theta = self._local_layers(arch, info)
+        softcap = self.get(f"{arch}.final_logit_softcapping")
+        if softcap not in (None, 0.0):
+            raise UnsupportedModelError(
+                f"final logit soft-capping ({arch}.final_logit_softcapping = {softcap}) is not implemented"
+            )
+        if self.get(f"{arch}.attention.logit_softcapping") not in (None, 0.0):
+            raise UnsupportedModelError(
+                f"attention logit soft-capping ({arch}.attention.logit_softcapping) is not implemented"
+            )
         for i in range(n_layers):
             for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"):
                 if f"blk.{i}.{part}.weight" not in self.tensors:
@@ -411,6 +487,9 @@ class GGUFModel:
                     raise GGUFFormatError(
                         f"{self.path}: tensor 'blk.{i}.{part}.weight' is {found} (a {arch} q/k norm needs [{head_dim}])"
                     )
+            for part in ("post_attention_norm", "post_ffw_norm") if info.sandwich_norms else ():
+                if f"blk.{i}.{part}.weight" not in self.tensors:
+                    raise GGUFFormatError(f"{self.path}: tensor 'blk.{i}.{part}.weight' is missing")
             for part in ("ffn_gate", "ffn_up", "ffn_down"):
                 if f"blk.{i}.{part}.weight" not in self.tensors:
                     raise UnsupportedModelError(
@@ -434,7 +513,28 @@ class GGUFModel:
             qk_norm=ARCH_INFO[arch].qk_norm,
             rope_freq_factors=freq_factors,
             sliding_window=window,
+            local_layers_pattern=pattern,
+            rope_local_theta=local_theta,
+            # llama.cpp's gemma3 graph: 1 / sqrt(hidden / heads) for the 62-layer 27B model (gemma_pytorch's
+            # query_pre_attn_scalar), 1 / sqrt(head_dim) otherwise
+            attention_scale=float((hidden / n_heads) ** -0.5) if arch == "gemma3" and n_layers == 62 else None,
         )
+
+    def _local_layers(self, arch: str, info: ArchInfo) -> tuple[int | None, float | None]:
+        """``(local_layers_pattern, rope_local_theta)`` of :class:`ModelSpec` as llama.cpp reads them: a family with
+        interleaved layers that has a positive ``{arch}.attention.sliding_window`` takes the pattern from
+        ``{arch}.attention.sliding_window_pattern`` (default: the family's) and the local base from
+        ``{arch}.rope.freq_base_swa`` (default :data:`DEFAULT_ROPE_LOCAL_THETA`)."""
+        raw_window = self.get(f"{arch}.attention.sliding_window")
+        if info.local_layers_pattern is None or not raw_window:
+            return None, None
+        key = f"{arch}.attention.sliding_window_pattern"
+        pattern = self.get(key, info.local_layers_pattern)
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise UnsupportedModelError(
+                f"a sliding-window layer pattern other than a positive integer ({key} = {pattern!r}) is not supported"
+            )
+        return pattern, float(self.get(f"{arch}.rope.freq_base_swa", DEFAULT_ROPE_LOCAL_THETA))
 
     # ----- tensors ------------------------------------------------------------------------------------------
     def raw_tensor(self, name: str) -> np.ndarray:

@@ -119,6 +119,7 @@ _CONTRIB_OPS = {
     "GatherBlockQuantized",
     "SkipSimplifiedLayerNormalization",
     "DynamicQuantizeMatMul",
+    "FastGelu",
 }
 #: Matrix storage kinds of a :class:`WeightPlan` and their bit widths (``None``: a float matrix). ``qint8``: int8
 #: weights with one symmetric scale per output channel, run by ``DynamicQuantizeMatMul`` (activations quantized to
@@ -268,7 +269,9 @@ class _Builder:
         self.nodes[-1].output[2] = ""
         return outs[0], outs[3]
 
-    def batched_masks(self, first_past_kt: str, group: int, window: int | None = None) -> dict[str, str]:
+    def batched_masks(
+        self, first_past_kt: str, group: int, window: int | None = None, rope_caches: tuple[str, ...] = ("rope",)
+    ) -> dict[str, str]:
         """Masks shared by every layer of the batched contract: ``past`` ``[B, 1, 1, L]`` (0 where the cache position
         is below the row's ``past_lengths``, -inf beyond), ``causal`` ``[group S, S]`` (0 on and below the diagonal of
         each of the ``group`` stacked ``[S, S]`` blocks: the query rows of a KV head's group, folded), the split sizes
@@ -278,7 +281,11 @@ class _Builder:
         With a sliding ``window`` (:attr:`ModelSpec.sliding_window`) both masks also hide every key at a position
         ``<= positions[b, s] - window`` from query s of row b: ``past`` becomes ``[B, 1, group S, L]`` (cache slot j
         holds position j) and ``causal`` ``[B, 1, group S, S]`` (new key s' sits at ``positions[b, s']``). A query
-        always sees its own key, so no softmax row is all -inf (pads included: their positions repeat a real one)."""
+        always sees its own key, so no softmax row is all -inf (pads included: their positions repeat a real one).
+        ``past_full`` / ``causal_full`` are the masks without the window (the global layers of an interleaved model).
+
+        ``rope_caches``: the prefixes of the cos / sin caches to gather (``rope``: ``cos_q`` ...; any other prefix
+        ``x``: ``cos_q_x`` ...)."""
         self.const("const_zero_f", np.array(0.0, dtype=self.ft))
         self.const("const_neg_inf", np.array(-np.inf, dtype=self.ft))
         self.const("const_zero_i64", np.array(0, dtype=np.int64))
@@ -302,14 +309,19 @@ class _Builder:
         causal = self.op1("Where", [tril, "const_zero_f", "const_neg_inf"], name="batch/causal1")
         self.const("const_causal_repeats", np.array([group, 1], dtype=np.int64))
         causal = self.op1("Tile", [causal, "const_causal_repeats"], name="batch/causal")  # [group S, S]
+        out = {"past_full": past, "causal_full": causal}
         if window is not None:
             past, causal = self._window_masks(arange, past, causal, group, window)
-        split = self.op1("Concat", [cap, seq], name="batch/split_sizes", axis=0)
-        out = {"past": past, "causal": causal, "split": split}
-        for name in ("cos", "sin"):
-            g = self.op1("Gather", [f"rope_{name}_cache", "positions"], name=f"batch/{name}", axis=0)  # [B, S, hd/2]
-            out[f"{name}_k"] = self.op1("Unsqueeze", [g, "const_axes_1"], name=f"batch/{name}_k")  # [B, 1, S, hd/2]
-            out[f"{name}_q"] = self.op1("Unsqueeze", [out[f"{name}_k"], "const_axes_2"], name=f"batch/{name}_q")
+        out |= {"past": past, "causal": causal}
+        out["split"] = self.op1("Concat", [cap, seq], name="batch/split_sizes", axis=0)
+        for prefix in rope_caches:
+            tail = "" if prefix == "rope" else f"_{prefix}"
+            for name in ("cos", "sin"):
+                g = self.op1("Gather", [f"{prefix}_{name}_cache", "positions"], name=f"batch/{prefix}_{name}", axis=0)
+                k = out[f"{name}_k{tail}"] = self.op1(
+                    "Unsqueeze", [g, "const_axes_1"], name=f"batch/{prefix}_{name}_k"
+                )  # [B, 1, S, hd/2]
+                out[f"{name}_q{tail}"] = self.op1("Unsqueeze", [k, "const_axes_2"], name=f"batch/{prefix}_{name}_q")
         return out
 
     def _window_masks(self, arange: str, past: str, causal: str, group: int, window: int) -> tuple[str, str]:
@@ -364,13 +376,16 @@ class _Builder:
         hd: int,
         masks: dict[str, str],
         qk_norm: tuple[str, str] | None = None,
+        scale: float | None = None,
     ) -> str:
         """Attention of the batched contract for ``qkv`` ``[B, S, (nh + 2 kvh) hd]``: each query attends to its row's
         cached keys (``past_key_values.{layer}.key_t`` ``[B, kvh, hd, L]``, read in place, masked beyond the row's
         length) and causally to the S new keys, one softmax over both parts. Writes the graph outputs
         ``new.{layer}.key`` (after rotary) and ``new.{layer}.value``, ``[B, kvh, S, hd]``; returns ``[B, S, nh hd]``.
         ``qk_norm``: the q and k norm weights ``[hd]`` (Qwen3), applied per head after the split, before rotary
-        (RMSNorm in standard ops with ``const_eps``: this form is float32 only).
+        (RMSNorm in standard ops with ``const_eps``: this form is float32 only). ``masks``: those of
+        :meth:`batched_masks` this layer uses under the names ``past``, ``causal``, ``split``, ``cos_q``, ``sin_q``,
+        ``cos_k``, ``sin_k``. ``scale``: the factor of q . k (default ``1 / sqrt(hd)``).
         """
         p = f"blk.{layer}/mattn"
         g = nh // kvh
@@ -380,7 +395,7 @@ class _Builder:
             self.const_once("const_shape_attn", np.array([0, 0, nh * hd], dtype=np.int64))
             self.const_once("const_shape_fold", np.array([0, 0, -1, hd], dtype=np.int64))
             self.const_once("const_shape_unfold", np.array([0, 0, g, -1, hd], dtype=np.int64))
-            self.const_once("const_scale", np.array(1.0 / np.sqrt(hd), dtype=self.ft))
+            self.const_once("const_scale", np.array(1.0 / np.sqrt(hd) if scale is None else scale, dtype=self.ft))
         q, k, v = self.split_qkv(qkv, nh, kvh, hd, f"{p}/split")
         q = self.op1("Reshape", [q, "const_shape_q5"], name=f"{p}/q5")  # [B, S, kvh, g, hd]
         k = self.op1("Reshape", [k, "const_shape_kv4"], name=f"{p}/k4")  # [B, S, kvh, hd]
@@ -592,8 +607,11 @@ def build_decoder(
     b.const("const_shape_logits", np.array([1, -1, n_out], dtype=np.int64))
     # The sliding window, None where it spans every position the caches hold (full causal attention).
     window = checked_sliding_window(spec.sliding_window, max_pos, "ModelSpec.sliding_window")
+    # Interleaved local / global layers with a rotary base of their own on the local layers (Gemma 3)
+    local_rope = any(spec.layer_rope_theta(i) != spec.rope_theta for i in range(spec.num_layers))
     if batched:
-        masks = b.batched_masks("past_key_values.0.key_t", nh // kvh, window)
+        caches = ("rope", "rope_local") if local_rope else ("rope",)
+        masks = b.batched_masks("past_key_values.0.key_t", nh // kvh, window, caches)
     elif graph_form:
         seqlens_k, total_len = "seqlens_k", "total_sequence_length"
     else:
@@ -607,6 +625,11 @@ def build_decoder(
     cos, sin = rope_cache(spec.rope_theta, hd, max_pos, spec.rope_freq_factors)
     b.weight("rope_cos_cache", cos)
     b.weight("rope_sin_cache", sin)
+    if local_rope:
+        assert spec.rope_local_theta is not None
+        cos, sin = rope_cache(spec.rope_local_theta, hd, max_pos, spec.rope_freq_factors)
+        b.weight("rope_local_cos_cache", cos)
+        b.weight("rope_local_sin_cache", sin)
     del cos, sin
 
     # ----- embedding ---------------------------------------------------------------------------------------------
@@ -635,6 +658,17 @@ def build_decoder(
         )
         del bq, packed, scales, zp
     done("token_embd.weight")
+    if spec.arch.embed_scale:  # Gemma: the embeddings times sqrt(hidden_size)
+        b.const("const_embed_scale", np.array(np.sqrt(H), dtype=ft))
+        h = b.op1("Mul", [h, "const_embed_scale"], name="embed/scale")
+
+    def post_norm(x: str, name: str, tag: str) -> str:
+        """RMSNorm of a branch's output before the residual add (Gemma's post-attention / post-MLP norms)."""
+        b.weight(name, w(name))
+        done(name)
+        if batched:  # float32 only
+            return b.rms_norm(x, name, "const_eps", tag)
+        return b.head_norm(x, name, 1, H, spec.rms_norm_eps, tag)  # float32 statistics in every dtype
 
     # ----- blocks ------------------------------------------------------------------------------------------------
     # The residual stream: layer 0 normalizes the embedding; afterwards every RMSNorm is fused with the residual
@@ -664,8 +698,17 @@ def build_decoder(
             for n in norms:
                 b.weight(n, w(n))
                 done(n)
+        layer_window = spec.layer_window(i, window)
+        rope = "rope_local" if local_rope and spec.layer_rope_theta(i) != spec.rope_theta else "rope"
         if batched:
-            attn = [b.masked_attention(qkv, i, nh, kvh, hd, masks, norms)]
+            tail = "" if rope == "rope" else "_rope_local"
+            layer_masks = {
+                "past": masks["past" if layer_window is not None else "past_full"],
+                "causal": masks["causal" if layer_window is not None else "causal_full"],
+                "split": masks["split"],
+                **{f"{n}_{qk}": masks[f"{n}_{qk}{tail}"] for n in ("cos", "sin") for qk in "qk"},
+            }
+            attn = [b.masked_attention(qkv, i, nh, kvh, hd, layer_masks, norms, spec.scale)]
         else:
             qkv_in = [qkv, "", ""]  # packed: GroupQueryAttention splits it
             if norms is not None:  # normed q and k reach GroupQueryAttention unpacked
@@ -681,8 +724,8 @@ def build_decoder(
                     f"past_key_values.{i}.value",
                     seqlens_k,
                     total_len,
-                    "rope_cos_cache",
-                    "rope_sin_cache",
+                    f"{rope}_cos_cache",
+                    f"{rope}_sin_cache",
                 ],
                 n_out=3,
                 name=f"{p}/attn",
@@ -690,24 +733,34 @@ def build_decoder(
                 kv_num_heads=kvh,
                 do_rotary=1,
                 rotary_interleaved=0,
-                scale=float(1.0 / np.sqrt(hd)),
+                scale=spec.scale,
                 # Since ONNX Runtime 1.24 (microsoft/onnxruntime#25927) a window w admits w keys, the query's own
                 # included, as Hugging Face's sliding_window; 1.20-1.23 admit w + 1 (MIN_ONNXRUNTIME_WINDOW).
-                **({} if window is None else {"local_window_size": window}),
+                **({} if layer_window is None else {"local_window_size": layer_window}),
             )
             # Rename the cache outputs to the contract's graph-output names.
             b.nodes[-1].output[1] = f"present.{i}.key"
             b.nodes[-1].output[2] = f"present.{i}.value"
         branch = linear(attn[0], [f"{p}.attn_output.weight"], "attn", f"{p}.attn_output")
+        if spec.arch.sandwich_norms:
+            branch = post_norm(branch, f"{p}.post_attention_norm.weight", f"{p}/post_attention_norm")
 
         b.weight(f"{p}.ffn_norm.weight", w(f"{p}.ffn_norm.weight"))
         done(f"{p}.ffn_norm.weight")
         x, residual = b.skip_rms_norm(branch, residual, f"{p}.ffn_norm.weight", spec.rms_norm_eps, f"{p}/ffn_norm")
         gu = linear(x, [f"{p}.ffn_gate.weight", f"{p}.ffn_up.weight"], "mlp", f"{p}.ffn_gate_up")
         gate, up = b.op("Split", [gu], n_out=2, name=f"{p}/split", axis=-1, num_outputs=2)
-        act = b.op1("Mul", [gate, b.op1("Sigmoid", [gate], name=f"{p}/sigmoid")], name=f"{p}/silu")
-        act = b.op1("Mul", [act, up], name=f"{p}/swiglu")
+        if spec.arch.mlp_activation == "gelu_tanh":  # FastGelu: GELU's tanh approximation, float32 kernel on the CPU
+            g32 = gate if plan.dtype == "fp32" else b.op1("Cast", [gate], name=f"{p}/gate32", to=TensorProto.FLOAT)
+            act = b.op1("FastGelu", [g32], name=f"{p}/gelu")
+            if plan.dtype != "fp32":
+                act = b.op1("Cast", [act], name=f"{p}/gelu16", to=ft_proto)
+        else:
+            act = b.op1("Mul", [gate, b.op1("Sigmoid", [gate], name=f"{p}/sigmoid")], name=f"{p}/silu")
+        act = b.op1("Mul", [act, up], name=f"{p}/gated")
         branch = linear(act, [f"{p}.ffn_down.weight"], "down", f"{p}.ffn_down")
+        if spec.arch.sandwich_norms:
+            branch = post_norm(branch, f"{p}.post_ffw_norm.weight", f"{p}/post_ffw_norm")
 
     # ----- head --------------------------------------------------------------------------------------------------
     b.weight("output_norm.weight", w("output_norm.weight"))

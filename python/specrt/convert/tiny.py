@@ -95,6 +95,8 @@ def write_tiny_gguf(
     rope_scaling_llama3: dict[str, float] | None = None,
     sliding_window: int | None = None,
     spm_vocab: tuple[list[str], list[float], list[int]] | None = None,
+    sliding_window_pattern: int | None = None,
+    rope_local_theta: float | None = None,
 ) -> Path:
     """Write a random-weight decoder GGUF.
 
@@ -131,6 +133,11 @@ def write_tiny_gguf(
             writes Llama 2 / Mistral tokenizers (``tokenizer.ggml.model = llama``, ids 0 / 1 / 2 = unknown / BOS /
             EOS, ``add_bos_token``, the ``[INST]`` chat template of :data:`MISTRAL_TEMPLATE`) instead of the byte-level
             BPE vocabulary of :func:`tiny_vocab`; the embedding has one row per piece.
+        sliding_window_pattern: ``{arch}.attention.sliding_window_pattern`` (``gemma3``: every p-th layer global).
+        rope_local_theta: ``{arch}.rope.freq_base_swa`` (``gemma3``: the local layers' rotary base).
+
+    ``gemma3`` files have Gemma 3's tensors: per-head q/k norms, ``post_attention_norm`` / ``post_ffw_norm`` (the
+    norms stored as llama.cpp stores them, ``1 + w``: weights ~ 1).
 
     Returns:
         ``Path(path)``.
@@ -141,9 +148,10 @@ def write_tiny_gguf(
     rng = np.random.default_rng(seed)
     tokens, types, merges = tiny_vocab() if spm_vocab is None else (spm_vocab[0], spm_vocab[2], [])
     vocab = len(tokens)
-    qk_norm = arch == "qwen3"
+    qk_norm = arch in ("qwen3", "gemma3")
+    sandwich = arch == "gemma3"
     if head_dim is None:
-        head_dim = (2 if qk_norm else 1) * hidden // n_heads
+        head_dim = (2 if arch == "qwen3" else 1) * hidden // n_heads
     if qkv_bias is None:
         qkv_bias = arch == "qwen2"
     path = Path(path)
@@ -163,6 +171,10 @@ def write_tiny_gguf(
     w.add_rope_freq_base(rope_theta)
     if sliding_window is not None:
         w.add_sliding_window(sliding_window)
+    if sliding_window_pattern is not None:
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern", sliding_window_pattern)
+    if rope_local_theta is not None:
+        w.add_float32(f"{arch}.rope.freq_base_swa", rope_local_theta)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab + pad_rows)
     if rope_scaling is not None:
@@ -213,7 +225,8 @@ def write_tiny_gguf(
     def vec(name: str, n: int, mean: float, scale: float) -> None:
         w.add_tensor(name, (mean + rng.standard_normal(n) * scale).astype(np.float32))
 
-    mat("token_embd.weight", vocab, hidden, embed_type, 1.0, pad=True)
+    # Gemma scales the embeddings by sqrt(hidden): smaller rows keep the scaled residual from drowning the layers
+    mat("token_embd.weight", vocab, hidden, embed_type, 0.1 if sandwich else 1.0, pad=True)
     for i in range(n_layers):
         p = f"blk.{i}"
         vec(f"{p}.attn_norm.weight", hidden, 1.0, 0.1)
@@ -228,10 +241,14 @@ def write_tiny_gguf(
             vec(f"{p}.attn_q_norm.weight", head_dim, 1.0, 0.3)
             vec(f"{p}.attn_k_norm.weight", head_dim, 1.0, 0.3)
         mat(f"{p}.attn_output.weight", hidden, n_heads * head_dim, matrix_type, 0.2)
+        if sandwich:
+            vec(f"{p}.post_attention_norm.weight", hidden, 1.0, 0.3)
         vec(f"{p}.ffn_norm.weight", hidden, 1.0, 0.1)
         mat(f"{p}.ffn_gate.weight", ffn, hidden, matrix_type, 0.2)
         mat(f"{p}.ffn_up.weight", ffn, hidden, matrix_type, 0.2)
         mat(f"{p}.ffn_down.weight", hidden, ffn, matrix_type, 0.2)
+        if sandwich:
+            vec(f"{p}.post_ffw_norm.weight", hidden, 1.0, 0.3)
     vec("output_norm.weight", hidden, 1.0, 0.1)
     if rope_scaling_llama3 is not None:
         from specrt.convert.rope import rope_scaling_factors
