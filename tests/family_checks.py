@@ -52,6 +52,24 @@ FAMILIES: dict[str, dict] = {
         "head_dim": 16,
         "sliding_window": 5,
     },
+    # Phi-3 as llama.cpp writes Phi-3.5 / Phi-4-mini: fused attn_qkv and ffn_up (gate | up), partial rotary over 48 of
+    # head_dim 64 (Phi-4-mini's 0.75; q width 3 x 64 = hidden, as llama.cpp's phi3 needs), longrope with
+    # original_max_position_embeddings 32 under the 256-position context: the long factors (1 .. 70) rotate and
+    # cos / sin carry the attention factor sqrt(1 + ln 8 / ln 32); an untied head
+    "phi3": {
+        "arch": "phi3",
+        "tied": False,
+        "matrix_type": "Q8_0",
+        "hidden": 192,
+        "n_heads": 3,
+        "n_kv_heads": 1,
+        "rotary_dim": 48,
+        "longrope": {
+            "short_factor": [1.0 + 0.1 * i for i in range(24)],
+            "long_factor": [1.0 + 3.0 * i for i in range(24)],
+            "original_max_position_embeddings": 32,
+        },
+    },
     # Gemma 3: q/k norms, post-attention and post-MLP norms (weights ~ 1 +- 0.3), GELU-tanh, embeddings times
     # sqrt(hidden), tied embeddings; layer 0 local (window 5, rotary base 1e4), layer 1 global (1e6, no window)
     "gemma3": {
@@ -75,6 +93,17 @@ ATOL = 1e-3
 
 def tolerance(ref: np.ndarray) -> float:
     return ATOL * max(1.0, float(np.abs(ref).max()) / 10)
+
+
+def hf_folder_kwargs(family_kw: dict) -> dict:
+    """``write_hf_folder`` keywords giving the ``config.json`` of a family's tiny GGUF (``FAMILIES`` value): its
+    ``rope_scaling`` (llama3's; phi3's longrope sets)."""
+    if family_kw.get("rope_scaling_llama3"):
+        return {"rope_scaling": {"rope_type": "llama3", **family_kw["rope_scaling_llama3"]}}
+    if family_kw.get("longrope"):
+        factors = {k: family_kw["longrope"][k] for k in ("short_factor", "long_factor")}
+        return {"rope_scaling": {"rope_type": "longrope", **factors}}
+    return {}
 
 
 def sequence_errors(folder: Path, model: GGUFModel) -> list[float]:
@@ -211,6 +240,7 @@ __all__ = [
     "convert_changed",
     "copy_gguf",
     "errors_without",
+    "hf_folder_kwargs",
     "sequence_errors",
     "sessions",
     "speculative_pair",

@@ -213,7 +213,7 @@ def test_omitting_num_logits_to_keep_with_a_plain_session_run(tmp_path: Path) ->
 # ----- errors -------------------------------------------------------------------------------------------------
 def test_unsupported_architecture_is_named_with_the_supported_list(tmp_path: Path) -> None:
     g = write_tiny_gguf(tmp_path / "m.gguf", arch="mamba")
-    with pytest.raises(UnsupportedArchitectureError, match=r"'mamba'.*llama, qwen2") as e:
+    with pytest.raises(UnsupportedArchitectureError, match=r"'mamba'.*llama, phi3, qwen2") as e:
         convert(g, tmp_path / "out", progress=False)
     assert isinstance(e.value, ConfigError) and isinstance(e.value, ValueError)
     assert not (tmp_path / "out").exists()

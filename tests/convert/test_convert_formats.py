@@ -98,7 +98,9 @@ def _quantized_reference(g: Path, plan: WeightPlan) -> np.ndarray:
     model = GGUFModel(g)
     spec = model.spec()
     kinds = {"attn_q": "attn", "attn_k": "attn", "attn_v": "attn", "attn_output": "attn", "ffn_gate": "mlp"}
-    kinds |= {"ffn_up": "mlp", "ffn_down": "mlp"}
+    kinds |= {"ffn_up": "mlp", "ffn_down": "mlp", "attn_qkv": "attn"}
+    # phi3's fused matrices as stored (attn_qkv; ffn_up = gate | up): the converter's parts, joined
+    fused = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_up": ("ffn_gate", "ffn_up")} if spec.arch.fused else {}
     bits = {"int4": 4, "int8": 8}
 
     class Quantized(GGUFModel):
@@ -113,6 +115,9 @@ def _quantized_reference(g: Path, plan: WeightPlan) -> np.ndarray:
             storage = getattr(plan, kind) if kind else "float"
             if storage == "float":
                 return w
+            if part in fused:
+                names = [name.replace(part, p) for p in fused[part]]
+                return np.concatenate([model.block_quant(n, bits[storage], spec).dequantize() for n in names])
             bq = model.block_quant(name, bits[storage], spec)  # half-split rows: permute back
             deq = bq.dequantize()
             if (".attn_q." in name or ".attn_k." in name) and spec.arch.qk_permuted:
@@ -309,5 +314,5 @@ def test_hf_folder_missing_files_and_bad_architecture(tmp_path: Path) -> None:
         convert(hf2, tmp_path / "out", progress=False)
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text(json.dumps({"model_type": "gpt_neox"}))
-    with pytest.raises(UnsupportedArchitectureError, match=r"'gpt_neox'.*llama, mistral, qwen2, qwen3"):
+    with pytest.raises(UnsupportedArchitectureError, match=r"'gpt_neox'.*llama, mistral, phi3, qwen2, qwen3"):
         convert(tmp_path / "empty", tmp_path / "out", progress=False)

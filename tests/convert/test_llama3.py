@@ -117,9 +117,9 @@ def test_misshapen_factors_and_other_scalings_are_refused(tmp_path: Path) -> Non
         write_hf_folder(g, tmp_path / "hf-none")
     hf = write_hf_folder(g, tmp_path / "hf", rope_scaling=HF_SCALING)
     cfg = json.loads((hf / "config.json").read_text())
-    cfg["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}  # longrope is phi3's (tests/convert/test_phi3.py)
     (hf / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModelError, match=r"'longrope' \(config.json rope_scaling.rope_type\)"):
+    with pytest.raises(UnsupportedModelError, match=r"'yarn' \(config.json rope_scaling.rope_type\)"):
         convert(hf, tmp_path / "out", progress=False)
     copy_gguf(g, tmp_path / "bad.gguf", change=lambda name, x: x[:4] if name == "rope_freqs.weight" else x)
     with (

@@ -84,6 +84,28 @@ def estimate_output_bytes(
     return int(per * n + 4 * n_rope) + (1 << 20) * (spec.num_layers + 4)
 
 
+def _rope_config(spec: ModelSpec, max_positions: int) -> dict[str, Any]:
+    """specrt_config.json's rotary keys besides ``rope_theta``: ``rope_freq_factors`` (the divisors the graph uses:
+    Llama 3.x's, or longrope's set for a graph of ``max_positions``), ``rotary_dim`` under partial rotary, and
+    ``rope_scaling`` for longrope (which set, the switch, the attention factor)."""
+    from specrt.convert.rope import longrope_choice
+
+    factors = longrope_choice(
+        spec.rope_freq_factors, spec.rope_long_freq_factors, spec.rope_original_context, max_positions
+    )
+    out: dict[str, Any] = {"rope_freq_factors": list(factors)} if factors else {}
+    if spec.rotary_dim is not None:
+        out["rotary_dim"] = spec.rotary_dim
+    if spec.rope_long_freq_factors is not None:
+        out["rope_scaling"] = {
+            "rope_type": "longrope",
+            "factors": "long" if factors == spec.rope_long_freq_factors else "short",
+            "original_max_position_embeddings": spec.rope_original_context,
+            "attention_factor": spec.rope_attn_factor,
+        }
+    return out
+
+
 def _kept(tensor_name: str, num_layers: int) -> bool:
     """Whether GGUF tensor ``tensor_name`` belongs to the first ``num_layers`` blocks (or is not a block tensor)."""
     parts = tensor_name.split(".")
@@ -359,6 +381,12 @@ def convert(
     with HFModel(src) if hf else GGUFModel(src) as model:  # closes the GGUF's memory map on every path
         spec = model.spec()
         full_layers = spec.num_layers
+        if spec.rope_dim != spec.head_dim and spec.rope_dim % 16 and attention != "batched":
+            # GroupQueryAttention: "cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8"
+            raise UnsupportedModelError(
+                f"partial rotary over {spec.rope_dim} of head_dim {spec.head_dim} values: ONNX Runtime's "
+                f"GroupQueryAttention (attention {attention!r}) rotates multiples of 16 only; use attention 'batched'"
+            )
         if num_layers is not None:
             if not 1 <= num_layers <= full_layers:
                 raise UnsupportedModelError(
@@ -457,7 +485,7 @@ def convert(
                 "intermediate_size": spec.intermediate_size,
                 "max_position_embeddings": int(max_positions or spec.max_position_embeddings),
                 "rope_theta": spec.rope_theta,
-                **({"rope_freq_factors": list(spec.rope_freq_factors)} if spec.rope_freq_factors else {}),
+                **_rope_config(spec, int(max_positions or spec.max_position_embeddings)),
                 "sliding_window": config_window,
                 "rms_norm_eps": spec.rms_norm_eps,
                 "tied_embeddings": spec.tied_embeddings,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ __all__ = [
     "ModelSpec",
     "checked_sliding_window",
     "file_sha256",
+    "fused_rows",
 ]
 
 
@@ -67,6 +69,13 @@ class ArchInfo:
             ``rope_theta``) when ``i % p == p - 1`` and through the window (rotary base ``rope_local_theta``)
             otherwise, ``p`` being this default of ``{arch}.attention.sliding_window_pattern`` (llama.cpp's
             ``load_swa_pattern``; Gemma 3: 6). None: every layer uses the window and ``rope_theta``.
+        fused: the q/k/v projections are stored as one matrix (GGUF ``blk.N.attn_qkv.weight``, Hugging Face
+            ``self_attn.qkv_proj.weight``; rows q, k, v) and gate/up as one (GGUF ``blk.N.ffn_up.weight``, Hugging
+            Face ``mlp.gate_up_proj.weight``; ``[2F, H]``, the gate's rows first: llama.cpp's ``ggml_swiglu`` and
+            transformers' ``Phi3MLP`` both take the first half as the gate). The readers hand the parts out under
+            the unfused names (:func:`fused_rows`).
+        partial_rotary: only the first ``rotary_dim`` of each head's ``head_dim`` values are rotated (GGUF
+            ``rope.dimension_count``; Hugging Face ``partial_rotary_factor``).
     """
 
     name: str
@@ -76,6 +85,8 @@ class ArchInfo:
     qk_norm: bool = False
     in_gguf: bool = True
     sliding_window: bool = False
+    fused: bool = False
+    partial_rotary: bool = False
     sandwich_norms: bool = False
     mlp_activation: str = "silu"
     embed_scale: bool = False
@@ -98,6 +109,17 @@ ARCH_INFO: dict[str, ArchInfo] = {
         hf_architecture="MistralForCausalLM",
         in_gguf=False,
         sliding_window=True,
+    ),
+    # Phi-3 / Phi-3.5 / Phi-4-mini: the llama decoder (half-split rotary, no permutation) with fused qkv and gate/up
+    # projections, longrope scaling (Phi-3.5, Phi-4-mini) and partial rotary (Phi-4-mini: 0.75).
+    "phi3": ArchInfo(
+        "phi3",
+        qk_permuted=False,
+        qkv_bias=False,
+        hf_architecture="Phi3ForCausalLM",
+        sliding_window=True,
+        fused=True,
+        partial_rotary=True,
     ),
     # Gemma 3 (text): q/k norms, four norms per layer, GeGLU, embeddings scaled by sqrt(hidden), interleaved local
     # (sliding-window, rotary base 10000) and global layers (every 6th), tied embeddings. NEOX rotary, unpermuted.
@@ -178,6 +200,12 @@ class ModelSpec:
         rope_local_theta: the rotary base of the local layers (with ``local_layers_pattern``).
         attention_scale: the factor of q . k (None: ``1 / sqrt(head_dim)``; Gemma 3 27B: ``1 / sqrt(hidden /
             heads)``, Hugging Face ``query_pre_attn_scalar ** -0.5``).
+        rotary_dim: the rotated width of each head (its first ``rotary_dim`` values; even, ``<= head_dim``), or
+            None for all of ``head_dim``.
+        rope_long_freq_factors: longrope's long divisors ``[rotary_dim / 2]`` (then :attr:`rope_freq_factors` holds
+            the short ones; :func:`specrt.convert.rope.longrope_choice` picks per graph), or None.
+        rope_original_context: longrope's ``original_max_position_embeddings`` (the switch), or None.
+        rope_attn_factor: multiplies the rotary cos and sin (longrope's attention factor; 1 otherwise).
     """
 
     architecture: str
@@ -196,6 +224,10 @@ class ModelSpec:
     qk_norm: bool = False
     rope_freq_factors: tuple[float, ...] | None = None
     sliding_window: int | None = None
+    rotary_dim: int | None = None
+    rope_long_freq_factors: tuple[float, ...] | None = None
+    rope_original_context: int | None = None
+    rope_attn_factor: float = 1.0
     local_layers_pattern: int | None = None
     rope_local_theta: float | None = None
     attention_scale: float | None = None
@@ -225,6 +257,38 @@ class ModelSpec:
     def scale(self) -> float:
         """The attention scale (:attr:`attention_scale`, default ``1 / sqrt(head_dim)``)."""
         return self.attention_scale if self.attention_scale is not None else float(1.0 / np.sqrt(self.head_dim))
+
+    @property
+    def rope_dim(self) -> int:
+        """The rotated width of each head: :attr:`rotary_dim`, or :attr:`head_dim` without partial rotary."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+
+def fused_rows(name: str, spec: ModelSpec, stored: Container[str]) -> tuple[str, slice] | None:
+    """Where an unfused tensor of a family with fused projections (:attr:`ArchInfo.fused`) lives.
+
+    Args:
+        name: a GGUF name the converter asks for (``blk.N.attn_q.weight`` ... ``blk.N.ffn_gate.weight``).
+        spec: the model's hyperparameters.
+        stored: the names the source stores.
+
+    Returns:
+        ``("blk.N.attn_qkv.weight", rows)`` for ``attn_q`` / ``attn_k`` / ``attn_v`` (rows ``[0, nh hd)``,
+        ``[nh hd, (nh + kvh) hd)``, ``[(nh + kvh) hd, (nh + 2 kvh) hd)``) when ``attn_qkv`` is stored;
+        ``("blk.N.ffn_up.weight", rows)`` for ``ffn_gate`` (``[0, F)``) and ``ffn_up`` (``[F, 2F)``) when no
+        ``ffn_gate`` is stored; None for every other tensor or family.
+    """
+    if not spec.arch.fused or not name.startswith("blk."):
+        return None
+    _, i, part = name.split(".", 2)
+    q, kv, f = spec.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.intermediate_size
+    qkv = {"attn_q.weight": slice(0, q), "attn_k.weight": slice(q, q + kv), "attn_v.weight": slice(q + kv, q + 2 * kv)}
+    if part in qkv and f"blk.{i}.attn_qkv.weight" in stored:
+        return f"blk.{i}.attn_qkv.weight", qkv[part]
+    gate_up = {"ffn_gate.weight": slice(0, f), "ffn_up.weight": slice(f, 2 * f)}
+    if part in gate_up and f"blk.{i}.ffn_gate.weight" not in stored:
+        return f"blk.{i}.ffn_up.weight", gate_up[part]
+    return None
 
 
 @dataclass(frozen=True)
@@ -445,8 +509,12 @@ class GGUFModel:
         hidden = int(self.require(f"{arch}.embedding_length"))
         head_dim = int(self.get(f"{arch}.attention.key_length", hidden // n_heads))
         rot = int(self.get(f"{arch}.rope.dimension_count", head_dim))
-        if rot != head_dim:
-            raise UnsupportedModelError(f"partial rotary (rope.dimension_count {rot} != head_dim {head_dim})")
+        partial_ok = ARCH_INFO[arch].partial_rotary and 0 < rot < head_dim and rot % 2 == 0
+        if rot != head_dim and not partial_ok:
+            raise UnsupportedModelError(
+                f"partial rotary ({arch}.rope.dimension_count {rot} != head_dim {head_dim}) is not implemented for "
+                f"{arch} (phi3 only, an even width below head_dim)"
+            )
         freq_factors = None
         if "rope_freqs.weight" in self.tensors:  # Llama 3.x frequency scaling (llama.cpp's freq_factors)
             info = self.tensors["rope_freqs.weight"]
@@ -458,10 +526,15 @@ class GGUFModel:
             if not np.all(np.isfinite(factors)) or not np.all(factors > 0):
                 raise GGUFFormatError(f"{self.path}: tensor 'rope_freqs.weight' has a factor <= 0 or not finite")
             freq_factors = tuple(float(f) for f in factors)
+        long_factors, original, attn_factor = self._longrope(arch, rot, freq_factors is not None)
+        if long_factors is not None:
+            freq_factors, long_factors = long_factors
         if "token_embd.weight" not in self.tensors:
             raise GGUFFormatError(f"{self.path}: tensor 'token_embd.weight' is missing")
         vocab = int(self.tensors["token_embd.weight"].shape[1])
         n_layers = int(self.require(f"{arch}.block_count"))
+        ffn = int(self.require(f"{arch}.feed_forward_length"))
+        n_kv = int(self.get(f"{arch}.attention.head_count_kv", n_heads))
         max_pos = int(self.require(f"{arch}.context_length"))
         window_key = f"{arch}.attention.sliding_window"
         window = checked_sliding_window(self.get(window_key), max_pos, window_key)
@@ -478,7 +551,7 @@ class GGUFModel:
             )
         for i in range(n_layers):
             for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"):
-                if f"blk.{i}.{part}.weight" not in self.tensors:
+                if f"blk.{i}.{part}.weight" not in self.tensors and not self._fused_stored(i, part, arch):
                     raise GGUFFormatError(f"{self.path}: tensor 'blk.{i}.{part}.weight' is missing")
             for part in ("attn_q_norm", "attn_k_norm") if ARCH_INFO[arch].qk_norm else ():
                 t = self.tensors.get(f"blk.{i}.{part}.weight")
@@ -490,8 +563,9 @@ class GGUFModel:
             for part in ("post_attention_norm", "post_ffw_norm") if info.sandwich_norms else ():
                 if f"blk.{i}.{part}.weight" not in self.tensors:
                     raise GGUFFormatError(f"{self.path}: tensor 'blk.{i}.{part}.weight' is missing")
+            self._check_fused(i, arch, n_heads * head_dim + 2 * n_kv * head_dim, hidden, ffn)
             for part in ("ffn_gate", "ffn_up", "ffn_down"):
-                if f"blk.{i}.{part}.weight" not in self.tensors:
+                if f"blk.{i}.{part}.weight" not in self.tensors and not self._fused_stored(i, part, arch):
                     raise UnsupportedModelError(
                         f"tensor 'blk.{i}.{part}.weight' is missing (mixture-of-experts or non-SwiGLU MLPs are not "
                         "supported)"
@@ -500,9 +574,9 @@ class GGUFModel:
             architecture=arch,
             num_layers=n_layers,
             hidden_size=hidden,
-            intermediate_size=int(self.require(f"{arch}.feed_forward_length")),
+            intermediate_size=ffn,
             num_attention_heads=n_heads,
-            num_kv_heads=int(self.get(f"{arch}.attention.head_count_kv", n_heads)),
+            num_kv_heads=n_kv,
             head_dim=head_dim,
             vocab_size=vocab,
             rms_norm_eps=float(self.require(f"{arch}.attention.layer_norm_rms_epsilon")),
@@ -513,6 +587,10 @@ class GGUFModel:
             qk_norm=ARCH_INFO[arch].qk_norm,
             rope_freq_factors=freq_factors,
             sliding_window=window,
+            rotary_dim=rot if rot != head_dim else None,
+            rope_long_freq_factors=long_factors,
+            rope_original_context=original,
+            rope_attn_factor=attn_factor,
             local_layers_pattern=pattern,
             rope_local_theta=local_theta,
             # llama.cpp's gemma3 graph: 1 / sqrt(hidden / heads) for the 62-layer 27B model (gemma_pytorch's
@@ -535,6 +613,62 @@ class GGUFModel:
                 f"a sliding-window layer pattern other than a positive integer ({key} = {pattern!r}) is not supported"
             )
         return pattern, float(self.get(f"{arch}.rope.freq_base_swa", DEFAULT_ROPE_LOCAL_THETA))
+
+    def _fused_stored(self, i: int, part: str, arch: str) -> bool:
+        """Whether layer ``i``'s ``part`` (``attn_q`` ... ``ffn_up``) is stored fused (:func:`fused_rows`)."""
+        if not ARCH_INFO[arch].fused:
+            return False
+        if part in ("attn_q", "attn_k", "attn_v"):
+            return f"blk.{i}.attn_qkv.weight" in self.tensors
+        return part in ("ffn_gate", "ffn_up") and f"blk.{i}.ffn_up.weight" in self.tensors
+
+    def _check_fused(self, i: int, arch: str, qkv_rows: int, hidden: int, ffn: int) -> None:
+        """The shapes of layer ``i``'s fused tensors: ``attn_qkv`` ``[(nh + 2 kvh) hd, H]``, and ``ffn_up``
+        ``[2F, H]`` when no ``ffn_gate`` is stored (numpy order; GGUF lists them fastest first)."""
+        if not ARCH_INFO[arch].fused:
+            return
+        want = {f"blk.{i}.attn_qkv.weight": (hidden, qkv_rows)}
+        if f"blk.{i}.ffn_gate.weight" not in self.tensors:
+            want[f"blk.{i}.ffn_up.weight"] = (hidden, 2 * ffn)
+        for name, shape in want.items():
+            t = self.tensors.get(name)
+            if t is not None and t.shape != shape:
+                raise GGUFFormatError(
+                    f"{self.path}: tensor {name!r} has shape {list(t.shape)}, expected {list(shape)} "
+                    "(fused; GGUF order)"
+                )
+
+    def _longrope(
+        self, arch: str, rot: int, has_rope_freqs: bool
+    ) -> tuple[tuple[tuple[float, ...], tuple[float, ...]] | None, int | None, float]:
+        """longrope as llama.cpp's converter writes it (``rope_factors_short.weight`` / ``rope_factors_long.weight``
+        ``[rot / 2]``, ``{arch}.rope.scaling.original_context_length``, ``{arch}.rope.scaling.attn_factor``):
+        ``((short, long) or None, original context or None, attention factor)``."""
+        names = ("rope_factors_short.weight", "rope_factors_long.weight")
+        present = [n in self.tensors for n in names]
+        attn_key = f"{arch}.rope.scaling.attn_factor"
+        attn = float(self.get(attn_key, 1.0))
+        if not attn > 0:
+            raise GGUFFormatError(f"{self.path}: {attn_key} must be positive, got {attn}")
+        if not any(present):
+            return None, None, attn
+        if not all(present) or has_rope_freqs:
+            raise GGUFFormatError(
+                f"{self.path}: longrope needs both 'rope_factors_short.weight' and 'rope_factors_long.weight' and no "
+                "'rope_freqs.weight'"
+            )
+        factors = []
+        for name in names:
+            if self.tensors[name].shape != (rot // 2,):
+                raise GGUFFormatError(
+                    f"{self.path}: tensor {name!r} has shape {list(self.tensors[name].shape)}, expected [{rot // 2}]"
+                )
+            f = self.raw_tensor(name)
+            if not np.all(np.isfinite(f)) or not np.all(f > 0):
+                raise GGUFFormatError(f"{self.path}: tensor {name!r} has a factor <= 0 or not finite")
+            factors.append(tuple(float(x) for x in f))
+        original = int(self.require(f"{arch}.rope.scaling.original_context_length"))
+        return (factors[0], factors[1]), original, attn
 
     # ----- tensors ------------------------------------------------------------------------------------------
     def raw_tensor(self, name: str) -> np.ndarray:
@@ -583,6 +717,10 @@ class GGUFModel:
         Returns:
             float32 ``[out, in]`` (matrices) or ``[n]`` (vectors).
         """
+        if name not in self.tensors or name.endswith(".ffn_up.weight"):
+            src = fused_rows(name, spec or self.spec(), self.tensors)
+            if src is not None:
+                return np.ascontiguousarray(self.raw_tensor(src[0])[src[1]])
         w = self.raw_tensor(name)
         if unpermute_qk and (".attn_q." in name or ".attn_k." in name):
             spec = spec or self.spec()
@@ -609,9 +747,18 @@ class GGUFModel:
         Returns:
             ``BlockQuant`` of shape ``[out, in]``.
         """
+        spec = spec or self.spec()
+        src = fused_rows(name, spec, self.tensors)
+        if src is not None:  # a part of a fused matrix: its rows (blocks run along the input axis)
+            whole = self._block_quant_stored(src[0], bits, spec, block_size)
+            rows = src[1]
+            return BlockQuant(whole.q[rows], whole.scales[rows], whole.zero_points[rows], whole.bits, whole.block_size)
+        return self._block_quant_stored(name, bits, spec, block_size)
+
+    def _block_quant_stored(self, name: str, bits: int, spec: ModelSpec, block_size: int) -> BlockQuant:
+        """:meth:`block_quant` of a tensor as stored (Q/K rows un-permuted)."""
         from specrt.convert.quant import EXACT_GGUF_TYPES, from_gguf_blocks, promote, quantize_rtn
 
-        spec = spec or self.spec()
         t = self._stored_tensor(name)
         qtype = t.tensor_type.name
         exact = None
@@ -620,7 +767,8 @@ class GGUFModel:
             # np.array copies the stored blocks, so the BlockQuant never views the memory map
             exact = from_gguf_blocks(np.array(t.data).reshape(n_out, -1), qtype, n_in)
         if exact is None or exact.float_zero_points:
-            return quantize_rtn(self.tensor(name, spec), bits, block_size)
+            fused = fused_rows(name, spec, self.tensors) is not None  # the stored whole, not its part
+            return quantize_rtn(self.raw_tensor(name) if fused else self.tensor(name, spec), bits, block_size)
         bq = promote(exact, bits, exact.block_size, False)
         if (".attn_q." in name or ".attn_k." in name) and spec.arch.qk_permuted:
             n = spec.num_attention_heads if ".attn_q." in name else spec.num_kv_heads

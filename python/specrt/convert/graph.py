@@ -36,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specrt.convert.gguf_reader import ModelSpec, checked_sliding_window
 from specrt.convert.quant import BlockQuant, concat_rows, pack_matmul_nbits, quantize_rtn
-from specrt.convert.rope import rope_cache
+from specrt.convert.rope import longrope_choice, rope_cache
 
 __all__ = [
     "ATTENTION_FORMS",
@@ -207,6 +207,8 @@ class _Builder:
         self.inits: list[TensorProto] = []
         self._consts: set[str] = set()
         self._n = 0
+        #: ``(rotary_dim, head_dim - rotary_dim)`` under partial rotary (Phi-4-mini), else None.
+        self.partial_rotary: tuple[int, int] | None = None
 
     def weight(self, name: str, array: np.ndarray) -> str:
         """Write a float initializer in the graph's float dtype."""
@@ -346,7 +348,20 @@ class _Builder:
         return past, causal
 
     def _rotary(self, x: str, cos: str, sin: str, name: str) -> str:
-        """Half-split rotary embedding of ``x`` (last axis ``hd``) with ``cos`` / ``sin`` broadcast to it."""
+        """Half-split rotary embedding of ``x`` (last axis ``hd``) with ``cos`` / ``sin`` broadcast to it; under
+        :attr:`partial_rotary` only the first ``rotary_dim`` values rotate (pairs ``(i, i + rotary_dim / 2)``), the
+        rest pass unchanged (transformers' ``apply_rotary_pos_emb`` with ``q_pass``; llama.cpp's ``n_rot``)."""
+        if self.partial_rotary is not None:
+            sizes = self.const_once(
+                f"const_split_rotary_{self.partial_rotary[0]}", np.array(self.partial_rotary, dtype=np.int64)
+            )
+            rot, keep = self.op("Split", [x, sizes], n_out=2, name=f"{name}/partial", axis=-1)
+            self.partial_rotary, saved = None, self.partial_rotary
+            try:
+                rot = self._rotary(rot, cos, sin, name)
+            finally:
+                self.partial_rotary = saved
+            return self.op1("Concat", [rot, keep], name=f"{name}/partial_out", axis=-1)
         lo, hi = self.op("Split", [x], n_out=2, name=f"{name}/halves", axis=-1, num_outputs=2)
         a = self.op1(
             "Sub",
@@ -622,7 +637,12 @@ def build_decoder(
         total_len = b.op1("Shape", ["attention_mask"], name="mask/shape", start=1, end=2)  # [1] int64
         total_len = b.op1("Squeeze", [total_len, "const_axes_0"], name="mask/total_scalar")
         total_len = b.op1("Cast", [total_len], name="total_sequence_length", to=6)  # int32 scalar
-    cos, sin = rope_cache(spec.rope_theta, hd, max_pos, spec.rope_freq_factors)
+    # Partial rotary (Phi-4-mini): caches [max_pos, rotary_dim / 2]; GroupQueryAttention rotates the first
+    # rotary_dim values of each head by their width, _rotary likewise. longrope: one set of factors per graph.
+    if spec.rope_dim != hd:
+        b.partial_rotary = (spec.rope_dim, hd - spec.rope_dim)
+    factors = longrope_choice(spec.rope_freq_factors, spec.rope_long_freq_factors, spec.rope_original_context, max_pos)
+    cos, sin = rope_cache(spec.rope_theta, spec.rope_dim, max_pos, factors, spec.rope_attn_factor)
     b.weight("rope_cos_cache", cos)
     b.weight("rope_sin_cache", sin)
     if local_rope:

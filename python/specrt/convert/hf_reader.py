@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from specrt.convert.errors import ConversionError, ModelFileError, UnsupportedArchitectureError, UnsupportedModelError
-from specrt.convert.gguf_reader import ARCH_INFO, ModelSpec, checked_sliding_window
+from specrt.convert.gguf_reader import ARCH_INFO, ModelSpec, checked_sliding_window, fused_rows
 from specrt.convert.quant import BlockQuant, quantize_rtn
-from specrt.convert.rope import rope_scaling_factors
+from specrt.convert.rope import LongRope, hf_rope
 
 __all__ = ["HFFormatError", "HFModel", "hf_tokenizer", "is_hf_folder"]
 
@@ -54,6 +54,19 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+#: The fused tensors of a family with :attr:`ArchInfo.fused` (Phi-3), GGUF name -> Hugging Face name: they replace
+#: ``_LAYER_NAMES``' q/k/v and gate/up (``ffn_up`` is then both halves, gate first, as llama.cpp stores it).
+_FUSED_LAYER_NAMES = {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
+
+
+def layer_names(arch: str) -> dict[str, str]:
+    """GGUF name -> Hugging Face name (``model.layers.{i}.`` omitted) of the layer tensors of family ``arch``."""
+    if not ARCH_INFO[arch].fused:
+        return _LAYER_NAMES
+    unfused = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "ffn_gate.weight")
+    return {**{g: h for g, h in _LAYER_NAMES.items() if g not in unfused}, **_FUSED_LAYER_NAMES}
+
+
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -138,7 +151,7 @@ class HFModel:
             if hf_name in self._by_hf:
                 self.tensors[gguf_name] = self._by_hf[hf_name]
         for i in range(n_layers):
-            for g, h in _LAYER_NAMES.items():
+            for g, h in layer_names(arch).items():
                 hf_name = f"model.layers.{i}.{h}"
                 if hf_name in self._by_hf:
                     self.tensors[f"blk.{i}.{g}"] = self._by_hf[hf_name]
@@ -216,9 +229,12 @@ class HFModel:
         if scaling is not None and not isinstance(scaling, dict):
             raise HFFormatError(f"{self.path / 'config.json'}: {key} must be an object or null, got {scaling!r}")
         rope_theta = float(c.get("rope_theta") or (scaling or {}).get("rope_theta") or 10000.0)
-        freq_factors = rope_scaling_factors(scaling, rope_theta, head_dim, key)
         ffn, n_layers = int(req("intermediate_size")), int(req("num_hidden_layers"))
         max_pos = int(req("max_position_embeddings"))
+        rot = self._rotary_dim(head_dim, scaling or {}, key)
+        rope = hf_rope(scaling, rope_theta, rot, max_pos, c.get("original_max_position_embeddings"), key)
+        longrope = rope if isinstance(rope, LongRope) else None
+        freq_factors = longrope.short_factors if longrope is not None else rope
         window = None
         if ARCH_INFO[self.arch_name].sliding_window:
             window = checked_sliding_window(c.get("sliding_window"), max_pos, "config.json sliding_window")
@@ -248,6 +264,11 @@ class HFModel:
                 f"{p}.ffn_up.weight": (ffn, hidden),
                 f"{p}.ffn_down.weight": (hidden, ffn),
             }
+            if ARCH_INFO[self.arch_name].fused:
+                for part in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"):
+                    del expected[f"{p}.{part}.weight"]
+                expected[f"{p}.attn_qkv.weight"] = ((n_heads + 2 * n_kv) * head_dim, hidden)
+                expected[f"{p}.ffn_up.weight"] = (2 * ffn, hidden)
             if ARCH_INFO[self.arch_name].qk_norm:
                 expected |= {f"{p}.attn_q_norm.weight": (head_dim,), f"{p}.attn_k_norm.weight": (head_dim,)}
             if qkv_bias:
@@ -287,14 +308,42 @@ class HFModel:
             qk_norm=ARCH_INFO[self.arch_name].qk_norm,
             rope_freq_factors=None if freq_factors is None else tuple(float(f) for f in freq_factors),
             sliding_window=window,
+            rotary_dim=rot if rot != head_dim else None,
+            rope_long_freq_factors=None if longrope is None else longrope.long_factors,
+            rope_original_context=None if longrope is None else longrope.original_max_position_embeddings,
+            rope_attn_factor=1.0 if longrope is None else longrope.attention_factor,
         )
 
-    @staticmethod
-    def _hf_name(gguf_name: str) -> str:
+    def _rotary_dim(self, head_dim: int, scaling: dict[str, Any], key: str) -> int:
+        """``head_dim * partial_rotary_factor`` (``config.json``, or inside ``rope_parameters``; default 1).
+
+        Raises:
+            UnsupportedModelError: a factor other than 1 in a family without partial rotary, or one giving an odd or
+                zero width.
+        """
+        field, factor = "partial_rotary_factor", self.config.get("partial_rotary_factor")
+        if factor is None:
+            field, factor = f"{key}.partial_rotary_factor", scaling.get("partial_rotary_factor", 1.0)
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+            raise UnsupportedModelError(f"config.json {field} must be a number in (0, 1], got {factor!r}")
+        rot = int(head_dim * factor)
+        if rot == head_dim:
+            return rot
+        if not ARCH_INFO[self.arch_name].partial_rotary:
+            raise UnsupportedModelError(
+                f"partial rotary (config.json {field} = {factor}) is not implemented for {self.arch_name} (phi3 only)"
+            )
+        if rot < 2 or rot % 2:
+            raise UnsupportedModelError(
+                f"config.json {field} = {factor} gives a rotary width of {rot} of head_dim {head_dim} (must be even)"
+            )
+        return rot
+
+    def _hf_name(self, gguf_name: str) -> str:
         if gguf_name in _GLOBAL_NAMES:
             return _GLOBAL_NAMES[gguf_name]
         _, i, rest = gguf_name.split(".", 2)
-        return f"model.layers.{i}.{_LAYER_NAMES[rest]}"
+        return f"model.layers.{i}.{layer_names(self.arch_name)[rest]}"
 
     # ----- tensors ------------------------------------------------------------------------------------------------
     def tensor(self, name: str, spec: ModelSpec | None = None, *, unpermute_qk: bool = True) -> np.ndarray:
@@ -306,6 +355,14 @@ class HFModel:
         Raises:
             HFFormatError: no such tensor, or its bytes cannot be read.
         """
+        if name not in self.tensors or name.endswith(".ffn_up.weight"):
+            src = fused_rows(name, spec or self.spec(), self.tensors)
+            if src is not None:  # a part of a fused matrix (Phi-3's qkv_proj / gate_up_proj)
+                return np.ascontiguousarray(self._read(src[0])[src[1]])
+        return self._read(name)
+
+    def _read(self, name: str) -> np.ndarray:
+        """Tensor ``name`` (GGUF naming) as stored, float32."""
         t = self.tensors.get(name)
         if t is None:
             raise HFFormatError(f"{self.path}: tensor {self._hf_name(name)!r} is missing")

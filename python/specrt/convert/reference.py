@@ -9,7 +9,10 @@ has a window: Hugging Face's ``sliding_window_overlay``, key j visible to query 
 Gemma 3's layers as llama.cpp's ``gemma3`` graph runs them (embeddings times sqrt(hidden), norms after attention and
 after the MLP, GELU with the tanh approximation, local layers windowed with their own rotary base, global layers
 not), and float64 arithmetic. Agreement with the ONNX graph therefore checks the
-un-permutation, the fused projections and the rotary setup, not just the plumbing.
+un-permutation, the fused projections and the rotary setup, not just the plumbing. Phi-3's fused ``attn_qkv`` and
+``ffn_up`` (gate | up) are split here from the stored matrices' products, its partial rotary (``rope.dimension_count``)
+and longrope (``rope_factors_short`` / ``rope_factors_long`` by the context, ``rope.scaling.attn_factor`` on cos and
+sin) read from the file as llama.cpp reads them.
 
 Slow and memory-hungry by design (full recompute, no cache); fine for tiny models and for short prompts on
 SmolLM2-135M.
@@ -24,7 +27,7 @@ from specrt.convert.gguf_reader import GGUFModel, ModelSpec
 __all__ = ["ROPE_MODE", "reference_logits"]
 
 #: llama.cpp's rotary layout per architecture (``llama_model_rope_type``): NORM = adjacent pairs, NEOX = halves.
-ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "mistral": "norm", "gemma3": "neox"}
+ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "mistral": "norm", "phi3": "neox", "gemma3": "neox"}
 
 
 def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -36,15 +39,28 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
 
 
-def _rope(x: np.ndarray, positions: np.ndarray, theta: float, mode: str, factors: np.ndarray | None) -> np.ndarray:
-    """Rotate ``x`` ``[S, heads, d]`` at ``positions`` ``[S]``; ``factors`` ``[d/2]`` divide the frequencies
-    (llama.cpp's ``rope_freqs`` / ``freq_factors``, Llama 3.x)."""
+def _rope(
+    x: np.ndarray,
+    positions: np.ndarray,
+    theta: float,
+    mode: str,
+    factors: np.ndarray | None,
+    n_rot: int | None = None,
+    attn_factor: float = 1.0,
+) -> np.ndarray:
+    """Rotate ``x`` ``[S, heads, d]`` at ``positions`` ``[S]``; ``factors`` ``[n_rot/2]`` divide the frequencies
+    (llama.cpp's ``rope_freqs`` / ``freq_factors``: Llama 3.x, Phi-3's longrope sets). As ``ggml_rope_ext``: only the
+    first ``n_rot`` values of a head rotate (``rope.dimension_count``; the rest are copied) and cos / sin are
+    multiplied by ``attn_factor`` (``mscale``)."""
+    if n_rot is not None and n_rot < x.shape[-1]:
+        rotated = _rope(x[..., :n_rot], positions, theta, mode, factors, None, attn_factor)
+        return np.concatenate([rotated, x[..., n_rot:]], axis=-1)
     d = x.shape[-1]
     inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     if factors is not None:
         inv_freq = inv_freq / factors
     ang = positions[:, None].astype(np.float64) * inv_freq[None, :]  # [S, d/2]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    cos, sin = attn_factor * np.cos(ang)[:, None, :], attn_factor * np.sin(ang)[:, None, :]
     if mode == "norm":
         a, b = x[..., 0::2], x[..., 1::2]
         out = np.empty_like(x)
@@ -55,13 +71,33 @@ def _rope(x: np.ndarray, positions: np.ndarray, theta: float, mode: str, factors
     return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
 
-def reference_logits(model: GGUFModel, token_ids: list[int] | np.ndarray, spec: ModelSpec | None = None) -> np.ndarray:
+def _rope_setup(model: GGUFModel, arch: str, head_dim: int, context: int) -> tuple[np.ndarray | None, int, float]:
+    """``(frequency divisors, n_rot, attn_factor)`` read from the file as llama.cpp reads them: ``rope_freqs`` or,
+    for longrope, ``rope_factors_long`` when ``context`` exceeds ``rope.scaling.original_context_length`` (default
+    the training context), else ``rope_factors_short`` (``llama_model::get_rope_factors`` with ``n_ctx_seq``)."""
+    n_rot = int(model.get(f"{arch}.rope.dimension_count", head_dim))
+    attn_factor = float(model.get(f"{arch}.rope.scaling.attn_factor", 1.0))
+    factors = None
+    if "rope_freqs.weight" in model.tensors:
+        factors = model.raw_tensor("rope_freqs.weight").astype(np.float64)
+    elif "rope_factors_long.weight" in model.tensors:
+        original = int(model.get(f"{arch}.rope.scaling.original_context_length", model.get(f"{arch}.context_length")))
+        name = "rope_factors_long.weight" if context > original else "rope_factors_short.weight"
+        factors = model.raw_tensor(name).astype(np.float64)
+    return factors, n_rot, attn_factor
+
+
+def reference_logits(
+    model: GGUFModel, token_ids: list[int] | np.ndarray, spec: ModelSpec | None = None, context: int | None = None
+) -> np.ndarray:
     """Logits of every position of ``token_ids`` (positions 0..S-1), computed from scratch in float64.
 
     Args:
         model: the opened GGUF.
         token_ids: ``S`` token ids.
         spec: hyperparameters (read from ``model`` when omitted).
+        context: the context size the model runs with (llama.cpp's ``n_ctx``; specrt's ``max_positions``), which
+            picks longrope's short or long factors; default ``spec.max_position_embeddings``.
 
     Returns:
         float64 ``[S, vocab_size]``.
@@ -76,7 +112,9 @@ def reference_logits(model: GGUFModel, token_ids: list[int] | np.ndarray, spec: 
         return model.raw_tensor(name).astype(np.float64)
 
     # Read from the file as llama.cpp does (not from spec), so the reader's handling of it is checked too.
-    factors = t("rope_freqs.weight") if "rope_freqs.weight" in model.tensors else None
+    factors, n_rot, attn_factor = _rope_setup(
+        model, model.architecture, hd, spec.max_position_embeddings if context is None else context
+    )
     embed = model.raw_tensor("token_embd.weight")
     h = embed[ids].astype(np.float64)  # [S, H]
     if spec.arch.embed_scale:
@@ -90,15 +128,18 @@ def reference_logits(model: GGUFModel, token_ids: list[int] | np.ndarray, spec: 
             causal += np.tril(np.full((S, S), -np.inf), k=-window)
         theta = spec.layer_rope_theta(i)
         x = _rms_norm(h, t(f"{p}.attn_norm.weight"), spec.rms_norm_eps)
-        q, k, v = (x @ t(f"{p}.attn_{n}.weight").T for n in "qkv")
+        if f"{p}.attn_qkv.weight" in model.tensors:  # phi3: one fused matrix, rows q | k | v
+            q, k, v = np.split(x @ t(f"{p}.attn_qkv.weight").T, [nh * hd, (nh + kvh) * hd], axis=-1)
+        else:
+            q, k, v = (x @ t(f"{p}.attn_{n}.weight").T for n in "qkv")
         if f"{p}.attn_q.bias" in model.tensors:
             q, k, v = q + t(f"{p}.attn_q.bias"), k + t(f"{p}.attn_k.bias"), v + t(f"{p}.attn_v.bias")
         q, k = q.reshape(S, nh, hd), k.reshape(S, kvh, hd)
         if spec.qk_norm:  # qwen3: RMSNorm of each head's q and k (weights [hd]) before rotary
             q = _rms_norm(q, t(f"{p}.attn_q_norm.weight"), spec.rms_norm_eps)
             k = _rms_norm(k, t(f"{p}.attn_k_norm.weight"), spec.rms_norm_eps)
-        q = _rope(q, pos, theta, mode, factors)
-        k = _rope(k, pos, theta, mode, factors)
+        q = _rope(q, pos, theta, mode, factors, n_rot, attn_factor)
+        k = _rope(k, pos, theta, mode, factors, n_rot, attn_factor)
         v = v.reshape(S, kvh, hd)
         group = nh // kvh
         out = np.empty((S, nh, hd))
@@ -112,7 +153,10 @@ def reference_logits(model: GGUFModel, token_ids: list[int] | np.ndarray, spec: 
             o = _rms_norm(o, t(f"{p}.post_attention_norm.weight"), spec.rms_norm_eps)
         h = h + o
         x = _rms_norm(h, t(f"{p}.ffn_norm.weight"), spec.rms_norm_eps)
-        gate, up = x @ t(f"{p}.ffn_gate.weight").T, x @ t(f"{p}.ffn_up.weight").T
+        if f"{p}.ffn_gate.weight" in model.tensors:
+            gate, up = x @ t(f"{p}.ffn_gate.weight").T, x @ t(f"{p}.ffn_up.weight").T
+        else:  # phi3: ffn_up holds both halves, the gate first (llama.cpp's ggml_swiglu)
+            gate, up = np.split(x @ t(f"{p}.ffn_up.weight").T, 2, axis=-1)
         act = _gelu_tanh(gate) if spec.arch.mlp_activation == "gelu_tanh" else gate / (1.0 + np.exp(-gate))
         o = (act * up) @ t(f"{p}.ffn_down.weight").T
         if spec.arch.sandwich_norms:

@@ -95,6 +95,8 @@ def write_tiny_gguf(
     rope_scaling_llama3: dict[str, float] | None = None,
     sliding_window: int | None = None,
     spm_vocab: tuple[list[str], list[float], list[int]] | None = None,
+    rotary_dim: int | None = None,
+    longrope: dict | None = None,
     sliding_window_pattern: int | None = None,
     rope_local_theta: float | None = None,
 ) -> Path:
@@ -139,6 +141,16 @@ def write_tiny_gguf(
     ``gemma3`` files have Gemma 3's tensors: per-head q/k norms, ``post_attention_norm`` / ``post_ffw_norm`` (the
     norms stored as llama.cpp stores them, ``1 + w``: weights ~ 1).
 
+        rotary_dim: ``{arch}.rope.dimension_count`` when it differs from ``head_dim`` (partial rotary, ``phi3``).
+        longrope: a Hugging Face longrope scaling: ``short_factor`` / ``long_factor`` (``[rotary width / 2]``
+            lists) and ``original_max_position_embeddings``, written as llama.cpp's converter writes Phi-3.5:
+            float32 ``rope_factors_short.weight`` / ``rope_factors_long.weight``,
+            ``{arch}.rope.scaling.original_context_length`` and ``{arch}.rope.scaling.attn_factor``
+            (:func:`specrt.convert.rope.longrope_attention_factor` of ``context``).
+
+    ``phi3`` files store q/k/v as one ``attn_qkv`` matrix and gate/up as one ``ffn_up`` ``[2 ffn, hidden]`` (the
+    gate's rows first), as llama.cpp's converter writes Phi-3.
+
     Returns:
         ``Path(path)``.
     """
@@ -171,6 +183,14 @@ def write_tiny_gguf(
     w.add_rope_freq_base(rope_theta)
     if sliding_window is not None:
         w.add_sliding_window(sliding_window)
+    if rotary_dim is not None:
+        w.add_rope_dimension_count(rotary_dim)
+    if longrope is not None:
+        from specrt.convert.rope import longrope_attention_factor
+
+        original = int(longrope["original_max_position_embeddings"])
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(longrope_attention_factor(context, original))
     if sliding_window_pattern is not None:
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", sliding_window_pattern)
     if rope_local_theta is not None:
@@ -205,6 +225,20 @@ def write_tiny_gguf(
 
     pad_rng = np.random.default_rng([seed, pad_rows])
 
+    def draw(rows: int, cols: int, scale: float) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+
+    def put(name: str, x: np.ndarray, qtype: str) -> None:
+        if qtype == "F32":
+            w.add_tensor(name, x)
+        elif qtype == "F16":
+            w.add_tensor(name, x.astype(np.float16))
+        elif qtype in ("Q4_K", "Q6_K"):
+            raise ValueError(f"fused phi3 matrices need a matrix_type other than {qtype}")
+        else:
+            q = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(name, quantize(x, q), raw_dtype=q)
+
     def mat(name: str, rows: int, cols: int, qtype: str, scale: float, pad: bool = False) -> None:
         if qtype in ("Q4_K", "Q6_K"):
             if pad and pad_rows:
@@ -230,9 +264,13 @@ def write_tiny_gguf(
     for i in range(n_layers):
         p = f"blk.{i}"
         vec(f"{p}.attn_norm.weight", hidden, 1.0, 0.1)
-        mat(f"{p}.attn_q.weight", n_heads * head_dim, hidden, matrix_type, 0.3)
-        mat(f"{p}.attn_k.weight", n_kv_heads * head_dim, hidden, matrix_type, 0.3)
-        mat(f"{p}.attn_v.weight", n_kv_heads * head_dim, hidden, matrix_type, 0.3)
+        if arch == "phi3":  # rows q | k | v in one matrix
+            rows = (n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim)
+            put(f"{p}.attn_qkv.weight", np.concatenate([draw(r, hidden, 0.3) for r in rows]), matrix_type)
+        else:
+            mat(f"{p}.attn_q.weight", n_heads * head_dim, hidden, matrix_type, 0.3)
+            mat(f"{p}.attn_k.weight", n_kv_heads * head_dim, hidden, matrix_type, 0.3)
+            mat(f"{p}.attn_v.weight", n_kv_heads * head_dim, hidden, matrix_type, 0.3)
         if qkv_bias:
             vec(f"{p}.attn_q.bias", n_heads * head_dim, 0.0, 0.5)
             vec(f"{p}.attn_k.bias", n_kv_heads * head_dim, 0.0, 0.5)
@@ -244,8 +282,11 @@ def write_tiny_gguf(
         if sandwich:
             vec(f"{p}.post_attention_norm.weight", hidden, 1.0, 0.3)
         vec(f"{p}.ffn_norm.weight", hidden, 1.0, 0.1)
-        mat(f"{p}.ffn_gate.weight", ffn, hidden, matrix_type, 0.2)
-        mat(f"{p}.ffn_up.weight", ffn, hidden, matrix_type, 0.2)
+        if arch == "phi3":  # gate | up in one matrix, the gate first
+            put(f"{p}.ffn_up.weight", np.concatenate([draw(ffn, hidden, 0.2), draw(ffn, hidden, 0.2)]), matrix_type)
+        else:
+            mat(f"{p}.ffn_gate.weight", ffn, hidden, matrix_type, 0.2)
+            mat(f"{p}.ffn_up.weight", ffn, hidden, matrix_type, 0.2)
         mat(f"{p}.ffn_down.weight", hidden, ffn, matrix_type, 0.2)
         if sandwich:
             vec(f"{p}.post_ffw_norm.weight", hidden, 1.0, 0.3)
@@ -255,6 +296,9 @@ def write_tiny_gguf(
 
         factors = rope_scaling_factors({"rope_type": "llama3", **rope_scaling_llama3}, rope_theta, head_dim)
         w.add_tensor("rope_freqs.weight", np.asarray(factors, dtype=np.float32))
+    if longrope is not None:
+        for kind in ("short", "long"):
+            w.add_tensor(f"rope_factors_{kind}.weight", np.asarray(longrope[f"{kind}_factor"], dtype=np.float32))
     if not tied:
         mat("output.weight", vocab, hidden, embed_type, 0.5, pad=True)
     try:  # write_header_to_file opens the file: close it on every path
@@ -309,7 +353,7 @@ def write_hf_folder(
     import struct
 
     from specrt.convert.gguf_reader import ARCH_INFO, GGUFModel
-    from specrt.convert.hf_reader import _GLOBAL_NAMES, _LAYER_NAMES
+    from specrt.convert.hf_reader import _GLOBAL_NAMES, layer_names
     from specrt.convert.tokenizer import build_tokenizer
 
     with GGUFModel(gguf_path) as model:
@@ -317,22 +361,30 @@ def write_hf_folder(
         tensors: dict[str, np.ndarray] = {}
         from specrt.convert.rope import rope_scaling_factors
 
-        implied = rope_scaling_factors(rope_scaling, spec.rope_theta, spec.head_dim)
-        stored = spec.rope_freq_factors
+        implied: np.ndarray | None
+        stored: tuple[float, ...] | None
+        if rope_scaling and rope_scaling.get("rope_type") == "longrope":  # the file's sets are the config's
+            implied = np.asarray([*rope_scaling["short_factor"], *rope_scaling["long_factor"]], dtype=np.float64)
+            stored = spec.rope_freq_factors
+            if spec.rope_long_freq_factors is not None and stored is not None:
+                stored = (*stored, *spec.rope_long_freq_factors)
+        else:
+            implied = rope_scaling_factors(rope_scaling, spec.rope_theta, spec.head_dim)
+            stored = spec.rope_freq_factors
         if (implied is None) != (stored is None) or (
             stored is not None and not np.allclose(implied, stored, rtol=1e-6, atol=0)
         ):
             raise ValueError(f"rope_scaling {rope_scaling!r} does not give the GGUF's rope_freqs.weight")
         for name in model.tensors:
-            if name == "rope_freqs.weight":  # config.json's rope_scaling carries it
+            if name.startswith("rope_f"):  # rope_freqs / rope_factors_*: config.json's rope_scaling carries them
                 continue
             if name in _GLOBAL_NAMES:
                 hf = _GLOBAL_NAMES[name]
             else:
                 _, i, rest = name.split(".", 2)
-                hf = f"model.layers.{i}.{_LAYER_NAMES[rest]}"
-            if hf not in drop:
-                tensors[hf] = model.tensor(name, spec)
+                hf = f"model.layers.{i}.{layer_names(spec.architecture)[rest]}"
+            if hf not in drop:  # fused phi3 matrices as stored (tensor() would hand out a part)
+                tensors[hf] = model.raw_tensor(name) if spec.arch.fused else model.tensor(name, spec)
         tok, info = build_tokenizer(model)
         if model_type is None:
             mistral = model.get("general.name") == "tiny-random-mistral" or spec.sliding_window is not None
@@ -383,6 +435,12 @@ def write_hf_folder(
         "tie_word_embeddings": spec.tied_embeddings,
         "torch_dtype": {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype],
         **({"sliding_window": spec.sliding_window} if arch.sliding_window else {}),
+        **({"partial_rotary_factor": spec.rope_dim / spec.head_dim} if spec.rotary_dim is not None else {}),
+        **(
+            {"original_max_position_embeddings": spec.rope_original_context}
+            if spec.rope_original_context is not None
+            else {}
+        ),
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     tok.save(str(folder / "tokenizer.json"))
