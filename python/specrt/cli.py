@@ -379,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--drain-timeout",
         type=float,
         default=serve_defaults.DRAIN_TIMEOUT_S,
-        help="seconds open streams get at shutdown",
+        help="seconds admitted requests get to finish after SIGTERM / SIGINT (fractions honoured); then they are cut",
     )
     sv.add_argument(
         "--api-key",

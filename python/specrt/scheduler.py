@@ -99,6 +99,7 @@ class RequestHandle:
     _error: BaseException | None = field(default=None, repr=False)
     _done: bool = field(default=False, repr=False)
     _cancelled: bool = field(default=False, repr=False)
+    _cancel_error: BaseException | None = field(default=None, repr=False)  # what a cancel ends it with
     _waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list, repr=False)
     _tokens: list[int] = field(default_factory=list, repr=False)  # generated so far (for a timeout's error)
     _text: list[str] = field(default_factory=list, repr=False)
@@ -131,9 +132,11 @@ class RequestHandle:
         """Whether :meth:`cancel` was called."""
         return self._cancelled
 
-    def cancel(self) -> None:
+    def cancel(self, error: BaseException | None = None) -> None:
         """Stop this request: a queued one never starts, a running one stops after its current round; its result
-        is then :class:`~specrt.errors.GenerationCancelled`. No effect once done."""
+        is then ``error``, by default :class:`~specrt.errors.GenerationCancelled`. No effect once done."""
+        if not self._cancelled:
+            self._cancel_error = error
         self._cancelled = True
 
     def result(self, timeout: float | None = None) -> GenerationResult:
@@ -371,6 +374,18 @@ class Scheduler:
         self._worker.join(timeout)
         return not self._worker.is_alive()
 
+    def cut(self, why: str) -> int:
+        """Stop accepting requests and end every queued and running one now (a running one after its current
+        round) with :class:`SchedulerClosedError` (``why``): a server's drain deadline. Returns how many were cut.
+        The worker keeps running until :meth:`close`."""
+        with self._cond:
+            self._closed = True
+            handles = [h for h in [*self._queue, *self._active] if not h.done]
+            for h in handles:
+                h.cancel(SchedulerClosedError(f"request {h.request_id}: {why}"))
+            self._cond.notify_all()
+        return len(handles)
+
     def __enter__(self) -> Scheduler:
         return self
 
@@ -498,7 +513,9 @@ def _may_start(h: RequestHandle) -> bool:
     """Whether a dequeued request starts now; if not (cancelled, or timed out in the queue) it is finished here."""
     deadline = _deadline(h)
     if h.cancelled:
-        h._finish(None, GenerationCancelled(f"request {h.request_id} was cancelled before it started"))
+        h._finish(
+            None, h._cancel_error or GenerationCancelled(f"request {h.request_id} was cancelled before it started")
+        )
         return False
     if deadline is not None and time.perf_counter() >= deadline:
         h._finish(None, _timeout(h, [], "", queued=True))
@@ -528,7 +545,10 @@ def _deliver(h: RequestHandle, chunk: StreamChunk) -> bool:
 def _ended_early(h: RequestHandle) -> bool:
     """Finish a running request that was cancelled or ran past its deadline; returns whether it did."""
     if h.cancelled:
-        h._finish(None, GenerationCancelled(f"request {h.request_id} was cancelled after {len(h._tokens)} tokens"))
+        error = h._cancel_error or GenerationCancelled(
+            f"request {h.request_id} was cancelled after {len(h._tokens)} tokens"
+        )
+        h._finish(None, error)
         return True
     deadline = _deadline(h)
     if deadline is not None and time.perf_counter() >= deadline:

@@ -24,6 +24,7 @@ from specrt.server.context import ServerContext, card, model_not_found, unavaila
 from specrt.server.guard import RequestGuard
 from specrt.server.metrics import Metrics
 from specrt.server.schemas import body_doc, generation_ok, json_doc, openapi_components, pydantic_models, responses_doc
+from specrt.server.shutdown import run_server as _run_server
 from specrt.server.tokenize import detokenize, tokenize, tokenizer_info
 from specrt.server.wire import error_response
 
@@ -112,6 +113,7 @@ def create_app(
         body_timeout_s=body_timeout_s,
     )
     app.state.scheduler = scheduler
+    app.state.context = ctx
     app.state.metrics = metrics
 
     def openapi() -> dict[str, Any]:
@@ -206,8 +208,7 @@ def run_server(
     log_level: str = "info",
     drain_timeout_s: float = defaults.DRAIN_TIMEOUT_S,
 ) -> None:
-    """Serve ``app`` with uvicorn until SIGINT / SIGTERM; then stop accepting and drain (at most
-    ``drain_timeout_s`` seconds for open streams)."""
-    import uvicorn
-
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=int(drain_timeout_s))
+    """Serve ``app`` with uvicorn until SIGINT / SIGTERM; then answer new requests 503, let the admitted ones finish
+    for ``drain_timeout_s`` seconds (fractions honoured), end the rest (an error event and ``[DONE]`` for a stream, a
+    503 otherwise) and return (:mod:`specrt.server.shutdown`)."""
+    _run_server(app, host=host, port=port, log_level=log_level, drain_timeout_s=drain_timeout_s)

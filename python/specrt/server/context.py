@@ -8,7 +8,7 @@ from typing import Any
 
 from specrt.errors import ConfigError, GenerationCancelled, SequenceLengthError, VocabError
 from specrt.generate import Decoder, GenerationResult
-from specrt.scheduler import RequestTimeoutError, Scheduler
+from specrt.scheduler import RequestTimeoutError, Scheduler, SchedulerClosedError
 from specrt.server.metrics import Metrics
 from specrt.server.policy import param_of
 from specrt.server.schemas import parse_body
@@ -74,6 +74,8 @@ def outcome(ctx: ServerContext, error: BaseException | None, result: GenerationR
         return FINISH.get(result.finish_reason, result.finish_reason)
     if isinstance(error, RequestTimeoutError):
         return "timeout"
+    if isinstance(error, SchedulerClosedError):
+        return "shutdown"  # cut at the drain deadline
     if isinstance(error, GenerationCancelled):
         return "cancelled"
     if isinstance(error, (ConfigError, VocabError, SequenceLengthError)):
@@ -86,6 +88,8 @@ def failure(ctx: ServerContext, error: BaseException, req: Any) -> Any:
         return error_response(504, str(error), "timeout_error", code="request_timeout")
     if isinstance(error, GenerationCancelled):
         return error_response(499, str(error), "cancelled", code="cancelled")
+    if isinstance(error, SchedulerClosedError):  # cut at the drain deadline (503 with Retry-After)
+        return error_response(503, str(error), "server_error", code="shutting_down")
     if isinstance(error, (ConfigError, ValueError)):
         return error_response(400, str(error), "invalid_request_error", param_of(error, req))
     return error_response(500, f"{type(error).__name__}: {error}", "server_error")

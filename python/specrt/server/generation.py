@@ -297,6 +297,9 @@ async def stream(
     except RequestTimeoutError as e:
         error = e
         yield error_event(str(e), "timeout_error", "request_timeout")
+    except SchedulerClosedError as e:  # cut at the server's drain deadline: the client is told, then [DONE]
+        error = e
+        yield error_event(str(e), "server_error", "shutting_down")
     except GenerationCancelled as e:
         error = e
     except Exception as e:

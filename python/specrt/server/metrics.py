@@ -18,6 +18,11 @@ class Metrics:
         self.requests = Counter(
             "specrt_requests", "Requests ended, by endpoint and outcome", ["endpoint", "outcome"], registry=r
         )
+        self.cut_at_shutdown = Counter(
+            "specrt_requests_cut_at_shutdown",
+            "Requests still running or queued at the shutdown's drain deadline, ended then",
+            registry=r,
+        )
         self.prompt_tokens = Counter("specrt_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("specrt_generation_tokens", "Tokens generated (finished requests)", registry=r)
         self.drafted = Counter("specrt_draft_tokens", "Draft tokens proposed and verified", registry=r)
