@@ -2,7 +2,8 @@
 tiny random-weight GGUF (family_checks.FAMILIES, every structural feature on: llama.cpp's permuted q/k rows,
 qwen2's q/k/v biases, qwen3's q/k norms and head_dim of its own, llama3's ``rope_freqs`` scaling, mistral's head_dim
 16 under a 128 / 4 split and its window, gemma3's four norms per layer, GELU-tanh, scaled embeddings and a local
-windowed layer with a rotary base of its own beside a global one), from the GGUF and from the same weights as a
+windowed layer with a rotary base of its own beside a global one, phi3's fused qkv and gate/up, partial rotary and
+longrope with its attention factor), from the GGUF and from the same weights as a
 Hugging Face folder (gemma3: the GGUF only), equal llama.cpp's logits of the GGUF over a prefill, a chunk on the
 cache, a rollback and a one-token step (gemma3 within a tolerance widened for llama.cpp's float16 GELU table:
 :data:`FP16_GELU`).
@@ -31,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from family_checks import FAMILIES, convert_changed, tolerance
+from family_checks import FAMILIES, convert_changed, hf_folder_kwargs, tolerance
 from specrt.convert import convert
 from specrt.convert.tiny import write_hf_folder, write_tiny_gguf
 from test_convert_formats import IDS
@@ -52,6 +53,7 @@ BROKEN = {
     "llama3": {"rope_freq_factors": None},
     "mistral": {"sliding_window": 4},  # a misread window, 4 instead of 16
     "gemma3": {"rope_local_theta": 1e6},  # the local layer on the global rotary base
+    "phi3": {"rope_long_freq_factors": None},  # the short longrope set where the long one rotates
 }
 
 #: llama.cpp's CPU GELU (Gemma's MLP gate) reads a float16 table (ggml-cpu/vec.h, GGML_GELU_FP16): the gate's value
@@ -85,12 +87,13 @@ def llama_cpp_python() -> Path:
     return python
 
 
-def llama_cpp_logits(python: Path, gguf: Path) -> list[np.ndarray]:
-    """llama.cpp's float32 logits ``[len(tokens), vocab]`` of each of :data:`STEPS` on one cache."""
+def llama_cpp_logits(python: Path, gguf: Path, n_ctx: int = 64) -> list[np.ndarray]:
+    """llama.cpp's float32 logits ``[len(tokens), vocab]`` of each of :data:`STEPS` on one cache of ``n_ctx``
+    positions (llama.cpp rounds it up to a multiple of 256)."""
     request = gguf.with_suffix(".request.json")
     out = gguf.with_suffix(".llama_cpp.npz")
     steps = [{"n_past": n_past, "tokens": tokens} for n_past, tokens in STEPS]
-    request.write_text(json.dumps({"model": str(gguf), "n_ctx": 64, "steps": steps}))
+    request.write_text(json.dumps({"model": str(gguf), "n_ctx": n_ctx, "steps": steps}))
     r = subprocess.run([str(python), str(WORKER), str(request), str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     with np.load(out) as z:
@@ -136,9 +139,7 @@ def test_fp32_logits_equal_llama_cpp(oracle: dict, tmp_path: Path, family: str, 
     gguf, want = oracle[family]
     if source == "hf" and family in GGUF_ONLY:
         pytest.skip(f"{family}: {GGUF_ONLY[family]}")
-    scaling = ORACLE[family].get("rope_scaling_llama3")
-    hf_kw = {"rope_scaling": {"rope_type": "llama3", **scaling}} if scaling else {}
-    src = gguf if source == "gguf" else write_hf_folder(gguf, tmp_path / "hf", **hf_kw)
+    src = gguf if source == "gguf" else write_hf_folder(gguf, tmp_path / "hf", **hf_folder_kwargs(ORACLE[family]))
     folder = convert(src, tmp_path / "onnx", progress=False)
     got = specrt_logits(folder)
     errors = step_errors(got, want, family)
@@ -167,3 +168,24 @@ def test_llama_cpp_runs_a_mistral_gguf_without_its_window(llama_cpp_python: Path
     errors = step_errors(specrt_logits(convert(gguf, tmp_path / "windowed", progress=False)), want)
     print(f"mistral, window 5, specrt vs llama.cpp: max error / tolerance per step {[round(e) for e in errors]}")
     assert min(errors) > 10, errors
+
+
+@pytest.mark.parametrize(("n_ctx", "max_positions", "factors"), [(64, 256, "short"), (512, 1024, "long")])
+def test_llama_cpp_and_specrt_pick_the_same_longrope_set(
+    llama_cpp_python: Path, tmp_path: Path, n_ctx: int, max_positions: int, factors: str
+) -> None:
+    """longrope's switch: llama.cpp rotates with the long factors when its context (``n_ctx`` rounded up to 256)
+    exceeds ``original_max_position_embeddings`` (256 here), specrt when the graph is made for more positions than
+    that (``max_positions``). A context of 256 gives the short set on both sides, one of 512 / 1024 the long set;
+    each equals llama.cpp within the tolerance and is far from it with the other set."""
+    longrope = dict(ORACLE["phi3"]["longrope"], original_max_position_embeddings=256)
+    gguf = write_tiny_gguf(tmp_path / "m.gguf", seed=5, **dict(ORACLE["phi3"], context=1024, longrope=longrope))
+    want = llama_cpp_logits(llama_cpp_python, gguf, n_ctx)
+    folder = convert(gguf, tmp_path / "onnx", progress=False, max_positions=max_positions)
+    assert json.loads((folder / "specrt_config.json").read_text())["rope_scaling"]["factors"] == factors
+    errors = step_errors(specrt_logits(folder), want)
+    print(f"phi3 {factors} factors (n_ctx {n_ctx}): max error / tolerance per step {[round(e, 4) for e in errors]}")
+    assert max(errors) <= 1, errors
+    other = 1024 if factors == "short" else 256
+    wrong = step_errors(specrt_logits(convert(gguf, tmp_path / "other", progress=False, max_positions=other)), want)
+    assert min(wrong) > 10, wrong
