@@ -214,3 +214,20 @@ def test_a_converted_phi3_decodes(gguf: Path, tmp_path: Path) -> None:
         dec = specrt.Decoder(folder, max_seq_len=64)
         outs.append(dec.generate([3, 14, 15, 92], max_new_tokens=8, temperature=0, ignore_eos=True).token_ids)
     assert outs[0] == outs[1] and len(outs[0]) == 8
+
+
+@pytest.mark.parametrize("source", ["gguf", "hf"])
+def test_a_window_is_honoured(tmp_path: Path, source: str) -> None:
+    """Phi-3-mini-4k's ``sliding_window`` (2047 of 4096; Mistral's convention, M1 in docs/models.md), here 5 positions:
+    the reference with the window equals the converted model, and a converter ignoring it fails by far. llama.cpp
+    disables Phi's window, so the oracle cannot check this one."""
+    g = write_tiny_gguf(tmp_path / "w.gguf", seed=1, **dict(PHI3, sliding_window=5))
+    src = g if source == "gguf" else write_hf_folder(g, tmp_path / "hf", **hf_folder_kwargs(PHI3))
+    if source == "hf":
+        assert json.loads((src / "config.json").read_text())["sliding_window"] == 5
+    with GGUFModel(g) as model:
+        assert model.spec().sliding_window == 5
+        errors = sequence_errors(convert(src, tmp_path / "onnx", progress=False), model)
+    assert max(errors) <= 1, errors
+    broken = errors_without(g, tmp_path / "broken", sliding_window=None)
+    assert min(broken) > 100, broken
