@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import specrt
@@ -103,6 +104,13 @@ def test_python_and_rust_give_the_same_text_and_tokens(folders, decoders, prompt
     assert rs["token_ids"] == py.token_ids
     assert rs["text"] == py.text
     assert rs["finish_reason"] == py.finish_reason
+    assert _f32(rs["logprobs"]) == _f32(py.logprobs)
+
+
+def _f32(values: list[float]) -> list[float]:
+    """Log-probabilities as the f32 the engine computed (Rust prints each f32's shortest form, Python holds the f32
+    widened to a float): equal lists mean bit-identical values."""
+    return np.asarray(values, dtype=np.float32).tolist()
 
 
 def test_a_stop_string_that_ends_inside_a_token_cuts_the_same_in_python_and_rust(folders, decoders) -> None:
@@ -194,3 +202,4 @@ def test_batched_python_and_rust_give_the_same_text_and_tokens(folders, batched,
         assert r["token_ids"] == p.token_ids, i
         assert r["text"] == p.text, i
         assert r["finish_reason"] == p.finish_reason, i
+        assert _f32(r["logprobs"]) == _f32(p.logprobs), i

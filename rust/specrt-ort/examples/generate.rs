@@ -214,7 +214,7 @@ fn print_stats(out: &GenerationOutput, n_prompt: usize) {
 }
 
 /// A request's statistics on stderr: the table, or with `json` one JSON object (text, token ids, finish reason,
-/// counts; `"index"`: the prompt's position in a batched run).
+/// log-probabilities (f32, shortest form), counts; `"index"`: the prompt's position in a batched run).
 fn report(json: bool, index: Option<usize>, text: &str, prompt_ids: &[u32], o: &GenerationOutput) {
     if !json {
         print_stats(o, prompt_ids.len());
@@ -225,6 +225,7 @@ fn report(json: bool, index: Option<usize>, text: &str, prompt_ids: &[u32], o: &
         "prompt_token_ids": prompt_ids,
         "token_ids": o.tokens,
         "finish_reason": o.finish_reason.as_str(),
+        "logprobs": o.logprobs,
         "n_drafted": o.stats.n_drafted,
         "n_accepted": o.stats.n_accepted,
     });
