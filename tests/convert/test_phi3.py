@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import test_llama_cpp_oracle
+import test_mistral
 from family_checks import FAMILIES, copy_gguf, errors_without, hf_folder_kwargs, sequence_errors, tolerance
 from specrt.convert import GGUFFormatError, UnsupportedModelError, convert, gguf_reader
 from specrt.convert.gguf_reader import GGUFModel
@@ -36,6 +38,9 @@ from specrt.convert.tiny import write_hf_folder, write_tiny_gguf
 from test_convert_formats import IDS, Runner
 from test_mistral import batched_errors
 
+#: Fixtures of other modules: llama.cpp's venv python (skips where it is not built), a SentencePiece model trained here.
+llama_cpp_python = test_llama_cpp_oracle.llama_cpp_python
+spm = test_mistral.spm
 PHI3 = FAMILIES["phi3"]
 LONGROPE = PHI3["longrope"]
 
@@ -231,3 +236,48 @@ def test_a_window_is_honoured(tmp_path: Path, source: str) -> None:
     assert max(errors) <= 1, errors
     broken = errors_without(g, tmp_path / "broken", sliding_window=None)
     assert min(broken) > 100, broken
+
+
+#: Phi-3 chat turns (whitespace after the special tokens) and SentencePiece's own specials.
+CHAT_TEXTS = [
+    "<|user|>\nHello there<|end|>\n<|assistant|>\n",
+    "<|system|>  You are kind.<|end|>\n<|user|>\n\nHi  you<|end|>\n<|assistant|>",
+    "<s> x</s>  y<unk> z<|endoftext|> w",
+    "plain text  here\n",
+]
+
+
+def test_a_phi3_sentencepiece_vocabulary_tokenizes_chat_turns_as_llama_cpp(
+    llama_cpp_python: Path, spm: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Phi-3.5's GGUF vocabulary is SentencePiece with Phi's chat tokens; llama.cpp drops the whitespace after them in
+    a model named phi3 / phi-3 (``<|user|>\\n`` -> no newline token), but not after ``<unk>`` / ``<s>`` /
+    ``<|endoftext|>``. Ours from the GGUF tokenizes the chat turns as llama.cpp does; without that rule 3 of 4
+    differ."""
+    import subprocess
+
+    from specrt.convert import tokenizer as tokenizer_module
+    from specrt.convert.tokenizer import build_tokenizer
+
+    _, (pieces, scores, types) = spm
+    chat = ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"]
+    vocab = ([*pieces, *chat], [*scores, *[0.0] * len(chat)], [*types, *[3] * len(chat)])  # control tokens
+    g = write_tiny_gguf(tmp_path / "p.gguf", seed=1, spm_vocab=vocab, **dict(PHI3, matrix_type="F32"))
+    code = (
+        "import json, sys, llama_cpp; m = llama_cpp.Llama(model_path=sys.argv[1], vocab_only=True, verbose=False); "
+        "print(json.dumps([m.tokenize(t.encode(), add_bos=False, special=True) for t in json.loads(sys.argv[2])]))"
+    )
+    r = subprocess.run(
+        [str(llama_cpp_python), "-c", code, str(g), json.dumps(CHAT_TEXTS)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    want = json.loads(r.stdout)
+
+    def ours() -> list[list[int]]:
+        with GGUFModel(g) as model:
+            tok, _ = build_tokenizer(model)
+        return [tok.encode(t, add_special_tokens=False).ids for t in CHAT_TEXTS]
+
+    assert ours() == want
+    monkeypatch.setattr(tokenizer_module, "_rstripped_tokens", lambda model: lambda token: False)
+    assert sum(a != b for a, b in zip(ours(), want, strict=True)) == 3

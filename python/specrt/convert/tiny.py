@@ -169,9 +169,13 @@ def write_tiny_gguf(
     path = Path(path)
     family, arch = arch, "llama" if arch == "mistral" else arch
     w = gguf.GGUFWriter(str(path), arch)
-    # phi3: named as Phi-4-mini, whose byte-level BPE vocabulary the tiny one is like: llama.cpp's loader sets
-    # attributes on SentencePiece pieces ("</s>", "<unk>", "<s>") of a model whose name says "phi3" / "phi-3"
-    w.add_name("tiny-random-phi-4-mini" if family == "phi3" else f"tiny-random-{family}")
+    # phi3: named as Phi-3.5-mini with a SentencePiece vocabulary (as Phi-3.5's), else as Phi-4-mini (byte-level BPE):
+    # llama.cpp's loader sets attributes on the pieces "</s>", "<unk>", "<s>" and "<|endoftext|>" of a model whose name
+    # says "phi3" / "phi-3" (a byte-level vocabulary has none)
+    name = f"tiny-random-{family}"
+    if family == "phi3":
+        name = "tiny-random-phi-3.5-mini" if spm_vocab is not None else "tiny-random-phi-4-mini"
+    w.add_name(name)
     w.add_license("apache-2.0")
     w.add_block_count(n_layers)
     w.add_context_length(context)

@@ -241,6 +241,22 @@ def sentencepiece_bpe(
     return tok
 
 
+#: Special tokens of a Phi-3 vocabulary that keep the whitespace after them (llama.cpp's ``llama_vocab::load``).
+_PHI3_KEEP_SPACE = ("<unk>", "<s>", "<|endoftext|>")
+
+
+def _rstripped_tokens(model: GGUFModel) -> Any:
+    """Which added tokens drop the whitespace after them in the text (``AddedToken(rstrip=True)``), as llama.cpp's
+    vocabulary loader decides it (``llama_vocab::load``: "Per token attributes are missing from the GGUF file", set by
+    the lowercased ``general.name``): every special (control, unknown, user-defined) token but ``<unk>``, ``<s>`` and
+    ``<|endoftext|>`` of a model named ``phi3`` / ``phi-3`` (Phi-3 / Phi-3.5 chat prompts: ``<|user|>\n`` then the
+    text); none of other models."""
+    name = str(model.get("general.name", "")).lower()
+    if "phi3" not in name and "phi-3" not in name:
+        return lambda _token: False
+    return lambda token: token not in _PHI3_KEEP_SPACE
+
+
 def build_tokenizer(model: GGUFModel) -> tuple[Any, TokenizerInfo]:
     """Build the tokenizer described by ``model``'s metadata.
 
@@ -273,12 +289,13 @@ def build_tokenizer(model: GGUFModel) -> tuple[Any, TokenizerInfo]:
 
     special: dict[str, int] = {}
     added = []
+    rstrip = _rstripped_tokens(model)
     for i, (t, ty) in enumerate(zip(tokens, types, strict=True)):
         if ty in (_CONTROL, _UNKNOWN):  # llama.cpp matches both in text as special tokens, transformers too
             special[t] = i
-            added.append(AddedToken(t, special=True, normalized=False))
+            added.append(AddedToken(t, special=True, normalized=False, rstrip=rstrip(t)))
         elif ty == _USER_DEFINED:
-            added.append(AddedToken(t, special=False, normalized=False))
+            added.append(AddedToken(t, special=False, normalized=False, rstrip=rstrip(t)))
     # Registration keeps the ids: every added token already exists in the vocabulary.
     tok.add_tokens([a for a in added if not a.special])
     tok.add_special_tokens([a for a in added if a.special])

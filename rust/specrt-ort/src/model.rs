@@ -186,10 +186,12 @@ impl SpecrtConfig {
         let min_onnxruntime = match obj.get("min_onnxruntime") {
             None | Some(serde_json::Value::Null) => None,
             Some(serde_json::Value::String(v)) if version_numbers(v).is_some() => Some(v.clone()),
-            Some(v) => return Err(SpecError::Io(format!(
+            Some(v) => {
+                return Err(SpecError::Io(format!(
                 "{}: min_onnxruntime = {v} is invalid (expected a version string such as \"1.24\")",
                 origin.display()
-            ))),
+            )))
+            }
         };
         Ok(SpecrtConfig {
             min_onnxruntime,
