@@ -16,8 +16,8 @@ from typing import Any
 
 from specrt import _specrt
 from specrt.cli_args import K_RANGE, REQUEST_DEFAULTS, k_arg, positive_int
-from specrt.scheduler import DEFAULT_MAX_QUEUE
-from specrt.server import defaults as serve_defaults
+from specrt.server.cli_args import add_serve_arguments, app_options
+from specrt.server.defaults import API_KEY_ENV
 
 __all__ = ["DTYPES", "build_parser", "main"]
 
@@ -350,60 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--target", required=True, help="model name (specrt models list) or converted model folder")
     sv.add_argument("--draft", default=None, help="draft model name or folder (default: none, i.e. target-only)")
-    sv.add_argument("--host", default=serve_defaults.HOST, help="address to listen on")
-    sv.add_argument("--port", type=int, default=serve_defaults.PORT, help="TCP port")
-    sv.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name)")
-    sv.add_argument(
-        "--num-speculative-tokens",
-        "-k",
-        type=k_arg,
-        default=serve_defaults.NUM_SPECULATIVE_TOKENS,
-        help=f"K of requests that do not set num_speculative_tokens: {K_RANGE} or 'auto'",
-    )
-    sv.add_argument(
-        "--max-queue", type=positive_int, default=DEFAULT_MAX_QUEUE, help="requests that may wait; one more gets 429"
-    )
-    sv.add_argument(
-        "--request-timeout",
-        type=float,
-        default=serve_defaults.REQUEST_TIMEOUT_S,
-        help="seconds from arrival before a request ends (504)",
-    )
-    sv.add_argument(
-        "--default-max-tokens",
-        type=positive_int,
-        default=serve_defaults.CHAT_MAX_TOKENS,
-        help="max_tokens of chat requests",
-    )
-    sv.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=serve_defaults.DRAIN_TIMEOUT_S,
-        help="seconds admitted requests get to finish after SIGTERM / SIGINT (fractions honoured); then they are cut",
-    )
-    sv.add_argument(
-        "--api-key",
-        action="append",
-        default=None,
-        metavar="KEY",
-        help=f"a key clients send as 'Authorization: Bearer KEY', repeatable; also ${serve_defaults.API_KEY_ENV} "
-        "(default: none: anyone who reaches the port may use it)",
-    )
-    sv.add_argument(
-        "--metrics-need-key", action="store_true", help="GET /metrics needs a key too (default: it is open)"
-    )
-    sv.add_argument(
-        "--max-request-bytes",
-        type=positive_int,
-        default=serve_defaults.MAX_REQUEST_BYTES,
-        help="largest request body in bytes; a larger one gets 413 before it is read",
-    )
-    sv.add_argument(
-        "--body-timeout",
-        type=float,
-        default=serve_defaults.BODY_TIMEOUT_S,
-        help="seconds a request body may take to arrive (408 after)",
-    )
+    add_serve_arguments(sv)
     _add_model_dtypes(sv)
     sv.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="execution provider")
     sv.add_argument("--allow-fallback", action="store_true", help="run on CPU if CUDA cannot be used")
@@ -444,12 +391,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="prefill every prompt in full (default: reuse the KV of a prompt's leading tokens that an earlier "
         "request left, e.g. a chat's history or a shared system prompt; ARCHITECTURE.md, 'Prefix caching')",
-    )
-    sv.add_argument(
-        "--log-level",
-        default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
-        help="uvicorn's log level",
     )
 
     b = sub.add_parser("bench", help=bench.HELP, description=bench.__doc__.split("\n\n")[0], **fmt)
@@ -563,27 +504,14 @@ def _serve(a: argparse.Namespace) -> int:
         raise ConfigError(f"--request-timeout must be > 0 seconds, got {a.request_timeout}")
     dec = _decoder(a)
     name = a.model_name or (a.target if not Path(a.target).exists() else Path(a.target).resolve().name)
-    keys = list(a.api_key or [])
-    if os.environ.get(serve_defaults.API_KEY_ENV):
-        keys.append(os.environ[serve_defaults.API_KEY_ENV])
-    app = create_app(
-        dec,
-        model_name=name,
-        max_queue=a.max_queue,
-        request_timeout_s=a.request_timeout,
-        num_speculative_tokens=a.num_speculative_tokens,
-        default_max_tokens=a.default_max_tokens,
-        api_keys=keys,
-        metrics_need_key=a.metrics_need_key,
-        max_request_bytes=a.max_request_bytes,
-        body_timeout_s=a.body_timeout,
-    )
+    options = app_options(a)
+    app = create_app(dec, model_name=name, **options)
     draft = f"{a.draft}, {a.draft_dtype}" if a.draft and a.draft_dtype else a.draft or "none"
     print(f"specrt serve: {name} on http://{a.host}:{a.port} (draft: {draft})", file=sys.stderr)
-    if not keys and not is_loopback(a.host):
+    if not options["api_keys"] and not is_loopback(a.host):
         print(
             f"specrt serve: warning: no API key and --host {a.host}: anyone who reaches port {a.port} can use this "
-            f"server (set --api-key or ${serve_defaults.API_KEY_ENV})",
+            f"server (set --api-key or ${API_KEY_ENV})",
             file=sys.stderr,
         )
     run_server(app, host=a.host, port=a.port, log_level=a.log_level, drain_timeout_s=a.drain_timeout)
@@ -717,7 +645,6 @@ def _cost(a: argparse.Namespace) -> int:
 
 
 def _certify(a: argparse.Namespace) -> int:
-    import os
 
     from specrt.certify import DEFAULT_PROMPTS, CertifyConfig, certify, render_report
     from specrt.errors import ConfigError
