@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from specrt import _specrt
 from specrt._ort import find_ort_library
-from specrt.convert import convert
+from specrt.convert import INT4_PLAN, INT8_PLAN, convert
 from specrt.convert.graph import WeightPlan
 
 
@@ -38,7 +38,8 @@ def compare(ref_dir: Path, dirs: list[Path]) -> None:
         m = _specrt.OrtModel(str(d), ort_library=lib, max_seq_len=512)
         outs = []
         for t in texts:
-            ids = np.array(tok.encode(t, add_special_tokens=False).ids, np.int64)
+            # the model's own special tokens (Gemma's BOS; Qwen and SmolLM2 add none)
+            ids = np.array(tok.encode(t).ids, np.int64)
             outs.append(m.forward(ids, 0, len(ids)).copy())
         if d == ref_dir:
             ref = outs
@@ -79,12 +80,16 @@ PLANS = {
     "attn4": WeightPlan(attn="int4"),
     "head4": WeightPlan(head="int4"),
     "emb4": WeightPlan(embed="int4"),
+    "int4": INT4_PLAN,  # convert(dtype="int4")
+    "int8": INT8_PLAN,  # convert(dtype="int8")
+    "fp16": WeightPlan(dtype="fp16"),  # convert(dtype="fp16")
 }
 sel = sys.argv[4:] or list(PLANS)
 outs = []
 for k in sel:
     t = time.time()
-    convert(src, f"/tmp/{tag}_{k}", plan=PLANS[k], dtype="int4", force=True, progress=False)
+    dtype = k if k in ("int4", "int8", "fp16") else "int4"
+    convert(src, f"/tmp/{tag}_{k}", plan=PLANS[k], dtype=dtype, force=True, progress=False)
     print(k, "converted", round(time.time() - t, 1), flush=True)
     outs.append(f"/tmp/{tag}_{k}")
 compare(Path(ref), [Path(o) for o in outs])

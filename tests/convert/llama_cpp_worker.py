@@ -10,6 +10,11 @@ Each step keeps the first ``n_past`` positions of the cache, removes the rest (`
 when ``n_past`` is below the positions evaluated so far) and evaluates ``tokens`` at positions ``n_past ...`` in one
 batch. OUT.npz: ``step0``, ``step1``, ... float32 ``[len(tokens), n_vocab]``, the logits of every token of each step.
 
+With ``"texts": [...]`` and ``"greedy": n`` instead of ``steps``: each text is tokenized as llama.cpp does for the
+model (``llama_tokenize`` with its BOS, no special-token parsing) and run from an empty cache; OUT.npz holds
+``tokens{i}`` (int64 ids), ``logits{i}`` (float32 ``[len(tokens), n_vocab]``, the prompt's) and ``greedy{i}`` (the
+``n`` tokens greedy decoding appends, each the first maximum of its logits).
+
 The context runs llama.cpp's fp32 path: an F32 KV cache (``type_k = type_v = GGML_TYPE_F32``; the default is F16),
 flash attention off, one thread, the CPU backend; F32 weights are multiplied in F32 (``vec_dot_type`` F32).
 """
@@ -32,8 +37,8 @@ def main(request_path: str, out_path: str) -> None:
         n_ctx=n_ctx,
         n_batch=n_ctx,
         n_ubatch=n_ctx,
-        n_threads=1,
-        n_threads_batch=1,
+        n_threads=int(req.get("threads", 1)),
+        n_threads_batch=int(req.get("threads", 1)),
         n_gpu_layers=0,
         logits_all=True,
         type_k=llama_cpp.GGML_TYPE_F32,
@@ -43,7 +48,18 @@ def main(request_path: str, out_path: str) -> None:
         verbose=False,
     )
     out = {}
-    for i, step in enumerate(req["steps"]):
+    for i, text in enumerate(req.get("texts", [])):
+        tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+        llm.reset()
+        llm.eval(tokens)
+        out[f"tokens{i}"] = np.array(tokens, dtype=np.int64)
+        out[f"logits{i}"] = np.array(llm.scores[: len(tokens)], dtype=np.float32)
+        greedy = []
+        for _ in range(int(req["greedy"])):
+            greedy.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            llm.eval([greedy[-1]])
+        out[f"greedy{i}"] = np.array(greedy, dtype=np.int64)
+    for i, step in enumerate(req.get("steps", [])):
         n_past, tokens = int(step["n_past"]), [int(t) for t in step["tokens"]]
         if n_past > llm.n_tokens:
             raise SystemExit(f"step {i}: n_past {n_past} is beyond the {llm.n_tokens} positions evaluated")

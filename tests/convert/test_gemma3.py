@@ -136,3 +136,12 @@ def test_a_layer_truncated_draft_keeps_each_layers_kind(gguf: Path, tmp_path: Pa
     got = Runner(draft)(IDS, 0)
     assert np.abs(got - want).max() <= tolerance(want)
     assert np.abs(got - wrong).max() > 100 * tolerance(want)
+
+
+def test_a_gemma3_hugging_face_folder_is_refused_before_any_work(tmp_path: Path) -> None:
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text('{"model_type": "gemma3", "architectures": ["Gemma3ForCausalLM"]}')
+    with pytest.raises(UnsupportedModelError, match=r"Gemma 3 Hugging Face folders .* convert its GGUF instead"):
+        convert(src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

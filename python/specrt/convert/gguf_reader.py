@@ -31,6 +31,7 @@ from specrt.convert.quant import BlockQuant
 __all__ = [
     "ARCH_INFO",
     "DEFAULT_ROPE_LOCAL_THETA",
+    "GGUF_ONLY",
     "GGUF_ARCHITECTURES",
     "ArchInfo",
     "GGUFModel",
@@ -136,6 +137,11 @@ ARCH_INFO: dict[str, ArchInfo] = {
         norm_offset=1.0,
         local_layers_pattern=6,
     ),
+}
+#: Families whose Hugging Face folders the converter refuses (``config.json`` ``model_type`` -> why), before any work.
+GGUF_ONLY = {
+    "gemma3": "Gemma 3 Hugging Face folders (model_type gemma3) are not supported yet (the norms' 1 + w, "
+    "query_pre_attn_scalar and the layer pattern are not read from config.json); convert its GGUF instead",
 }
 #: llama.cpp's rotary base of the sliding-window layers when ``{arch}.rope.freq_base_swa`` is absent
 #: (``llama_hparams::rope_freq_base_train_swa``; Hugging Face Gemma 3's ``rope_local_base_freq``).

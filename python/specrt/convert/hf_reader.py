@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from specrt.convert.errors import ConversionError, ModelFileError, UnsupportedArchitectureError, UnsupportedModelError
-from specrt.convert.gguf_reader import ARCH_INFO, ModelSpec, checked_sliding_window, fused_rows
+from specrt.convert.gguf_reader import ARCH_INFO, GGUF_ONLY, ModelSpec, checked_sliding_window, fused_rows
 from specrt.convert.quant import BlockQuant, quantize_rtn
 from specrt.convert.rope import LongRope, hf_rope
 
@@ -135,6 +135,8 @@ class HFModel:
         arch = str(self.config.get("model_type", ""))
         if arch not in ARCH_INFO:
             raise UnsupportedArchitectureError(arch or "<missing model_type>", sorted(ARCH_INFO))
+        if arch in GGUF_ONLY:
+            raise UnsupportedModelError(f"{self.path}: {GGUF_ONLY[arch]}")
         self.arch_name = arch
         self.files = self._weight_files()
         self._by_hf: dict[str, _TensorInfo] = {}

@@ -45,7 +45,16 @@ PRE_TOKENIZERS: dict[str, str | None] = {
 }
 
 #: Token strings that end a turn or a document; a control token with one of these names joins ``eos_token_ids``.
-END_OF_TURN_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "<|end|>", "</s>")
+END_OF_TURN_TOKENS = (
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "</s>",
+    "<end_of_turn>",  # Gemma (llama.cpp's vocabulary counts it as an end of generation by this text)
+)
 
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _BYTE = 1, 2, 3, 4, 6
 #: ``tokenizer.ggml.model`` values :func:`build_tokenizer` reads.
@@ -181,11 +190,23 @@ def _sentencepiece(model: GGUFModel, tokens: list[str], types: list[int]) -> Any
             "a normalizer (tokenizer.ggml.precompiled_charsmap) is not supported for a SentencePiece (llama) tokenizer"
         )
     add_space_prefix = bool(model.get("tokenizer.ggml.add_space_prefix", True))
-    return sentencepiece_bpe(tokens, [float(x) for x in scores], types, add_space_prefix=add_space_prefix)
+    unk = model.get("tokenizer.ggml.unknown_token_id")
+    return sentencepiece_bpe(
+        tokens,
+        [float(x) for x in scores],
+        types,
+        add_space_prefix=add_space_prefix,
+        unk_token_id=None if unk is None else int(unk),
+    )
 
 
 def sentencepiece_bpe(
-    tokens: list[str], scores: list[float], types: list[int], *, add_space_prefix: bool = True
+    tokens: list[str],
+    scores: list[float],
+    types: list[int],
+    *,
+    add_space_prefix: bool = True,
+    unk_token_id: int | None = None,
 ) -> Any:
     """A ``tokenizers.Tokenizer`` that encodes as SentencePiece's BPE model (``SentencePieceProcessor.encode``) and
     as llama.cpp's ``llama`` (SPM) tokenizer: what transformers' ``LlamaConverter`` writes for Llama 2 and Mistral
@@ -205,16 +226,20 @@ def sentencepiece_bpe(
         scores: their scores (``tokenizer.ggml.scores``): higher merges first.
         types: their llama.cpp token types (``tokenizer.ggml.token_type``).
         add_space_prefix: prepend ``▁`` (see above).
+        unk_token_id: the unknown piece when no piece has type 2 (``tokenizer.ggml.unknown_token_id``: Gemma's
+            ``<unk>`` is a control token in llama.cpp's GGUFs).
 
     Returns:
         The tokenizer, without added tokens or post-processor (:func:`build_tokenizer` adds them).
 
     Raises:
-        TokenizerMetadataError: no unknown piece (type 2), which SentencePiece always has.
+        TokenizerMetadataError: no unknown piece (type 2 or ``unk_token_id``), which SentencePiece always has.
     """
     from tokenizers import Tokenizer, decoders, models, normalizers
 
     unknown = [t for t, ty in zip(tokens, types, strict=True) if ty == _UNKNOWN]
+    if not unknown and unk_token_id is not None and 0 <= unk_token_id < len(tokens):
+        unknown = [tokens[unk_token_id]]
     if not unknown:
         raise TokenizerMetadataError("a SentencePiece vocabulary needs an unknown piece (token type 2); none found")
     vocab = {t: i for i, t in enumerate(tokens)}
