@@ -238,6 +238,21 @@ def test_a_window_is_honoured(tmp_path: Path, source: str) -> None:
     assert min(broken) > 100, broken
 
 
+def llama_cpp_tokens(python: Path, gguf: Path, texts: list[str]) -> list[list[int]]:
+    """llama.cpp's tokenization of each text (``tokenize(add_bos=False, special=True)``, the vocabulary only), run in
+    the llama-cpp-python venv ``python``."""
+    import subprocess
+
+    code = (
+        "import json, sys, llama_cpp; m = llama_cpp.Llama(model_path=sys.argv[1], vocab_only=True, verbose=False); "
+        "print(json.dumps([m.tokenize(t.encode(), add_bos=False, special=True) for t in json.loads(sys.argv[2])]))"
+    )
+    args = [str(python), "-c", code, str(gguf), json.dumps(texts)]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
 #: Phi-3 chat turns (whitespace after the special tokens) and SentencePiece's own specials.
 CHAT_TEXTS = [
     "<|user|>\nHello there<|end|>\n<|assistant|>\n",
@@ -254,8 +269,6 @@ def test_a_phi3_sentencepiece_vocabulary_tokenizes_chat_turns_as_llama_cpp(
     a model named phi3 / phi-3 (``<|user|>\\n`` -> no newline token), but not after ``<unk>`` / ``<s>`` /
     ``<|endoftext|>``. Ours from the GGUF tokenizes the chat turns as llama.cpp does; without that rule 3 of 4
     differ."""
-    import subprocess
-
     from specrt.convert import tokenizer as tokenizer_module
     from specrt.convert.tokenizer import build_tokenizer
 
@@ -263,15 +276,7 @@ def test_a_phi3_sentencepiece_vocabulary_tokenizes_chat_turns_as_llama_cpp(
     chat = ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"]
     vocab = ([*pieces, *chat], [*scores, *[0.0] * len(chat)], [*types, *[3] * len(chat)])  # control tokens
     g = write_tiny_gguf(tmp_path / "p.gguf", seed=1, spm_vocab=vocab, **dict(PHI3, matrix_type="F32"))
-    code = (
-        "import json, sys, llama_cpp; m = llama_cpp.Llama(model_path=sys.argv[1], vocab_only=True, verbose=False); "
-        "print(json.dumps([m.tokenize(t.encode(), add_bos=False, special=True) for t in json.loads(sys.argv[2])]))"
-    )
-    r = subprocess.run(
-        [str(llama_cpp_python), "-c", code, str(g), json.dumps(CHAT_TEXTS)], capture_output=True, text=True, timeout=120
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    want = json.loads(r.stdout)
+    want = llama_cpp_tokens(llama_cpp_python, g, CHAT_TEXTS)
 
     def ours() -> list[list[int]]:
         with GGUFModel(g) as model:
@@ -281,3 +286,58 @@ def test_a_phi3_sentencepiece_vocabulary_tokenizes_chat_turns_as_llama_cpp(
     assert ours() == want
     monkeypatch.setattr(tokenizer_module, "_rstripped_tokens", lambda model: lambda token: False)
     assert sum(a != b for a, b in zip(ours(), want, strict=True)) == 3
+
+
+#: Cased words, contractions, digits, slashes and newlines: where o200k's split differs from GPT-2's and Qwen2's.
+BPE_CORPUS = [
+    "The Cat's HAT isn't MINE; we'll see. HelloWorld camelCase XMLHttpRequest",
+    "numbers 1234567 and 3.14159, a/b/c\n\npath/to/file",
+    "naïve café déjà vu — 東京 タワー 😀 emoji",
+    "I'M DONE. They've gone; you'd know. OK?!  spaces   here\r\n",
+]
+
+
+def test_phi4_minis_o200k_split_tokenizes_as_llama_cpp(llama_cpp_python: Path, tmp_path: Path) -> None:
+    """Phi-4-mini's GGUF vocabulary is byte-level BPE with ``tokenizer.ggml.pre = gpt-4o`` (o200k's split: cased
+    words keep their contraction, digits in threes, ``/`` after punctuation). A byte-level BPE trained in the test
+    (500 tokens, so merges cross the places where splits differ), written as a phi3 GGUF: ours equals llama.cpp's
+    tokenization on 10 texts; with Qwen2's or GPT-2's split in its place 3 of them differ."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from specrt.convert import tokenizer as tokenizer_module
+    from specrt.convert.tokenizer import build_tokenizer
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    bpe.train_from_iterator(BPE_CORPUS * 50, trainer)
+    spec = json.loads(bpe.to_str())["model"]
+    tokens = [t for t, _ in sorted(spec["vocab"].items(), key=lambda kv: kv[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["merges"]]
+    vocab = ([*tokens, "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>"], [1] * len(tokens) + [3, 3, 3, 4])
+    g = write_tiny_gguf(tmp_path / "b.gguf", seed=1, bpe_vocab=(*vocab, merges), **dict(PHI3, matrix_type="F32"))
+    texts = [
+        *BPE_CORPUS,
+        "Don't STOP'S we'RE x",
+        "ABCdef GHI jkl",
+        "12345678",
+        "a\n\n\nb  c",
+        "x/\ny",
+        "CamelCaseWORDS",
+    ]
+    want = llama_cpp_tokens(llama_cpp_python, g, texts)
+
+    def ours() -> list[list[int]]:
+        with GGUFModel(g) as model:
+            assert model.get("tokenizer.ggml.pre") == "gpt-4o"
+            tok, _ = build_tokenizer(model)
+        return [tok.encode(t, add_special_tokens=False).ids for t in texts]
+
+    assert ours() == want
+    for other in (tokenizer_module.PRE_TOKENIZERS["qwen2"], None):
+        patterns = dict(tokenizer_module.PRE_TOKENIZERS, **{"gpt-4o": other})
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(tokenizer_module, "PRE_TOKENIZERS", patterns)
+            assert sum(a != b for a, b in zip(ours(), want, strict=True)) == 3

@@ -97,6 +97,7 @@ def write_tiny_gguf(
     spm_vocab: tuple[list[str], list[float], list[int]] | None = None,
     rotary_dim: int | None = None,
     longrope: dict | None = None,
+    bpe_vocab: tuple[list[str], list[int], list[str]] | None = None,
     sliding_window_pattern: int | None = None,
     rope_local_theta: float | None = None,
 ) -> Path:
@@ -148,6 +149,10 @@ def write_tiny_gguf(
             ``{arch}.rope.scaling.original_context_length`` and ``{arch}.rope.scaling.attn_factor``
             (:func:`specrt.convert.rope.longrope_attention_factor` of ``context``).
 
+        bpe_vocab: a byte-level BPE vocabulary ``(tokens, llama.cpp token types, merges "a b")`` instead of
+            :func:`tiny_vocab`'s, its last three tokens BOS / EOS / a user-defined one and the fourth from the end the
+            pad (as :func:`tiny_vocab`'s); the embedding has one row per token.
+
     ``phi3`` files store q/k/v as one ``attn_qkv`` matrix and gate/up as one ``ffn_up`` ``[2 ffn, hidden]`` (the
     gate's rows first), as llama.cpp's converter writes Phi-3.
 
@@ -158,7 +163,7 @@ def write_tiny_gguf(
     from gguf.quants import quantize
 
     rng = np.random.default_rng(seed)
-    tokens, types, merges = tiny_vocab() if spm_vocab is None else (spm_vocab[0], spm_vocab[2], [])
+    tokens, types, merges = bpe_vocab or (tiny_vocab() if spm_vocab is None else (spm_vocab[0], spm_vocab[2], []))
     vocab = len(tokens)
     qk_norm = arch in ("qwen3", "gemma3")
     sandwich = arch == "gemma3"
@@ -219,7 +224,8 @@ def write_tiny_gguf(
         w.add_chat_template(MISTRAL_TEMPLATE)
     elif with_tokenizer:
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2" if arch in ("qwen2", "qwen3") else "smollm")
+        # phi3 as Phi-4-mini's GGUF (o200k's split)
+        w.add_tokenizer_pre({"qwen2": "qwen2", "qwen3": "qwen2", "phi3": "gpt-4o"}.get(arch, "smollm"))
         w.add_token_list(tokens)
         w.add_token_types(types)
         w.add_token_merges(merges)

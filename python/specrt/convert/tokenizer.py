@@ -30,6 +30,16 @@ _CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
 _TAIL = r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _QWEN2_PATTERN = _CONTRACTIONS + r"\p{N}|" + _TAIL
 _LLAMA3_PATTERN = _CONTRACTIONS + r"\p{N}{1,3}|" + _TAIL
+#: o200k (GPT-4o, Phi-4-mini): the pattern of their ``tokenizer.json`` (llama.cpp's ``LLAMA_VOCAB_PRE_TYPE_GPT4O``
+#: quotes it as "original regex from tokenizer.json" and runs an equivalent without ``\p{M}``: combining marks split
+#: otherwise there).
+_CASED_UPPER, _CASED_LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_SUFFIX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_GPT4O_PATTERN = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_CASED_UPPER}*{_CASED_LOWER}+{_SUFFIX}|"
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_CASED_UPPER}+{_CASED_LOWER}*{_SUFFIX}|"
+    r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 #: ``tokenizer.ggml.pre`` -> split regex applied before byte-level mapping (``None``: the GPT-2 regex built into
 #: ``ByteLevel(use_regex=True)``).
@@ -38,6 +48,7 @@ PRE_TOKENIZERS: dict[str, str | None] = {
     "deepseek-r1-qwen": _QWEN2_PATTERN,
     "llama-bpe": _LLAMA3_PATTERN,
     "llama3": _LLAMA3_PATTERN,
+    "gpt-4o": _GPT4O_PATTERN,
     "smollm": None,
     "gpt2": None,
     "gpt-2": None,
