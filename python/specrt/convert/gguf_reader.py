@@ -31,8 +31,8 @@ from specrt.convert.quant import BlockQuant
 __all__ = [
     "ARCH_INFO",
     "DEFAULT_ROPE_LOCAL_THETA",
-    "GGUF_ONLY",
     "GGUF_ARCHITECTURES",
+    "GGUF_ONLY",
     "ArchInfo",
     "GGUFModel",
     "GGUFTensorInfo",
@@ -179,7 +179,7 @@ class ModelSpec:
     """Hyperparameters of a decoder-only transformer read from GGUF metadata.
 
     Attributes:
-        architecture: a key of :data:`ARCH_INFO` (``llama``, ``qwen2``, ``qwen3``, ``mistral``).
+        architecture: a key of :data:`ARCH_INFO` (``llama``, ``qwen2``, ``qwen3``, ``mistral``, ``phi3``, ``gemma3``).
         num_layers: transformer blocks.
         hidden_size: model width H.
         intermediate_size: SwiGLU width F.

@@ -1,5 +1,6 @@
-"""Read a Hugging Face model folder (``llama`` / ``qwen2`` / ``qwen3`` / ``mistral``): config, safetensors weights,
-tokenizer, defaults.
+"""Read a Hugging Face model folder (``llama`` / ``qwen2`` / ``qwen3`` / ``mistral`` / ``phi3``): config, safetensors
+weights, tokenizer, defaults. Phi-3's fused ``qkv_proj`` / ``gate_up_proj`` are handed out as their parts
+(:func:`specrt.convert.gguf_reader.fused_rows`).
 
 A folder holds ``config.json``, ``model.safetensors`` (or shards listed by ``model.safetensors.index.json``),
 ``tokenizer.json``, and optionally ``tokenizer_config.json`` (chat template, BOS/EOS tokens) and
@@ -120,7 +121,7 @@ class HFModel:
         HFFormatError: ``config.json``, ``tokenizer.json`` or the safetensors files are missing or unreadable, or
             the index names a shard that does not exist.
         UnsupportedArchitectureError: ``model_type`` not in ``ARCH_INFO`` (``llama``, ``qwen2``, ``qwen3``,
-            ``mistral``).
+            ``mistral``, ``phi3``).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -190,7 +191,7 @@ class HFModel:
     # ----- metadata (the GGUFModel interface the converter uses) ---------------------------------------------------
     @property
     def architecture(self) -> str:
-        """``llama``, ``qwen2``, ``qwen3`` or ``mistral`` (``config.json`` ``model_type``)."""
+        """``llama``, ``qwen2``, ``qwen3``, ``mistral`` or ``phi3`` (``config.json`` ``model_type``)."""
         return self.arch_name
 
     def has(self, key: str) -> bool:

@@ -1,5 +1,5 @@
-"""Write tiny random-weight GGUF decoders (llama, qwen2, qwen3 or mistral layout) for tests: a few hundred kB, written
-in milliseconds, with a small byte-level BPE tokenizer and a ChatML template in the metadata.
+"""Write tiny random-weight GGUF decoders (llama, qwen2, qwen3, mistral, phi3 or gemma3 layout) for tests: a few
+hundred kB, written in milliseconds, with a small byte-level BPE tokenizer and a ChatML template in the metadata.
 
 The weights are random, so llama.cpp's Q/K permutation of ``llama`` files is simply "how these bytes are meant to be
 read": the reference forward pass reads them with llama.cpp's interleaved rotary, the converter un-permutes them.
