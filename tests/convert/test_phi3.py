@@ -117,11 +117,16 @@ def test_the_reader_splits_the_fused_matrices_and_reads_the_rope(gguf: Path, mod
     np.testing.assert_allclose(bq.q.shape, up.shape)
 
 
-@pytest.mark.parametrize("source", ["gguf", "hf"])
+@pytest.mark.parametrize("source", ["gguf", "hf", "hf-transformers5"])
 def test_fp32_equals_the_reference_with_the_long_factors(
     gguf: Path, model: GGUFModel, tmp_path: Path, source: str
 ) -> None:
     src = gguf if source == "gguf" else write_hf_folder(gguf, tmp_path / "hf", **hf_folder_kwargs(PHI3))
+    if source == "hf-transformers5":  # rope_parameters, holding the theta, the partial factor, the original length too
+        cfg = json.loads((src / "config.json").read_text())
+        moved = {k: cfg.pop(k) for k in ("rope_theta", "partial_rotary_factor", "original_max_position_embeddings")}
+        cfg["rope_parameters"] = {**cfg.pop("rope_scaling"), **moved}
+        (src / "config.json").write_text(json.dumps(cfg))
     folder = convert(src, tmp_path / "onnx", progress=False)
     cfg = json.loads((folder / "specrt_config.json").read_text())
     assert cfg["rotary_dim"] == 48 and cfg["rope_scaling"]["factors"] == "long"
