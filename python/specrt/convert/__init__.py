@@ -333,7 +333,8 @@ def convert(
     :class:`WeightPlan`).
 
     Raises:
-        UnsupportedModelError: ``dtype`` other than fp32, RoPE scaling other than Llama 3.x's, partial rotary,
+        UnsupportedModelError: ``dtype`` fp16 for a family whose activations exceed float16's range (gemma3),
+            ``dtype`` other than fp32, RoPE scaling other than Llama 3.x's, partial rotary,
             unknown quantization, ``num_layers`` outside ``1 .. block count``, a sliding window that is not a
             positive integer (:func:`~specrt.convert.gguf_reader.checked_sliding_window`).
         UnsupportedArchitectureError: an architecture not in ``ARCH_INFO`` (the message lists them).
@@ -381,6 +382,11 @@ def convert(
     with HFModel(src) if hf else GGUFModel(src) as model:  # closes the GGUF's memory map on every path
         spec = model.spec()
         full_layers = spec.num_layers
+        if plan.dtype == "fp16" and not spec.arch.float16_range:
+            raise UnsupportedModelError(
+                f"dtype fp16 is refused for {spec.architecture}: its activations exceed float16's range (float16 "
+                "weights and activations gave NaN logits); use fp32, int8 or int4"
+            )
         if spec.rope_dim != spec.head_dim and spec.rope_dim % 16 and attention != "batched":
             # GroupQueryAttention: "cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8"
             raise UnsupportedModelError(

@@ -70,6 +70,8 @@ class ArchInfo:
             ``rope_theta``) when ``i % p == p - 1`` and through the window (rotary base ``rope_local_theta``)
             otherwise, ``p`` being this default of ``{arch}.attention.sliding_window_pattern`` (llama.cpp's
             ``load_swa_pattern``; Gemma 3: 6). None: every layer uses the window and ``rope_theta``.
+        float16_range: the family's activations stay within float16's range, so ``dtype="fp16"`` converts; False
+            refuses it (Gemma 3: Gemma-3-270M's fp16 graph gave NaN logits, benches/RESULTS.md).
         fused: the q/k/v projections are stored as one matrix (GGUF ``blk.N.attn_qkv.weight``, Hugging Face
             ``self_attn.qkv_proj.weight``; rows q, k, v) and gate/up as one (GGUF ``blk.N.ffn_up.weight``, Hugging
             Face ``mlp.gate_up_proj.weight``; ``[2F, H]``, the gate's rows first: llama.cpp's ``ggml_swiglu`` and
@@ -93,6 +95,7 @@ class ArchInfo:
     embed_scale: bool = False
     norm_offset: float = 0.0
     local_layers_pattern: int | None = None
+    float16_range: bool = True
 
 
 #: Supported architectures. A new llama-like family is one row here (plus any extra tensors in graph.py).
@@ -136,6 +139,7 @@ ARCH_INFO: dict[str, ArchInfo] = {
         embed_scale=True,
         norm_offset=1.0,
         local_layers_pattern=6,
+        float16_range=False,
     ),
 }
 #: Families whose Hugging Face folders the converter refuses (``config.json`` ``model_type`` -> why), before any work.
