@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from specrt.convert.graph import quantize_per_channel_int8
 from specrt.convert.quant import quantize_rtn
+from specrt.convert.weights import quantize_per_channel_int8
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_matmulnbits import (  # the operator builders of the MatMulNBits bench

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from specrt import _specrt
 from specrt._ort import find_ort_library
 from specrt.convert import INT4_PLAN, INT8_PLAN, convert
-from specrt.convert.graph import WeightPlan
+from specrt.convert.weights import WeightPlan
 
 
 def compare(ref_dir: Path, dirs: list[Path]) -> None:

@@ -326,7 +326,7 @@ def _is_model_folder(path: Path) -> bool:
 def _stale(path: Path) -> bool:
     """Whether a cached folder was converted in a form this version no longer writes (it is converted again): a
     prefill graph with 8-bit weights (wrong on x86 CPUs without VNNI; ``convert.graph.INT8_WEIGHT_MAX``)."""
-    from specrt.convert.graph import INT8_WEIGHT_MAX
+    from specrt.convert.weights import INT8_WEIGHT_MAX
 
     try:
         cfg = json.loads((path / "specrt_config.json").read_text(encoding="utf-8"))

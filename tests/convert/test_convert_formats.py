@@ -23,9 +23,9 @@ from specrt.convert import (
 )
 from specrt.convert.errors import ModelFileError
 from specrt.convert.gguf_reader import GGUFModel
-from specrt.convert.graph import WeightPlan
 from specrt.convert.reference import reference_logits
 from specrt.convert.tiny import write_hf_folder, write_tiny_gguf
+from specrt.convert.weights import WeightPlan
 
 ATOL = 1e-3
 IDS = [5, 17, 200, 3, 99, 261, 42, 7, 120, 64, 33, 250]

@@ -16,8 +16,8 @@ import pytest
 
 import specrt
 from specrt.convert import PREFILL_MIN_TOKENS, UnsupportedModelError, convert
-from specrt.convert.graph import WeightPlan
 from specrt.convert.tiny import write_tiny_gguf
+from specrt.convert.weights import WeightPlan
 from specrt.scheduler import Scheduler
 
 PROMPTS = [list(range(5, 5 + n)) for n in (40, 23, 61)]  # every prompt >= PREFILL_MIN_TOKENS: prefilled on it

@@ -37,8 +37,9 @@ from specrt.convert.errors import (
     UnsupportedModelError,
 )
 from specrt.convert.gguf_reader import ARCH_INFO, GGUFModel, ModelSpec, checked_sliding_window
-from specrt.convert.graph import ATTENTION_FORMS, INT8_WEIGHT_MAX, MIN_ONNXRUNTIME_WINDOW, WeightPlan
+from specrt.convert.graph import ATTENTION_FORMS, MIN_ONNXRUNTIME_WINDOW
 from specrt.convert.hf_reader import HFFormatError, HFModel, hf_tokenizer, is_hf_folder
+from specrt.convert.weights import INT8_WEIGHT_MAX, WeightPlan
 
 __all__ = [
     "MIN_ONNXRUNTIME",
@@ -350,8 +351,9 @@ def convert(
     """
     import onnx
 
-    from specrt.convert.graph import OPSET, ExternalDataWriter, build_decoder
+    from specrt.convert.graph import OPSET, build_decoder
     from specrt.convert.tokenizer import build_tokenizer, hf_tokenizer_config
+    from specrt.convert.weights import ExternalDataWriter
 
     src, out = Path(src), Path(out)
     plan = plan or plan_for(dtype)
