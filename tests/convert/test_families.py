@@ -17,7 +17,7 @@ import pytest
 
 from family_checks import FAMILIES, FORMS, check_certificate, check_greedy_speculative, sessions, speculative_pair
 from specrt.convert import UnsupportedModelError, convert
-from specrt.convert.gguf_reader import ARCH_INFO
+from specrt.convert.families import ARCH_INFO
 from specrt.convert.tiny import write_tiny_gguf
 from test_batched_graph import Batch, Solo
 from test_batched_graph import test_each_row_equals_its_solo_run as rows_equal_solo_runs

@@ -30,7 +30,8 @@ import pytest
 
 from family_checks import FAMILIES, errors_without, sequence_errors, tolerance
 from specrt.convert import UnsupportedArchitectureError, UnsupportedModelError, convert
-from specrt.convert.gguf_reader import GGUF_ARCHITECTURES, GGUFModel
+from specrt.convert.families import GGUF_ARCHITECTURES
+from specrt.convert.gguf_reader import GGUFModel
 from specrt.convert.graph import MIN_ONNXRUNTIME_WINDOW
 from specrt.convert.reference import reference_logits
 from specrt.convert.tiny import write_hf_folder, write_tiny_gguf

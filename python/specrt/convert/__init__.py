@@ -36,7 +36,8 @@ from specrt.convert.errors import (
     UnsupportedArchitectureError,
     UnsupportedModelError,
 )
-from specrt.convert.gguf_reader import ARCH_INFO, GGUFModel, ModelSpec, checked_sliding_window
+from specrt.convert.families import ARCH_INFO, ModelSpec, checked_sliding_window
+from specrt.convert.gguf_reader import GGUFModel
 from specrt.convert.graph import ATTENTION_FORMS, MIN_ONNXRUNTIME_WINDOW
 from specrt.convert.hf_reader import HFFormatError, HFModel, hf_tokenizer, is_hf_folder
 from specrt.convert.weights import INT8_WEIGHT_MAX, WeightPlan

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from specrt.convert.gguf_reader import ModelSpec, checked_sliding_window
+from specrt.convert.families import ModelSpec, checked_sliding_window
 from specrt.convert.quant import BlockQuant, concat_rows, pack_matmul_nbits, quantize_rtn
 from specrt.convert.rope import longrope_choice, rope_cache
 from specrt.convert.weights import (

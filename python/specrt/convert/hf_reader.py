@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from specrt.convert.errors import ConversionError, ModelFileError, UnsupportedArchitectureError, UnsupportedModelError
-from specrt.convert.gguf_reader import ARCH_INFO, GGUF_ONLY, ModelSpec, checked_sliding_window, fused_rows
+from specrt.convert.families import ARCH_INFO, GGUF_ONLY, ModelSpec, checked_sliding_window, fused_rows
 from specrt.convert.quant import BlockQuant, quantize_rtn
 from specrt.convert.rope import LongRope, hf_rope
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specrt.convert.gguf_reader import GGUFModel, ModelSpec
+from specrt.convert.families import ModelSpec
+from specrt.convert.gguf_reader import GGUFModel
 
 __all__ = ["ROPE_MODE", "reference_logits"]
 

@@ -131,7 +131,7 @@ def write_tiny_gguf(
             converter writes Llama 3.x, a float32 ``rope_freqs.weight`` ``[head_dim / 2]`` of frequency divisors
             (:func:`specrt.convert.rope.llama3_freq_factors`) and no ``rope.scaling`` keys.
         sliding_window: each query attends the last ``sliding_window`` positions (``{arch}.attention.sliding_window``;
-            :attr:`specrt.convert.gguf_reader.ModelSpec.sliding_window`), or None for full attention.
+            :attr:`specrt.convert.families.ModelSpec.sliding_window`), or None for full attention.
         spm_vocab: a SentencePiece vocabulary ``(pieces, scores, llama.cpp token types)`` by id, written as llama.cpp
             writes Llama 2 / Mistral tokenizers (``tokenizer.ggml.model = llama``, ids 0 / 1 / 2 = unknown / BOS /
             EOS, ``add_bos_token``, the ``[INST]`` chat template of :data:`MISTRAL_TEMPLATE`) instead of the byte-level
@@ -364,7 +364,8 @@ def write_hf_folder(
     import json
     import struct
 
-    from specrt.convert.gguf_reader import ARCH_INFO, GGUFModel
+    from specrt.convert.families import ARCH_INFO
+    from specrt.convert.gguf_reader import GGUFModel
     from specrt.convert.hf_reader import _GLOBAL_NAMES, layer_names
     from specrt.convert.tokenizer import build_tokenizer
 
