@@ -250,7 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("name", help="registry model name whose cached folders (every dtype) are removed")
 
     c = sub.add_parser(
-        "convert", help="convert a GGUF file or Hugging Face folder (llama, qwen2) to a specrt ONNX model folder", **fmt
+        "convert",
+        help="convert a GGUF file or Hugging Face folder to a specrt ONNX model folder (the families and forms: "
+        "docs/models.md; an architecture outside them is refused with its name)",
+        **fmt,
     )
     c.add_argument(
         "src", help="a .gguf file, or a Hugging Face folder (config.json, model.safetensors, tokenizer.json)"
