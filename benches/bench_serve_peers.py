@@ -101,6 +101,7 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]
     t0 = time.perf_counter()
     for attempt in (0, 1):
         times: list[float] = []
+        spec: dict[str, Any] | None = None
         got_bytes = False
         try:
             async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
@@ -113,6 +114,7 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]
                     event = json.loads(line[len("data: ") :])
                     if "error" in event:
                         return {"error": str(event["error"])[:200]}
+                    spec = event.get("speculative") or spec  # specrt's usage chunk: the request's trace
                     if any((c.get("delta") or {}).get("content") for c in event.get("choices", [])):
                         times.append(time.perf_counter() - t0)
         except (httpx.RemoteProtocolError, httpx.ConnectError) as e:
@@ -129,6 +131,7 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]
         "itl_s": [b - a for a, b in itertools.pairwise(times)],
         "latency_s": times[-1],
         "retried": attempt,
+        "speculative": spec,
     }
 
 
@@ -157,6 +160,7 @@ async def level(base: str, streams: int, a: argparse.Namespace) -> dict[str, Any
                 "temperature": 0,
                 "ignore_eos": True,
                 "stream": True,
+                "stream_options": {"include_usage": True},
             }
             out.append(await one(c, body))
         return out
@@ -186,6 +190,30 @@ async def level(base: str, streams: int, a: argparse.Namespace) -> dict[str, Any
         "stream_decode_tokens_per_s": statistics.mean((n - 1) / (r["latency_s"] - r["ttft_s"]) for r in ok)
         if ok
         else float("nan"),
+        "trace": trace([r["speculative"] for r in ok if r.get("speculative")]),
+    }
+
+
+def trace(specs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """specrt's per-request ``speculative`` fields of one level, summed: the rounds auto K ran at each K, the
+    acceptance, tokens per round, and the time split (ms summed over requests; in a batch a batched pass counts for
+    each row it served). None for a server that sends no such field (llama-server)."""
+    if not specs:
+        return None
+    by_k = [0] * max(len(s.get("rounds_by_k", [])) for s in specs)
+    for s in specs:
+        for k, n in enumerate(s.get("rounds_by_k", [])):
+            by_k[k] += n
+    tot = {k: sum(s.get(k) or 0 for s in specs) for k in ("n_rounds", "n_drafted", "n_accepted", "n_recovered")}
+    tot |= {k: sum(s.get(k) or 0 for s in specs) for k in ("n_bonus", "prefill_ms", "draft_ms", "target_ms")}
+    emitted = tot["n_accepted"] + tot["n_recovered"] + tot["n_bonus"]
+    return {
+        "rounds_by_k": by_k,
+        **tot,
+        "acceptance_rate": tot["n_accepted"] / tot["n_drafted"] if tot["n_drafted"] else None,
+        "mean_tokens_per_round": emitted / tot["n_rounds"] if tot["n_rounds"] else None,
+        "target_ms_per_round": tot["target_ms"] / tot["n_rounds"] if tot["n_rounds"] else None,
+        "draft_ms_per_drafted_token": tot["draft_ms"] / tot["n_drafted"] if tot["n_drafted"] else None,
     }
 
 
@@ -245,6 +273,19 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     }
                 )
     return {"cells": cells, "best_vs_best": ratios}
+
+
+def trace_text(t: dict[str, Any] | None) -> str:
+    """A level's trace on one line: K chosen per round, acceptance, per-round target ms, per-token draft ms."""
+    if not t or not t["n_rounds"]:
+        return ""
+    ks = " ".join(f"{k}:{n}" for k, n in enumerate(t["rounds_by_k"]) if n)
+    acc = "-" if t["acceptance_rate"] is None else f"{t['acceptance_rate']:.2f}"
+    dft = "-" if t["draft_ms_per_drafted_token"] is None else f"{t['draft_ms_per_drafted_token']:.1f}"
+    return (
+        f"  [rounds by K {ks}; acceptance {acc}; {t['mean_tokens_per_round']:.2f} tokens/round; "
+        f"target {t['target_ms_per_round']:.1f} ms/round; draft {dft} ms/token; prefill {t['prefill_ms']:.0f} ms]"
+    )
 
 
 def render_summary(summary: dict[str, Any]) -> str:
@@ -341,7 +382,7 @@ def main() -> None:
                     f"{server:<10} {draft:<5}  {row['streams']:>7}  {row['tokens_per_s']:>8.1f}  "
                     f"{row['median_ttft_ms']:>11.0f}  {row['p99_ttft_ms']:>11.0f}  {row['p50_itl_ms']:>10.1f}  "
                     f"{row['p99_itl_ms']:>10.1f}  {row['stream_decode_tokens_per_s']:>12.1f}  {row['errors']:>6}  "
-                    f"{row['retried']:>7}  (repeat {rep + 1})",
+                    f"{row['retried']:>7}  (repeat {rep + 1}){trace_text(row['trace'])}",
                     flush=True,
                 )
     report["summary"] = summarize(report["runs"])

@@ -543,6 +543,13 @@ def memory(samples: list[tuple[float, int, int]], warm_s: float) -> dict[str, An
     if len(warm) < 2:
         return {"samples": len(samples)}
     first, last = warm[0], warm[-1]
+    mid = min(warm, key=lambda s: abs(s[0] - (first[0] + last[0]) / 2))
+    step_s = max(10.0, (samples[-1][0] - samples[0][0]) / 40)
+    timeline, next_t = [], 0.0
+    for t, rss, anon in samples:  # about 40 points: enough to tell a plateau from a steady climb
+        if t >= next_t:
+            timeline.append([round(t, 1), rss, anon])
+            next_t = t + step_s
     return {
         "samples": len(samples),
         "warm_at_s": round(first[0], 1),
@@ -552,6 +559,9 @@ def memory(samples: list[tuple[float, int, int]], warm_s: float) -> dict[str, An
         "rss_max_kib": max(s[1] for s in warm),
         "rss_anon_warm_kib": first[2],
         "rss_anon_end_kib": last[2],
+        # the second half of the warm span alone: near 0 for a plateau, about half the whole for a steady leak
+        "rss_growth_second_half_pct": round(100 * (last[1] - mid[1]) / mid[1], 2),
+        "timeline_s_rss_anon_kib": timeline,
     }
 
 
@@ -725,7 +735,7 @@ def text_summary(report: dict[str, Any]) -> str:
             lines.append(
                 f"    RSS {m['rss_warm_kib'] / 1024:.0f} MiB at {m['warm_at_s']} s -> "
                 f"{m['rss_end_kib'] / 1024:.0f} MiB "
-                f"({m['rss_growth_pct']:+.2f} %)"
+                f"({m['rss_growth_pct']:+.2f} %; second half of the warm span {m['rss_growth_second_half_pct']:+.2f} %)"
             )
     rp, k9 = report["replay"], report["kill9"]
     lines.append(

@@ -60,3 +60,18 @@ def test_summary_gives_medians_spreads_and_the_worst_repeat_of_best_against_best
     # The fewest over the repeats is the headline: 19 / 24 in repeat 2, not repeat 1's 1.43.
     assert f"fewest: {19 / 24:.2f}" in text
     assert "20.0 [19.0-30.0]" in text
+
+
+def test_trace_sums_the_requests_rounds_by_k_and_time_split(peers) -> None:
+    specs = [
+        {"rounds_by_k": [2, 0, 1], "n_rounds": 3, "n_drafted": 2, "n_accepted": 1, "n_recovered": 1, "n_bonus": 2,
+         "prefill_ms": 10.0, "draft_ms": 4.0, "target_ms": 30.0},
+        {"rounds_by_k": [0, 1, 0, 2], "n_rounds": 3, "n_drafted": 7, "n_accepted": 7, "n_recovered": 0, "n_bonus": 2,
+         "prefill_ms": 5.0, "draft_ms": 10.0, "target_ms": 60.0},
+    ]  # fmt: skip
+    t = peers.trace(specs)
+    assert t["rounds_by_k"] == [2, 1, 1, 2] and t["n_rounds"] == 6
+    assert t["acceptance_rate"] == pytest.approx(8 / 9) and t["mean_tokens_per_round"] == pytest.approx(13 / 6)
+    assert t["target_ms_per_round"] == pytest.approx(15.0) and t["draft_ms_per_drafted_token"] == pytest.approx(14 / 9)
+    assert "0:2 1:1 2:1 3:2" in peers.trace_text(t)
+    assert peers.trace([]) is None and peers.trace_text(None) == ""

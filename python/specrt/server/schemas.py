@@ -218,6 +218,10 @@ def pydantic_models() -> dict[str, Any]:
         n_recovered: int
         n_bonus: int
         decode_tokens_per_s: float | None
+        rounds_by_k: list[int]
+        prefill_ms: float
+        draft_ms: float
+        target_ms: float
 
     class CompletionLogprobs(BaseModel):
         tokens: list[str]

@@ -43,33 +43,31 @@ def sse(obj: Any) -> str:
 
 
 def speculative(results: list[GenerationResult]) -> dict[str, Any]:
-    """The ``speculative`` field: one result's statistics, or for several choices the summed counts, the rates of
-    the sums, and the mean of the choices' decode tokens/s."""
+    """The ``speculative`` field: one result's statistics, or for several choices the summed counts (``rounds_by_k``
+    summed per K; the phase times in ms summed), the rates of the sums, and the mean of the choices' decode
+    tokens/s. ``rounds_by_k[k]`` = rounds that verified k draft tokens (auto K's choices; k = 0: a plain target
+    step); ``prefill_ms`` / ``draft_ms`` / ``target_ms`` = wall time in the prompt prefill, the draft's passes and the
+    target's passes after it (in a batch, the whole batched pass each row took part in)."""
     stats = [r.stats for r in results]
-    if len(stats) == 1:
-        s = stats[0]
-        return {
-            "acceptance_rate": s.acceptance_rate,
-            "mean_tokens_per_round": s.mean_tokens_per_round,
-            "n_rounds": s.n_rounds,
-            "n_drafted": s.n_drafted,
-            "n_accepted": s.n_accepted,
-            "n_recovered": s.n_recovered,
-            "n_bonus": s.n_bonus,
-            "decode_tokens_per_s": s.decode_tokens_per_s,
-        }
     out: dict[str, Any] = {k: sum(getattr(s, k) for s in stats) for k in SPEC_COUNTS}
     n_emitted = out["n_accepted"] + out["n_recovered"] + out["n_bonus"]
     rates = [s.decode_tokens_per_s for s in stats if s.decode_tokens_per_s is not None]
+    rounds_by_k = [0] * max((len(s.rounds_by_k) for s in stats), default=0)
+    for s in stats:
+        for k, n in enumerate(s.rounds_by_k):
+            rounds_by_k[k] += n
     return {
         "acceptance_rate": out["n_accepted"] / out["n_drafted"] if out["n_drafted"] else None,
         "mean_tokens_per_round": n_emitted / out["n_rounds"] if out["n_rounds"] else None,
         **out,
         "decode_tokens_per_s": sum(rates) / len(rates) if rates else None,
+        "rounds_by_k": rounds_by_k,
+        **{k: round(sum(getattr(s, k) for s in stats), 3) for k in SPEC_TIMES},
     }
 
 
 SPEC_COUNTS = ("n_rounds", "n_drafted", "n_accepted", "n_recovered", "n_bonus")
+SPEC_TIMES = ("prefill_ms", "draft_ms", "target_ms")
 
 
 def usage(n_prompt: int, n_out: int, n_cached: int | None = None) -> dict[str, Any]:
