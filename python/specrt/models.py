@@ -732,12 +732,16 @@ def remove(name: str) -> int:
     Raises:
         UnknownModelError: ``name`` is not in the registry.
     """
+    from specrt.convert import remove_stale_temporaries
+
     src = _source(name)
     freed = 0
     base = cache_dir() / "models" / name
+    for known in MODELS:  # what an earlier `models rm` killed mid-way left (its process is gone)
+        remove_stale_temporaries(base.parent, f".{known}.rm-")
     if base.is_dir():
         freed += _du(base)
-        trash = base.parent / f".{name}.rm-{uuid.uuid4().hex[:8]}"
+        trash = base.parent / f".{name}.rm-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         base.rename(trash)  # atomic: no half-deleted folder that looks complete
         shutil.rmtree(trash, ignore_errors=True)
     for f in (cache_dir() / "gguf" / src.gguf_name, cache_dir() / "gguf" / (src.gguf_name + ".sha256")):

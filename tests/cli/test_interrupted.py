@@ -135,3 +135,20 @@ def test_only_the_temporaries_of_dead_processes_are_removed(tmp_path: Path) -> N
     assert sorted(p.name for p in removed) == sorted(names[1:3])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names[0], names[3], "fp32"])
     assert remove_stale_temporaries(tmp_path / "absent", ".dl-") == []
+
+
+def test_models_rm_removes_what_a_killed_rm_left(tmp_path: Path, monkeypatch) -> None:
+    """A ``specrt models rm`` killed mid-way leaves its renamed folder (``.<name>.rm-<pid>-*``); the next ``rm`` of
+    any model removes it, keeping a running ``rm``'s folder and the cached models."""
+    monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    root = tmp_path / "models"
+    gemma, smol = ".gemma-3-270m.rm-", ".smollm2-135m-instruct.rm-"
+    left = [f"{gemma}{dead.pid}-aaaa", f"{smol}{dead.pid}-bbbb", f"{smol}cccc"]
+    kept = [f"{smol}{os.getpid()}-dddd", "gemma-3-270m"]
+    for n in left + kept:
+        (root / n / "fp32").mkdir(parents=True)
+        (root / n / "fp32" / "model.onnx").write_bytes(b"x" * 10)
+    assert models.remove("qwen2.5-coder-0.5b-instruct") == 0  # nothing of its own cached
+    assert sorted(p.name for p in root.iterdir()) == sorted(kept)
