@@ -308,6 +308,13 @@ class Scheduler:
         """Requests generating now (at most the decoder's ``max_batch``)."""
         return self._n_running
 
+    @property
+    def prefix_cache_usage(self) -> tuple[int, int]:
+        """``(entries, bytes)`` of the batched layout's prefix store (KV copies of both models, at most its budget,
+        1 GiB by default); ``(0, 0)`` in the single-stream layout. Waits for a running step to end (the pipeline's
+        lock)."""
+        return tuple(self.decoder._batch.prefix_cache_usage)
+
     def submit(
         self,
         prompt: str | list[int] | None = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import re
 import shutil
 import socket
 import threading
@@ -822,3 +823,27 @@ def test_chat_template_kwargs_and_documents_reach_the_template(tmp_path) -> None
             raw = json.dumps({"messages": messages, field: value})
             r = c.post("/tokenize", content=raw, headers={"content-type": "application/json"})
             assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
+
+
+def test_metrics_report_the_prefix_store_a_batched_server_fills(served) -> None:
+    """``specrt_prefix_cache_entries`` / ``_bytes``: the batched layout's prefix store holds the finished request's
+    prompt (KV copies of both models: bytes > 0), within its budget; the single-stream layout keeps no copies (0)."""
+
+    def gauge(name: str) -> float:
+        text = httpx.get(f"{served.base}/metrics").text
+        m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+        assert m, name
+        return float(m.group(1))
+
+    r = httpx.post(
+        f"{served.base}/v1/completions",
+        json={"prompt": f"a prompt for the store of the {served.kind} server", "max_tokens": 4, "temperature": 0},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    entries, used = gauge("specrt_prefix_cache_entries"), gauge("specrt_prefix_cache_bytes")
+    assert (entries, used) == tuple(float(x) for x in served.decoder._batch.prefix_cache_usage)
+    if served.kind == "batched":
+        assert entries >= 1 and 0 < used <= specrt._specrt.DEFAULT_PREFIX_CACHE_BYTES
+    else:
+        assert (entries, used) == (0, 0)

@@ -69,6 +69,14 @@ class Metrics:
         queue.set_function(lambda: scheduler.queue_length)
         running = Gauge("specrt_running_requests", "Requests generating now", registry=r)
         running.set_function(lambda: scheduler.running)
+        # The batched layout's prefix store: a bounded cache (LRU within its byte budget) that fills as distinct
+        # prompts arrive; resident memory grows with it up to the budget (benches/soak.py reports both).
+        store = Gauge("specrt_prefix_cache_entries", "Prompt prefixes kept in the batched prefix store", registry=r)
+        store.set_function(lambda: scheduler.prefix_cache_usage[0])
+        store_bytes = Gauge(
+            "specrt_prefix_cache_bytes", "Bytes of KV copies in the batched prefix store (both models)", registry=r
+        )
+        store_bytes.set_function(lambda: scheduler.prefix_cache_usage[1])
         buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
         self.ttft = Histogram(
             "specrt_time_to_first_token_seconds", "Submission to first token", buckets=buckets, registry=r

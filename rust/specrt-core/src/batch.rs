@@ -1250,6 +1250,10 @@ impl RequestEngine for BatchEngine {
         BatchEngine::n_running(self)
     }
 
+    fn prefix_cache_usage(&self) -> (usize, usize) {
+        BatchEngine::prefix_cache_usage(self)
+    }
+
     fn n_waiting(&self) -> usize {
         BatchEngine::n_waiting(self)
     }

@@ -89,6 +89,12 @@ pub trait RequestEngine: Send {
     /// Requests waiting for their turn.
     fn n_waiting(&self) -> usize;
 
+    /// Prefixes kept in the prefix store and the bytes of their KV copies (both models); (0, 0) for an engine
+    /// without a store ([`crate::SingleStream`] reuses the KV its last request left in place, no copies).
+    fn prefix_cache_usage(&self) -> (usize, usize) {
+        (0, 0)
+    }
+
     /// Whether nothing is running or waiting.
     fn is_idle(&self) -> bool {
         self.n_running() == 0 && self.n_waiting() == 0

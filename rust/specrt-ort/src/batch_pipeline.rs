@@ -471,6 +471,13 @@ impl BatchPipeline {
         self.engine.n_waiting()
     }
 
+    /// Prefixes in the batched layout's prefix store and the bytes of their KV copies (both models; bounded by
+    /// `BatchOptions::prefix_cache_bytes`); (0, 0) in the single-stream layout, which keeps no copies.
+    #[must_use]
+    pub fn prefix_cache_usage(&self) -> (usize, usize) {
+        self.engine.prefix_cache_usage()
+    }
+
     /// The target folder's defaults (generation_config.json; its EOS ids).
     #[must_use]
     pub fn defaults(&self) -> &FolderDefaults {

@@ -226,6 +226,13 @@ impl PyBatchPipeline {
         run_kernel(py, || Ok(lock(&self.inner).n_waiting()))
     }
 
+    /// ``(entries, bytes)``: prefixes in the batched layout's prefix store and the bytes of their KV copies (both
+    /// models; at most ``prefix_cache_bytes``); ``(0, 0)`` in the single-stream layout (it keeps no copies).
+    #[getter]
+    fn prefix_cache_usage(&self, py: Python<'_>) -> PyResult<(usize, usize)> {
+        run_kernel(py, || Ok(lock(&self.inner).prefix_cache_usage()))
+    }
+
     /// The target's logits width: the vocabulary of prompts and outputs (a draft of another width is fitted to
     /// it).
     #[getter]
