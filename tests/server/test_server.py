@@ -109,7 +109,8 @@ def test_completion_equals_the_decoder_and_reports_usage_and_speculation(client,
     # The per-K rounds add up to the rounds and the drafted tokens (the trace bench_serve_peers.py records).
     assert spec["rounds_by_k"] == list(want.stats.rounds_by_k) and sum(spec["rounds_by_k"]) == spec["n_rounds"]
     assert sum(k * n for k, n in enumerate(spec["rounds_by_k"])) == spec["n_drafted"]
-    assert spec["draft_ms"] > 0 and spec["target_ms"] > 0 and spec["prefill_ms"] > 0
+    # (prefill_ms is 0 when an earlier test left the whole prompt in the prefix cache)
+    assert spec["draft_ms"] > 0 and spec["target_ms"] > 0 and spec["prefill_ms"] >= 0
     # Token ids as the prompt, and OpenAI's default of 16 tokens.
     r = client.post("/v1/completions", json={"prompt": want.prompt_token_ids, "temperature": 0, "ignore_eos": True})
     assert r.json()["usage"]["completion_tokens"] == 16
