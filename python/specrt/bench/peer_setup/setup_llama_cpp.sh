@@ -13,8 +13,23 @@ version="${1:-0.3.36}"
 # SPECRT_CACHE: the name this script read before it followed specrt's SPECRT_CACHE_DIR.
 root="${SPECRT_CACHE_DIR:-${SPECRT_CACHE:-$HOME/.cache/specrt}}/llama.cpp/$version"
 bin="$root/build/bin"
+# The instruction sets: GGML_NATIVE (-march=native), except on CPUs with AMX, where llama.cpp's AMX matrix product
+# (ggml_backend_amx_mul_mat, chosen for Q4_K weights when AMX is compiled in) crashed with SIGSEGV on the first
+# pass of Qwen2.5-Coder-1.5B Q4_K_M (2-core Xeon VM with amx_int8, 2026-12-05; --no-repack avoided it at half the
+# speed): there the same native set is named flag by flag, AMX left out, so the AVX-512 repacked kernels run.
+flavour=native
+isa=(-DGGML_NATIVE=ON)
+if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+  flavour=native-without-amx
+  isa=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+  for pair in sse4_2:SSE42 f16c:F16C fma:FMA bmi2:BMI2 avx:AVX avx2:AVX2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+              avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    if grep -qw "${pair%%:*}" /proc/cpuinfo; then isa+=("-DGGML_${pair##*:}=ON"); else isa+=("-DGGML_${pair##*:}=OFF"); fi
+  done
+fi
 if [[ -x "$bin/llama-bench" && -x "$bin/llama-speculative-simple" && -x "$bin/llama-server" \
-      && ( -x "$bin/llama-completion" || -x "$bin/llama-cli" ) ]]; then
+      && ( -x "$bin/llama-completion" || -x "$bin/llama-cli" ) \
+      && "$(cat "$root/build/specrt-flavour" 2>/dev/null || echo native)" == "$flavour" ]]; then
   echo "$bin"
   exit 0
 fi
@@ -37,10 +52,11 @@ if [[ ! -f "$src/CMakeLists.txt" ]]; then
 fi
 PATH="$tools/bin:$PATH" cmake -S "$src" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON \
-  -DGGML_NATIVE=ON >"$root/cmake.log"
+  "${isa[@]}" >"$root/cmake.log"
 PATH="$tools/bin:$PATH" ninja -C "$root/build" llama-bench llama-speculative-simple llama-server >"$root/ninja.log"
 # The target-only fallback: llama-completion, or llama-cli where this llama.cpp predates llama-completion.
 PATH="$tools/bin:$PATH" ninja -C "$root/build" llama-completion >>"$root/ninja.log" 2>&1 \
   || PATH="$tools/bin:$PATH" ninja -C "$root/build" llama-cli >>"$root/ninja.log" 2>&1 \
   || echo "neither llama-completion nor llama-cli built (see $root/ninja.log): no target-only fallback" >&2
+echo "$flavour" >"$root/build/specrt-flavour"
 echo "$bin"
