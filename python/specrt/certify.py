@@ -406,14 +406,14 @@ def certify(cfg: CertifyConfig, *, progress: Any = None) -> CertifyReport:
 
 
 def _replay_diff(model: Any, ids: list[int], out: list[int], sources: Sequence[str], rows: np.ndarray) -> float:
-    """Largest |logit difference| between the teacher-forced rows and the same rows computed round by round (the
-    chunks and ``n_past`` of verification: the last committed token then the round's emitted tokens but the last)."""
-    worst = 0.0
+    """Largest |logit difference| between the teacher-forced rows and the same rows computed as the engine computes
+    them: the first from the prompt's prefill (its last row), then round by round (the chunks and ``n_past`` of
+    verification: the last committed token then the round's emitted tokens but the last)."""
     seq = ids + out
-    start = len(ids)  # index in seq of the round's first emitted token
-    if len(ids) > 1:
-        model.forward(np.asarray(ids[:-1]), 0, 1)  # the prompt prefill: the cache holds positions 0 .. len - 2
-    for size in _rounds(sources):
+    first = np.asarray(model.forward(np.asarray(ids), 0, 1))
+    worst = float(np.abs(first[-1] - rows[0]).max())
+    start = len(ids) + 1  # index in seq of the round's first emitted token
+    for size in _rounds(sources[1:]):
         chunk = np.asarray(seq[start - 1 : start - 1 + size])
         got = np.asarray(model.forward(chunk, start - 1, size))
         ref = rows[start - len(ids) : start - len(ids) + size]

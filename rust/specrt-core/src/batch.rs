@@ -162,8 +162,10 @@ struct Row {
 }
 
 impl Row {
+    /// Prompt positions the prefill feeds: all of them; the last chunk's last row is the first token's
+    /// distribution, committed in the prefill step ([`BatchEngine::commit_first`]).
     fn prefill_target(&self) -> usize {
-        self.req.n_prompt - 1
+        self.req.n_prompt
     }
 
     fn decoding(&self) -> bool {
@@ -193,6 +195,9 @@ pub struct BatchEngine {
     controllers: Vec<Option<KController>>,
     plain_first: Vec<usize>,
     steps: Vec<RowStep>,
+    // A step committed first tokens from prefills and returned before its round: the next step runs that round
+    // first (no admission, no prefill), so rows decoding never lose a round to a joining prompt.
+    round_due: bool,
     // The index of the prefix store (the KV copies live in the backends).
     pool: PrefixPool,
 }
@@ -243,6 +248,7 @@ impl BatchEngine {
             finished: Vec::new(),
             controllers: vec![None; max_batch + 1],
             plain_first: vec![0; max_batch + 1],
+            round_due: false,
             steps: Vec::with_capacity(max_batch),
             pool: PrefixPool::new(opts.prefix_cache_bytes),
             opts,
@@ -564,10 +570,15 @@ impl BatchEngine {
     /// each row committed (rows that finished have left the batch; take their results with
     /// [`BatchEngine::take_output`]).
     ///
+    /// A prompt's last chunk gives its first token (sampled from the chunk's last row as a round with K = 0
+    /// would: the same draws, so the output does not depend on where the prompt was cut). When a step commits
+    /// first tokens it returns before its round, so they reach the caller one round earlier (time to first
+    /// token = the prefill); the next step then runs that round before admitting or prefilling anything more.
+    ///
     /// Errors: backend errors (every running row is then dropped).
     pub fn step(&mut self) -> Result<&[RowStep]> {
         self.steps.clear();
-        while self.rows.len() < self.max_batch {
+        while !self.round_due && self.rows.len() < self.max_batch {
             match self.waiting.pop_front() {
                 Some(row) => self.rows.push(row),
                 None => break,
@@ -575,6 +586,7 @@ impl BatchEngine {
         }
         if let Err(e) = self.step_inner() {
             self.rows.clear();
+            self.round_due = false;
             return Err(e);
         }
         // Finished and failed rows leave, from the back so indices stay valid.
@@ -632,9 +644,11 @@ impl BatchEngine {
     /// the draft.
     fn prefill_chunk_at(&mut self, i: usize) -> Result<()> {
         let t0 = Instant::now();
+        let vocab = self.vocab;
         let row = &mut self.rows[i];
         let start = row.prefilled;
         let end = (start + self.opts.prefill_chunk).min(row.prefill_target());
+        let last = end == row.prefill_target();
         let rows = [BatchRow {
             tokens: &row.req.tokens[start..end],
             n_past: start,
@@ -642,31 +656,118 @@ impl BatchEngine {
         let logits = self
             .target
             .forward_rows(i, &rows, row.req.prefill_logits(end - start))?;
-        row.req.record_prompt_logprobs(logits, self.vocab, start)?;
-        // Rows with auto K prefill the draft lazily: only if and when the batch drafts for them (catch-up below),
-        // so a load at which speculation does not pay never pays for the draft's prefill either. The draft may
-        // have reused another prefix length than the target: it reads at most a chunk from where its cache ends
-        // (a draft still behind when the target is done catches up before it drafts).
-        let start_dft = row.req.n_past_dft;
-        if row.use_draft && row.req.cfg.auto_k.is_none() && start_dft < end {
-            let end_dft = (start_dft + self.opts.prefill_chunk).min(end);
-            let rows = [BatchRow {
-                tokens: &row.req.tokens[start_dft..end_dft],
-                n_past: start_dft,
-            }];
-            let d = self.draft.as_mut().expect("use_draft");
-            d.forward_rows(i, &rows, 1)?;
-            row.req.n_past_dft = end_dft;
-        }
+        // Row r predicts prompt token start + r + 1; the last chunk's last row predicts the first output token.
+        let n_rows = logits.len() / vocab;
+        let (scored, first) = if last {
+            logits.split_at((n_rows - 1) * vocab)
+        } else {
+            (logits, &[][..])
+        };
+        row.req.record_prompt_logprobs(scored, vocab, start)?;
+        // The draft is prefilled lazily, for every row: only if and when the batch drafts for it (the catch-up
+        // pass of the round; a row with a fixed K reads all it lacks there, an auto row a chunk a round), so a load
+        // at which speculation does not pay never pays for the draft's prefill, and no prompt waits for it.
         row.prefilled = end;
         row.req.n_past_tgt = end;
         row.req.stats.prefill_ms += ms_since(t0);
+        if last {
+            Self::commit_first(
+                row,
+                first,
+                vocab,
+                &mut self.sampler_tgt,
+                &mut self.ver,
+                &mut self.steps,
+            );
+        }
         Ok(())
+    }
+
+    /// Commit a row's first token from its prefill's last row of logits (`[vocab]` float32), as a round with no
+    /// proposals would (its mask under a constraint, its draw, its log-probabilities), and report it in `steps`;
+    /// an error fails the row alone.
+    fn commit_first(
+        row: &mut Row,
+        logits: &[f32],
+        vocab: usize,
+        sampler: &mut Sampler,
+        ver: &mut Verification,
+        steps: &mut Vec<RowStep>,
+    ) {
+        let t_core = Instant::now();
+        row.tokens_dft.clear();
+        row.k_plan = 0;
+        row.mode = VerifyMode::Stochastic;
+        row.cons_propose = false;
+        row.proposal = ConstrainedProposal::default();
+        row.req.forced_bits = 0;
+        sampler.inject_fault(row.req.cfg.fault);
+        let mut out = StepOutput::default();
+        let mut result = Ok(());
+        if let Some(sc) = row.cons.as_mut() {
+            result = sc.bonus_mask(&mut row.req, 0, 0, false, vocab);
+        }
+        let logits_ver = match (result, row.cons.as_mut()) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Some(sc)) => sc.mask_target(&row.req, logits, &[], vocab),
+            (Ok(()), None) => Ok(logits),
+        };
+        let result = logits_ver
+            .and_then(|logits_ver| {
+                row.req.verify(
+                    sampler,
+                    logits_ver,
+                    &[],
+                    &[],
+                    VerifyMode::Stochastic,
+                    ver,
+                )
+            })
+            .and_then(|()| {
+                row.req.commit(
+                    ver,
+                    logits,
+                    vocab,
+                    0,
+                    VerifyMode::Stochastic,
+                    (0.0, 0.0),
+                    row.ngram.as_mut(),
+                    &mut out,
+                )
+            });
+        row.req.stats.core_ms += ms_since(t_core);
+        match result {
+            Ok(()) => {
+                // Nothing proposed, nothing accepted: the target has read the prompt, the new token is unread.
+                row.req.n_past_tgt = row.req.tokens.len() - 1;
+                steps.push(RowStep {
+                    id: row.id,
+                    out,
+                    error: None,
+                });
+            }
+            Err(e) => {
+                row.failed = Some(e.clone());
+                steps.push(RowStep {
+                    id: row.id,
+                    out: StepOutput::default(),
+                    error: Some(e),
+                });
+            }
+        }
     }
 
     #[allow(clippy::too_many_lines)]
     fn step_inner(&mut self) -> Result<()> {
-        self.prefill_chunks()?;
+        if !self.round_due {
+            self.prefill_chunks()?;
+            if !self.steps.is_empty() {
+                // First tokens (or a failed first draw): out now, the round in the next step.
+                self.round_due = true;
+                return Ok(());
+            }
+        }
+        self.round_due = false;
         let vocab = self.vocab;
         let b = self.rows.len();
         if !self.rows.iter().any(Row::decoding) {

@@ -42,6 +42,8 @@ pub struct Engine {
     // Argmax ids of a draft pass ([1]) and of the target pass ([k + 1]) in rounds that need only ids.
     ids_dft: Vec<u32>,
     ids_tgt: Vec<u32>,
+    // [vocab] the prefill's last row: the first round's target logits (the prefill reads the whole prompt).
+    first_logits: Vec<f32>,
     // Prompt-lookup index over the committed tokens (allocations reused across requests).
     ngram: Option<NgramProposer>,
     // Reused result of the round's verification.
@@ -93,6 +95,7 @@ impl Engine {
             input_tgt: Vec::with_capacity(MAX_DRAFT_TOKENS + 1),
             ids_dft: Vec::with_capacity(1),
             ids_tgt: Vec::with_capacity(MAX_DRAFT_TOKENS + 1),
+            first_logits: Vec::new(),
             ngram: None,
             ver: Verification::default(),
             cons: ConstrainedScratch::default(),
@@ -157,8 +160,9 @@ impl Engine {
         self.draft.as_ref().map_or(t, |d| t.min(d.max_seq_len()))
     }
 
-    /// Start a generation: validate, prefill both caches with all prompt tokens but the last (that one is the
-    /// first input of the first round). Any generation in progress is dropped. With prefix caching
+    /// Start a generation: validate, prefill the target with the prompt (its last row of logits is the first
+    /// round's: that round proposes nothing and runs no pass). The draft reads the prompt in its first drafting
+    /// pass (lazily, so the first token never waits for it). Any generation in progress is dropped. With prefix caching
     /// ([`Engine::set_prefix_caching`], on by default) each cache prefills only the prompt positions after the
     /// longest prefix it already holds from the previous generation ([`PrefixReuse`]; counted in
     /// [`Stats::n_cached_tokens`]).
@@ -214,8 +218,7 @@ impl Engine {
             }
         }
         let t0 = Instant::now();
-        let n_past = prompt.len() - 1;
-        // A request that never runs the draft model (n-gram only, or K = 0) does not prefill it either.
+        let n_prompt = prompt.len();
         let use_draft = self.draft.is_some() && req.may_draft();
         // Prefix caching: positions each cache already holds for this prompt. From here on the caches change, so
         // what they hold is this request's to say (a failed prefill leaves nothing to reuse).
@@ -231,25 +234,27 @@ impl Engine {
         };
         self.cached_tgt.clear();
         self.cached_dft.clear();
+        // (Reuse leaves at least the last prompt token to feed: its row is the first token's distribution.)
+        self.first_logits.clear();
         if req.cfg.prompt_logprobs.is_some() {
-            // Scored in chunks, each pass's rows reduced to the values asked for before the next.
-            for a in (0..n_past).step_by(PROMPT_LOGPROBS_CHUNK) {
-                let b = (a + PROMPT_LOGPROBS_CHUNK).min(n_past);
+            // Scored in chunks, each pass's rows reduced to the values asked for before the next; row r predicts
+            // prompt token a + r + 1, the last chunk's last row the first output token.
+            for a in (0..n_prompt).step_by(PROMPT_LOGPROBS_CHUNK) {
+                let b = (a + PROMPT_LOGPROBS_CHUNK).min(n_prompt);
                 let logits = self.target.forward(&prompt[a..b], a, b - a)?;
-                req.record_prompt_logprobs(logits, self.vocab, a)?;
+                let (scored, last) = if b == n_prompt {
+                    logits.split_at((b - a - 1) * self.vocab)
+                } else {
+                    (logits, &[][..])
+                };
+                req.record_prompt_logprobs(scored, self.vocab, a)?;
+                self.first_logits.extend_from_slice(last);
             }
-        } else if n_past > reuse.n_tgt {
-            self.target
-                .forward(&prompt[reuse.n_tgt..n_past], reuse.n_tgt, 1)?;
-        }
-        if use_draft && n_past > reuse.n_dft {
-            let d = self.draft.as_mut().expect("use_draft");
-            let t_draft = Instant::now();
-            d.forward(&prompt[reuse.n_dft..n_past], reuse.n_dft, 1)?;
-            // The prefill is the request's first measure of what a draft catch-up pass costs per token.
-            if let Some(c) = req.controller.as_mut() {
-                c.observe_catchup(ms_since(t_draft), n_past - reuse.n_dft);
-            }
+        } else {
+            let logits = self
+                .target
+                .forward(&prompt[reuse.n_tgt..], reuse.n_tgt, 1)?;
+            self.first_logits.extend_from_slice(logits);
         }
         // Size every per-round buffer for the largest K of this request now, so rounds never allocate.
         let k_max = req.k_max();
@@ -263,9 +268,9 @@ impl Engine {
         if self.draft.is_some() && self.probs_dft.len() < k_max * self.vocab {
             self.probs_dft.resize(k_max * self.vocab, 0.0);
         }
-        req.n_past_tgt = n_past;
-        // A draft this request does not run keeps what it held, for a later request to reuse.
-        req.n_past_dft = if use_draft { n_past } else { reuse.n_dft };
+        req.n_past_tgt = n_prompt;
+        // The draft holds the reused prefix (a draft this request does not run keeps it for a later request).
+        req.n_past_dft = reuse.n_dft;
         req.stats.n_cached_tokens = reuse.n_tgt as u64;
         req.stats.n_cached_tokens_dft = if use_draft { reuse.n_dft as u64 } else { 0 };
         req.stats.prefill_ms = ms_since(t0);
@@ -309,7 +314,9 @@ impl Engine {
         let words = mask_words(vocab);
         // Greedy without penalties or log-probabilities: the models' argmax ids are all a round reads (not under a
         // constraint: the mask must see the logits).
-        let ids_only = req.cfg.ids_only() && !constrained;
+        // The first round's target row is the prefill's (`first_logits`): no pass, so no ids-only pass either.
+        let first = len == req.n_prompt;
+        let ids_only = req.cfg.ids_only() && !constrained && !first;
         // Constrained rounds: mask rows filled so far (row i = the state after d_1 .. d_i), and whether the
         // proposals end the sequence (an EOS or a completing token: no row after it is ever emitted).
         let mut n_masks = 0usize;
@@ -317,7 +324,9 @@ impl Engine {
         // K is fixed before any random draw of the round, so the round is lossless whatever K is; it never drafts
         // past max_new_tokens.
         // (A constrained request proposes grammar-forced tokens even without a draft model.)
-        let k_cap = if draft_usable || req.cfg.ngram.is_some() || constrained {
+        // The first round proposes nothing: its token is drawn from the prefill's last row, as the batched engine
+        // draws it (`BatchEngine::step`), so both give the same output.
+        let k_cap = if !first && (draft_usable || req.cfg.ngram.is_some() || constrained) {
             remaining - 1
         } else {
             0
@@ -469,7 +478,9 @@ impl Engine {
         self.input_tgt.clear();
         self.input_tgt.push(req.tokens[len - 1]);
         self.input_tgt.extend_from_slice(&self.tokens_dft);
-        let logits_tgt: &[f32] = if ids_only {
+        let logits_tgt: &[f32] = if first {
+            &self.first_logits
+        } else if ids_only {
             self.target
                 .forward_argmax(&self.input_tgt, len - 1, k + 1, &mut self.ids_tgt)?;
             &[]
@@ -510,7 +521,8 @@ impl Engine {
             // The draft saw the committed prefix and d_1 .. d_{K-1} (all K when it stopped for lack of mass).
             req.n_past_dft = len + n_acc.min(n_fed_dft);
         }
-        if let Some(c) = req.controller.as_mut() {
+        // (The first round ran no pass: nothing to time.)
+        if let (Some(c), false) = (req.controller.as_mut(), first) {
             if mode == VerifyMode::Deterministic {
                 c.observe_ngram(k, &ver.accept_probs, target_ms);
             } else {

@@ -456,26 +456,27 @@ fn first_token_rounds(e: &mut BatchEngine, prompts: &[Vec<u32>]) -> Vec<usize> {
 
 #[test]
 fn a_round_prefills_whole_chunks_of_several_joining_prompts_up_to_max_prefill_tokens() {
-    // Three prompts of 9 tokens (8 to prefill: 2 chunks of 4 each) arrive together.
-    let prompts: Vec<Vec<u32>> = (1..=3).map(|s| prompt(s, 9)).collect();
-    // (max_prefill_tokens, the round of each row's first token)
+    // Three prompts of 8 tokens (2 chunks of 4 each) arrive together. A step whose prefill ends a prompt returns
+    // its first token at once and runs its round in the next step (which prefills nothing).
+    let prompts: Vec<Vec<u32>> = (1..=3).map(|s| prompt(s, 8)).collect();
+    // (max_prefill_tokens, the step of each row's first token)
     let cases: [(usize, [usize; 3]); 6] = [
-        (4, [2, 4, 6]),    // one chunk a round: row 0 decodes after 2 rounds, row 1 after 4
-        (1, [2, 4, 6]),    // a budget below a chunk still prefills one
-        (8, [1, 2, 3]),    // one whole prompt a round (a row's next chunk before the next row's)
-        (7, [2, 4, 6]),    // 7 tokens hold one chunk: as 4
-        (12, [1, 2, 2]),   // prompt 0 and half of prompt 1 in round 1
-        (1024, [1, 1, 1]), // everything in the first round
+        (4, [2, 5, 8]),    // one chunk a step: row 0's second chunk in step 2, step 3 its round, row 1 from step 4
+        (1, [2, 5, 8]),    // a budget below a chunk still prefills one
+        (8, [1, 3, 5]),    // one whole prompt a step (a row's next chunk before the next row's)
+        (7, [2, 5, 8]),    // 7 tokens hold one chunk: as 4
+        (12, [1, 3, 3]),   // prompt 0 and half of prompt 1 in step 1, the rest of 1 and all of 2 in step 3
+        (1024, [1, 1, 1]), // everything in the first step
     ];
     for (budget, want) in cases {
         let got = first_token_rounds(&mut budget_engine(3, 0.5, 4, budget), &prompts);
         assert_eq!(got, want, "max_prefill_tokens {budget}");
     }
     // A shorter prompt behind one whose chunk no longer fits takes the budget's rest.
-    let mixed = vec![prompt(1, 9), prompt(2, 9), prompt(3, 3)];
+    let mixed = vec![prompt(1, 8), prompt(2, 8), prompt(3, 2)];
     assert_eq!(
         first_token_rounds(&mut budget_engine(3, 0.5, 4, 10), &mixed),
-        [1, 2, 1]
+        [1, 3, 1]
     );
 }
 
@@ -510,25 +511,31 @@ fn outputs_do_not_depend_on_max_prefill_tokens() {
 
 #[test]
 fn a_joining_prefill_holds_the_batch_back_by_one_chunk() {
-    // While a long prompt prefills in chunks of 4, the running row still commits tokens every round.
-    let mut e = engine(2, 0.3, 4);
+    // While a long prompt prefills in chunks of 4 (one a step), the running row still commits tokens every round.
+    let mut e = budget_engine(2, 0.3, 4, 4);
     let cfg = GenerationConfig {
         sampling: SamplingParams::greedy(),
         max_new_tokens: 30,
         ..GenerationConfig::default()
     };
+    let has = |steps: &[specrt_core::RowStep], id: u64| {
+        steps.iter().any(|s| s.id == id && !s.out.tokens.is_empty())
+    };
     e.add(0, &prompt(1, 3), cfg.clone()).unwrap();
-    e.step().unwrap();
-    e.add(1, &prompt(2, 41), cfg).unwrap(); // 40 tokens to prefill: 10 chunks
+    assert!(has(e.step().unwrap(), 0), "the prefill's step gives row 0 its first token");
+    e.add(1, &prompt(2, 40), cfg).unwrap(); // 10 chunks
+    // The round due first (nothing prefilled), then 9 chunks, each step with a round.
     for _ in 0..10 {
         let steps = e.step().unwrap();
-        assert!(steps.iter().any(|s| s.id == 0 && !s.out.tokens.is_empty()));
+        assert!(has(steps, 0) && !has(steps, 1));
     }
     let steps = e.step().unwrap();
     assert!(
-        steps.iter().any(|s| s.id == 1 && !s.out.tokens.is_empty()),
-        "row 1 decodes after its 10 chunks"
+        has(steps, 1) && !has(steps, 0),
+        "row 1's 10th chunk gives its first token, before the round"
     );
+    let steps = e.step().unwrap();
+    assert!(has(steps, 0) && has(steps, 1), "then both decode");
 }
 
 #[test]
@@ -559,8 +566,9 @@ fn auto_rows_take_the_batch_cost_model_and_stop_speculating_when_it_does_not_pay
         e.take_output(0).unwrap().stats.rounds_by_k
     };
     // Flat verification (bandwidth-bound): drafting pays, K = 4 in every round but the last.
+    // (The prefill's token counts as a round with K = 0.)
     let flat = run(vec![10.0; 5]);
-    assert!(flat[4] + 1 >= flat.iter().sum::<u64>(), "{flat:?}");
+    assert!(flat[4] + 2 >= flat.iter().sum::<u64>(), "{flat:?}");
     // Verification cost growing with every token (a compute-bound batch; E(K) / cost(K) < 1 / c_verify(1) even at
     // full acceptance): plain rounds, drafting only to probe.
     let steep = run((1..=5).map(|n| 10.0 * f64::from(n)).collect());

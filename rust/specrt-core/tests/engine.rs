@@ -144,10 +144,11 @@ fn draft_runs_exactly_k_passes_per_round() {
     let (mut calls_before, mut fed_before) = *counter.lock().unwrap();
     assert_eq!(
         (calls_before, fed_before),
-        (1, 2),
-        "prefill feeds all prompt tokens but the last"
+        (0, 0),
+        "the prefill does not run the draft (its first drafting pass reads the prompt)"
     );
     let mut n_out = 0;
+    let mut drafted_before = false;
     while e.finish_reason().is_none() {
         let out = e.step().unwrap().clone();
         let (calls, fed) = *counter.lock().unwrap();
@@ -156,12 +157,15 @@ fn draft_runs_exactly_k_passes_per_round() {
             out.n_drafted,
             "one draft pass per draft token"
         );
-        // The first pass feeds the 1 or 2 unseen committed tokens, then one token per pass.
+        // The first pass feeds the unseen committed tokens (the first drafting round: the prompt and the
+        // prefill's token; later 1 or 2), then one token per pass.
         let unseen = fed - fed_before - (out.n_drafted.saturating_sub(1));
+        let want = if drafted_before { 1..=2 } else { 4..=4 };
         assert!(
-            out.n_drafted == 0 || (1..=2).contains(&unseen),
+            out.n_drafted == 0 || want.contains(&unseen),
             "unseen {unseen}"
         );
+        drafted_before |= out.n_drafted > 0;
         (calls_before, fed_before) = (calls, fed);
         n_out += out.tokens.len();
     }
@@ -269,10 +273,11 @@ fn max_new_tokens_inside_a_block_truncates_and_counts_only_emitted() {
     let out = run(target(3), Some(target(3)), &prompt, greedy_cfg(8, 5));
     assert_eq!(out.finish_reason, FinishReason::Length);
     assert_eq!(out.tokens, reference.tokens);
-    // K is capped so no round drafts past max_new_tokens: one round of K = 4 and its bonus token.
-    assert_eq!(out.stats.n_rounds, 1);
-    assert_eq!(out.stats.n_drafted, 4);
-    assert_eq!((out.stats.n_accepted, out.stats.n_bonus), (4, 1));
+    // K is capped so no round drafts past max_new_tokens: the prefill's token (a round with nothing proposed:
+    // its token counts as a bonus), then one round of K = 3 and its bonus token.
+    assert_eq!(out.stats.n_rounds, 2);
+    assert_eq!(out.stats.n_drafted, 3);
+    assert_eq!((out.stats.n_accepted, out.stats.n_bonus), (3, 2));
     check_stats(&out);
 }
 
@@ -280,12 +285,14 @@ fn max_new_tokens_inside_a_block_truncates_and_counts_only_emitted() {
 fn stop_at_truncates_output_and_statistics() {
     let mut e = Engine::new(Box::new(target(4)), Some(Box::new(target(4)))).unwrap();
     e.start(&[1, 2, 3], greedy_cfg(4, 30)).unwrap();
+    let first = e.step().unwrap().clone();
+    assert_eq!(first.tokens.len(), 1, "the prefill's token alone");
     let step = e.step().unwrap().clone();
     assert_eq!(step.tokens.len(), 5);
-    e.stop_at(2).unwrap();
+    e.stop_at(3).unwrap();
     let out = e.output().unwrap();
     assert_eq!(out.finish_reason, FinishReason::Stop);
-    assert_eq!(out.tokens, step.tokens[..2].to_vec());
+    assert_eq!(out.tokens, [&first.tokens[..], &step.tokens[..2]].concat());
     check_stats(&out);
     assert_eq!(
         (out.stats.n_drafted, out.stats.n_accepted),
@@ -294,7 +301,7 @@ fn stop_at_truncates_output_and_statistics() {
     );
     assert_eq!(out.stats.accepted_at[..2], [1, 1]);
     assert_eq!(out.stats.accepted_at[2..], [0, 0]);
-    assert!(matches!(e.stop_at(3), Err(SpecError::Config(_))));
+    assert!(matches!(e.stop_at(4), Err(SpecError::Config(_))));
 }
 
 #[test]
@@ -339,17 +346,19 @@ fn chi2_quantile(df: f64, z: f64) -> f64 {
     df * (1.0 - a + z * a.sqrt()).powi(3)
 }
 
-/// Runs `n` two-token generations (seeds 0..n) and checks the joint distribution of the first two tokens against
-/// the target's exact p(t1) p(t2 | t1), computed from the mock's logits, with a Pearson chi-square over the cells
-/// with expected count >= 5 (df = cells - 1) at z = 4.3 (one-sided p ~ 1e-5). Returns the n-gram drafts made.
-fn check_first_two_tokens<const V: usize>(
+/// Runs `n` three-token generations (seeds 0..n) and checks the joint distribution of the first three tokens
+/// against the target's exact p(t1) p(t2 | t1) p(t3 | t1 t2), computed from the mock's logits, with a Pearson
+/// chi-square over the cells with expected count >= 5 (df = cells - 1) at z = 4.3 (one-sided p ~ 1e-5). The first
+/// token is the prefill's; the speculative round gives the second and third. Returns the generations that drafted
+/// from prompt lookup.
+fn check_first_three_tokens<const V: usize>(
     t: &MockModel,
     d: Option<MockModel>,
     prompt: &[u32],
     n: u64,
     cfg: &GenerationConfig,
 ) -> u64 {
-    let (stat, crit, cells, n_ngram) = first_two_tokens_chi2::<V>(t, d, prompt, n, cfg);
+    let (stat, crit, cells, n_ngram) = first_three_tokens_chi2::<V>(t, d, prompt, n, cfg);
     assert!(
         stat < crit,
         "chi-square {stat:.1} >= critical {crit:.1} over {cells} cells"
@@ -357,15 +366,16 @@ fn check_first_two_tokens<const V: usize>(
     n_ngram
 }
 
-/// The statistic of [`check_first_two_tokens`]: `(chi-square, critical value at z = 4.3, cells, n-gram drafts)`.
-fn first_two_tokens_chi2<const V: usize>(
+/// The statistic of [`check_first_three_tokens`]: `(chi-square, critical value at z = 4.3, cells, generations with
+/// n-gram drafts)`.
+fn first_three_tokens_chi2<const V: usize>(
     t: &MockModel,
     d: Option<MockModel>,
     prompt: &[u32],
     n: u64,
     cfg: &GenerationConfig,
 ) -> (f64, f64, f64, u64) {
-    first_two_tokens_chi2_with::<V>(
+    first_three_tokens_chi2_with::<V>(
         t,
         d.map(|d| Box::new(d) as Box<dyn Backend>),
         prompt,
@@ -375,9 +385,9 @@ fn first_two_tokens_chi2<const V: usize>(
     )
 }
 
-/// [`first_two_tokens_chi2`] with any draft backend, the target's distribution at both positions taken with the
-/// `masked` ids removed (renormalised: what `min_tokens` >= 2 makes of it).
-fn first_two_tokens_chi2_with<const V: usize>(
+/// [`first_three_tokens_chi2`] with any draft backend, the target's distribution at all three positions taken with
+/// the `masked` ids removed (renormalised: what `min_tokens` >= 3 makes of it).
+fn first_three_tokens_chi2_with<const V: usize>(
     t: &MockModel,
     d: Option<Box<dyn Backend>>,
     prompt: &[u32],
@@ -396,30 +406,38 @@ fn first_two_tokens_chi2_with<const V: usize>(
         let s: f64 = e.iter().sum();
         e.into_iter().map(|x| x / s).collect::<Vec<f64>>()
     };
+    // The first token comes from the prefill alone; the next two from the first speculative round (a K = 1 round
+    // under max_new_tokens 3: an accepted or recovered token, then a bonus or the next round's).
     let p1 = softmax(prompt);
-    let mut expected = vec![0f64; V * V];
+    let mut expected = vec![0f64; V * V * V];
     for a in 0..V {
         let mut seq = prompt.to_vec();
         seq.push(a as u32);
         for (b, p2) in softmax(&seq).into_iter().enumerate() {
-            expected[a * V + b] = p1[a] * p2;
+            let mut seq3 = seq.clone();
+            seq3.push(b as u32);
+            for (c, p3) in softmax(&seq3).into_iter().enumerate() {
+                expected[(a * V + b) * V + c] = p1[a] * p2 * p3;
+            }
         }
     }
-    let mut counts = vec![0u64; V * V];
+    let mut counts = vec![0u64; V * V * V];
     let mut e = Engine::new(Box::new(t.clone()), d).unwrap();
     let mut n_ngram = 0;
-    // Generations that ended after one token (an EOS or stop id): the expected distribution has no such outcome.
+    // Generations that ended early (an EOS or stop id): the expected distribution has no such outcome.
     let mut ended_early = 0u64;
     for seed in 0..n {
         let cfg = GenerationConfig {
-            max_new_tokens: 2,
+            max_new_tokens: 3,
             seed,
             ..cfg.clone()
         };
         let out = e.generate(prompt, cfg, |_| true).unwrap();
-        n_ngram += out.stats.n_drafted_ngram;
+        if out.stats.n_drafted_ngram > 0 {
+            n_ngram += 1;
+        }
         match out.tokens[..] {
-            [a, b] => counts[a as usize * V + b as usize] += 1,
+            [a, b, c] => counts[(a as usize * V + b as usize) * V + c as usize] += 1,
             _ => ended_early += 1,
         }
     }
@@ -438,7 +456,7 @@ fn first_two_tokens_chi2_with<const V: usize>(
 }
 
 #[test]
-fn first_two_tokens_at_temperature_one_follow_the_target_distribution() {
+fn first_three_tokens_at_temperature_one_follow_the_target_distribution() {
     // End-to-end losslessness with a draft model that disagrees often.
     let t = MockModel::new(6, 64, 11, 1.5);
     let d = MockModel::new(6, 64, 11, 1.5).with_noise(77, 1.0);
@@ -450,7 +468,7 @@ fn first_two_tokens_at_temperature_one_follow_the_target_distribution() {
         },
         ..GenerationConfig::default()
     };
-    check_first_two_tokens::<6>(&t, Some(d), &[1, 4, 2], 40_000, &cfg);
+    check_first_three_tokens::<6>(&t, Some(d), &[1, 4, 2], 40_000, &cfg);
 }
 
 fn auto_cfg(max_new: usize, per_token: f64, c_draft: f64) -> GenerationConfig {
@@ -653,8 +671,11 @@ fn ngram_drafts_at_temperature_one_keep_the_target_distribution() {
         }),
         ..GenerationConfig::default()
     };
-    let n_ngram = check_first_two_tokens::<5>(&t, None, &[1, 2, 1, 2, 1, 2, 1], n, &cfg);
-    assert!(n_ngram >= n, "every generation drafts from the prompt");
+    // Every token of the vocabulary occurs in the prompt, so whatever the prefill's token, the next round finds
+    // a match (n-gram length 1 at least) and drafts from it.
+    let prompt = [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0];
+    let n_ngram = check_first_three_tokens::<5>(&t, None, &prompt, n, &cfg);
+    assert!(n_ngram >= n, "{n_ngram} of {n} generations drafted from the prompt");
 }
 
 fn t1_cfg(k: usize) -> GenerationConfig {
@@ -670,7 +691,7 @@ fn t1_cfg(k: usize) -> GenerationConfig {
 
 #[test]
 fn the_distribution_test_catches_a_recovered_token_drawn_from_the_draft() {
-    // The same check as `first_two_tokens_at_temperature_one_follow_the_target_distribution`, on a sampler that
+    // The same check as `first_three_tokens_at_temperature_one_follow_the_target_distribution`, on a sampler that
     // draws recovered tokens from q instead of norm(max(0, p - q)): it must fail.
     let t = MockModel::new(6, 64, 11, 1.5);
     let d = MockModel::new(6, 64, 11, 1.5).with_noise(77, 1.0);
@@ -678,7 +699,7 @@ fn the_distribution_test_catches_a_recovered_token_drawn_from_the_draft() {
         fault: Some(specrt_core::sampling::Fault::ResidualFromDraft),
         ..t1_cfg(3)
     };
-    let (stat, crit, cells, _) = first_two_tokens_chi2::<6>(&t, Some(d), &[1, 4, 2], 40_000, &cfg);
+    let (stat, crit, cells, _) = first_three_tokens_chi2::<6>(&t, Some(d), &[1, 4, 2], 40_000, &cfg);
     assert!(
         stat > crit,
         "the broken sampler passed: chi-square {stat:.1} < critical {crit:.1} over {cells} cells"
@@ -686,7 +707,7 @@ fn the_distribution_test_catches_a_recovered_token_drawn_from_the_draft() {
 }
 
 #[test]
-fn coupled_sampling_first_two_tokens_follow_the_target_distribution() {
+fn coupled_sampling_first_three_tokens_follow_the_target_distribution() {
     // Coupled sampling keeps every position an exact sample of p, with a draft model that disagrees often.
     let t = MockModel::new(6, 64, 11, 1.5);
     let d = MockModel::new(6, 64, 11, 1.5).with_noise(77, 1.0);
@@ -694,7 +715,7 @@ fn coupled_sampling_first_two_tokens_follow_the_target_distribution() {
         coupled: true,
         ..t1_cfg(3)
     };
-    check_first_two_tokens::<6>(&t, Some(d), &[1, 4, 2], 40_000, &cfg);
+    check_first_three_tokens::<6>(&t, Some(d), &[1, 4, 2], 40_000, &cfg);
 }
 
 #[test]
@@ -795,7 +816,7 @@ fn a_pruned_vocabulary_draft_keeps_the_target_distribution_and_greedy_parity() {
     let out = e.generate(&[1, 4, 2], cfg, |_| true).unwrap();
     assert!(out.stats.n_accepted > 0);
     // Monte Carlo over the first two tokens (chi-square, as for the full draft).
-    let (stat, crit, cells, _) = first_two_tokens_chi2_with::<6>(
+    let (stat, crit, cells, _) = first_three_tokens_chi2_with::<6>(
         &t,
         Some(Box::new(pruned())),
         &[1, 4, 2],
@@ -956,7 +977,7 @@ fn min_tokens_bans_eos_and_stop_ids_before_it_in_draft_and_target_alike() {
             assert_eq!(out.tokens, reference.tokens, "seed {seed} k {k}");
         }
     }
-    // At temperature 1: the first two tokens follow the target's distribution without EOS and the stop id.
+    // At temperature 1: the first three tokens follow the target's distribution without EOS and the stop id.
     let t = MockModel::new(6, 64, 11, 1.5).with_boost(eos, 1.0);
     let d = MockModel::new(6, 64, 11, 1.5).with_noise(77, 1.0);
     let t1 = GenerationConfig {
@@ -965,12 +986,12 @@ fn min_tokens_bans_eos_and_stop_ids_before_it_in_draft_and_target_alike() {
         stop_token_ids: vec![5],
         sampling: SamplingParams {
             temperature: 1.0,
-            min_tokens: 2,
+            min_tokens: 3,
             ..SamplingParams::default()
         },
         ..GenerationConfig::default()
     };
-    let (stat, crit, cells, _) = first_two_tokens_chi2_with::<6>(
+    let (stat, crit, cells, _) = first_three_tokens_chi2_with::<6>(
         &t,
         Some(Box::new(d.clone())),
         &[1, 4, 2],
@@ -990,7 +1011,7 @@ fn min_tokens_bans_eos_and_stop_ids_before_it_in_draft_and_target_alike() {
         },
         ..t1.clone()
     };
-    let (stat, crit, ..) = first_two_tokens_chi2_with::<6>(
+    let (stat, crit, ..) = first_three_tokens_chi2_with::<6>(
         &t,
         Some(Box::new(d)),
         &[1, 4, 2],

@@ -243,12 +243,18 @@ fn only_the_uncached_rest_of_a_prompt_is_fed_and_the_switch_turns_reuse_off() {
     );
     e.start(&p2, cfg.clone()).unwrap();
     let s = e.stats().unwrap().clone();
-    let n_prefilled = p2.len() - 1 - s.n_cached_tokens as usize;
+    // The target reads the whole uncached rest (the last prompt token too: its row gives the first token); the
+    // draft reads nothing yet (its first drafting pass reads its uncached rest).
+    let n_prefilled = p2.len() - s.n_cached_tokens as usize;
     assert!(s.n_cached_tokens as usize >= p.len() + first.tokens.len() - 1);
     assert_eq!(fed_tgt.load(Ordering::Relaxed) - t0, n_prefilled);
+    assert_eq!(fed_dft.load(Ordering::Relaxed) - d0, 0);
+    e.step().unwrap();
+    e.step().unwrap();
     assert_eq!(
         fed_dft.load(Ordering::Relaxed) - d0,
-        p2.len() - 1 - s.n_cached_tokens_dft as usize
+        p2.len() + 1 - s.n_cached_tokens_dft as usize + 2,
+        "the first drafting round's first pass reads the uncached prompt and the first token, then a token a pass"
     );
     // A request refused before it runs leaves the caches as they were: the next one still reuses them.
     let bad = GenerationConfig {
@@ -264,7 +270,7 @@ fn only_the_uncached_rest_of_a_prompt_is_fed_and_the_switch_turns_reuse_off() {
     let t1 = fed_tgt.load(Ordering::Relaxed);
     e.start(&p2, cfg.clone()).unwrap();
     assert_eq!(e.stats().unwrap().n_cached_tokens, 0);
-    assert_eq!(fed_tgt.load(Ordering::Relaxed) - t1, p2.len() - 1);
+    assert_eq!(fed_tgt.load(Ordering::Relaxed) - t1, p2.len());
     // On again: what the request run while off left in the caches is reused.
     e.set_prefix_caching(true);
     e.start(&p2, cfg).unwrap();
@@ -443,7 +449,7 @@ fn a_tiny_budget_evicts_the_least_recently_used_prefixes_and_outputs_stay_exact(
     assert_eq!(run(4, &b), 0, "b was evicted");
     assert!(run(5, &c) > 0, "c is still kept");
     // A prefix larger than the whole budget is not kept, and nothing else is dropped for it.
-    let long = prompt(4, 100);
+    let long = prompt(4, 160);
     assert_eq!(run(6, &long), 0);
     assert_eq!(run(7, &long), 0);
     // Budget 0 keeps nothing.
