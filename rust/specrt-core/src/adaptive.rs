@@ -8,7 +8,8 @@
 //! still run every [`AutoK::probe_every`] rounds so the acceptance estimate stays current; the interval doubles after
 //! each probe that leaves K = 0 the choice (up to [`MAX_PROBE_BACKOFF`] doublings) and is back to `probe_every` once
 //! the estimates choose K > 0, so a load where speculation loses pays for ever fewer probes (each may carry a draft
-//! catch-up of every row's backlog in a batch).
+//! catch-up of every row's backlog in a batch). No probe runs where no K would win even at an acceptance
+//! [`PROBE_ACCEPTANCE_MARGIN`] above the estimate (the costs alone rule speculation out: a compute-bound batch).
 //!
 //! Prompt-lookup (n-gram) proposals cost no draft pass (c_q = 0) and have their own acceptance estimate: when a
 //! match offers tokens, [`KController::choose_ngram`] verifies the prefix length that maximises `E(K) / c_verify(K +
@@ -52,6 +53,10 @@ pub const CATCHUP_HORIZON: f64 = 8.0;
 
 /// Probes while K = 0 stays the choice come every `probe_every * 2^n` rounds after the n-th one, n at most this.
 pub const MAX_PROBE_BACKOFF: u32 = 4;
+
+/// A probe round is skipped when no K would beat a plain round even at an acceptance this much above the estimate
+/// (about one standard error of a 32-position window at acceptance 0.7).
+pub const PROBE_ACCEPTANCE_MARGIN: f64 = 0.1;
 
 /// A probe round is skipped while catching the draft model up would cost more than this many target passes.
 pub const PROBE_MAX_CATCHUP: f64 = 4.0;
@@ -544,7 +549,12 @@ impl KController {
     /// docs).
     #[must_use]
     pub fn rate(&self, k: usize) -> f64 {
-        let e = expected_tokens(self.alpha().min(0.999_999), k).unwrap_or(1.0);
+        self.rate_at(k, self.alpha(), true)
+    }
+
+    /// [`KController::rate`] at draft acceptance `alpha` instead of the estimate, with or without the catch-up.
+    fn rate_at(&self, k: usize, alpha: f64, with_catchup: bool) -> f64 {
+        let e = expected_tokens(alpha.min(0.999_999), k).unwrap_or(1.0);
         let f = self.n_forced;
         let e = if f == 0 {
             e
@@ -555,7 +565,11 @@ impl KController {
             let all = af.powi(f as i32);
             lead + all * e
         };
-        let catchup = if k > 0 { self.cost_catchup() } else { 0.0 };
+        let catchup = if k > 0 && with_catchup {
+            self.cost_catchup()
+        } else {
+            0.0
+        };
         e / (k as f64 * self.cost_draft() + catchup + self.cost_verify(k + f + 1))
     }
 
@@ -671,9 +685,15 @@ impl KController {
         // draft model is so far behind that catching it up costs more than a few target passes.
         let max_catchup = PROBE_MAX_CATCHUP.max(PROBE_REMAINING_SHARE * self.remaining as f64);
         let interval = self.cfg.probe_every.saturating_mul(1 << self.probe_backoff);
-        let due = self.rounds_since_draft >= interval
-            || (self.c_draft.is_none() && self.cfg.pinned.is_none());
-        if due && self.catchup_total() <= max_catchup * self.cost_verify(1) {
+        let unmeasured = self.c_draft.is_none() && self.cfg.pinned.is_none();
+        let due = self.rounds_since_draft >= interval || unmeasured;
+        // Nor when no K could win at an acceptance above the estimate by PROBE_ACCEPTANCE_MARGIN, a caught-up
+        // draft assumed (the catch-up is a one-time cost, bounded below): what a probe would learn could not change
+        // the choice (a compute-bound batch verifying on a CPU).
+        let hope = (self.alpha() + PROBE_ACCEPTANCE_MARGIN).min(1.0);
+        let could_win =
+            unmeasured || (1..=k_cap).any(|k| self.rate_at(k, hope, false) > self.rate(0));
+        if due && could_win && self.catchup_total() <= max_catchup * self.cost_verify(1) {
             self.rounds_since_draft = 0;
             self.probe_backoff = (self.probe_backoff + 1).min(MAX_PROBE_BACKOFF);
             return (1..=k_cap)
@@ -836,11 +856,20 @@ mod tests {
 
     #[test]
     fn chooses_no_speculation_when_verify_cost_grows_fast_and_probes_later() {
-        // int4-like: each verified token adds 50% of c_p; a poor draft (a = 0.3) never pays.
-        let cfg = AutoK {
+        // int4-like: each verified token adds 50% of c_p; a poor draft (a = 0.3) never pays, and would not at
+        // 0.4 either: no probe at all.
+        let mut hopeless = KController::new(AutoK {
             prior_acceptance: 0.3,
             probe_every: 4,
             ..pinned(3.5, 0.5)
+        })
+        .unwrap();
+        assert!((1..=200).all(|_| hopeless.choose(8) == 0));
+        // A cheap draft (c_q 1) at a = 0.55: K = 1 pays above a = 0.6 (1 + a > 1.6), so K = 0 with probes.
+        let cfg = AutoK {
+            prior_acceptance: 0.55,
+            probe_every: 4,
+            ..pinned(1.0, 0.5)
         };
         let mut c = KController::new(cfg).unwrap();
         let probes: Vec<usize> = (1..=200).filter(|_| c.choose(8) > 0).collect();
@@ -854,8 +883,9 @@ mod tests {
             c.observe(4, &[1.0; 4], 4.0, 4, 10.0);
         }
         assert!(c.choose(8) > 0);
+        // Back below the break-even (a = 0.52; a probe could still win at 0.62).
         for _ in 0..40 {
-            c.observe(4, &[0.0], 4.0, 4, 10.0);
+            c.observe(4, &[0.52], 4.0, 4, 10.0);
         }
         let ks: Vec<usize> = (0..4).map(|_| c.choose(8)).collect();
         assert_eq!(&ks[..3], &[0, 0, 0]);
@@ -1106,15 +1136,16 @@ mod tests {
 
     #[test]
     fn probes_wait_while_the_draft_model_is_far_behind() {
+        // K = 1 pays above a = 0.625 with a caught-up draft (1 + a > 1.625): at 0.55 K = 0 wins, with probes.
         let mut c = measured(
             AutoK {
-                prior_acceptance: 0.3,
+                prior_acceptance: 0.55,
                 probe_every: 2,
                 ..AutoK::default()
             },
-            |k| 10.0 * (1.0 + 0.5 * k as f64),
+            |k| 10.0 * (1.0 + 0.05 * k as f64),
         );
-        c.observe(1, &[0.3], 3.5, 1, 15.0);
+        c.observe(1, &[0.55], 3.5, 1, 10.5);
         c.observe_catchup(3.5 + 99.0 * 2.0, 100); // 2 ms per catch-up token
         c.set_draft_backlog(10, false); // 18 ms of catch-up <= 4 target passes: probe
         assert_eq!((0..2).map(|_| c.choose(8)).filter(|&k| k > 0).count(), 1);

@@ -714,14 +714,8 @@ impl BatchEngine {
         };
         let result = logits_ver
             .and_then(|logits_ver| {
-                row.req.verify(
-                    sampler,
-                    logits_ver,
-                    &[],
-                    &[],
-                    VerifyMode::Stochastic,
-                    ver,
-                )
+                row.req
+                    .verify(sampler, logits_ver, &[], &[], VerifyMode::Stochastic, ver)
             })
             .and_then(|()| {
                 row.req.commit(

@@ -461,11 +461,11 @@ fn a_round_prefills_whole_chunks_of_several_joining_prompts_up_to_max_prefill_to
     let prompts: Vec<Vec<u32>> = (1..=3).map(|s| prompt(s, 8)).collect();
     // (max_prefill_tokens, the step of each row's first token)
     let cases: [(usize, [usize; 3]); 6] = [
-        (4, [2, 5, 8]),    // one chunk a step: row 0's second chunk in step 2, step 3 its round, row 1 from step 4
-        (1, [2, 5, 8]),    // a budget below a chunk still prefills one
-        (8, [1, 3, 5]),    // one whole prompt a step (a row's next chunk before the next row's)
-        (7, [2, 5, 8]),    // 7 tokens hold one chunk: as 4
-        (12, [1, 3, 3]),   // prompt 0 and half of prompt 1 in step 1, the rest of 1 and all of 2 in step 3
+        (4, [2, 5, 8]), // one chunk a step: row 0's second chunk in step 2, step 3 its round, row 1 from step 4
+        (1, [2, 5, 8]), // a budget below a chunk still prefills one
+        (8, [1, 3, 5]), // one whole prompt a step (a row's next chunk before the next row's)
+        (7, [2, 5, 8]), // 7 tokens hold one chunk: as 4
+        (12, [1, 3, 3]), // prompt 0 and half of prompt 1 in step 1, the rest of 1 and all of 2 in step 3
         (1024, [1, 1, 1]), // everything in the first step
     ];
     for (budget, want) in cases {
@@ -522,9 +522,12 @@ fn a_joining_prefill_holds_the_batch_back_by_one_chunk() {
         steps.iter().any(|s| s.id == id && !s.out.tokens.is_empty())
     };
     e.add(0, &prompt(1, 3), cfg.clone()).unwrap();
-    assert!(has(e.step().unwrap(), 0), "the prefill's step gives row 0 its first token");
+    assert!(
+        has(e.step().unwrap(), 0),
+        "the prefill's step gives row 0 its first token"
+    );
     e.add(1, &prompt(2, 40), cfg).unwrap(); // 10 chunks
-    // The round due first (nothing prefilled), then 9 chunks, each step with a round.
+                                            // The round due first (nothing prefilled), then 9 chunks, each step with a round.
     for _ in 0..10 {
         let steps = e.step().unwrap();
         assert!(has(steps, 0) && !has(steps, 1));
