@@ -21,8 +21,8 @@ pub fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
 
 /// Positions of a new prompt each model may reuse, given the token ids whose KV its cache holds.
 ///
-/// At most `prompt.len() - 1` positions: the last prompt token is always fed (it is the first input of the first
-/// round, which produces the first logits). `score_prompt` (the request scores its prompt: `prompt_logprobs`)
+/// At most `prompt.len() - 1` positions: the last prompt token is always fed (its prefill row gives the first
+/// token). `score_prompt` (the request scores its prompt: `prompt_logprobs`)
 /// reuses nothing in the target, whose prefill must compute every position's row; the draft still reuses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PrefixReuse {
