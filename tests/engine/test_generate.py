@@ -378,9 +378,8 @@ def test_top_logprobs_are_the_targets_teacher_forced_log_softmax_with_or_without
         chunks = list(dec.stream("def add(a, b):", top_logprobs=5, ignore_eos=True, **kw))
         streamed = [a for c in chunks for a in c.top_logprobs]
         assert [[t for t, _ in alts] for alts in streamed] == [[t for t, _ in alts] for alts in res.top_logprobs]
-        np.testing.assert_allclose(
-            [[lp for _, lp in alts] for alts in streamed], [[lp for _, lp in alts] for alts in res.top_logprobs], atol=1e-4
-        )
+        streamed_lp = [[lp for _, lp in alts] for alts in streamed]
+        np.testing.assert_allclose(streamed_lp, [[lp for _, lp in alts] for alts in res.top_logprobs], atol=1e-4)
     for bad, match in [(21, "top_logprobs 21 is invalid"), (-1, "top_logprobs -1 is invalid"), (2.5, "top_logprobs")]:
         with pytest.raises(ConfigError, match=match):
             dec.generate("x", max_new_tokens=2, top_logprobs=bad)
