@@ -10,6 +10,9 @@
 //! the estimates choose K > 0, so a load where speculation loses pays for ever fewer probes (each may carry a draft
 //! catch-up of every row's backlog in a batch). No probe runs where no K would win even at an acceptance
 //! [`PROBE_ACCEPTANCE_MARGIN`] above the estimate (the costs alone rule speculation out: a compute-bound batch).
+//! A pass length not yet timed costs the longest timed pass plus a per-token slope that a long single-row pass (a
+//! prompt's prefill) gives ([`KController::observe_long_pass`]), so a compute-bound CPU target is not assumed to
+//! verify a block of 8 for the price of 2.
 //!
 //! Prompt-lookup (n-gram) proposals cost no draft pass (c_q = 0) and have their own acceptance estimate: when a
 //! match offers tokens, [`KController::choose_ngram`] verifies the prefix length that maximises `E(K) / c_verify(K +
@@ -53,6 +56,10 @@ pub const CATCHUP_HORIZON: f64 = 8.0;
 
 /// Probes while K = 0 stays the choice come every `probe_every * 2^n` rounds after the n-th one, n at most this.
 pub const MAX_PROBE_BACKOFF: u32 = 4;
+
+/// A single-row target pass over at least this many tokens more than the batch's rows (a prompt's prefill chunk)
+/// gives the per-token slope of a pass's cost ([`KController::observe_long_pass`]).
+pub const LONG_PASS_MIN_SPAN: usize = 8;
 
 /// A probe round is skipped when no K would beat a plain round even at an acceptance this much above the estimate
 /// (about one standard error of a 32-position window at acceptance 0.7).
@@ -268,6 +275,10 @@ pub struct KController {
     // Observed tokens per ms of n-gram rounds and of draft-model rounds (running averages); None until seen.
     tput_ngram: Option<f64>,
     tput_draft: Option<f64>,
+    // Rows of the batch this controller chooses for (1 for one stream).
+    rows: usize,
+    // The latest long single-row target pass: (tokens, ms); see `observe_long_pass`.
+    long_pass: Option<(usize, f64)>,
 }
 
 /// Fold a timing `x` (ms) into a running estimate. The first timing of a pass shape is provisional and the second
@@ -321,6 +332,8 @@ impl KController {
             ngram_declined: 0,
             tput_ngram: None,
             tput_draft: None,
+            rows: 1,
+            long_pass: None,
             alpha_ngram: AcceptanceEstimate::new(
                 cfg.prior_acceptance_ngram,
                 cfg.prior_weight,
@@ -425,8 +438,10 @@ impl KController {
 
     /// Cost of a target pass over `n` tokens: pinned, measured, or estimated from the measured passes.
     ///
-    /// Between two measured lengths: linear interpolation. Beyond the longest measured pass: that pass's cost (a
-    /// longer pass costs at least as much, and assuming no more makes the controller try it and measure it). Below
+    /// Between two measured lengths: linear interpolation. Beyond the longest measured pass: that pass's cost plus,
+    /// per extra token a row, the slope a long single-row pass gives ([`Self::observe_long_pass`]; about 0 on a GPU,
+    /// about a fifth of a pass on a compute-bound CPU), else that pass's cost alone (a longer pass costs at least as
+    /// much, and assuming no more makes the controller try it and measure it). Below
     /// the shortest: 5% less per token (a bandwidth-bound pass). Never a least-squares slope extrapolated past the
     /// data: a few noisy points a token apart can give a steep slope that prices long blocks out, so they are never
     /// tried and never measured.
@@ -463,10 +478,45 @@ impl KController {
         let above = (n..self.c_verify.len()).find_map(|i| usable(i).map(|c| (i + 1, c)));
         match (below, above) {
             (Some((n0, c0)), Some((n1, c1))) => c0 + (c1 - c0) * (n - n0) as f64 / (n1 - n0) as f64,
-            (Some((_, c0)), None) => c0,
+            (Some((n0, c0)), None) => c0 + self.position_cost().unwrap_or(0.0) * (n - n0) as f64,
             (None, Some((n1, c1))) => c1 * (1.0 - 0.05 * (n1 - n) as f64).max(0.5),
             (None, None) => 1.0 + 0.05 * (n as f64 - 1.0),
         }
+    }
+
+    /// Set the rows of the batch this controller chooses for (1 for one stream; the engines set it).
+    pub fn set_rows(&mut self, rows: usize) {
+        self.rows = rows.max(1);
+    }
+
+    /// Record a target pass over `n_tokens` new tokens of one row in `ms` (a prompt's prefill or prefill chunk).
+    /// With this batch size's plain pass `C(B, 1)` it gives the cost of one more token a row in a pass: a pass costs
+    /// `F + s * tokens` (a fixed part, mostly reading the weights, and `s` per token fed), so `s = (C(1, n) - C(B,
+    /// 1)) / (n - B)` and a pass over `n` tokens a row costs `s * B` per token beyond the longest pass timed. Kept
+    /// when `n_tokens > LONG_PASS_MIN_SPAN`; used at a batch of B rows when `n_tokens >= B + LONG_PASS_MIN_SPAN`.
+    pub fn observe_long_pass(&mut self, n_tokens: usize, ms: f64) {
+        if n_tokens > LONG_PASS_MIN_SPAN && ms.is_finite() && ms > 0.0 {
+            self.long_pass = Some((n_tokens, ms));
+        }
+    }
+
+    /// The cost (ms) of one more token a row in a pass of this batch size, from the latest long single-row pass and
+    /// this size's plain pass (own timing, else inherited); None with pinned costs, without a long pass spanning
+    /// `rows + LONG_PASS_MIN_SPAN` tokens, or without a plain pass's cost.
+    fn position_cost(&self) -> Option<f64> {
+        if self.cfg.pinned.is_some() {
+            return None;
+        }
+        let (n, ms) = self.long_pass?;
+        if n < self.rows + LONG_PASS_MIN_SPAN {
+            return None;
+        }
+        let c1 = if self.confirmed(0) {
+            self.c_verify[0]
+        } else {
+            self.inherited_cost(0).or(self.c_verify[0])
+        }?;
+        Some(((ms - c1) / (n - self.rows) as f64).max(0.0) * self.rows as f64)
     }
 
     /// Amortised cost of the catch-up pass a drafting round would need now (0 with pinned costs).
@@ -852,6 +902,57 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.choose(8), 4);
+    }
+
+    #[test]
+    fn a_long_single_row_pass_prices_the_unmeasured_lengths() {
+        // Measured costs (no pins): plain passes timed twice, a draft pass of 25 ms, acceptance held at `a`.
+        let timed = |rows: usize, c1: f64, a: f64| {
+            let mut c = KController::new(AutoK {
+                prior_acceptance: a,
+                prior_weight: 1e6,
+                ..AutoK::default()
+            })
+            .unwrap();
+            c.set_rows(rows);
+            c.observe(0, &[], 0.0, 0, c1);
+            c.observe(0, &[], 0.0, 0, c1);
+            c.observe(1, &[a as f32], 25.0, 1, c1);
+            c
+        };
+        // Without a long pass every unmeasured length costs the longest timed pass (flat): at a = 0.9, K = 4.
+        let mut flat = timed(1, 60.0, 0.9);
+        assert!((flat.cost_verify(9) - flat.cost_verify(2)).abs() < 1e-9);
+        let k_flat = flat.choose(8);
+        // A 13-token prefill of one row in 204 ms: 12 ms per token beyond a 60 ms plain pass.
+        let mut one = timed(1, 60.0, 0.9);
+        one.observe_long_pass(13, 204.0);
+        let c2 = one.cost_verify(2);
+        assert!((c2 - 72.0).abs() < 1e-9, "{c2}");
+        assert!((one.cost_verify(9) - (c2 + 7.0 * 12.0)).abs() < 1e-9);
+        // The seed's formula with 12 ms a token peaks at K = 2 (flat: 4).
+        assert_eq!((k_flat, one.choose(8)), (4, 2));
+        // Four rows: C(4, 1) = 100 ms, the same 13-token pass: s = (204 - 100) / (13 - 4), times 4 rows a position.
+        let mut four = timed(4, 100.0, 0.7);
+        four.observe_long_pass(13, 204.0);
+        let s = (204.0 - 100.0) / 9.0 * 4.0;
+        assert!((four.cost_verify(3) - (four.cost_verify(2) + s)).abs() < 1e-9);
+        assert_eq!(
+            four.choose(8),
+            0,
+            "a compute-bound batch of four does not draft at a = 0.7"
+        );
+        let mut four_flat = timed(4, 100.0, 0.7);
+        assert!(four_flat.choose(8) > 0, "flat costs would draft");
+        // A pass too short for the batch (fewer than rows + LONG_PASS_MIN_SPAN tokens) gives no slope.
+        let mut eight = timed(8, 100.0, 0.7);
+        eight.observe_long_pass(13, 204.0);
+        assert!((eight.cost_verify(9) - eight.cost_verify(2)).abs() < 1e-9);
+        // Pinned costs ignore it.
+        let mut pinned_c = KController::new(pinned(3.0, 0.1)).unwrap();
+        let before = pinned_c.cost_verify(5);
+        pinned_c.observe_long_pass(40, 1e4);
+        assert!((pinned_c.cost_verify(5) - before).abs() < 1e-12);
     }
 
     #[test]

@@ -194,6 +194,8 @@ pub struct BatchEngine {
     // pass first.
     controllers: Vec<Option<KController>>,
     plain_first: Vec<usize>,
+    // The latest prefill chunk's target pass (tokens, ms): auto K's per-token pass cost.
+    long_pass: Option<(usize, f64)>,
     steps: Vec<RowStep>,
     // A step committed first tokens from prefills and returned before its round: the next step runs that round
     // first (no admission, no prefill), so rows decoding never lose a round to a joining prompt.
@@ -248,6 +250,7 @@ impl BatchEngine {
             finished: Vec::new(),
             controllers: vec![None; max_batch + 1],
             plain_first: vec![0; max_batch + 1],
+            long_pass: None,
             round_due: false,
             steps: Vec::with_capacity(max_batch),
             pool: PrefixPool::new(opts.prefix_cache_bytes),
@@ -653,11 +656,13 @@ impl BatchEngine {
             tokens: &row.req.tokens[start..end],
             n_past: start,
         }];
+        let t_pass = Instant::now();
         let logits = self
             .target
             .forward_rows(i, &rows, row.req.prefill_logits(end - start))?;
-        // Row r predicts prompt token start + r + 1; the last chunk's last row predicts the first output token.
+        let pass = (end - start, ms_since(t_pass));
         let n_rows = logits.len() / vocab;
+        // Row r predicts prompt token start + r + 1; the last chunk's last row predicts the first output token.
         let (scored, first) = if last {
             logits.split_at((n_rows - 1) * vocab)
         } else {
@@ -679,6 +684,11 @@ impl BatchEngine {
                 &mut self.ver,
                 &mut self.steps,
             );
+        }
+        // A single-row pass: over enough tokens, the per-token slope of a pass's cost for auto K
+        // (`KController::observe_long_pass`).
+        if n_rows <= 1 {
+            self.long_pass = Some(pass); // (not a pass scoring the prompt: its head runs on every row)
         }
         Ok(())
     }
@@ -829,6 +839,10 @@ impl BatchEngine {
                 // (At most `PLAIN_FIRST` rounds: rows with a fixed K in the same batch may lengthen every pass.)
                 let tries = &mut self.plain_first[b];
                 if c.verify_cost_known(1) || *tries >= PLAIN_FIRST {
+                    c.set_rows(b);
+                    if let Some((n, ms)) = self.long_pass {
+                        c.observe_long_pass(n, ms);
+                    }
                     c.set_draft_backlog(backlog, false);
                     c.set_forced(n_forced);
                     c.set_remaining(remaining);

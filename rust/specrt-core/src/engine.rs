@@ -44,6 +44,8 @@ pub struct Engine {
     ids_tgt: Vec<u32>,
     // [vocab] the prefill's last row: the first round's target logits (the prefill reads the whole prompt).
     first_logits: Vec<f32>,
+    // The latest prompt prefill's target pass (tokens, ms), kept across requests: auto K's per-token pass cost.
+    long_pass: Option<(usize, f64)>,
     // Prompt-lookup index over the committed tokens (allocations reused across requests).
     ngram: Option<NgramProposer>,
     // Reused result of the round's verification.
@@ -96,6 +98,7 @@ impl Engine {
             ids_dft: Vec::with_capacity(1),
             ids_tgt: Vec::with_capacity(MAX_DRAFT_TOKENS + 1),
             first_logits: Vec::new(),
+            long_pass: None,
             ngram: None,
             ver: Verification::default(),
             cons: ConstrainedScratch::default(),
@@ -251,10 +254,16 @@ impl Engine {
                 self.first_logits.extend_from_slice(last);
             }
         } else {
+            let t_pass = Instant::now();
             let logits = self
                 .target
                 .forward(&prompt[reuse.n_tgt..], reuse.n_tgt, 1)?;
             self.first_logits.extend_from_slice(logits);
+            // A long pass gives auto K the per-token slope of a pass's cost (`KController::observe_long_pass`).
+            self.long_pass = Some((n_prompt - reuse.n_tgt, ms_since(t_pass)));
+        }
+        if let (Some(c), Some((n, ms))) = (req.controller.as_mut(), self.long_pass) {
+            c.observe_long_pass(n, ms);
         }
         // Size every per-round buffer for the largest K of this request now, so rounds never allocate.
         let k_max = req.k_max();
