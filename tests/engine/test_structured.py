@@ -87,7 +87,8 @@ def test_greedy_speculative_equals_greedy_target_only_and_the_output_is_valid(sm
     assert spec.finish_reason == ref.finish_reason
     if ref.finish_reason in ("grammar", "eos"):
         _check_valid(kind, fields, ref.text)
-    assert spec.stats.n_drafted > 0
+    # (A one-token answer, "blue" of the choices, comes from the prefill's last row: no round drafts for it.)
+    assert spec.stats.n_drafted > 0 or len(spec.token_ids) == 1
     assert spec.stats.mask_ms > 0 and ref.stats.mask_ms > 0
 
 

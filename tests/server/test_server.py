@@ -94,7 +94,8 @@ def test_completion_equals_the_decoder_and_reports_usage_and_speculation(client,
     choice = body["choices"][0]
     assert choice["text"] == want.text
     assert choice["finish_reason"] == {"eos": "stop", "stop": "stop", "length": "length"}[want.finish_reason]
-    assert choice["logprobs"]["token_logprobs"] == pytest.approx(want.logprobs)
+    # (To float32 rounding: the first token's row comes from a prefill whose cached head depends on earlier requests.)
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(want.logprobs, abs=1e-4)
     assert len(choice["logprobs"]["tokens"]) == len(want.token_ids)
     assert body["usage"] == {
         "prompt_tokens": len(want.prompt_token_ids),
@@ -183,7 +184,8 @@ def test_chat_completion_stream_and_logprobs(client, tiny) -> None:
     msg = body["choices"][0]["message"]
     assert msg == {"role": "assistant", "content": want.text}
     lp = body["choices"][0]["logprobs"]["content"]
-    assert [x["logprob"] for x in lp] == pytest.approx(want.logprobs) and all(x["top_logprobs"] == [] for x in lp)
+    assert [x["logprob"] for x in lp] == pytest.approx(want.logprobs, abs=1e-4)
+    assert all(x["top_logprobs"] == [] for x in lp)
     # Content given as text parts is the same prompt.
     parts = [
         messages[0],

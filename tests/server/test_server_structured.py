@@ -107,10 +107,10 @@ def test_response_format_json_schema_strict_and_json_object(served) -> None:
             messages=person,
             response_format={"type": "json_object"},
             model="smol",
-            seed=5,
-            temperature=0.8,
-            max_tokens=80,
+            temperature=0,
+            max_tokens=256,
         )
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content  # a complete object, not cut
         assert isinstance(json.loads(r.choices[0].message.content), dict)
         # Completions take response_format too (as vLLM's).
         r = client.completions.create(
@@ -205,8 +205,8 @@ def test_streamed_tool_call_deltas_reassemble_to_the_same_call(served) -> None:
                         assert d.index not in calls and d.type == "function"
                         calls[d.index] = {"id": d.id, "name": d.function.name, "arguments": ""}
                     calls[d.index]["arguments"] += d.function.arguments or ""
-                    n_pieces += 1
-    assert finish == "tool_calls" and n_pieces > 2  # the arguments came in pieces
+                    n_pieces += bool(d.function.arguments)
+    assert finish == "tool_calls" and n_pieces >= 2  # the arguments came in pieces
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [
         (w.function.name, w.function.arguments) for w in whole
     ]
