@@ -501,8 +501,8 @@ impl KController {
     }
 
     /// The cost (ms) of one more token a row in a pass of this batch size, from the latest long single-row pass and
-    /// this size's plain pass (own timing, else inherited); None with pinned costs, without a long pass spanning
-    /// `rows + LONG_PASS_MIN_SPAN` tokens, or without a plain pass's cost.
+    /// this size's plain pass as the controller prices it ([`Self::cost_verify`]); None with pinned costs or
+    /// without a long pass spanning `rows + LONG_PASS_MIN_SPAN` tokens.
     fn position_cost(&self) -> Option<f64> {
         if self.cfg.pinned.is_some() {
             return None;
@@ -511,11 +511,8 @@ impl KController {
         if n < self.rows + LONG_PASS_MIN_SPAN {
             return None;
         }
-        let c1 = if self.confirmed(0) {
-            self.c_verify[0]
-        } else {
-            self.inherited_cost(0).or(self.c_verify[0])
-        }?;
+        // (cost_verify(1) never reaches this: a plain pass has no shorter timed pass below it.)
+        let c1 = self.cost_verify(1);
         Some(((ms - c1) / (n - self.rows) as f64).max(0.0) * self.rows as f64)
     }
 
