@@ -58,6 +58,7 @@ __all__ = [
     "UnsupportedModelError",
     "convert",
     "estimate_output_bytes",
+    "gguf_fallbacks",
     "remove_stale_temporaries",
 ]
 
@@ -67,8 +68,10 @@ SUPPORTED_ARCHITECTURES = tuple(sorted(ARCH_INFO))
 #: ``fp32``: exact float32 (CPU reference). ``fp16``: float16 weights / activations / KV, float32 logits (CUDA).
 #: ``int4``: block-quantized MatMulNBits weights with float32 activations (the fast CPU format; see
 #: :data:`INT4_PLAN` and benches/RESULTS.md "int4 / fp16 conversion"). ``int8``: the same at 8 bits (slower,
-#: close to fp32).
-SUPPORTED_DTYPES = ("fp32", "fp16", "int4", "int8")
+#: close to fp32). ``gguf``: the GGUF's own quantized blocks, bit for bit (no requantization), on specrt's
+#: ``ai.specrt::GgufMatMul`` / ``GgufGather`` operators with float32 activations (:data:`GGUF_PLAN`; GGUF sources
+#: only; runs in specrt's own sessions only).
+SUPPORTED_DTYPES = ("fp32", "fp16", "int4", "int8", "gguf")
 
 
 class DiskSpaceError(ConversionError, OSError):
@@ -80,11 +83,42 @@ def estimate_output_bytes(
 ) -> int:
     """Upper bound of the bytes of ``model.onnx.data``: every tensor kept (blocks ``< spec.num_layers``) at 4 bytes
     (fp32), 2 bytes (fp16) or at most 1.25 bytes (int4: 8-bit codes + scales + zero points) per element, plus the
-    two cos/sin caches."""
-    per = {"fp32": 4.0, "fp16": 2.0}.get(dtype, 1.25)
-    n = sum(int(t.n_elements) for name, t in model.tensors.items() if _kept(name, spec.num_layers))
+    two cos/sin caches. ``gguf``: the GGUF's own bytes of each tensor of a type the ``ai.specrt`` operators run
+    (about the GGUF's size), 4 bytes per element of the others (dequantized to float32)."""
+    from specrt.convert.gguf_reader import GGUF_OP_TYPES
+
+    kept = [t for name, t in model.tensors.items() if _kept(name, spec.num_layers)]
+    if dtype == "gguf":
+        total = sum(
+            int(t.n_bytes) if GGUF_OP_TYPES.get(_type_name(t.tensor_type)) is not None else 4 * int(t.n_elements)
+            for t in kept
+        )
+    else:
+        total = {"fp32": 4.0, "fp16": 2.0}.get(dtype, 1.25) * sum(int(t.n_elements) for t in kept)
     n_rope = (max_positions or spec.max_position_embeddings) * spec.head_dim
-    return int(per * n + 4 * n_rope) + (1 << 20) * (spec.num_layers + 4)
+    return int(total + 4 * n_rope) + (1 << 20) * (spec.num_layers + 4)
+
+
+def _type_name(tensor_type: Any) -> str:
+    """A tensor type's name (``GGMLQuantizationType.Q4_K`` -> ``"Q4_K"``; a Hugging Face dtype string as it is)."""
+    return str(getattr(tensor_type, "name", tensor_type))
+
+
+def gguf_fallbacks(model: GGUFModel, spec: ModelSpec) -> dict[str, list[str]]:
+    """The kept matrices that ``dtype="gguf"`` stores as float32 because the ``ai.specrt`` operators do not run
+    their GGML type (not in :data:`~specrt.convert.gguf_reader.GGUF_OP_TYPES`).
+
+    Returns:
+        GGML type name -> the GGUF names of its 2-D tensors (sorted); empty when every matrix keeps its blocks.
+    """
+    from specrt.convert.gguf_reader import GGUF_OP_TYPES
+
+    out: dict[str, list[str]] = {}
+    for name, t in sorted(model.tensors.items()):
+        kind = _type_name(t.tensor_type)
+        if len(t.shape) == 2 and _kept(name, spec.num_layers) and kind not in GGUF_OP_TYPES:
+            out.setdefault(kind, []).append(name)
+    return out
 
 
 def _rope_config(spec: ModelSpec, max_positions: int) -> dict[str, Any]:
@@ -155,7 +189,14 @@ def _hf_notice(model: HFModel, sha: str, provenance: str | None, dtype: str) -> 
     return "\n".join(lines) + "\n"
 
 
-def _notice(model: GGUFModel, src: Path, sha: str, provenance: str | None, dtype: str = "fp32") -> str:
+def _notice(
+    model: GGUFModel,
+    src: Path,
+    sha: str,
+    provenance: str | None,
+    dtype: str = "fp32",
+    fallbacks: dict[str, list[str]] | None = None,
+) -> str:
     lines = [
         "specrt model folder",
         "====================",
@@ -167,9 +208,18 @@ def _notice(model: GGUFModel, src: Path, sha: str, provenance: str | None, dtype
     ]
     keys = ("general.author", "general.organization", "general.url", "general.source.url", "general.repo_url")
     lines.extend(f"{key}: {model.get(key)}" for key in keys if model.has(key))
+    lines += ["", *_DTYPE_NOTES[dtype]]
+    if fallbacks:
+        lines += [
+            "Matrices of types the ai.specrt operators do not run were dequantized to float32 instead (float MatMul /",
+            "Gather): "
+            + "; ".join(
+                f"{kind}: {len(names)} ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
+                for kind, names in fallbacks.items()
+            )
+            + ".",
+        ]
     lines += [
-        "",
-        *_DTYPE_NOTES[dtype],
         "(Q/K projection rows of llama-family models are un-permuted back to the Hugging Face layout).",
         "The weights remain under their upstream license; specrt's own code is Apache-2.0.",
     ]
@@ -189,6 +239,12 @@ _DTYPE_NOTES = {
     ],
 }
 _DTYPE_NOTES["int8"] = _DTYPE_NOTES["int4"]
+_DTYPE_NOTES["gguf"] = [
+    "Matrices and the token embedding are the GGUF's own quantized blocks, bit for bit: no dequantization, no",
+    "requantization (Q4_K_M files stay Q4_K / Q6_K, Q4_1 stays Q4_1), run by specrt's ai.specrt::GgufMatMul /",
+    "GgufGather operators (activations quantized to int8 per block of 32 inside the kernel, as llama.cpp does);",
+    "norm weights and biases are float32. The graph runs only in specrt's own ONNX Runtime sessions.",
+]
 
 #: Storage per weight kind for ``dtype="int4"`` (chosen from measured speed and logit error: benches/RESULTS.md).
 INT4_PLAN = WeightPlan(dtype="fp32", attn="int4", mlp="int4", head="int4", embed="int8", accuracy_level=4)
@@ -203,10 +259,14 @@ PREFILL_PLAN = WeightPlan(dtype="fp32", attn="qint8", mlp="qint8")
 PREFILL_MIN_TOKENS = 16
 #: ``dtype="int8"``: every matrix at 8 bits (exact for Q8_0 / Q5_0 / Q6_K / Q4_0 sources, ~0.5% RMS otherwise).
 INT8_PLAN = WeightPlan(dtype="fp32", attn="int8", mlp="int8", head="int8", embed="int8", accuracy_level=4)
+#: ``dtype="gguf"``: every matrix and the embedding as the GGUF's own blocks (``ai.specrt::GgufMatMul`` /
+#: ``GgufGather``), float32 activations and KV. With ``prefill_graph`` the prefill graph uses this plan too (the
+#: kernel handles passes of many tokens; no int8 requantization).
+GGUF_PLAN = WeightPlan(dtype="fp32", attn="gguf", mlp="gguf", head="gguf", embed="gguf")
 
 
 def plan_for(dtype: str) -> WeightPlan:
-    """The :class:`WeightPlan` of a ``dtype`` name (``fp32``, ``fp16``, ``int4``).
+    """The :class:`WeightPlan` of a ``dtype`` name (``fp32``, ``fp16``, ``int4``, ``int8``, ``gguf``).
 
     Raises:
         UnsupportedModelError: an unknown name (the message lists the supported ones).
@@ -219,6 +279,8 @@ def plan_for(dtype: str) -> WeightPlan:
         return INT4_PLAN
     if dtype == "int8":
         return INT8_PLAN
+    if dtype == "gguf":
+        return GGUF_PLAN
     raise UnsupportedModelError(f"dtype {dtype!r} is not supported; supported: {', '.join(SUPPORTED_DTYPES)}")
 
 
@@ -288,7 +350,9 @@ def convert(
         out: the folder to create.
         dtype: ``"fp32"`` (exact), ``"fp16"`` (float16 weights, activations and KV cache, float32 logits: for CUDA)
             or ``"int4"`` (MatMulNBits block-quantized matrices, float32 activations and KV: for CPU; the storage per
-            weight kind is :data:`INT4_PLAN`).
+            weight kind is :data:`INT4_PLAN`), ``"int8"`` (:data:`INT8_PLAN`) or ``"gguf"`` (the GGUF's own
+            quantized blocks, bit for bit, on specrt's ``ai.specrt`` operators: :data:`GGUF_PLAN`; a GGUF source
+            only; matrices of types the operators do not run are dequantized to float32 and listed in ``NOTICE``).
         force: replace ``out`` if it exists.
         max_positions: rows of the rotary cos/sin caches = the longest sequence the model accepts
             (default: the GGUF's ``context_length``).
@@ -318,6 +382,7 @@ def convert(
             longest row has at least ``prefill_min_tokens`` (:data:`PREFILL_MIN_TOKENS`) new tokens (a prompt's
             prefill, a catch-up): that changes its proposals slightly, never the output, which the target
             verifies. Needs float32 activations (not fp16) and attention ``"gqa"`` or ``"batched"`` (run on the CPU).
+            With ``dtype="gguf"`` the prefill graph keeps the GGUF's blocks too (:data:`GGUF_PLAN`).
 
     Returns:
         ``Path(out)``.
@@ -339,6 +404,7 @@ def convert(
 
     Raises:
         UnsupportedModelError: ``dtype`` fp16 for a family whose activations exceed float16's range (gemma3),
+            ``dtype`` gguf (or a plan with ``"gguf"`` storage) for a Hugging Face folder (no GGUF blocks to keep),
             ``dtype`` other than fp32, RoPE scaling other than Llama 3.x's, partial rotary,
             unknown quantization, ``num_layers`` outside ``1 .. block count``, a sliding window that is not a
             positive integer (:func:`~specrt.convert.gguf_reader.checked_sliding_window`).
@@ -374,9 +440,13 @@ def convert(
         raise UnsupportedModelError(
             "prefill_graph is for the CPU forms (attention 'gqa' or 'batched'); the graph form 'gqa-graph' is for CUDA"
         )
-    # The down projection keeps the model's own storage (PREFILL_PLAN's docs).
+    # The down projection keeps the model's own storage (PREFILL_PLAN's docs); GGUF blocks stay as they are.
     prefill_plan = (
-        dataclasses.replace(plan, attn=PREFILL_PLAN.attn, mlp=PREFILL_PLAN.mlp, down=plan.down or plan.mlp)
+        (
+            plan
+            if plan.uses_gguf_blocks
+            else dataclasses.replace(plan, attn=PREFILL_PLAN.attn, mlp=PREFILL_PLAN.mlp, down=plan.down or plan.mlp)
+        )
         if prefill_graph
         else None
     )
@@ -384,6 +454,11 @@ def convert(
         raise OutputExistsError(f"{out} already exists (pass force=True / --force to replace it)")
     t0 = time.perf_counter()
     hf = is_hf_folder(src)
+    if hf and plan.uses_gguf_blocks:
+        raise UnsupportedModelError(
+            f"dtype {dtype!r} keeps a GGUF's own quantized blocks, but {src} is a Hugging Face folder (convert the "
+            "model's GGUF, or use fp32, fp16, int8 or int4)"
+        )
     model: Any
     with HFModel(src) if hf else GGUFModel(src) as model:  # closes the GGUF's memory map on every path
         spec = model.spec()
@@ -452,6 +527,7 @@ def convert(
                         get_quant=lambda name, bits: model.block_quant(name, bits, spec, plan.block_size),
                         head_rows=head_rows,
                         attention=attention,
+                        get_blocks=None if hf else (lambda name: model.gguf_blocks(name, spec)),
                     )
                 onnx.save_model(proto, str(tmp / f"{stem}.onnx"))
                 del proto
@@ -542,7 +618,18 @@ def convert(
                 subset_doc = {"token_ids": [int(t) for t in head_rows], **subset_info}
                 (tmp / "vocab_subset.json").write_text(json.dumps(subset_doc) + "\n", encoding="utf-8")
             (tmp / "NOTICE").write_text(
-                (_hf_notice(model, sha, provenance, dtype) if hf else _notice(model, src, sha, provenance, dtype)),
+                (
+                    _hf_notice(model, sha, provenance, dtype)
+                    if hf
+                    else _notice(
+                        model,
+                        src,
+                        sha,
+                        provenance,
+                        dtype,
+                        gguf_fallbacks(model, spec) if plan.uses_gguf_blocks else None,
+                    )
+                ),
                 encoding="utf-8",
             )
 

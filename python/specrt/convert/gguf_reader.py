@@ -36,7 +36,40 @@ from specrt.convert.families import (
 )
 from specrt.convert.quant import BlockQuant
 
-__all__ = ["GGUFModel", "GGUFTensorInfo", "file_sha256"]
+__all__ = ["GGUF_OP_TYPES", "GGUFBlocks", "GGUFModel", "GGUFTensorInfo", "file_sha256"]
+
+#: GGML type name -> type id of the block formats specrt's ``ai.specrt`` operators (``GgufMatMul``, ``GgufGather``)
+#: compute on directly (the ids of ggml's ``enum ggml_type``, gguf-py's ``GGMLQuantizationType``). A matrix of any
+#: other type (F32, F16, BF16, Q5_1, Q2_K, Q3_K, IQ*) is dequantized to float32 under ``dtype="gguf"``.
+GGUF_OP_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+
+
+@dataclass(frozen=True)
+class GGUFBlocks:
+    """A matrix's stored GGUF bytes, one row of blocks per output channel (:meth:`GGUFModel.gguf_blocks`).
+
+    Attributes:
+        data: uint8 ``[N, row_bytes]``: row ``n`` = output channel ``n``'s blocks in ggml order, exactly the file's
+            bytes (rows reordered for llama.cpp's Q/K permutation, sliced for fused tensors); owns its memory.
+        ggml_type: the GGML type id (``GGMLQuantizationType`` value: Q4_0 = 2 ... Q6_K = 14, F32 = 0, F16 = 1).
+        type_name: the type's name (``"Q4_K"``).
+        k: input features (the row's logical width).
+    """
+
+    data: np.ndarray
+    ggml_type: int
+    type_name: str
+    k: int
+
+    @property
+    def n(self) -> int:
+        """Output features (rows)."""
+        return int(self.data.shape[0])
+
+    @property
+    def op_supported(self) -> bool:
+        """Whether the ``ai.specrt`` operators run this type (:data:`GGUF_OP_TYPES`)."""
+        return GGUF_OP_TYPES.get(self.type_name) == self.ggml_type
 
 
 @dataclass(frozen=True)
@@ -476,6 +509,47 @@ class GGUFModel:
                 n = spec.num_attention_heads if ".attn_q." in name else spec.num_kv_heads
                 w = unpermute_rows(w, n)
         return w
+
+    def gguf_blocks(self, name: str, spec: ModelSpec | None = None) -> GGUFBlocks:
+        """Matrix ``name``'s stored blocks, bit for bit, for the ``ai.specrt`` operators (``dtype="gguf"``).
+
+        Blocks run along the input axis, so each output channel's row of blocks is independent: llama.cpp's Q/K row
+        permutation of ``llama`` models is undone by moving whole rows (:func:`unpermute_rows` on the bytes), and a
+        part of a fused tensor (:func:`~specrt.convert.families.fused_rows`) is a slice of its rows. Nothing is
+        dequantized or requantized.
+
+        Args:
+            name: GGUF tensor name of a matrix ``[out, in]`` (or an unfused part name of a fused family).
+            spec: the model's :class:`ModelSpec` (read from the file when omitted).
+
+        Returns:
+            :class:`GGUFBlocks`: uint8 ``[out, row_bytes]`` (a copy, never a view of the memory map), the GGML type
+            id and name, the input width. F32 / F16 tensors come back as their raw bytes too (the caller decides
+            whether the operators take the type: :attr:`GGUFBlocks.op_supported`).
+
+        Raises:
+            GGUFFormatError: no such tensor, or it is not a 2-D matrix whose bytes split into its rows.
+            ValueError: the model is closed.
+        """
+        spec = spec or self.spec()
+        src = fused_rows(name, spec, self.tensors)
+        stored, rows = (name, None) if src is None else src
+        t = self._stored_tensor(stored)
+        if len(t.shape) != 2:
+            raise GGUFFormatError(f"{self.path}: tensor {stored!r} is not a matrix (shape {list(t.shape)})")
+        n_out, n_in = int(t.shape[1]), int(t.shape[0])
+        raw = np.asarray(t.data).view(np.uint8)
+        if raw.size != int(t.n_bytes) or raw.size % n_out:
+            raise GGUFFormatError(
+                f"{self.path}: tensor {stored!r} has {raw.size} bytes, which do not split into its {n_out} rows"
+            )
+        data = np.array(raw.reshape(n_out, -1))  # a copy: the map is closed with the model
+        if rows is not None:
+            data = np.ascontiguousarray(data[rows])
+        elif (".attn_q." in name or ".attn_k." in name) and spec.arch.qk_permuted:
+            data = unpermute_rows(data, spec.num_attention_heads if ".attn_q." in name else spec.num_kv_heads)
+        qtype = t.tensor_type
+        return GGUFBlocks(data=data, ggml_type=int(qtype), type_name=qtype.name, k=n_in)
 
     def block_quant(self, name: str, bits: int, spec: ModelSpec | None = None, block_size: int = 32) -> BlockQuant:
         """Tensor ``name`` as a block-quantized matrix for MatMulNBits / GatherBlockQuantized, Q/K rows un-permuted.

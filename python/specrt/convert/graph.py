@@ -16,7 +16,9 @@ A :class:`WeightPlan` picks the precision: ``fp32`` (everything float32), ``fp16
 KV cache, the residual sum and RMSNorm statistics of ``SkipSimplifiedLayerNormalization`` in float32, logits cast to
 float32 in the graph: the CUDA form), or block-quantized matrices per kind (``com.microsoft::MatMulNBits`` for
 attention, MLP and head, ``com.microsoft::GatherBlockQuantized`` for the embedding) with float32 activations (the
-fast CPU form).
+fast CPU form), or the GGUF's own blocks, bit for bit (``gguf``: specrt's ``ai.specrt::GgufMatMul`` for attention,
+MLP and head, ``ai.specrt::GgufGather`` for the embedding, registered on every specrt session; see
+:meth:`_Builder.gguf_matmul`).
 
 GroupQueryAttention gets ``seqlens_k = ReduceSum(attention_mask) - 1`` (int32 ``[1]``) and
 ``total_sequence_length = attention_mask.shape[1]`` (int32 scalar); rotary positions come from them, so a chunk of
@@ -32,6 +34,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from specrt.convert.families import ModelSpec, checked_sliding_window
+from specrt.convert.gguf_reader import GGUFBlocks
 from specrt.convert.quant import BlockQuant, concat_rows, pack_matmul_nbits, quantize_rtn
 from specrt.convert.rope import longrope_choice, rope_cache
 from specrt.convert.weights import (
@@ -47,6 +50,7 @@ __all__ = [
     "IR_VERSION",
     "MIN_ONNXRUNTIME_WINDOW",
     "OPSET",
+    "SPECRT_DOMAIN",
     "build_decoder",
 ]
 
@@ -68,6 +72,11 @@ _CONTRIB_OPS = {
     "DynamicQuantizeMatMul",
     "FastGelu",
 }
+#: Domain of specrt's own ONNX Runtime operators (written in Rust, registered on every specrt session): ``GgufMatMul``
+#: and ``GgufGather`` compute on GGUF blocks. A graph that uses them imports ``(SPECRT_DOMAIN, 1)``; only specrt's
+#: sessions run it (a plain ``onnxruntime.InferenceSession`` does not know the domain).
+SPECRT_DOMAIN = "ai.specrt"
+_SPECRT_OPS = {"GgufMatMul", "GgufGather"}
 
 
 #: Matrix storage kinds of a :class:`WeightPlan` and their bit widths (``None``: a float matrix). ``qint8``: int8
@@ -104,7 +113,7 @@ class _Builder:
         self._n += 1
         base = name or f"{op_type.lower()}_{self._n}"
         outs = [f"{base}/out{i}" for i in range(n_out)]
-        domain = "com.microsoft" if op_type in _CONTRIB_OPS else ""
+        domain = "com.microsoft" if op_type in _CONTRIB_OPS else (SPECRT_DOMAIN if op_type in _SPECRT_OPS else "")
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, domain=domain, **attrs))
         return outs
 
@@ -341,6 +350,13 @@ class _Builder:
         ]
         return self.op1("DynamicQuantizeMatMul", ins, name=name)
 
+    def gguf_matmul(self, x: str, blocks: str, ggml_type: int, k: int, n: int, name: str) -> str:
+        """``ai.specrt::GgufMatMul``: ``x`` float32 ``[..., k]`` times the dequantized GGUF matrix ``[n, k]``
+        transposed -> float32 ``[..., n]`` (leading dims kept). ``blocks``: the name of a uint8 ``[n, row_bytes]``
+        initializer, row ``i`` = output channel ``i``'s blocks of GGML type ``ggml_type`` as the GGUF stores them.
+        The kernel quantizes ``x`` to int8 per block of 32, as llama.cpp does."""
+        return self.op1("GgufMatMul", [x, blocks], name=name, ggml_type=int(ggml_type), K=int(k), N=int(n))
+
     def matmul_nbits(self, x: str, bq: BlockQuant, name: str, accuracy_level: int) -> str:
         """``x @ W.T`` for a block-quantized ``W`` ``[N, K]``; ``x`` float32 ``[..., K]`` -> ``[..., N]``."""
         b, scales, zp = pack_matmul_nbits(bq)
@@ -371,6 +387,7 @@ def build_decoder(
     get_quant: Callable[[str, int], BlockQuant] | None = None,
     head_rows: np.ndarray | None = None,
     attention: str = "gqa",
+    get_blocks: Callable[[str], GGUFBlocks] | None = None,
 ) -> onnx.ModelProto:
     """Build the decoder ``ModelProto``; every weight is streamed to ``writer``.
 
@@ -394,9 +411,23 @@ def build_decoder(
             ``num_logits_to_keep``, and an ``argmax`` ``[1, n]`` int64 output: the form CUDA graph capture needs)
             or ``"batched"`` (rows of a batch, each on its own cache; see :data:`BATCHED_CONTRACT`; needs float32
             activations).
+        get_blocks: GGUF tensor name -> :class:`~specrt.convert.gguf_reader.GGUFBlocks` (the stored blocks, Q/K rows
+            un-permuted: :meth:`GGUFModel.gguf_blocks`), for the kinds of ``plan`` stored as ``"gguf"``. Such a
+            matrix becomes an ``ai.specrt::GgufMatMul`` on a uint8 ``[N, row_bytes]`` initializer of the file's bytes
+            (the parts of a packed matrix, q|k|v or gate|up, concatenated by rows; parts of different types, as
+            Q4_K_M's Q4_K / Q6_K, one operator per run of equal types joined by a ``Concat`` on the last axis), the
+            embedding an ``ai.specrt::GgufGather``, a tied head the embedding's initializer (written once), a pruned
+            head a row subset of the blocks. Types the operators do not run (F32, F16, BF16, Q5_1, Q2_K, Q3_K, IQ*:
+            not in :data:`~specrt.convert.gguf_reader.GGUF_OP_TYPES`) fall back to a float32 MatMul / Gather of
+            ``get_weight``'s matrix.
 
     Returns:
-        The ``ModelProto`` (initializers reference ``writer``'s file; save it next to that file).
+        The ``ModelProto`` (initializers reference ``writer``'s file; save it next to that file). It imports the
+        ``ai.specrt`` domain (opset 1) when it uses specrt's operators.
+
+    Raises:
+        ValueError: an unknown ``attention``, ``"batched"`` without float32 activations, or a ``"gguf"`` plan
+            without ``get_blocks``.
     """
     plan = plan or WeightPlan()
     ft, ft_proto = FLOAT_DTYPES[plan.dtype]
@@ -413,19 +444,59 @@ def build_decoder(
             return get_quant(name, bits)
         return quantize_rtn(get_weight(name), bits, plan.block_size)
 
+    if plan.uses_gguf_blocks and get_blocks is None:
+        raise ValueError("a plan with 'gguf' storage needs get_blocks (the GGUF's stored blocks: a GGUF source)")
+
+    def blocks(name: str) -> GGUFBlocks:
+        assert get_blocks is not None
+        return get_blocks(name)
+
+    def float_matmul(x: str, parts: list[str], name: str) -> str:
+        mat = np.concatenate([w(p) for p in parts], axis=0).T  # [in, out]
+        b.weight(f"{name}.weight", mat)
+        del mat
+        return b.op1("MatMul", [x, f"{name}.weight"], name=name)
+
+    def gguf_linear(x: str, parts: list[str], name: str) -> str:
+        """``x @ concat(parts).T`` on the GGUF's blocks: one GgufMatMul per run of parts of one supported type (rows
+        concatenated), a float32 MatMul per run of unsupported ones, the runs' outputs concatenated on the last axis
+        (``[..., sum of the parts' rows]``, the parts' order)."""
+        got = [blocks(p) for p in parts]
+        if len({g.k for g in got}) != 1:
+            raise ValueError(f"{name}: parts {parts} have different input widths {[g.k for g in got]}")
+        runs: list[list[int]] = []
+        for i, g in enumerate(got):
+            prev = got[runs[-1][0]] if runs else None
+            if prev is not None and (prev.op_supported, prev.ggml_type) == (g.op_supported, g.ggml_type):
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        outs = []
+        for r, idx in enumerate(runs):
+            sub = name if len(runs) == 1 else f"{name}.{r}"
+            first = got[idx[0]]
+            if not first.op_supported:
+                outs.append(float_matmul(x, [parts[i] for i in idx], sub))
+                continue
+            data = first.data if len(idx) == 1 else np.concatenate([got[i].data for i in idx], axis=0)
+            outs.append(b.gguf_matmul(x, b.raw(f"{sub}.gguf_blocks", data), first.ggml_type, first.k, len(data), sub))
+            del data
+        del got
+        return outs[0] if len(outs) == 1 else b.op1("Concat", outs, name=f"{name}/concat", axis=-1)
+
     def linear(x: str, parts: list[str], kind: str, name: str) -> str:
-        """``x @ concat(parts).T``: a float MatMul or a MatMulNBits, per the plan's storage for ``kind``."""
+        """``x @ concat(parts).T``: a float MatMul, a MatMulNBits, a DynamicQuantizeMatMul or GgufMatMuls, per the
+        plan's storage for ``kind``."""
         storage = getattr(plan, kind) or plan.mlp  # down: None = as mlp
         bits = MATRIX_KINDS[storage]
-        if storage == "qint8":
+        if storage == "gguf":
+            out = gguf_linear(x, parts, name)
+        elif storage == "qint8":
             mat = np.concatenate([w(p) for p in parts], axis=0)  # [out, in]
             out = b.dynamic_quantize_matmul(x, mat, name)
             del mat
         elif bits is None:
-            mat = np.concatenate([w(p) for p in parts], axis=0).T  # [in, out]
-            b.weight(f"{name}.weight", mat)
-            del mat
-            out = b.op1("MatMul", [x, f"{name}.weight"], name=name)
+            out = float_matmul(x, parts, name)
         else:
             bq = concat_rows([quant(p, bits) for p in parts])
             out = b.matmul_nbits(x, bq, name, plan.accuracy_level)
@@ -527,9 +598,25 @@ def build_decoder(
     del cos, sin
 
     # ----- embedding ---------------------------------------------------------------------------------------------
-    embed_bits = MATRIX_KINDS[plan.embed]
-    head_shares_embed = spec.tied_embeddings and plan.head == "float" and plan.embed == "float"
-    if embed_bits is None:
+    # The embedding's GGUF type id and width when its blocks are the GgufGather's initializer (a tied gguf head reuses
+    # that initializer); a type the operators do not run falls back to a float32 Gather.
+    embed_gguf: tuple[int, int] | None = None
+    embed_kind = plan.embed
+    if embed_kind == "gguf":
+        eb = blocks("token_embd.weight")
+        if eb.op_supported:
+            b.raw("token_embd.gguf_blocks", eb.data)  # [vocab, row_bytes] uint8
+            embed_gguf = (eb.ggml_type, eb.k)
+            h = b.op1(  # [1, S, H] ([B, S, H] batched)
+                "GgufGather", ["token_embd.gguf_blocks", "input_ids"], name="embed", ggml_type=eb.ggml_type, K=eb.k
+            )
+        else:
+            embed_kind = "float"
+        del eb
+    embed_bits = MATRIX_KINDS[embed_kind]
+    if embed_gguf is not None:
+        pass  # written above
+    elif embed_bits is None:
         b.weight("token_embd.weight", w("token_embd.weight"))  # [vocab, H]
         h = b.op1("Gather", ["token_embd.weight", "input_ids"], name="embed", axis=0)  # [1, S, H]
     else:
@@ -671,10 +758,32 @@ def build_decoder(
         )
         h = b.op1("Slice", [h, starts, "const_int64_max", "const_axes_1"], name="keep/slice")
     head_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
-    head_bits = MATRIX_KINDS[plan.head]
-    if head_rows is not None:
+    head_kind = plan.head
+    head_blocks: GGUFBlocks | None = None  # the head's blocks when not the embedding's initializer
+    head_gguf = embed_gguf if spec.tied_embeddings else None  # (type id, width) of a gguf head
+    if head_kind == "gguf" and (head_gguf is None or head_rows is not None):
+        head_blocks = blocks(head_name)
+        head_gguf = (head_blocks.ggml_type, head_blocks.k) if head_blocks.op_supported else None
+    if head_kind == "gguf" and head_gguf is None:
+        head_kind, head_blocks = "float", None  # a type the operators do not run: a float32 Gemm
+    head_shares_embed = spec.tied_embeddings and head_kind == "float" and embed_kind == "float"
+    head_bits = MATRIX_KINDS[head_kind]
+    if head_rows is not None and head_kind != "gguf":
         sub = np.ascontiguousarray(w(head_name)[head_rows])  # [N, H]
-    if head_bits is not None:  # MatMulNBits keeps the [1, n, H] -> [1, n, vocab] shape
+    if head_kind == "gguf":  # GgufMatMul keeps the [1, n, H] -> [1, n, vocab] shape ([B, n, H] -> [B, n, vocab])
+        assert head_gguf is not None
+        if head_blocks is None:
+            head_init = "token_embd.gguf_blocks"  # tied: the embedding's initializer, its bytes written once
+        elif head_rows is not None:  # a pruned head: a row subset of the blocks, [N, row_bytes]
+            head_init = b.raw("lm_head_subset.gguf_blocks", np.ascontiguousarray(head_blocks.data[head_rows]))
+        else:
+            head_init = b.raw(
+                "output.gguf_blocks" if not spec.tied_embeddings else "lm_head.gguf_blocks", head_blocks.data
+            )
+        del head_blocks
+        b.gguf_matmul(h, head_init, head_gguf[0], head_gguf[1], n_out, "lm_head")
+        b.nodes[-1].output[0] = "logits"
+    elif head_bits is not None:  # MatMulNBits keeps the [1, n, H] -> [1, n, vocab] shape
         bq = quant(head_name, head_bits) if head_rows is None else quantize_rtn(sub, head_bits, plan.block_size)
         logits = b.matmul_nbits(h, bq, "lm_head", plan.accuracy_level)
         del bq
@@ -711,10 +820,9 @@ def build_decoder(
         done("output.weight")
 
     graph = helper.make_graph(b.nodes, graph_name, inputs, outputs, initializer=b.inits)
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
-        producer_name="specrt.convert",
-    )
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+    if any(n.domain == SPECRT_DOMAIN for n in b.nodes):
+        opsets.append(helper.make_opsetid(SPECRT_DOMAIN, 1))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="specrt.convert")
     model.ir_version = IR_VERSION
     return model

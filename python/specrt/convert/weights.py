@@ -1,6 +1,7 @@
 """How converted weights are stored: :class:`ExternalDataWriter` (each initializer appended to ``model.onnx.data`` as it
-is made, never all in memory), :class:`WeightPlan` (the precision of each weight kind: float32 / float16, or
-block-quantized int4 / int8, or per-channel int8 for the prefill graph) and :func:`quantize_per_channel_int8`."""
+is made, never all in memory), :class:`WeightPlan` (the precision of each weight kind: float32 / float16,
+block-quantized int4 / int8, per-channel int8 for the prefill graph, or the GGUF's own blocks) and
+:func:`quantize_per_channel_int8`."""
 
 from __future__ import annotations
 
@@ -77,7 +78,10 @@ class ExternalDataWriter:
 #: Attention forms of :func:`build_decoder`.
 
 
-MATRIX_KINDS = {"float": None, "int4": 4, "int8": 8, "qint8": 8}
+#: Matrix storage kinds and their MatMulNBits bit widths (``None``: no MatMulNBits). ``gguf``: the GGUF's own blocks,
+#: bit for bit, run by specrt's ``ai.specrt::GgufMatMul`` / ``GgufGather`` (types outside
+#: :data:`~specrt.convert.gguf_reader.GGUF_OP_TYPES` fall back to float32); it needs a GGUF source.
+MATRIX_KINDS = {"float": None, "int4": 4, "int8": 8, "qint8": 8, "gguf": None}
 FLOAT_DTYPES = {"fp32": (np.float32, TensorProto.FLOAT), "fp16": (np.float16, TensorProto.FLOAT16)}
 
 
@@ -88,12 +92,14 @@ class WeightPlan:
     Attributes:
         dtype: ``"fp32"`` or ``"fp16"``: activations, KV cache, norm weights and float matrices.
         attn: q|k|v and o projections: ``"float"``, ``"int4"`` or ``"int8"`` (MatMulNBits, block 32 or the GGUF's
-            exact block).
+            exact block), ``"qint8"`` (DynamicQuantizeMatMul) or ``"gguf"`` (the GGUF's stored blocks on
+            ``ai.specrt::GgufMatMul``).
         mlp: gate|up and down projections, same choices.
         down: the down projection when it differs from ``mlp`` (``None``: as ``mlp``): its input carries the
             largest activation outliers, which per-tensor int8 activations (``qint8``) lose.
         head: the lm_head, same choices.
-        embed: the token embedding: ``"float"`` (Gather) or ``"int4"`` / ``"int8"`` (GatherBlockQuantized).
+        embed: the token embedding: ``"float"`` (Gather), ``"int4"`` / ``"int8"`` (GatherBlockQuantized) or
+            ``"gguf"`` (``ai.specrt::GgufGather`` on the GGUF's blocks).
         accuracy_level: MatMulNBits ``accuracy_level``: 4 = int8 activations (the fast CPU path), 1 = fp32.
         block_size: block length of requantized matrices.
     """
@@ -117,9 +123,14 @@ class WeightPlan:
             if value not in MATRIX_KINDS:
                 raise ValueError(f"{kind} storage {value!r} is invalid (expected one of: {', '.join(MATRIX_KINDS)})")
             if kind in ("embed", "head") and value == "qint8":
-                raise ValueError(f"{kind} storage 'qint8' is invalid there (expected one of: float, int4, int8)")
+                raise ValueError(f"{kind} storage 'qint8' is invalid there (expected one of: float, int4, int8, gguf)")
             if value != "float" and self.dtype != "fp32":
                 raise ValueError(f"quantized {kind} ({value}) needs dtype fp32 (float32 activations), got {self.dtype}")
+
+    @property
+    def uses_gguf_blocks(self) -> bool:
+        """Whether any weight kind is stored as the GGUF's own blocks (``"gguf"``: needs a GGUF source)."""
+        return any(getattr(self, k) == "gguf" for k in ("attn", "mlp", "down", "head", "embed"))
 
     @property
     def quantized(self) -> bool:
