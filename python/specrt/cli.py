@@ -35,8 +35,11 @@ def _unescape(value: str) -> str:
 
 #: ``--dtype`` values: specrt.convert.SUPPORTED_DTYPES, spelled out so that building the parser does not import the
 #: converter (and onnx); tests/cli/test_cli_help.py checks that the two agree.
-DTYPES = ("fp32", "fp16", "int4", "int8")
-_DTYPE_HELP = "fp32 (exact), fp16 (CUDA), int4 (fast CPU) or int8 (close to fp32)"
+DTYPES = ("fp32", "fp16", "int4", "int8", "gguf")
+_DTYPE_HELP = (
+    "fp32 (exact), fp16 (CUDA), int4 (fast CPU), int8 (close to fp32) or gguf (the GGUF's own quantized blocks, bit "
+    "for bit, on specrt's GGUF operators)"
+)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -243,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefill-graph",
         action="store_true",
         help="also write the int8 prefill graph a draft runs its prompt prefill on (cached as <dtype>-P[-B]; "
-        "fp32, int4 or int8 with --attention gqa or batched)",
+        "fp32, int4, int8 or gguf with --attention gqa or batched)",
     )
     msub.add_parser("list", help="known models and what is cached", **fmt)
     rm = msub.add_parser("rm", help="remove a cached model", **fmt)

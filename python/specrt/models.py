@@ -495,8 +495,9 @@ def pull(
 
     Args:
         name: a key of :data:`MODELS` (``specrt models list``).
-        dtype: ``"fp32"``, ``"fp16"`` (CUDA), ``"int4"`` (fast CPU) or ``"int8"`` (see
-            :func:`specrt.convert.convert`); each is cached in its own folder ``models/<name>/<dtype>``.
+        dtype: ``"fp32"``, ``"fp16"`` (CUDA), ``"int4"`` (fast CPU), ``"int8"`` or ``"gguf"`` (the GGUF's own
+            quantized blocks, bit for bit, on specrt's ``ai.specrt`` operators; see :func:`specrt.convert.convert`);
+            each is cached in its own folder ``models/<name>/<dtype>`` (``models/<name>/gguf``).
         force: reconvert even if cached (the verified GGUF is reused).
         progress: tqdm bars for download, assembly, dequantization and writing.
         attention: ``"gqa"`` (single-stream decoding), ``"gqa-graph"`` (the same decoder in the graph form:
@@ -622,8 +623,8 @@ def _pull_into(
     if prefill_graph and (dtype == "fp16" or attention == "gqa-graph"):
         # Refused before anything is downloaded (convert would refuse it after).
         raise UnsupportedModelError(
-            f"prefill_graph is for the CPU forms: dtype fp32, int4 or int8 with attention 'gqa' or 'batched' (got "
-            f"dtype {dtype!r}, attention {attention!r})"
+            f"prefill_graph is for the CPU forms: dtype fp32, int4, int8 or gguf with attention 'gqa' or 'batched' "
+            f"(got dtype {dtype!r}, attention {attention!r})"
         )
     out = out.with_name(out.name + ("-P" if prefill_graph else "") + ATTENTION_SUFFIX[attention])
     src = _source(name)

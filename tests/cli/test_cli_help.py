@@ -74,7 +74,7 @@ def test_dtype_lists_every_supported_dtype(prog: str) -> None:
     assert tuple(dtype.choices) == SUPPORTED_DTYPES == cli.DTYPES
     assert dtype.default == "fp32"
     text = COMMANDS[prog].format_help()
-    assert "--dtype {fp32,fp16,int4,int8}" in text
+    assert "--dtype {fp32,fp16,int4,int8,gguf}" in text
     assert "(default: fp32)" in " ".join(text.split())
 
 
@@ -83,7 +83,7 @@ def test_convert_help_from_the_command_line(capsys: pytest.CaptureFixture[str]) 
         cli.main(["convert", "--help"])
     assert exit_.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    for expected in ("--dtype {fp32,fp16,int4,int8}", "src a .gguf file", "out the model folder to create"):
+    for expected in ("--dtype {fp32,fp16,int4,int8,gguf}", "src a .gguf file", "out the model folder to create"):
         assert expected in out
 
 

@@ -72,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=d.draft, help=f"draft model name or folder (default {d.draft})")
     p.add_argument(
         "--dtype",
-        choices=["fp32", "fp16", "int4", "int8"],
+        choices=["fp32", "fp16", "int4", "int8", "gguf"],
         default=None,
         help="weights of registry-named models and of --random-shapes (default fp32 with --provider cpu, fp16 with "
         "--provider cuda; folders are used as they are)",

@@ -167,6 +167,11 @@ def validate_config(cfg: BenchConfig) -> None:
             f"dtype {cfg.dtype!r} is invalid with provider 'cuda' (expected 'fp16': the CUDA path runs float16 "
             "models; leave --dtype out to get it)"
         )
+    if cfg.random_shapes is not None and model_dtype(cfg) == "gguf":
+        raise ValueError(
+            "dtype 'gguf' is invalid with random shapes (their random weights are written as Hugging Face folders: "
+            "no GGUF blocks to keep; expected one of: fp32, fp16, int4, int8)"
+        )
     if cfg.random_shapes is not None and cfg.random_shapes not in SHAPE_PAIRS:
         raise ValueError(f"random shapes {cfg.random_shapes!r} are unknown (expected one of: {', '.join(SHAPE_PAIRS)})")
     if cfg.acceptance is not None and not 0.0 <= cfg.acceptance <= 1.0:

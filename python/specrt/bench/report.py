@@ -320,7 +320,7 @@ def model_label(path: str) -> str:
     """``.../qwen2.5-coder-1.5b-instruct/fp32`` -> ``qwen2.5-coder-1.5b-instruct/fp32``, ``.../random/tiny-fp32/draft``
     -> ``tiny-fp32/draft``; other folders: their name."""
     p = Path(path)
-    if p.name in ("fp32", "fp16", "int4", "int8") or p.parent.parent.name == "random":
+    if p.name in ("fp32", "fp16", "int4", "int8", "gguf") or p.parent.parent.name == "random":
         return f"{p.parent.name}/{p.name}"
     return p.name
 

@@ -434,7 +434,7 @@ def convert(
         )
     if prefill_graph and plan.dtype != "fp32":
         raise UnsupportedModelError(
-            f"prefill_graph needs float32 activations (dtype fp32, int4 or int8), got dtype {dtype!r}"
+            f"prefill_graph needs float32 activations (dtype fp32, int4, int8 or gguf), got dtype {dtype!r}"
         )
     if prefill_graph and attention == "gqa-graph":
         raise UnsupportedModelError(
