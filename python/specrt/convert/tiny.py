@@ -55,7 +55,8 @@ def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
 
 
 def _random_kquant(rng: np.random.Generator, rows: int, cols: int, qtype: str) -> np.ndarray:
-    """Random but well-formed Q4_K / Q6_K blocks (finite scales), as the uint8 byte array GGUF stores."""
+    """Random but well-formed Q4_K / Q5_K / Q6_K blocks (finite scales), as the uint8 byte array GGUF stores
+    (``[rows, cols / 256 * block_bytes]``; gguf-py cannot quantize the K types, so their bytes are drawn)."""
     if cols % 256:
         raise ValueError(f"{qtype} needs rows whose length is a multiple of 256, got {cols}")
     nblk = cols // 256
@@ -63,6 +64,10 @@ def _random_kquant(rng: np.random.Generator, rows: int, cols: int, qtype: str) -
         blk = rng.integers(0, 256, size=(rows, nblk, 144), dtype=np.uint8)
         blk[..., 0:2] = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)  # d
         blk[..., 2:4] = np.frombuffer(np.float16(0.001).tobytes(), np.uint8)  # dmin
+    elif qtype == "Q5_K":  # d, dmin, scales[12], qh[32], qs[128]
+        blk = rng.integers(0, 256, size=(rows, nblk, 176), dtype=np.uint8)
+        blk[..., 0:2] = np.frombuffer(np.float16(0.001).tobytes(), np.uint8)  # d
+        blk[..., 2:4] = np.frombuffer(np.float16(0.0005).tobytes(), np.uint8)  # dmin
     elif qtype == "Q6_K":
         blk = rng.integers(0, 256, size=(rows, nblk, 210), dtype=np.uint8)
         blk[..., 192:208] = rng.integers(-8, 8, size=(rows, nblk, 16), dtype=np.int8).view(np.uint8)  # scales
@@ -100,6 +105,7 @@ def write_tiny_gguf(
     bpe_vocab: tuple[list[str], list[int], list[str]] | None = None,
     sliding_window_pattern: int | None = None,
     rope_local_theta: float | None = None,
+    matrix_types: dict[str, str] | None = None,
 ) -> Path:
     """Write a random-weight decoder GGUF.
 
@@ -114,7 +120,8 @@ def write_tiny_gguf(
         rope_theta: rotary base.
         tied: omit ``output.weight`` (lm_head = token embedding).
         qkv_bias: write q/k/v biases (default: ``arch == "qwen2"``).
-        matrix_type: GGML type of projection matrices: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K.
+        matrix_type: GGML type of projection matrices: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (quantized by gguf-py
+            from random floats), Q4_K, Q5_K, Q6_K (random well-formed blocks).
         embed_type: GGML type of ``token_embd`` / ``output``.
         with_tokenizer: write the tokenizer metadata and chat template.
         rope_scaling: value of ``{arch}.rope.scaling.type`` (e.g. ``"yarn"``), or None for no key.
@@ -138,6 +145,9 @@ def write_tiny_gguf(
             BPE vocabulary of :func:`tiny_vocab`; the embedding has one row per piece.
         sliding_window_pattern: ``{arch}.attention.sliding_window_pattern`` (``gemma3``: every p-th layer global).
         rope_local_theta: ``{arch}.rope.freq_base_swa`` (``gemma3``: the local layers' rotary base).
+        matrix_types: GGML types of single matrices, overriding ``matrix_type``: keyed by a tensor's name without
+            ``.weight`` (``"blk.1.ffn_down"``) or by its part in every layer (``"attn_v"``), as llama.cpp's Q4_K_M
+            keeps some ``attn_v`` / ``ffn_down`` matrices in Q6_K.
 
     ``gemma3`` files have Gemma 3's tensors: per-head q/k norms, ``post_attention_norm`` / ``post_ffw_norm`` (the
     norms stored as llama.cpp stores them, ``1 + w``: weights ~ 1).
@@ -245,14 +255,17 @@ def write_tiny_gguf(
             w.add_tensor(name, x)
         elif qtype == "F16":
             w.add_tensor(name, x.astype(np.float16))
-        elif qtype in ("Q4_K", "Q6_K"):
+        elif qtype in ("Q4_K", "Q5_K", "Q6_K"):
             raise ValueError(f"fused phi3 matrices need a matrix_type other than {qtype}")
         else:
             q = gguf.GGMLQuantizationType[qtype]
             w.add_tensor(name, quantize(x, q), raw_dtype=q)
 
     def mat(name: str, rows: int, cols: int, qtype: str, scale: float, pad: bool = False) -> None:
-        if qtype in ("Q4_K", "Q6_K"):
+        if name.startswith("blk.") and matrix_types:
+            stem = name.removesuffix(".weight")
+            qtype = matrix_types.get(stem, matrix_types.get(stem.split(".", 2)[2], qtype))
+        if qtype in ("Q4_K", "Q5_K", "Q6_K"):
             if pad and pad_rows:
                 raise ValueError(f"pad_rows needs an embed_type other than {qtype}")
             w.add_tensor(name, _random_kquant(rng, rows, cols, qtype), raw_dtype=gguf.GGMLQuantizationType[qtype])
