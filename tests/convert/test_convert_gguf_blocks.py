@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from family_checks import FAMILIES
 from specrt.convert import (
     GGUF_PLAN,
     UnsupportedModelError,
@@ -331,45 +332,66 @@ def smollm2_gguf_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     return g, convert(g, tmp_path_factory.mktemp("smollm2") / "gguf", dtype="gguf", progress=False)
 
 
-@pytest.mark.model
-def test_smollm2_every_supported_matrix_is_the_files_bytes(smollm2_gguf_folder: tuple[Path, Path]) -> None:
-    g, folder = smollm2_gguf_folder
+def check_every_operator_holds_the_files_bytes(g: Path, folder: Path) -> int:
+    """Every ``GgufMatMul`` / ``GgufGather`` of ``folder``'s model holds the bytes ``g`` stores for its parts (rows
+    concatenated; llama.cpp's permuted q/k rows un-permuted by :func:`llama_unpermute`; fused tensors as stored), and
+    its ``ggml_type`` is theirs. Returns the number of operators checked (one run per matrix: no mixed types)."""
     stored = stored_bytes(g)
     m, inits = graph(folder)
     with GGUFModel(g) as model:
         spec = model.spec()
-    nh, kvh = spec.num_attention_heads, spec.num_kv_heads
-    mm = {n.name: n for n in nodes(m, "GgufMatMul")}
     checked = 0
-    for name, node in mm.items():
-        blocks = inits[node.input[1]]
-        if name == "lm_head":
-            parts = ["token_embd.weight"]
+    for node in nodes(m, "GgufMatMul") + nodes(m, "GgufGather"):
+        if node.op_type == "GgufGather":
+            parts, blocks = ["token_embd.weight"], inits[node.input[0]]
+        elif node.name == "lm_head":
+            parts, blocks = (
+                ["output.weight" if "output.weight" in stored else "token_embd.weight"],
+                inits[node.input[1]],
+            )
         else:
-            layer, proj = name.split(".")[1], name.split(".")[2]
-            stem = f"blk.{layer}"
+            _, layer, proj = node.name.split(".")  # a run of a mixed-type matrix would have a fourth part
+            p = f"blk.{layer}"
+            fused_qkv, fused_up = f"{p}.attn_qkv.weight" in stored, f"{p}.ffn_gate.weight" not in stored
             parts = {
-                "attn_qkv": [f"{stem}.attn_{n}.weight" for n in "qkv"],
-                "attn_output": [f"{stem}.attn_output.weight"],
-                "ffn_gate_up": [f"{stem}.ffn_gate.weight", f"{stem}.ffn_up.weight"],
-                "ffn_down": [f"{stem}.ffn_down.weight"],
+                "attn_qkv": [f"{p}.attn_qkv.weight"] if fused_qkv else [f"{p}.attn_{n}.weight" for n in "qkv"],
+                "attn_output": [f"{p}.attn_output.weight"],
+                "ffn_gate_up": [f"{p}.ffn_up.weight"] if fused_up else [f"{p}.ffn_gate.weight", f"{p}.ffn_up.weight"],
+                "ffn_down": [f"{p}.ffn_down.weight"],
             }[proj]
-            if name.count(".") == 3:  # one run of a mixed-type matrix: not expected in this file
-                pytest.fail(f"unexpected mixed types in {name}")
+            blocks = inits[node.input[1]]
         rows = []
-        for p in parts:
-            r = stored[p][1]
-            if ".attn_q." in p or ".attn_k." in p:
-                r = llama_unpermute(r, nh if ".attn_q." in p else kvh)
+        for part in parts:
+            ggml_type, r = stored[part]
+            assert ggml_type == attrs(node)["ggml_type"], (node.name, part)
+            if spec.arch.qk_permuted and (".attn_q." in part or ".attn_k." in part):
+                r = llama_unpermute(r, spec.num_attention_heads if ".attn_q." in part else spec.num_kv_heads)
             rows.append(r)
-            assert stored[p][0] == attrs(node)["ggml_type"]
-        assert blocks.tobytes() == np.concatenate(rows).tobytes(), name
+        assert blocks.dtype == np.uint8 and blocks.tobytes() == np.concatenate(rows).tobytes(), node.name
         checked += 1
-    assert checked == 4 * spec.num_layers + 1
-    (gather,) = nodes(m, "GgufGather")
-    assert inits[gather.input[0]].tobytes() == stored["token_embd.weight"][1].tobytes()
-    types = {t for t, _ in stored.values()}
-    print(f"SmolLM2 GGML types of its matrices: {sorted(types)}; {checked} GgufMatMuls bit for bit")
+    return checked
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_family_keeps_its_blocks(tmp_path: Path, family: str) -> None:
+    """Each family of the converter (family_checks.FAMILIES: Q8_0 matrices, F32 embeddings), as dtype gguf: every
+    layer matrix on a GgufMatMul with the file's bytes; the F32 embedding / head fall back to float."""
+    g = write_tiny_gguf(tmp_path / "m.gguf", seed=5, **FAMILIES[family])
+    folder = convert(g, tmp_path / "gguf", dtype="gguf", progress=False)
+    with GGUFModel(g) as model:
+        n_layers = model.spec().num_layers
+    assert check_every_operator_holds_the_files_bytes(g, folder) == 4 * n_layers
+
+
+@pytest.mark.model
+def test_smollm2_every_supported_matrix_is_the_files_bytes(smollm2_gguf_folder: tuple[Path, Path]) -> None:
+    g, folder = smollm2_gguf_folder
+    with GGUFModel(g) as model:
+        n_layers = model.spec().num_layers
+    checked = check_every_operator_holds_the_files_bytes(g, folder)
+    assert checked == 4 * n_layers + 2  # the layers' matrices, the head and the embedding
+    types = sorted({t for t, _ in stored_bytes(g).values()})
+    print(f"SmolLM2 GGML types of its matrices: {types}; {checked} operators bit for bit")
     assert 3 in types  # Q4_1
 
 
