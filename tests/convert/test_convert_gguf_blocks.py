@@ -286,7 +286,7 @@ def test_fused_phi3_matrices_are_the_fused_tensors_bytes(tmp_path: Path) -> None
         assert inits[f"blk.{i}.ffn_gate_up.gguf_blocks"].tobytes() == stored[f"blk.{i}.ffn_up.weight"][1].tobytes()
 
 
-def test_batched_and_prefill_graphs_keep_the_blocks(tmp_path: Path) -> None:
+def test_batched_prefill_and_graph_forms_keep_the_blocks(tmp_path: Path) -> None:
     g = write_tiny_gguf(tmp_path / "m.gguf", arch="qwen3", seed=2, matrix_type="Q4_K", embed_type="Q6_K", **SHAPE)
     for attention in ("batched", "gqa"):
         folder = convert(g, tmp_path / attention, dtype="gguf", attention=attention, prefill_graph=True, progress=False)
@@ -303,6 +303,11 @@ def test_batched_and_prefill_graphs_keep_the_blocks(tmp_path: Path) -> None:
         blocks = sorted(n for n in main_inits if n.endswith(".gguf_blocks"))
         assert blocks == sorted(n for n in pre_inits if n.endswith(".gguf_blocks"))
         assert all(main_inits[n].tobytes() == pre_inits[n].tobytes() for n in blocks)
+    # The graph form: the head's GgufMatMul writes the logits its ArgMax reads.
+    m, _ = graph(convert(g, tmp_path / "graph_form", dtype="gguf", attention="gqa-graph", progress=False))
+    (head,) = [n for n in nodes(m, "GgufMatMul") if n.name == "lm_head"]
+    (argmax,) = nodes(m, "ArgMax")
+    assert list(head.output) == ["logits"] and list(argmax.input) == ["logits"]
 
 
 def test_plan_estimate_and_refusals(tmp_path: Path) -> None:
