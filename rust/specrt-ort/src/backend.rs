@@ -185,7 +185,9 @@ pub(crate) fn build_session(
         .with_inter_threads(options.inter_op_threads)
         .map_err(ctx("setting inter-op threads"))?
         .with_parallel_execution(false)
-        .map_err(ctx("setting sequential execution"))?;
+        .map_err(ctx("setting sequential execution"))?
+        .with_operators(crate::ops::operators()?)
+        .map_err(ctx("registering specrt's operators"))?;
     if let Some(prefix) = &options.profile {
         builder = builder
             .with_profiling(prefix)

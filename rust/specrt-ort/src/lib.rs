@@ -66,8 +66,10 @@ pub mod constraints;
 mod cuda_graph;
 pub mod discover;
 pub mod folder;
+pub mod graph_session;
 mod kv_binding;
 pub mod model;
+pub mod ops;
 pub mod options;
 pub mod pipeline;
 pub mod request;
@@ -80,6 +82,7 @@ pub use constraints::ConstraintCompiler;
 pub use cuda_graph::MAX_GRAPH_TOKENS;
 pub use discover::find_ort_library;
 pub use folder::{check_draft_folder, FolderDefaults};
+pub use graph_session::{GraphOutput, GraphSession};
 pub use options::{
     physical_cores, Attention, DecoderOptions, KvLayout, Memory, MemoryPlan, OrtOptions, Provider,
     DEFAULT_MAX_SEQ_LEN,

@@ -12,6 +12,7 @@ mod coupled;
 pub mod errors;
 mod options;
 mod outputs;
+mod quant;
 mod request;
 mod rng;
 mod runtime;
@@ -29,6 +30,7 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cost::register(m)?;
     runtime::register(m)?;
     coupled::register(m)?;
+    quant::register(m)?;
     m.add_class::<backend::PyOrtModel>()?;
     m.add_class::<constraint::PyConstraintMasks>()?;
     m.add_class::<batch::PyBatchPipeline>()?;

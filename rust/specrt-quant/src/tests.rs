@@ -1,0 +1,307 @@
+//! The kernel against its own scalar dequantization (the Python tests check it against gguf-py's, an independent
+//! implementation), every SIMD path against the portable one bit for bit, rows independent of M, and deliberately
+//! broken kernels that the same checks catch.
+
+use proptest::prelude::*;
+
+use crate::dot::portable::{tile_with, Mutation};
+use crate::{
+    dequantize_row, matmul, quantize_rows, ActBlock, GgmlType, KernelPath, QMatrix, ScopedThreads,
+    Serial, SUPPORTED_TYPES,
+};
+
+/// A tiny deterministic generator (splitmix64), so the tests need no RNG crate.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+fn put_f16(b: &mut [u8], v: f32) {
+    b[..2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+}
+
+/// `n` random rows of `k` weights of type `ty`: random codes, scales of random sign and size (some zero).
+fn random_blocks(ty: GgmlType, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    let bytes = n * ty.row_bytes(k).unwrap();
+    let mut data: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
+    for blk in data.chunks_exact_mut(ty.block_bytes()) {
+        let scale = |rng: &mut Rng| {
+            let u = rng.unit();
+            if u < 0.02 {
+                0.0
+            } else {
+                (u - 0.5) * 0.2
+            }
+        };
+        match ty {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => put_f16(blk, scale(rng)),
+            GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_K => {
+                put_f16(blk, scale(rng));
+                put_f16(&mut blk[2..], scale(rng));
+            }
+            GgmlType::Q6_K => put_f16(&mut blk[208..], scale(rng)),
+        }
+    }
+    data
+}
+
+fn random_x(m: usize, k: usize, rng: &mut Rng) -> Vec<f32> {
+    // activations with outliers, as a transformer's have: mostly N(0,1)-ish, a few 20x larger
+    (0..m * k)
+        .map(|_| (rng.unit() - 0.5) * if rng.unit() < 0.01 { 40.0 } else { 2.0 })
+        .collect()
+}
+
+/// Shapes: K with an odd number of 32-blocks or of super-blocks, and M across decode, verify and prefill sizes.
+fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
+    let ks = if ty.block_len() == 32 {
+        vec![32, 96, 224, 1536]
+    } else {
+        vec![256, 768, 1280]
+    };
+    let ms = [1, 2, 3, 5, 17];
+    ks.iter()
+        .flat_map(|&k| ms.iter().map(move |&m| (m, k)))
+        .collect()
+}
+
+fn run(path: KernelPath, w: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32> {
+    let mut out = vec![0.0; m * w.n];
+    matmul(w, x, m, &mut out, path, &mut Vec::new(), &ScopedThreads(2)).unwrap();
+    out
+}
+
+/// The reference and its bound for output (r, n): `sum_e w[e] * x[e]` in f64 from the dequantized row, and the
+/// largest error int8 activations allow: each `x[e]` moves by at most `d_x / 2` (half a code), so
+/// `|y - ref| <= sum_e |w[e]| * d_x(e) / 2`, plus float32 rounding of the sum (1e-5 of `sum |w x|`).
+fn reference(ty: GgmlType, row: &[u8], x: &[f32]) -> (f64, f64) {
+    let mut w = vec![0.0f32; x.len()];
+    dequantize_row(ty, row, &mut w);
+    let mut acts = Vec::new();
+    quantize_rows(x, 1, x.len(), &mut acts);
+    let (mut y, mut bound, mut mag) = (0.0f64, 0.0f64, 0.0f64);
+    for (e, (&wi, &xi)) in w.iter().zip(x).enumerate() {
+        y += f64::from(wi) * f64::from(xi);
+        bound += f64::from(wi.abs()) * f64::from(acts[e / 32].d) / 2.0;
+        mag += (f64::from(wi) * f64::from(xi)).abs();
+    }
+    (y, bound * 1.0001 + 1e-5 * mag + 1e-6)
+}
+
+/// Whether `out [m, n]` matches the reference within its bound everywhere; the first miss otherwise.
+fn check_reference(
+    ty: GgmlType,
+    w: &QMatrix<'_>,
+    x: &[f32],
+    m: usize,
+    out: &[f32],
+) -> Result<(), String> {
+    for r in 0..m {
+        for n in 0..w.n {
+            let (y, bound) = reference(ty, w.row(n), &x[r * w.k..(r + 1) * w.k]);
+            let got = f64::from(out[r * w.n + n]);
+            if (got - y).abs() > bound {
+                return Err(format!(
+                    "{} M={m} K={} row {r} col {n}: {got} vs {y} (bound {bound})",
+                    ty.name(),
+                    w.k
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn every_type_matches_the_dequantized_reference_within_the_int8_activation_bound() {
+    let mut rng = Rng(1);
+    for ty in SUPPORTED_TYPES {
+        for (m, k) in shapes(ty) {
+            let n = 7;
+            let data = random_blocks(ty, n, k, &mut rng);
+            let w = QMatrix::new(ty, n, k, &data).unwrap();
+            let x = random_x(m, k, &mut rng);
+            check_reference(ty, &w, &x, m, &run(KernelPath::Portable, &w, &x, m)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn simd_paths_equal_the_portable_path_bit_for_bit() {
+    let mut rng = Rng(2);
+    let paths: Vec<KernelPath> = KernelPath::ALL
+        .into_iter()
+        .filter(|p| p.is_available())
+        .collect();
+    assert!(paths.contains(&KernelPath::Portable));
+    for ty in SUPPORTED_TYPES {
+        for (m, k) in shapes(ty) {
+            let n = 19; // more than one task of 16 rows
+            let data = random_blocks(ty, n, k, &mut rng);
+            let w = QMatrix::new(ty, n, k, &data).unwrap();
+            let x = random_x(m, k, &mut rng);
+            let want = run(KernelPath::Portable, &w, &x, m);
+            for &p in &paths {
+                let got = run(p, &w, &x, m);
+                let same = want
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{} {} M={m} K={k}: differs from portable",
+                    p.name(),
+                    ty.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_row_is_the_same_bits_whatever_the_other_rows_of_the_pass() {
+    let mut rng = Rng(3);
+    for path in KernelPath::ALL.into_iter().filter(|p| p.is_available()) {
+        for ty in SUPPORTED_TYPES {
+            let k = if ty.block_len() == 32 { 224 } else { 512 };
+            let n = 21;
+            let data = random_blocks(ty, n, k, &mut rng);
+            let w = QMatrix::new(ty, n, k, &data).unwrap();
+            let x = random_x(17, k, &mut rng);
+            let all = run(path, &w, &x, 17);
+            for r in [0, 3, 4, 16] {
+                let mut one = vec![0.0; n];
+                matmul(
+                    &w,
+                    &x[r * k..(r + 1) * k],
+                    1,
+                    &mut one,
+                    path,
+                    &mut Vec::new(),
+                    &Serial,
+                )
+                .unwrap();
+                let same = one
+                    .iter()
+                    .zip(&all[r * n..(r + 1) * n])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{} {}: row {r} of M=17 differs from the same row alone",
+                    path.name(),
+                    ty.name()
+                );
+            }
+        }
+    }
+}
+
+/// Runs the portable tile with `mutation` over every row and output column, one activation row at a time.
+fn mutated(mutation: Mutation, w: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32> {
+    let mut acts: Vec<ActBlock> = Vec::new();
+    quantize_rows(x, m, w.k, &mut acts);
+    let nb = w.k / 32;
+    let mut out = vec![0.0; m * w.n];
+    for r in 0..m {
+        for n in 0..w.n {
+            let mut o = [0.0f32; 1];
+            tile_with(
+                mutation,
+                w.ty,
+                w.row(n),
+                [&acts[r * nb..(r + 1) * nb]],
+                &mut o,
+            );
+            out[r * w.n + n] = o[0];
+        }
+    }
+    out
+}
+
+#[test]
+fn the_reference_check_catches_a_wrong_scale_index_and_a_dropped_tail() {
+    let mut rng = Rng(4);
+    for ty in SUPPORTED_TYPES {
+        let (m, k, n) = (3, if ty.block_len() == 32 { 224 } else { 512 }, 9);
+        let data = random_blocks(ty, n, k, &mut rng);
+        let w = QMatrix::new(ty, n, k, &data).unwrap();
+        let x = random_x(m, k, &mut rng);
+        check_reference(ty, &w, &x, m, &mutated(Mutation::None, &w, &x, m)).unwrap();
+        for bug in [Mutation::WrongScaleIndex, Mutation::DroppedTail] {
+            let out = mutated(bug, &w, &x, m);
+            assert!(
+                check_reference(ty, &w, &x, m, &out).is_err(),
+                "{} with {bug:?} passed the check",
+                ty.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_shapes_and_types_are_refused_with_the_field_named() {
+    let err = GgmlType::from_id(1).unwrap_err().to_string();
+    assert!(err.contains("ggml_type") && err.contains("Q4_K"), "{err}");
+    let err = GgmlType::Q4_K.row_bytes(300).unwrap_err().to_string();
+    assert!(err.contains("K = 300") && err.contains("256"), "{err}");
+    let data = vec![0u8; 18 * 3];
+    assert!(QMatrix::new(GgmlType::Q4_0, 2, 32, &data).is_err());
+    let w = QMatrix::new(GgmlType::Q4_0, 3, 32, &data).unwrap();
+    let mut out = vec![0.0; 3];
+    assert!(matmul(
+        &w,
+        &[0.0; 31],
+        1,
+        &mut out,
+        KernelPath::Portable,
+        &mut Vec::new(),
+        &Serial
+    )
+    .is_err());
+    let mut g = vec![0.0; 32];
+    assert!(crate::gather(&w, &[3], &mut g)
+        .unwrap_err()
+        .to_string()
+        .contains("index 3"));
+}
+
+#[test]
+fn a_non_finite_activation_gives_nan_not_a_finite_guess() {
+    let mut rng = Rng(5);
+    let data = random_blocks(GgmlType::Q8_0, 2, 64, &mut rng);
+    let w = QMatrix::new(GgmlType::Q8_0, 2, 64, &data).unwrap();
+    let mut x = random_x(1, 64, &mut rng);
+    x[40] = f32::INFINITY;
+    for path in KernelPath::ALL.into_iter().filter(|p| p.is_available()) {
+        let y = run(path, &w, &x, 1);
+        assert!(y.iter().all(|v| v.is_nan()), "{}: {y:?}", path.name());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn simd_equals_portable_on_random_shapes(seed in any::<u64>(), t in 0usize..7, blocks in 1usize..6, m in 1usize..9, n in 1usize..40) {
+        let ty = SUPPORTED_TYPES[t];
+        let k = blocks * ty.block_len();
+        let mut rng = Rng(seed);
+        let data = random_blocks(ty, n, k, &mut rng);
+        let w = QMatrix::new(ty, n, k, &data).unwrap();
+        let x = random_x(m, k, &mut rng);
+        let want = run(KernelPath::Portable, &w, &x, m);
+        prop_assert!(check_reference(ty, &w, &x, m, &want).is_ok());
+        for p in KernelPath::ALL.into_iter().filter(|p| p.is_available()) {
+            let got = run(p, &w, &x, m);
+            prop_assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{}", p.name());
+        }
+    }
+}
