@@ -18,7 +18,7 @@ float32 in the graph: the CUDA form), or block-quantized matrices per kind (``co
 attention, MLP and head, ``com.microsoft::GatherBlockQuantized`` for the embedding) with float32 activations (the
 fast CPU form), or the GGUF's own blocks, bit for bit (``gguf``: specrt's ``ai.specrt::GgufMatMul`` for attention,
 MLP and head, ``ai.specrt::GgufGather`` for the embedding, registered on every specrt session; see
-:meth:`_Builder.gguf_matmul`).
+:mod:`specrt.convert.gguf_graph`).
 
 GroupQueryAttention gets ``seqlens_k = ReduceSum(attention_mask) - 1`` (int32 ``[1]``) and
 ``total_sequence_length = attention_mask.shape[1]`` (int32 scalar); rotary positions come from them, so a chunk of
@@ -34,6 +34,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from specrt.convert.families import ModelSpec, checked_sliding_window
+from specrt.convert.gguf_graph import SPECRT_DOMAIN, SPECRT_OPS, gguf_linear, gguf_matmul
 from specrt.convert.gguf_reader import GGUFBlocks
 from specrt.convert.quant import BlockQuant, concat_rows, pack_matmul_nbits, quantize_rtn
 from specrt.convert.rope import longrope_choice, rope_cache
@@ -72,11 +73,6 @@ _CONTRIB_OPS = {
     "DynamicQuantizeMatMul",
     "FastGelu",
 }
-#: Domain of specrt's own ONNX Runtime operators (written in Rust, registered on every specrt session): ``GgufMatMul``
-#: and ``GgufGather`` compute on GGUF blocks. A graph that uses them imports ``(SPECRT_DOMAIN, 1)``; only specrt's
-#: sessions run it (a plain ``onnxruntime.InferenceSession`` does not know the domain).
-SPECRT_DOMAIN = "ai.specrt"
-_SPECRT_OPS = {"GgufMatMul", "GgufGather"}
 
 
 #: Matrix storage kinds of a :class:`WeightPlan` and their bit widths (``None``: a float matrix). ``qint8``: int8
@@ -113,7 +109,7 @@ class _Builder:
         self._n += 1
         base = name or f"{op_type.lower()}_{self._n}"
         outs = [f"{base}/out{i}" for i in range(n_out)]
-        domain = "com.microsoft" if op_type in _CONTRIB_OPS else (SPECRT_DOMAIN if op_type in _SPECRT_OPS else "")
+        domain = "com.microsoft" if op_type in _CONTRIB_OPS else (SPECRT_DOMAIN if op_type in SPECRT_OPS else "")
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, domain=domain, **attrs))
         return outs
 
@@ -350,13 +346,6 @@ class _Builder:
         ]
         return self.op1("DynamicQuantizeMatMul", ins, name=name)
 
-    def gguf_matmul(self, x: str, blocks: str, ggml_type: int, k: int, n: int, name: str) -> str:
-        """``ai.specrt::GgufMatMul``: ``x`` float32 ``[..., k]`` times the dequantized GGUF matrix ``[n, k]``
-        transposed -> float32 ``[..., n]`` (leading dims kept). ``blocks``: the name of a uint8 ``[n, row_bytes]``
-        initializer, row ``i`` = output channel ``i``'s blocks of GGML type ``ggml_type`` as the GGUF stores them.
-        The kernel quantizes ``x`` to int8 per block of 32, as llama.cpp does."""
-        return self.op1("GgufMatMul", [x, blocks], name=name, ggml_type=int(ggml_type), K=int(k), N=int(n))
-
     def matmul_nbits(self, x: str, bq: BlockQuant, name: str, accuracy_level: int) -> str:
         """``x @ W.T`` for a block-quantized ``W`` ``[N, K]``; ``x`` float32 ``[..., K]`` -> ``[..., N]``."""
         b, scales, zp = pack_matmul_nbits(bq)
@@ -415,11 +404,10 @@ def build_decoder(
             un-permuted: :meth:`GGUFModel.gguf_blocks`), for the kinds of ``plan`` stored as ``"gguf"``. Such a
             matrix becomes an ``ai.specrt::GgufMatMul`` on a uint8 ``[N, row_bytes]`` initializer of the file's bytes
             (the parts of a packed matrix, q|k|v or gate|up, concatenated by rows; parts of different types, as
-            Q4_K_M's Q4_K / Q6_K, one operator per run of equal types joined by a ``Concat`` on the last axis), the
-            embedding an ``ai.specrt::GgufGather``, a tied head the embedding's initializer (written once), a pruned
-            head a row subset of the blocks. Types the operators do not run (F32, F16, BF16, Q5_1, Q2_K, Q3_K, IQ*:
-            not in :data:`~specrt.convert.gguf_reader.GGUF_OP_TYPES`) fall back to a float32 MatMul / Gather of
-            ``get_weight``'s matrix.
+            Q4_K_M's Q4_K / Q6_K, one operator per run joined by a ``Concat``: :func:`gguf_linear`), the embedding
+            an ``ai.specrt::GgufGather``, a tied head the embedding's initializer (written once), a pruned head a row
+            subset of the blocks. Types the operators do not run (not in
+            :data:`~specrt.convert.gguf_reader.GGUF_OP_TYPES`) fall back to float32 MatMul / Gather / Gemm.
 
     Returns:
         The ``ModelProto`` (initializers reference ``writer``'s file; save it next to that file). It imports the
@@ -457,40 +445,13 @@ def build_decoder(
         del mat
         return b.op1("MatMul", [x, f"{name}.weight"], name=name)
 
-    def gguf_linear(x: str, parts: list[str], name: str) -> str:
-        """``x @ concat(parts).T`` on the GGUF's blocks: one GgufMatMul per run of parts of one supported type (rows
-        concatenated), a float32 MatMul per run of unsupported ones, the runs' outputs concatenated on the last axis
-        (``[..., sum of the parts' rows]``, the parts' order)."""
-        got = [blocks(p) for p in parts]
-        if len({g.k for g in got}) != 1:
-            raise ValueError(f"{name}: parts {parts} have different input widths {[g.k for g in got]}")
-        runs: list[list[int]] = []
-        for i, g in enumerate(got):
-            prev = got[runs[-1][0]] if runs else None
-            if prev is not None and (prev.op_supported, prev.ggml_type) == (g.op_supported, g.ggml_type):
-                runs[-1].append(i)
-            else:
-                runs.append([i])
-        outs = []
-        for r, idx in enumerate(runs):
-            sub = name if len(runs) == 1 else f"{name}.{r}"
-            first = got[idx[0]]
-            if not first.op_supported:
-                outs.append(float_matmul(x, [parts[i] for i in idx], sub))
-                continue
-            data = first.data if len(idx) == 1 else np.concatenate([got[i].data for i in idx], axis=0)
-            outs.append(b.gguf_matmul(x, b.raw(f"{sub}.gguf_blocks", data), first.ggml_type, first.k, len(data), sub))
-            del data
-        del got
-        return outs[0] if len(outs) == 1 else b.op1("Concat", outs, name=f"{name}/concat", axis=-1)
-
     def linear(x: str, parts: list[str], kind: str, name: str) -> str:
         """``x @ concat(parts).T``: a float MatMul, a MatMulNBits, a DynamicQuantizeMatMul or GgufMatMuls, per the
         plan's storage for ``kind``."""
         storage = getattr(plan, kind) or plan.mlp  # down: None = as mlp
         bits = MATRIX_KINDS[storage]
         if storage == "gguf":
-            out = gguf_linear(x, parts, name)
+            out = gguf_linear(b, x, parts, name, blocks, float_matmul)
         elif storage == "qint8":
             mat = np.concatenate([w(p) for p in parts], axis=0)  # [out, in]
             out = b.dynamic_quantize_matmul(x, mat, name)
@@ -781,7 +742,7 @@ def build_decoder(
                 "output.gguf_blocks" if not spec.tied_embeddings else "lm_head.gguf_blocks", head_blocks.data
             )
         del head_blocks
-        b.gguf_matmul(h, head_init, head_gguf[0], head_gguf[1], n_out, "lm_head")
+        gguf_matmul(b, h, head_init, head_gguf[0], head_gguf[1], n_out, "lm_head")
         b.nodes[-1].output[0] = "logits"
     elif head_bits is not None:  # MatMulNBits keeps the [1, n, H] -> [1, n, vocab] shape
         bq = quant(head_name, head_bits) if head_rows is None else quantize_rtn(sub, head_bits, plan.block_size)
