@@ -25,7 +25,7 @@ import numpy as np
 from specrt.convert.families import ModelSpec
 from specrt.convert.gguf_reader import GGUFModel
 
-__all__ = ["ROPE_MODE", "reference_logits"]
+__all__ = ["ROPE_MODE", "int8_blocks", "reference_logits"]
 
 #: llama.cpp's rotary layout per architecture (``llama_model_rope_type``): NORM = adjacent pairs, NEOX = halves.
 ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "mistral": "norm", "phi3": "neox", "gemma3": "neox"}
@@ -88,8 +88,24 @@ def _rope_setup(model: GGUFModel, arch: str, head_dim: int, context: int) -> tup
     return factors, n_rot, attn_factor
 
 
+def int8_blocks(x: np.ndarray, block: int = 32) -> np.ndarray:
+    """``x`` (``[..., K]``, ``K`` a multiple of ``block``) as int8 per block of ``block`` values sees it: each block's
+    values rounded to multiples of its scale ``d = max |x| / 127`` (half away from zero, as llama.cpp's
+    ``quantize_row_q8_0`` / ``q8_K`` and the ``ai.specrt::GgufMatMul`` kernel), i.e. ``d * round(x / d)``; each value
+    moves by at most ``d / 2``, 1/254 of its block's largest magnitude. Same shape and dtype."""
+    b = x.reshape(*x.shape[:-1], -1, block)
+    d = np.abs(b).max(axis=-1, keepdims=True) / 127.0
+    scaled = np.divide(b, d, out=np.zeros_like(b), where=d > 0)
+    return (np.sign(scaled) * np.floor(np.abs(scaled) + 0.5) * d).reshape(x.shape)
+
+
 def reference_logits(
-    model: GGUFModel, token_ids: list[int] | np.ndarray, spec: ModelSpec | None = None, context: int | None = None
+    model: GGUFModel,
+    token_ids: list[int] | np.ndarray,
+    spec: ModelSpec | None = None,
+    context: int | None = None,
+    *,
+    int8_activations: bool = False,
 ) -> np.ndarray:
     """Logits of every position of ``token_ids`` (positions 0..S-1), computed from scratch in float64.
 
@@ -99,6 +115,11 @@ def reference_logits(
         spec: hyperparameters (read from ``model`` when omitted).
         context: the context size the model runs with (llama.cpp's ``n_ctx``; specrt's ``max_positions``), which
             picks longrope's short or long factors; default ``spec.max_position_embeddings``.
+        int8_activations: the input of every weight matrix of a type in
+            :data:`~specrt.convert.gguf_reader.GGUF_OP_TYPES` (q/k/v, o, gate/up, down, head) through
+            :func:`int8_blocks` first, per block of the matrix type's own block length (32; 256 for the K types, as
+            llama.cpp's ``vec_dot_type`` Q8_0 / Q8_K): what ``dtype="gguf"``'s ``ai.specrt::GgufMatMul`` computes
+            (the oracle of that form; float matrices and the embedding lookup are exact either way).
 
     Returns:
         float64 ``[S, vocab_size]``.
@@ -111,6 +132,16 @@ def reference_logits(
 
     def t(name: str) -> np.ndarray:
         return model.raw_tensor(name).astype(np.float64)
+
+    def a(x: np.ndarray, name: str) -> np.ndarray:  # the input of weight matrix `name`
+        import gguf
+
+        from specrt.convert.gguf_reader import GGUF_OP_TYPES
+
+        qtype = model.tensors[name].tensor_type
+        if not int8_activations or qtype.name not in GGUF_OP_TYPES:
+            return x
+        return int8_blocks(x, gguf.GGML_QUANT_SIZES[qtype][0])
 
     # Read from the file as llama.cpp does (not from spec), so the reader's handling of it is checked too.
     factors, n_rot, attn_factor = _rope_setup(
@@ -130,9 +161,11 @@ def reference_logits(
         theta = spec.layer_rope_theta(i)
         x = _rms_norm(h, t(f"{p}.attn_norm.weight"), spec.rms_norm_eps)
         if f"{p}.attn_qkv.weight" in model.tensors:  # phi3: one fused matrix, rows q | k | v
-            q, k, v = np.split(x @ t(f"{p}.attn_qkv.weight").T, [nh * hd, (nh + kvh) * hd], axis=-1)
+            q, k, v = np.split(
+                a(x, f"{p}.attn_qkv.weight") @ t(f"{p}.attn_qkv.weight").T, [nh * hd, (nh + kvh) * hd], axis=-1
+            )
         else:
-            q, k, v = (x @ t(f"{p}.attn_{n}.weight").T for n in "qkv")
+            q, k, v = (a(x, f"{p}.attn_{n}.weight") @ t(f"{p}.attn_{n}.weight").T for n in "qkv")
         if f"{p}.attn_q.bias" in model.tensors:
             q, k, v = q + t(f"{p}.attn_q.bias"), k + t(f"{p}.attn_k.bias"), v + t(f"{p}.attn_v.bias")
         q, k = q.reshape(S, nh, hd), k.reshape(S, kvh, hd)
@@ -149,20 +182,22 @@ def reference_logits(
             scores = q[:, head, :] @ k[:, kv, :].T * spec.scale + causal
             scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
             out[:, head, :] = (scores / scores.sum(axis=-1, keepdims=True)) @ v[:, kv, :]
-        o = out.reshape(S, nh * hd) @ t(f"{p}.attn_output.weight").T
+        o = a(out.reshape(S, nh * hd), f"{p}.attn_output.weight") @ t(f"{p}.attn_output.weight").T
         if spec.arch.sandwich_norms:
             o = _rms_norm(o, t(f"{p}.post_attention_norm.weight"), spec.rms_norm_eps)
         h = h + o
         x = _rms_norm(h, t(f"{p}.ffn_norm.weight"), spec.rms_norm_eps)
         if f"{p}.ffn_gate.weight" in model.tensors:
-            gate, up = x @ t(f"{p}.ffn_gate.weight").T, x @ t(f"{p}.ffn_up.weight").T
+            gate = a(x, f"{p}.ffn_gate.weight") @ t(f"{p}.ffn_gate.weight").T
+            up = a(x, f"{p}.ffn_up.weight") @ t(f"{p}.ffn_up.weight").T
         else:  # phi3: ffn_up holds both halves, the gate first (llama.cpp's ggml_swiglu)
-            gate, up = np.split(x @ t(f"{p}.ffn_up.weight").T, 2, axis=-1)
+            gate, up = np.split(a(x, f"{p}.ffn_up.weight") @ t(f"{p}.ffn_up.weight").T, 2, axis=-1)
         act = _gelu_tanh(gate) if spec.arch.mlp_activation == "gelu_tanh" else gate / (1.0 + np.exp(-gate))
-        o = (act * up) @ t(f"{p}.ffn_down.weight").T
+        o = a(act * up, f"{p}.ffn_down.weight") @ t(f"{p}.ffn_down.weight").T
         if spec.arch.sandwich_norms:
             o = _rms_norm(o, t(f"{p}.post_ffw_norm.weight"), spec.rms_norm_eps)
         h = h + o
     h = _rms_norm(h, t("output_norm.weight"), spec.rms_norm_eps)
+    head_name = "token_embd.weight" if spec.tied_embeddings else "output.weight"
     head = embed if spec.tied_embeddings else model.raw_tensor("output.weight")
-    return h @ head.T.astype(np.float64)
+    return a(h, head_name) @ head.T.astype(np.float64)
