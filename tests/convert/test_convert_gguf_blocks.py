@@ -487,6 +487,25 @@ def test_gguf_logits_equal_the_numpy_reference_with_int8_activations(
 
 
 @needs_gguf_ops
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_family_runs_as_the_reference_with_int8_activations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str
+) -> None:
+    """Each family of family_checks (Q8_0 matrices on GgufMatMul; its F32 embedding and head in float) equals the
+    NumPy reference with int8 activations, as in the test above (rows off only by rounding flips)."""
+    from family_checks import tolerance
+
+    g = write_tiny_gguf(tmp_path / "m.gguf", seed=5, **FAMILIES[family])
+    got = _forward(convert(g, tmp_path / "gguf", dtype="gguf", progress=False), IDS)
+    with GGUFModel(g) as model:
+        want, ref_float, near = reference_with_boundaries(model, IDS, monkeypatch)
+    tol = tolerance(want)
+    off = rows_off(got, want, tol, np.abs(want - ref_float).max(axis=-1), near)
+    err = float(np.abs(np.delete(got, off, axis=0) - np.delete(want, off, axis=0)).max())
+    print(f"{family}: max |gguf - reference with int8 activations| {err / tol:.4f} tolerances; flipped {off}")
+
+
+@needs_gguf_ops
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q4_K"])
 def test_gguf_logits_are_the_fp32_forms_within_the_int8_activation_gap(tmp_path: Path, qtype: str) -> None:
     """The gguf and fp32 forms hold the same weights (fp32: gguf-py's dequantization of the same blocks), so they
