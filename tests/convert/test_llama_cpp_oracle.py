@@ -17,7 +17,7 @@ Weights are F32 on both sides: with quantized matrices llama.cpp also quantizes 
 products), specrt's fp32 graph does not, so the two would differ by quantization, not by rounding.
 
 The one exception is ``dtype="gguf"`` (the GGUF's own quantized blocks on specrt's ``ai.specrt`` operators, which
-quantize activations to int8 per block of 32 as llama.cpp does): on quantized tiny GGUFs its logits must agree with
+quantize activations to int8 per block as llama.cpp does): on quantized tiny GGUFs its logits must agree with
 llama.cpp's closer than the int4 form's (requantized weights) do; both gaps are printed. It skips until the operators
 have landed (``specrt._specrt.gguf_matmul``).
 
@@ -218,8 +218,8 @@ def test_llama_cpp_and_specrt_pick_the_same_longrope_set(
 @pytest.mark.parametrize("quant", list(QUANT_ORACLE))
 def test_gguf_dtype_agrees_with_llama_cpp_closer_than_int4(llama_cpp_python: Path, tmp_path: Path, quant: str) -> None:
     """The same quantized GGUF run three ways: llama.cpp (its blocks, its int8 activations), specrt's gguf form (the
-    same blocks, int8 activations per block of 32) and specrt's int4 form (weights requantized for MatMulNBits).
-    The gguf form's largest logit gap to llama.cpp over the steps must be below the int4 form's."""
+    same blocks, int8 activations per block: 32, 256 for the K types) and specrt's int4 form (weights requantized for
+    MatMulNBits). The gguf form's largest logit gap to llama.cpp over the steps must be below the int4 form's."""
     gguf = write_tiny_gguf(tmp_path / "q.gguf", seed=5, **QUANT_SHAPE, **QUANT_ORACLE[quant])
     want = llama_cpp_logits(llama_cpp_python, gguf)
     scale = max(float(np.abs(w).max()) for w in want)

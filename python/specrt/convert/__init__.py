@@ -242,7 +242,8 @@ _DTYPE_NOTES["int8"] = _DTYPE_NOTES["int4"]
 _DTYPE_NOTES["gguf"] = [
     "Matrices and the token embedding are the GGUF's own quantized blocks, bit for bit: no dequantization, no",
     "requantization (Q4_K_M files stay Q4_K / Q6_K, Q4_1 stays Q4_1), run by specrt's ai.specrt::GgufMatMul /",
-    "GgufGather operators (activations quantized to int8 per block of 32 inside the kernel, as llama.cpp does);",
+    "GgufGather operators (activations quantized to int8 per block of 32, of 256 for the K types, inside the kernel,",
+    "as llama.cpp does);",
     "norm weights and biases are float32. The graph runs only in specrt's own ONNX Runtime sessions.",
 ]
 
