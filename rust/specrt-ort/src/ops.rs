@@ -139,7 +139,7 @@ impl Operator for GgufMatMul {
                 ctx,
                 error: Mutex::new(None),
             };
-            let mut scratch = Vec::new();
+            let mut scratch = specrt_quant::Scratch::default();
             specrt_quant::matmul(&w, x, m, out, path, &mut scratch, &pool)
                 .map_err(|e| to_ort(&e))?;
             match pool

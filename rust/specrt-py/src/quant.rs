@@ -44,7 +44,7 @@ fn contiguous<'a, T: numpy::Element>(
 /// `x @ dequantize(blocks).T` with specrt's GGUF-block kernel (the `ai.specrt::GgufMatMul` operator's).
 ///
 /// Args:
-///     x: `[M, K]` float32 activations (quantized to int8 per block of 32 inside).
+///     x: `[M, K]` float32 activations (quantized to int8 inside: per block of 32 for Q4_0 / Q4_1 / Q5_0 / Q8_0, per super-block of 256 for Q4_K / Q5_K / Q6_K).
 ///     blocks: `[N, row_bytes]` uint8, the GGUF tensor's stored bytes (row n = output channel n).
 ///     ggml_type: ggml's type id (`GGUF_MATMUL_TYPES`).
 ///     path: `"portable"`, `"avx2"`, `"avx512vnni"` or None for the fastest this CPU runs.
@@ -79,7 +79,7 @@ fn gguf_matmul<'py>(
     let out = run_kernel(py, || {
         let w = matrix(bs, &bshape, ty, k)?;
         let mut out = vec![0.0f32; m * w.n];
-        let mut scratch = Vec::new();
+        let mut scratch = specrt_quant::Scratch::default();
         if threads > 1 {
             specrt_quant::matmul(
                 &w,
@@ -96,7 +96,7 @@ fn gguf_matmul<'py>(
         Ok(out)
     })?;
     let n = bshape[0];
-    Ok(numpy::PyArray1::from_vec(py, out).reshape([m, n])?)
+    numpy::PyArray1::from_vec(py, out).reshape([m, n])
 }
 
 /// Dequantize GGUF blocks with specrt's kernel crate (`GgufGather`'s rows).
@@ -129,7 +129,7 @@ fn gguf_dequantize<'py>(
         specrt_quant::gather(&w, &indices, &mut out)?;
         Ok(out)
     })?;
-    Ok(numpy::PyArray1::from_vec(py, out).reshape([bshape[0], k])?)
+    numpy::PyArray1::from_vec(py, out).reshape([bshape[0], k])
 }
 
 /// The kernel paths this CPU runs, fastest last (`["portable", "avx2", "avx512vnni"]` on AVX-512 VNNI CPUs).

@@ -1,9 +1,10 @@
-//! Activations quantized to int8 per block of [`ACT_BLOCK`] values, once per pass and shared by every output
-//! column (llama.cpp's `quantize_row_q8_0`, with a float32 scale and precomputed sums).
+//! Activations quantized to int8 once per pass and shared by every output column: per block of [`ACT_BLOCK`] values
+//! ([`ActBlock`], for the 32-long weight formats, as llama.cpp's `block_q8_0` with a float32 scale) or per
+//! super-block of [`SUPER_BLOCK`] values ([`ActSuper`], for the K-quants, as llama.cpp's `block_q8_K`).
 //!
 //! Each row is quantized on its own, so a row's blocks never depend on the other rows of the pass.
 
-use crate::format::ACT_BLOCK;
+use crate::format::{ACT_BLOCK, SUPER_BLOCK};
 
 /// One block of 32 activations: `x[i] ~= d * qs[i]`.
 #[repr(C, align(32))]
@@ -36,7 +37,7 @@ impl Default for ActBlock {
 /// When `x.len() != m * k` or `k % 32 != 0` (callers check shapes first).
 pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut Vec<ActBlock>) {
     assert!(
-        k % ACT_BLOCK == 0 && x.len() == m * k,
+        k.is_multiple_of(ACT_BLOCK) && x.len() == m * k,
         "quantize_rows: shape mismatch"
     );
     out.clear();
@@ -58,15 +59,68 @@ pub fn quantize_block(x: &[f32], blk: &mut ActBlock) {
     let mut sum = 0i32;
     for (j, lane) in blk.lanes.iter_mut().enumerate() {
         let mut s = 0i32;
-        for i in 4 * j..4 * j + 4 {
+        for (q, v) in blk.qs[4 * j..4 * j + 4]
+            .iter_mut()
+            .zip(&x[4 * j..4 * j + 4])
+        {
             // round half away from zero, as llama.cpp's roundf; |x * id| <= 127 (+ rounding), clamped to be sure
-            let q = (x[i] * id).round().clamp(-127.0, 127.0) as i8;
-            blk.qs[i] = q;
-            s += i32::from(q);
+            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+            s += i32::from(*q);
         }
         *lane = s;
         sum += s;
     }
     blk.d = d;
     blk.sum = sum;
+}
+
+/// One super-block of 256 activations: `x[i] ~= d * qs[i]` (the K-quants' activations).
+#[repr(C, align(32))]
+#[derive(Debug, Clone, Copy)]
+pub struct ActSuper {
+    /// int8 codes, `round(x / d)` in `-127..=127`.
+    pub qs: [i8; 256],
+    /// `sums16[k]` = sum of `qs[16k..16k + 16]` (the zero points' and code offsets' terms).
+    pub sums16: [i16; 16],
+    /// Scale, `max |x| / 127` over the 256 values (0 for all zeros, NaN when one is not finite).
+    pub d: f32,
+}
+
+impl Default for ActSuper {
+    fn default() -> Self {
+        Self {
+            qs: [0; 256],
+            sums16: [0; 16],
+            d: 0.0,
+        }
+    }
+}
+
+/// Quantize `x` (`[m, k]` float32 row-major, `k` a multiple of 256) into `out` (`[m, k / 256]`), resized.
+///
+/// # Panics
+/// When `x.len() != m * k` or `k % 256 != 0` (callers check shapes first).
+pub fn quantize_rows_super(x: &[f32], m: usize, k: usize, out: &mut Vec<ActSuper>) {
+    assert!(
+        k.is_multiple_of(SUPER_BLOCK) && x.len() == m * k,
+        "quantize_rows_super: shape mismatch"
+    );
+    out.clear();
+    out.resize(m * k / SUPER_BLOCK, ActSuper::default());
+    for (chunk, blk) in x.chunks_exact(SUPER_BLOCK).zip(out.iter_mut()) {
+        let amax = chunk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let finite = chunk.iter().all(|v| v.is_finite());
+        let d = if finite { amax / 127.0 } else { f32::NAN };
+        let id = if d > 0.0 && finite { 1.0 / d } else { 0.0 };
+        for (k16, sum) in blk.sums16.iter_mut().enumerate() {
+            let mut s = 0i16;
+            let span = 16 * k16..16 * k16 + 16;
+            for (q, v) in blk.qs[span.clone()].iter_mut().zip(&chunk[span]) {
+                *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+                s += i16::from(*q);
+            }
+            *sum = s;
+        }
+        blk.d = d;
+    }
 }

@@ -12,7 +12,7 @@ pub fn dequantize_row(ty: GgmlType, blocks: &[u8], out: &mut [f32]) {
     let bl = ty.block_len();
     let bb = ty.block_bytes();
     assert!(
-        out.len() % bl == 0 && blocks.len() >= out.len() / bl * bb,
+        out.len().is_multiple_of(bl) && blocks.len() >= out.len() / bl * bb,
         "dequantize_row: shape mismatch"
     );
     for (blk, y) in blocks.chunks_exact(bb).zip(out.chunks_exact_mut(bl)) {

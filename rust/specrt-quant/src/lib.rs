@@ -1,5 +1,5 @@
 //! specrt's quantized matmul for the CPU: `y [M, N] = x [M, K] · W^T` with `W` kept in the GGUF's own block
-//! formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), activations quantized to int8 per block of 32.
+//! formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), activations quantized to int8 per block of 32 (per super-block of 256 for the K-quants, as llama.cpp does).
 //!
 //! Built for speculative verification: a pass of a few rows reads each weight row once for all of them, and every
 //! output row is computed in the same order of operations whatever the pass's other rows ([`dot`]'s canonical
@@ -15,11 +15,11 @@ pub mod dot;
 pub mod format;
 pub mod matmul;
 
-pub use acts::{quantize_rows, ActBlock};
+pub use acts::{quantize_rows, quantize_rows_super, ActBlock, ActSuper};
 pub use dequant::dequantize_row;
 pub use dot::{KernelPath, TILE};
-pub use format::{GgmlType, QMatrix, ACT_BLOCK, SUPPORTED_TYPES};
-pub use matmul::{gather, matmul, ParallelFor, ScopedThreads, Serial, ROWS_PER_TASK};
+pub use format::{GgmlType, QMatrix, ACT_BLOCK, SUPER_BLOCK, SUPPORTED_TYPES};
+pub use matmul::{gather, matmul, ParallelFor, ScopedThreads, Scratch, Serial, ROWS_PER_TASK};
 
 #[cfg(test)]
 mod tests;

@@ -7,9 +7,9 @@
 
 use specrt_core::{Result, SpecError};
 
-use crate::acts::{quantize_rows, ActBlock};
-use crate::dot::{tile, KernelPath, TILE};
-use crate::format::{QMatrix, ACT_BLOCK};
+use crate::acts::{quantize_rows, quantize_rows_super, ActBlock, ActSuper};
+use crate::dot::{tile, tile_k, KernelPath, TILE};
+use crate::format::{QMatrix, ACT_BLOCK, SUPER_BLOCK};
 
 /// Output rows per task: 16 weight rows of K = 8960 (Q4_K) are 80 KB, which stay in L2 while every tile of
 /// activation rows passes over them.
@@ -46,6 +46,13 @@ impl ParallelFor for ScopedThreads {
     }
 }
 
+/// The quantized activations of a pass, kept between calls to reuse their memory.
+#[derive(Default)]
+pub struct Scratch {
+    blocks: Vec<ActBlock>,
+    supers: Vec<ActSuper>,
+}
+
 /// A raw output pointer that tasks writing disjoint elements share.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -53,7 +60,47 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper rather than its raw field).
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// One tile's kernel: `(weight row bytes, first activation row, out[rows])`.
+type TileFn<'a> = dyn Fn(&[u8], usize, &mut [f32]) + Sync + 'a;
+
+/// Calls `$f::<R>` with `R` = `$o.len()` (1..=TILE) activation rows `$a(0..R)`.
+macro_rules! dispatch {
+    ($f:ident, $path:expr, $ty:expr, $row:expr, $a:expr, $o:expr) => {
+        match $o.len() {
+            1 => {
+                let mut r = [0.0; 1];
+                $f($path, $ty, $row, [$a(0)], &mut r);
+                $o.copy_from_slice(&r);
+            }
+            2 => {
+                let mut r = [0.0; 2];
+                $f($path, $ty, $row, [$a(0), $a(1)], &mut r);
+                $o.copy_from_slice(&r);
+            }
+            3 => {
+                let mut r = [0.0; 3];
+                $f($path, $ty, $row, [$a(0), $a(1), $a(2)], &mut r);
+                $o.copy_from_slice(&r);
+            }
+            _ => {
+                let mut r = [0.0; TILE];
+                $f($path, $ty, $row, [$a(0), $a(1), $a(2), $a(3)], &mut r);
+                $o.copy_from_slice(&r);
+            }
+        }
+    };
+}
+
 /// `out [m, w.n] = x [m, w.k] · W^T` on `path`, with `scratch` for the quantized activations (reused across calls).
+///
+/// Activations are quantized per 32 values for the 32-long formats and per 256 for the K-quants ([`crate::acts`]).
 ///
 /// # Errors
 /// `SpecError::Shape` when `x` is not `m * w.k` values or `out` not `m * w.n`; `SpecError::Setting { field:
@@ -64,7 +111,7 @@ pub fn matmul(
     m: usize,
     out: &mut [f32],
     path: KernelPath,
-    scratch: &mut Vec<ActBlock>,
+    scratch: &mut Scratch,
     par: &dyn ParallelFor,
 ) -> Result<()> {
     if x.len() != m * w.k || out.len() != m * w.n {
@@ -90,65 +137,48 @@ pub fn matmul(
     if m == 0 {
         return Ok(());
     }
-    quantize_rows(x, m, w.k, scratch);
-    let acts: &[ActBlock] = scratch;
-    let nb = w.k / ACT_BLOCK;
+    if w.ty.block_len() == SUPER_BLOCK {
+        quantize_rows_super(x, m, w.k, &mut scratch.supers);
+        let acts: &[ActSuper] = &scratch.supers;
+        let ns = w.k / SUPER_BLOCK;
+        run_tiles(w, m, out, par, &|wrow, m0, o: &mut [f32]| {
+            let a = |i: usize| &acts[(m0 + i) * ns..(m0 + i + 1) * ns];
+            // SAFETY: path is available (checked above); the row and the activations have the shapes checked above.
+            unsafe { dispatch!(tile_k, path, w.ty, wrow, a, o) }
+        });
+    } else {
+        quantize_rows(x, m, w.k, &mut scratch.blocks);
+        let acts: &[ActBlock] = &scratch.blocks;
+        let nb = w.k / ACT_BLOCK;
+        run_tiles(w, m, out, par, &|wrow, m0, o: &mut [f32]| {
+            let a = |i: usize| &acts[(m0 + i) * nb..(m0 + i + 1) * nb];
+            // SAFETY: as above.
+            unsafe { dispatch!(tile, path, w.ty, wrow, a, o) }
+        });
+    }
+    Ok(())
+}
+
+/// Calls `tile(tile, wrow, m0, out)` with `out.len()` = the rows of the tile (1..=TILE) for every output column
+/// and tile of activation rows, tasks of [`ROWS_PER_TASK`] columns on `par`, and writes the results into `out`.
+fn run_tiles(w: &QMatrix<'_>, m: usize, out: &mut [f32], par: &dyn ParallelFor, tile: &TileFn<'_>) {
     let n_total = w.n;
     let dst = OutPtr(out.as_mut_ptr());
-    let tasks = n_total.div_ceil(ROWS_PER_TASK);
-    par.run(tasks, &|task| {
-        let dst = dst;
-        let n_range = task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(n_total);
-        let row_acts = |r: usize| &acts[r * nb..(r + 1) * nb];
+    par.run(n_total.div_ceil(ROWS_PER_TASK), &|task| {
+        let mut o = [0.0f32; TILE];
         let mut m0 = 0;
         while m0 < m {
             let rows = (m - m0).min(TILE);
-            for n in n_range.clone() {
-                let wrow = w.row(n);
-                // SAFETY: path is available (checked above); rows of `w` and `acts` have the shapes checked above;
-                // each (row, n) element is written by this task only.
-                unsafe {
-                    let put = |i: usize, v: f32| *dst.0.add((m0 + i) * n_total + n) = v;
-                    match rows {
-                        1 => {
-                            let mut o = [0.0; 1];
-                            tile(path, w.ty, wrow, [row_acts(m0)], &mut o);
-                            put(0, o[0]);
-                        }
-                        2 => {
-                            let mut o = [0.0; 2];
-                            tile(path, w.ty, wrow, [row_acts(m0), row_acts(m0 + 1)], &mut o);
-                            o.iter().enumerate().for_each(|(i, v)| put(i, *v));
-                        }
-                        3 => {
-                            let mut o = [0.0; 3];
-                            tile(
-                                path,
-                                w.ty,
-                                wrow,
-                                [row_acts(m0), row_acts(m0 + 1), row_acts(m0 + 2)],
-                                &mut o,
-                            );
-                            o.iter().enumerate().for_each(|(i, v)| put(i, *v));
-                        }
-                        _ => {
-                            let mut o = [0.0; TILE];
-                            let a = [
-                                row_acts(m0),
-                                row_acts(m0 + 1),
-                                row_acts(m0 + 2),
-                                row_acts(m0 + 3),
-                            ];
-                            tile(path, w.ty, wrow, a, &mut o);
-                            o.iter().enumerate().for_each(|(i, v)| put(i, *v));
-                        }
-                    }
+            for n in task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(n_total) {
+                tile(w.row(n), m0, &mut o[..rows]);
+                for (i, v) in o[..rows].iter().enumerate() {
+                    // SAFETY: element (m0 + i, n) is inside `out` and written by this task only.
+                    unsafe { *dst.get().add((m0 + i) * n_total + n) = *v };
                 }
             }
             m0 += rows;
         }
     });
-    Ok(())
 }
 
 /// Rows `indices` of the dequantized matrix `w` into `out [indices.len(), w.k]` (the embedding lookup).

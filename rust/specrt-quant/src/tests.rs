@@ -4,10 +4,10 @@
 
 use proptest::prelude::*;
 
-use crate::dot::portable::{tile_with, Mutation};
+use crate::dot::portable::{tile_k_with, tile_with, Mutation};
 use crate::{
-    dequantize_row, matmul, quantize_rows, ActBlock, GgmlType, KernelPath, QMatrix, ScopedThreads,
-    Serial, SUPPORTED_TYPES,
+    dequantize_row, matmul, quantize_rows, quantize_rows_super, ActBlock, ActSuper, GgmlType,
+    KernelPath, QMatrix, ScopedThreads, Scratch, Serial, SUPPORTED_TYPES,
 };
 
 /// A tiny deterministic generator (splitmix64), so the tests need no RNG crate.
@@ -76,7 +76,16 @@ fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
 
 fn run(path: KernelPath, w: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32> {
     let mut out = vec![0.0; m * w.n];
-    matmul(w, x, m, &mut out, path, &mut Vec::new(), &ScopedThreads(2)).unwrap();
+    matmul(
+        w,
+        x,
+        m,
+        &mut out,
+        path,
+        &mut Scratch::default(),
+        &ScopedThreads(2),
+    )
+    .unwrap();
     out
 }
 
@@ -86,15 +95,48 @@ fn run(path: KernelPath, w: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32> {
 fn reference(ty: GgmlType, row: &[u8], x: &[f32]) -> (f64, f64) {
     let mut w = vec![0.0f32; x.len()];
     dequantize_row(ty, row, &mut w);
-    let mut acts = Vec::new();
-    quantize_rows(x, 1, x.len(), &mut acts);
+    let d_of: Vec<f32> = if ty.block_len() == 256 {
+        let mut acts: Vec<ActSuper> = Vec::new();
+        quantize_rows_super(x, 1, x.len(), &mut acts);
+        (0..x.len()).map(|e| acts[e / 256].d).collect()
+    } else {
+        let mut acts: Vec<ActBlock> = Vec::new();
+        quantize_rows(x, 1, x.len(), &mut acts);
+        (0..x.len()).map(|e| acts[e / 32].d).collect()
+    };
     let (mut y, mut bound, mut mag) = (0.0f64, 0.0f64, 0.0f64);
     for (e, (&wi, &xi)) in w.iter().zip(x).enumerate() {
         y += f64::from(wi) * f64::from(xi);
-        bound += f64::from(wi.abs()) * f64::from(acts[e / 32].d) / 2.0;
+        bound += f64::from(wi.abs()) * f64::from(d_of[e]) / 2.0;
         mag += (f64::from(wi) * f64::from(xi)).abs();
     }
     (y, bound * 1.0001 + 1e-5 * mag + 1e-6)
+}
+
+/// Whether every element of `out [m, n]` is within its tolerance of the expected value: `expect(weight row,
+/// activation row)` gives `(y, tolerance)`; the first miss otherwise.
+fn check_rows(
+    ty: GgmlType,
+    w: &QMatrix<'_>,
+    x: &[f32],
+    m: usize,
+    out: &[f32],
+    expect: impl Fn(&[u8], &[f32]) -> (f64, f64),
+) -> Result<(), String> {
+    for r in 0..m {
+        for n in 0..w.n {
+            let (y, tol) = expect(w.row(n), &x[r * w.k..(r + 1) * w.k]);
+            let got = f64::from(out[r * w.n + n]);
+            if (got - y).abs() > tol {
+                return Err(format!(
+                    "{} M={m} K={} row {r} col {n}: {got} vs {y} (tolerance {tol})",
+                    ty.name(),
+                    w.k
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether `out [m, n]` matches the reference within its bound everywhere; the first miss otherwise.
@@ -105,20 +147,7 @@ fn check_reference(
     m: usize,
     out: &[f32],
 ) -> Result<(), String> {
-    for r in 0..m {
-        for n in 0..w.n {
-            let (y, bound) = reference(ty, w.row(n), &x[r * w.k..(r + 1) * w.k]);
-            let got = f64::from(out[r * w.n + n]);
-            if (got - y).abs() > bound {
-                return Err(format!(
-                    "{} M={m} K={} row {r} col {n}: {got} vs {y} (bound {bound})",
-                    ty.name(),
-                    w.k
-                ));
-            }
-        }
-    }
-    Ok(())
+    check_rows(ty, w, x, m, out, |row, xr| reference(ty, row, xr))
 }
 
 #[test]
@@ -186,7 +215,7 @@ fn a_row_is_the_same_bits_whatever_the_other_rows_of_the_pass() {
                     1,
                     &mut one,
                     path,
-                    &mut Vec::new(),
+                    &mut Scratch::default(),
                     &Serial,
                 )
                 .unwrap();
@@ -207,20 +236,37 @@ fn a_row_is_the_same_bits_whatever_the_other_rows_of_the_pass() {
 
 /// Runs the portable tile with `mutation` over every row and output column, one activation row at a time.
 fn mutated(mutation: Mutation, w: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32> {
-    let mut acts: Vec<ActBlock> = Vec::new();
-    quantize_rows(x, m, w.k, &mut acts);
-    let nb = w.k / 32;
     let mut out = vec![0.0; m * w.n];
+    let mut blocks: Vec<ActBlock> = Vec::new();
+    let mut supers: Vec<ActSuper> = Vec::new();
+    let k_quant = w.ty.block_len() == 256;
+    if k_quant {
+        quantize_rows_super(x, m, w.k, &mut supers);
+    } else {
+        quantize_rows(x, m, w.k, &mut blocks);
+    }
     for r in 0..m {
         for n in 0..w.n {
             let mut o = [0.0f32; 1];
-            tile_with(
-                mutation,
-                w.ty,
-                w.row(n),
-                [&acts[r * nb..(r + 1) * nb]],
-                &mut o,
-            );
+            if k_quant {
+                let ns = w.k / 256;
+                tile_k_with(
+                    mutation,
+                    w.ty,
+                    w.row(n),
+                    [&supers[r * ns..(r + 1) * ns]],
+                    &mut o,
+                );
+            } else {
+                let nb = w.k / 32;
+                tile_with(
+                    mutation,
+                    w.ty,
+                    w.row(n),
+                    [&blocks[r * nb..(r + 1) * nb]],
+                    &mut o,
+                );
+            }
             out[r * w.n + n] = o[0];
         }
     }
@@ -228,20 +274,16 @@ fn mutated(mutation: Mutation, w: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32>
 }
 
 #[test]
-fn the_reference_check_catches_a_wrong_scale_index_and_a_dropped_tail() {
-    let mut rng = Rng(4);
-    for ty in SUPPORTED_TYPES {
-        let (m, k, n) = (3, if ty.block_len() == 32 { 224 } else { 512 }, 9);
-        let data = random_blocks(ty, n, k, &mut rng);
-        let w = QMatrix::new(ty, n, k, &data).unwrap();
-        let x = random_x(m, k, &mut rng);
-        check_reference(ty, &w, &x, m, &mutated(Mutation::None, &w, &x, m)).unwrap();
-        for bug in [Mutation::WrongScaleIndex, Mutation::DroppedTail] {
-            let out = mutated(bug, &w, &x, m);
-            assert!(
-                check_reference(ty, &w, &x, m, &out).is_err(),
-                "{} with {bug:?} passed the check",
-                ty.name()
+fn the_word_wise_scale_decoding_equals_ggml_s_per_index_rule() {
+    let mut rng = Rng(9);
+    for _ in 0..2000 {
+        let q: Vec<u8> = (0..12).map(|_| rng.next() as u8).collect();
+        let (sc, mn) = crate::format::scales_mins_k4(&q);
+        for j in 0..8 {
+            assert_eq!(
+                (sc[j], mn[j]),
+                crate::format::scale_min_k4(j, &q),
+                "{q:?} j={j}"
             );
         }
     }
@@ -263,7 +305,7 @@ fn bad_shapes_and_types_are_refused_with_the_field_named() {
         1,
         &mut out,
         KernelPath::Portable,
-        &mut Vec::new(),
+        &mut Scratch::default(),
         &Serial
     )
     .is_err());
@@ -302,6 +344,64 @@ proptest! {
         for p in KernelPath::ALL.into_iter().filter(|p| p.is_available()) {
             let got = run(p, &w, &x, m);
             prop_assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{}", p.name());
+        }
+    }
+}
+
+/// Activations on the int8 grid (codes times 2^-4, every 32 values reaching +-127): they quantize without loss, so
+/// the kernel must equal the dequantized reference to float32 rounding.
+fn grid_x(m: usize, k: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..m * k)
+        .map(|i| {
+            let q = if i % 32 == 0 {
+                127
+            } else {
+                (rng.next() % 255) as i32 - 127
+            };
+            q as f32 / 16.0
+        })
+        .collect()
+}
+
+/// Whether `out` equals the reference to float32 rounding (1e-5 of `sum |w x|`) for grid activations.
+fn check_exact(
+    ty: GgmlType,
+    w: &QMatrix<'_>,
+    x: &[f32],
+    m: usize,
+    out: &[f32],
+) -> Result<(), String> {
+    check_rows(ty, w, x, m, out, |row, xr| {
+        let mut wd = vec![0.0f32; w.k];
+        dequantize_row(ty, row, &mut wd);
+        let terms = wd
+            .iter()
+            .zip(xr)
+            .map(|(a, b)| f64::from(*a) * f64::from(*b));
+        let mag: f64 = terms.clone().map(f64::abs).sum();
+        (terms.sum(), 1e-5 * mag + 1e-6)
+    })
+}
+
+#[test]
+fn grid_activations_match_the_reference_to_float_rounding_and_catch_broken_kernels() {
+    let mut rng = Rng(4);
+    for ty in SUPPORTED_TYPES {
+        let (m, k, n) = (3, if ty.block_len() == 32 { 224 } else { 512 }, 9);
+        let data = random_blocks(ty, n, k, &mut rng);
+        let w = QMatrix::new(ty, n, k, &data).unwrap();
+        let x = grid_x(m, k, &mut rng);
+        for p in KernelPath::ALL.into_iter().filter(|p| p.is_available()) {
+            check_exact(ty, &w, &x, m, &run(p, &w, &x, m)).unwrap();
+        }
+        check_exact(ty, &w, &x, m, &mutated(Mutation::None, &w, &x, m)).unwrap();
+        for bug in [Mutation::WrongScaleIndex, Mutation::DroppedTail] {
+            let out = mutated(bug, &w, &x, m);
+            assert!(
+                check_exact(ty, &w, &x, m, &out).is_err(),
+                "{} with {bug:?} passed the check",
+                ty.name()
+            );
         }
     }
 }

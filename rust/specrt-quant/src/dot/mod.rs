@@ -1,19 +1,24 @@
-//! The dot products of one weight row with up to [`TILE`] activation rows, in one canonical order of operations
-//! that every path (portable, AVX2, AVX-512 VNNI) follows exactly, so their results agree bit for bit and an
-//! output never depends on the pass's other rows.
+//! The dot products of one weight row with up to [`TILE`] activation rows, in canonical orders of operations that
+//! every path (portable, AVX2, AVX-512 VNNI) follows exactly, so their results agree bit for bit and an output never
+//! depends on the pass's other rows. Integer sums are exact whatever order a path adds them in; the float steps are
+//! fixed here.
 //!
-//! For activation row `x` (blocks of 32, [`crate::ActBlock`]) and weight row `w`, per 32-long block `b`:
-//! 1. integer lanes `L[j] = sum_{e in 4j..4j+4} c[e] * x.qs[e]`, `j` in 0..8, with `c` the weight codes after the
-//!    format's offset (`q - 8` for Q4_0, `q - 16` for Q5_0, `q - 32` for Q6_K, `q` otherwise): exact integers, however
-//!    a path computes them (`vpmaddubsw` + `vpmaddwd`, `vpdpbusd`, or scalar);
-//! 2. lane scales `S[j] = ws[j] * x.d` where `ws` is the block's weight scale as ggml defines it (`d`, or `d * sc` of
-//!    the sub-block a lane falls in for the K-quants);
-//! 3. `acc[(b % 2) * 8 + j] = fma(S[j], L[j], acc[...])`: sixteen float32 accumulators, even blocks in the first
-//!    eight, odd blocks in the last eight (two independent FMA chains per row);
-//! 4. float zero points (Q4_1, Q4_K, Q5_K): `macc = fma(mw * x.d, x.sum, macc)` in block order, `mw = m` (Q4_1) or
-//!    `-(dmin * m)` (K-quants);
-//! 5. the result `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)) + macc` reduced from `v[j] = acc[j] + acc[8 + j]`
-//!    in the fixed order of [`reduce`].
+//! **32-long formats** (Q4_0, Q4_1, Q5_0, Q8_0; activations [`crate::ActBlock`] per 32), per block `b`:
+//! 1. integer lanes `L[j] = sum_{e in 4j..4j+4} c[e] * x.qs[e]`, `j` in 0..8, `c` the weight codes after the format's
+//!    offset (`q - 8` for Q4_0, `q - 16` for Q5_0, `q` otherwise);
+//! 2. `acc[(b % 2) * 8 + j] = fma(d_w * x.d, L[j], acc[...])`: sixteen float32 accumulators, even blocks in the first
+//!    eight, odd blocks in the last eight;
+//! 3. Q4_1's zero point: `macc = fma(m_w * x.d, x.sum, macc)` in block order;
+//! 4. the result reduced in the fixed order of [`reduce`], plus `macc`.
+//!
+//! **K-quants** (Q4_K, Q5_K, Q6_K; activations [`crate::ActSuper`] per 256, as llama.cpp's `block_q8_K`), per
+//! super-block `s`:
+//! 1. one exact integer `S = sum_e sc(e) * c(e) * x.qs[e]` over the 256 weights, `sc(e)` the integer scale of the
+//!    sub-block `e` falls in and `c` the code after the offset (`q - 32` for Q6_K);
+//! 2. `acc[s % 2] = fma(d_w * x.d, S, acc[s % 2])` (two float32 chains);
+//! 3. the mins of Q4_K / Q5_K: `M = sum_j m_j * (sum of x.qs over sub-block j)` (exact), `macc = fma(dmin_w * x.d, M,
+//!    macc)`;
+//! 4. the result `(acc[0] + acc[1]) - macc`.
 
 pub(crate) mod portable;
 #[cfg(target_arch = "x86_64")]
@@ -118,7 +123,7 @@ pub(crate) fn reduce(acc: &[f32; 16], macc: f32) -> f32 {
     (u[0] + u[1]) + macc
 }
 
-/// Dot products of weight row `row` (type `ty`, `K = acts[r].len() * 32`) with the `R` activation rows `acts`
+/// Dot products of weight row `row` (a 32-long type `ty`, `K = acts[r].len() * 32`) with the `R` activation rows `acts`
 /// into `out`, on `path`.
 ///
 /// # Safety
@@ -138,6 +143,31 @@ pub(crate) unsafe fn tile<const R: usize>(
         KernelPath::Avx2 => unsafe { x86::avx2::tile(ty, row, acts, out) },
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512Vnni => unsafe { x86::vnni::tile(ty, row, acts, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("checked by is_available"),
+    }
+}
+
+/// Dot products of weight row `row` (a K-quant `ty`, `K = acts[r].len() * 256`) with the `R` activation rows `acts`
+/// into `out`, on `path`.
+///
+/// # Safety
+/// `path.is_available()` must hold, `row` must hold `acts[r].len()` super-blocks of type `ty`, and every `acts[r]`
+/// must have the same length.
+#[inline]
+pub(crate) unsafe fn tile_k<const R: usize>(
+    path: KernelPath,
+    ty: crate::GgmlType,
+    row: &[u8],
+    acts: [&[crate::ActSuper]; R],
+    out: &mut [f32; R],
+) {
+    match path {
+        KernelPath::Portable => portable::tile_k(ty, row, acts, out),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => unsafe { x86::avx2::tile_k(ty, row, acts, out) },
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => unsafe { x86::vnni::tile_k(ty, row, acts, out) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("checked by is_available"),
     }

@@ -5,10 +5,7 @@
 //! in one instruction (`vpdpbusd`). The code is written once, in a macro, and compiled for each feature set.
 #![allow(clippy::cast_ptr_alignment)] // unaligned loads (loadu) only
 
-use core::arch::x86_64::{
-    __m256i, _mm256_dpbusd_epi32, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_set1_epi16,
-    _mm256_setzero_si256,
-};
+use core::arch::x86_64::*;
 
 /// Lanes `j` = sum of `w[4j..4j + 4] * x[4j..4j + 4]` (`w` unsigned, `x` signed bytes), AVX2.
 #[target_feature(enable = "avx2")]
@@ -24,15 +21,41 @@ unsafe fn lanes_vnni(w: __m256i, x: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
 }
 
+/// `acc + (lanes of w * x, each pair of products times the int16 scale of its position)`, AVX2: the K-quants'
+/// integer step (`vpmaddubsw` pairs stay within 2 * 63 * 127, times a scale of at most 128: exact in int32).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn scaled_avx2(acc: __m256i, w: __m256i, x: __m256i, scale: __m256i) -> __m256i {
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), scale))
+}
+
+/// The same with AVX-512 VNNI (`vpdpwssd` adds the scaled pairs into `acc` in one instruction).
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn scaled_vnni(acc: __m256i, w: __m256i, x: __m256i, scale: __m256i) -> __m256i {
+    _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(w, x), scale)
+}
+
 macro_rules! x86_path {
-    ($name:ident, $features:literal, $lanes:ident) => {
+    ($name:ident, $features:literal, $lanes:ident, $scaled:ident) => {
         pub(crate) mod $name {
             use core::arch::x86_64::*;
 
             use super::$lanes as lanes;
-            use crate::acts::ActBlock;
+            use super::$scaled as scaled;
+            use crate::acts::{ActBlock, ActSuper};
             use crate::dot::reduce;
-            use crate::format::{scale_min_k4, GgmlType};
+            use crate::format::{scales_mins_k4, GgmlType};
+
+            /// Sum of the eight int32 lanes (exact).
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn hsum(v: __m256i) -> i32 {
+                let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+                let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+                _mm_cvtsi128_si32(s)
+            }
 
             /// f16 at `p` (unaligned) as f32, exact (F16C).
             #[target_feature(enable = $features)]
@@ -125,7 +148,6 @@ macro_rules! x86_path {
                 let mut macc = [0.0f32; R];
                 let nb = acts[0].len();
                 let p = row.as_ptr();
-                let m4 = _mm256_set1_epi8(0x0F);
                 match ty {
                     GgmlType::Q4_0 | GgmlType::Q4_1 => {
                         let (bb, qs, shift) = if ty == GgmlType::Q4_0 {
@@ -200,49 +222,104 @@ macro_rules! x86_path {
                             );
                         }
                     }
+                    GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                        unreachable!("K-quants go through tile_k")
+                    }
+                }
+                for r in 0..R {
+                    let mut lanes16 = [0.0f32; 16];
+                    _mm256_storeu_ps(lanes16.as_mut_ptr(), acc[r][0]);
+                    _mm256_storeu_ps(lanes16.as_mut_ptr().add(8), acc[r][1]);
+                    out[r] = reduce(&lanes16, macc[r]);
+                }
+            }
+
+            /// [`crate::dot::tile_k`] on this path.
+            ///
+            /// # Safety
+            /// As [`crate::dot::tile_k`]; the CPU has this path's features.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn tile_k<const R: usize>(
+                ty: GgmlType,
+                row: &[u8],
+                acts: [&[ActSuper]; R],
+                out: &mut [f32; R],
+            ) {
+                let mut acc = [[0.0f32; 2]; R];
+                let mut macc = [0.0f32; R];
+                let ns = acts[0].len();
+                let p = row.as_ptr();
+                let m4 = _mm256_set1_epi8(0x0F);
+                match ty {
                     GgmlType::Q4_K | GgmlType::Q5_K => {
                         let five = ty == GgmlType::Q5_K;
                         let (bb, qs) = if five { (176, 48) } else { (144, 16) };
-                        for sb in 0..nb / 8 {
-                            let blk = p.add(sb * bb);
-                            let (d, dmin) = (f16(blk), f16(blk.add(2)));
-                            let scales = std::slice::from_raw_parts(blk.add(4), 12);
+                        for s in 0..ns {
+                            let blk = p.add(s * bb);
+                            let (sc, mn) =
+                                scales_mins_k4(std::slice::from_raw_parts(blk.add(4), 12));
                             let qh = if five {
                                 load32(blk.add(16))
                             } else {
                                 _mm256_setzero_si256()
                             };
-                            for j in 0..8 {
-                                let (sc, m) = scale_min_k4(j, scales);
-                                let q = load32(blk.add(qs + 32 * (j / 2)));
-                                let mut w = if j % 2 == 0 {
-                                    _mm256_and_si256(q, m4)
-                                } else {
-                                    _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)
-                                };
+                            let mut isum = [_mm256_setzero_si256(); R];
+                            for jj in 0..4 {
+                                let q = load32(blk.add(qs + 32 * jj));
+                                let mut w_lo = _mm256_and_si256(q, m4);
+                                let mut w_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
                                 if five {
-                                    let bit = _mm256_and_si256(
-                                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32)),
-                                        _mm256_set1_epi8(1),
+                                    let one = _mm256_set1_epi8(1);
+                                    let b_lo = _mm256_and_si256(
+                                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * jj as i32)),
+                                        one,
                                     );
-                                    w = _mm256_or_si256(w, _mm256_slli_epi16(bit, 4));
+                                    let b_hi = _mm256_and_si256(
+                                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * jj as i32 + 1)),
+                                        one,
+                                    );
+                                    w_lo = _mm256_or_si256(w_lo, _mm256_slli_epi16(b_lo, 4));
+                                    w_hi = _mm256_or_si256(w_hi, _mm256_slli_epi16(b_hi, 4));
                                 }
-                                let ws = _mm256_set1_ps(d * f32::from(sc));
-                                let mw = Some(-(dmin * f32::from(m)));
-                                step(&mut acc, &mut macc, &acts, sb * 8 + j, w, None, 0, ws, mw);
+                                let s_lo = _mm256_set1_epi16(i16::from(sc[2 * jj]));
+                                let s_hi = _mm256_set1_epi16(i16::from(sc[2 * jj + 1]));
+                                for r in 0..R {
+                                    let x = acts[r].get_unchecked(s).qs.as_ptr().add(64 * jj);
+                                    isum[r] =
+                                        scaled(isum[r], w_lo, _mm256_load_si256(x.cast()), s_lo);
+                                    isum[r] = scaled(
+                                        isum[r],
+                                        w_hi,
+                                        _mm256_load_si256(x.add(32).cast()),
+                                        s_hi,
+                                    );
+                                }
+                            }
+                            let (d, dmin) = (f16(blk), f16(blk.add(2)));
+                            // the mins as int16, each twice: [m0, m0, m1, m1, ..]: lane j of a multiply-add with the
+                            // activations' 16-long sums is m_j * (sum of sub-block j)
+                            let mn8 = _mm_loadl_epi64(mn.as_ptr().cast());
+                            let mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+                            for r in 0..R {
+                                let a = acts[r].get_unchecked(s);
+                                let slot = &mut acc[r][s & 1];
+                                *slot = (d * a.d).mul_add(hsum(isum[r]) as f32, *slot);
+                                let sums = _mm256_load_si256(a.sums16.as_ptr().cast());
+                                let m = hsum(_mm256_madd_epi16(mins16, sums));
+                                macc[r] = (dmin * a.d).mul_add(m as f32, macc[r]);
                             }
                         }
                     }
                     GgmlType::Q6_K => {
                         let m2 = _mm256_set1_epi8(3);
-                        for sb in 0..nb / 8 {
-                            let blk = p.add(sb * 210);
-                            let d = f16(blk.add(208));
+                        for s in 0..ns {
+                            let blk = p.add(s * 210);
+                            let sc = std::slice::from_raw_parts(blk.add(192), 16);
+                            let mut isum = [_mm256_setzero_si256(); R];
                             for half in 0..2 {
                                 let ql_a = load32(blk.add(64 * half));
                                 let ql_b = load32(blk.add(64 * half + 32));
                                 let qh = load32(blk.add(128 + 32 * half));
-                                let sc = blk.add(192 + 8 * half);
                                 for t in 0..4 {
                                     let lo = match t {
                                         0 => _mm256_and_si256(ql_a, m4),
@@ -255,40 +332,50 @@ macro_rules! x86_path {
                                         m2,
                                     );
                                     let w = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-                                    let ws_lo = d * f32::from(*sc.add(2 * t) as i8);
-                                    let ws_hi = d * f32::from(*sc.add(2 * t + 1) as i8);
-                                    let ws =
-                                        _mm256_set_m128(_mm_set1_ps(ws_hi), _mm_set1_ps(ws_lo));
-                                    step(
-                                        &mut acc,
-                                        &mut macc,
-                                        &acts,
-                                        sb * 8 + half * 4 + t,
-                                        w,
-                                        None,
-                                        5,
-                                        ws,
-                                        None,
+                                    let k = 8 * half + 2 * t;
+                                    let scale = _mm256_set_m128i(
+                                        _mm_set1_epi16(i16::from(sc[k + 1] as i8)),
+                                        _mm_set1_epi16(i16::from(sc[k] as i8)),
                                     );
+                                    for r in 0..R {
+                                        let x = acts[r]
+                                            .get_unchecked(s)
+                                            .qs
+                                            .as_ptr()
+                                            .add(128 * half + 32 * t);
+                                        isum[r] =
+                                            scaled(isum[r], w, _mm256_load_si256(x.cast()), scale);
+                                    }
                                 }
+                            }
+                            let d = f16(blk.add(208));
+                            // the 16 sub-block scales as int16: lane k of a multiply-add with the activations' sums is
+                            // sc[2k] * sums16[2k] + sc[2k + 1] * sums16[2k + 1], the code offset's term over 32 values
+                            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
+                            for r in 0..R {
+                                let a = acts[r].get_unchecked(s);
+                                let sums = _mm256_load_si256(a.sums16.as_ptr().cast());
+                                let off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums), 5);
+                                let dot = hsum(_mm256_sub_epi32(isum[r], off));
+                                let slot = &mut acc[r][s & 1];
+                                *slot = (d * a.d).mul_add(dot as f32, *slot);
                             }
                         }
                     }
+                    _ => unreachable!("32-long formats go through tile"),
                 }
                 for r in 0..R {
-                    let mut lanes16 = [0.0f32; 16];
-                    _mm256_storeu_ps(lanes16.as_mut_ptr(), acc[r][0]);
-                    _mm256_storeu_ps(lanes16.as_mut_ptr().add(8), acc[r][1]);
-                    out[r] = reduce(&lanes16, macc[r]);
+                    out[r] = (acc[r][0] + acc[r][1]) - macc[r];
                 }
             }
         }
     };
 }
 
-x86_path!(avx2, "avx2,fma,f16c", lanes_avx2);
+x86_path!(avx2, "avx2,fma,f16c", lanes_avx2, scaled_avx2);
 x86_path!(
     vnni,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    lanes_vnni
+    lanes_vnni,
+    scaled_vnni
 );
