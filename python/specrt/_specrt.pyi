@@ -20,9 +20,11 @@ __all__ = [
     "DEFAULT_MAX_SEQ_LEN",
     "DEFAULT_PREFIX_CACHE_BYTES",
     "DEFAULT_PREFIX_CACHING",
+    "GGUF_MATMUL_TYPES",
     "MAX_BATCH",
     "MAX_DRAFT_TOKENS",
     "MAX_TOP_LOGPROBS",
+    "OPERATOR_DOMAIN",
     "BackendError",
     "BatchPipeline",
     "ChatTemplate",
@@ -32,6 +34,7 @@ __all__ = [
     "Encoding",
     "FolderDefaults",
     "GenerationCancelled",
+    "GraphSession",
     "InternalError",
     "ModelFileError",
     "ModelFileNotFoundError",
@@ -60,6 +63,9 @@ __all__ = [
     "cycle_cost",
     "expected_tokens",
     "find_ort_library",
+    "gguf_dequantize",
+    "gguf_kernel_paths",
+    "gguf_matmul",
     "log_softmax_at",
     "optimal_k",
     "process_logits",
@@ -680,4 +686,66 @@ class ChatTemplate:
         Raises:
             ConfigError: a value that is not JSON-like, the template's ``raise_exception(message)``
                 (``chat template failed: <message>``), or a construct the renderer lacks (named, with its line).
+        """
+
+# ----- the GGUF-block kernel and one-file sessions (rust/specrt-py/src/quant.rs) ----------------------------------
+
+GGUF_MATMUL_TYPES: dict[str, int]
+"""The ggml types the ``ai.specrt::GgufMatMul`` kernel runs, name -> ggml's type id (``{"Q4_0": 2, ...}``)."""
+
+OPERATOR_DOMAIN: str
+"""The ONNX operator domain of specrt's own operators (``"ai.specrt"``)."""
+
+def gguf_matmul(
+    x: npt.NDArray[np.float32],
+    blocks: npt.NDArray[np.uint8],
+    ggml_type: int,
+    *,
+    path: str | None = None,
+    threads: int = 1,
+) -> npt.NDArray[np.float32]:
+    """``x @ dequantize(blocks).T`` with the ``GgufMatMul`` kernel: ``x`` ``[M, K]`` float32 (quantized to int8 per
+    block of 32, or per super-block of 256 for Q4_K / Q5_K / Q6_K), ``blocks`` ``[N, row_bytes]`` uint8 (the GGUF
+    tensor's bytes), ``path`` ``"portable"`` / ``"avx2"`` / ``"avx512vnni"`` or None (the fastest); returns
+    ``[M, N]`` float32, the same whatever ``threads``.
+
+    Raises:
+        ConfigError: an unsupported ``ggml_type`` or ``path``, or a path this CPU cannot run.
+        ShapeError: ``blocks``' row width does not match ``K``, or ``K`` is not a multiple of the block length.
+    """
+
+def gguf_dequantize(blocks: npt.NDArray[np.uint8], ggml_type: int, k: int) -> npt.NDArray[np.float32]:
+    """Dequantize ``[N, row_bytes]`` uint8 GGUF blocks to ``[N, k]`` float32 (``GgufGather``'s rows).
+
+    Raises:
+        ConfigError: an unsupported ``ggml_type``, or ``k`` not a multiple of its block length.
+        ShapeError: ``blocks``' row width does not match ``k``.
+    """
+
+def gguf_kernel_paths() -> list[str]:
+    """The kernel paths this CPU runs, fastest last (``["portable", "avx2", "avx512vnni"]`` on AVX-512 VNNI)."""
+
+@final
+class GraphSession:
+    """A CPU session of one ONNX file on specrt's ONNX Runtime with the ``ai.specrt`` operators registered (float32
+    inputs and outputs only; for benches and tests)."""
+
+    def __new__(
+        cls,
+        model: str | os.PathLike[str],
+        ort_library: str | os.PathLike[str],
+        intra_op_threads: int | None = None,
+    ) -> GraphSession:
+        """Open ``model`` with the ONNX Runtime library ``ort_library`` on ``intra_op_threads`` threads (None: the
+        physical cores).
+
+        Raises:
+            ModelFileNotFoundError / SpecrtError: the file or library cannot be loaded.
+        """
+    def run(self, inputs: dict[str, npt.NDArray[np.float32]]) -> dict[str, npt.NDArray[np.float32]]:
+        """Run with float32 inputs ``{name: array}``; returns every output ``{name: float32 array}``.
+
+        Raises:
+            ShapeError: an input that is not a float32 array.
+            BackendError: ONNX Runtime's error (an unknown input, a failing kernel).
         """

@@ -223,7 +223,8 @@ def test_draft_dtype_that_cannot_apply_is_an_error_not_ignored(tiny) -> None:
     """draft_dtype picks the weights pulled for a draft model *name*: a bad value, no draft, or a folder draft (loaded
     as converted) are errors naming draft_dtype, before anything is loaded."""
     for bad in ("int3", "", 4):
-        with pytest.raises(ConfigError, match=r"draft_dtype .* is invalid \(expected one of fp32, fp16, int4, int8\)"):
+        expected = r"draft_dtype .* is invalid \(expected one of fp32, fp16, int4, int8, gguf\)"
+        with pytest.raises(ConfigError, match=expected):
             specrt.Decoder(tiny["target"], "smollm2-135m-instruct", draft_dtype=bad)
     with pytest.raises(ConfigError, match="draft_dtype 'int4' was given without a draft model"):
         specrt.Decoder(tiny["target"], draft_dtype="int4")

@@ -12,13 +12,16 @@
 //! 4. the result reduced in the fixed order of [`reduce`], plus `macc`.
 //!
 //! **K-quants** (Q4_K, Q5_K, Q6_K; activations [`crate::ActSuper`] per 256, as llama.cpp's `block_q8_K`), per
-//! super-block `s`:
-//! 1. one exact integer `S = sum_e sc(e) * c(e) * x.qs[e]` over the 256 weights, `sc(e)` the integer scale of the
-//!    sub-block `e` falls in and `c` the code after the offset (`q - 32` for Q6_K);
-//! 2. `acc[s % 2] = fma(d_w * x.d, S, acc[s % 2])` (two float32 chains);
-//! 3. the mins of Q4_K / Q5_K: `M = sum_j m_j * (sum of x.qs over sub-block j)` (exact), `macc = fma(dmin_w * x.d, M,
-//!    macc)`;
-//! 4. the result `(acc[0] + acc[1]) - macc`.
+//! super-block `s`, with `lane(e) = (e % 32) / 4` (the lane a 256-bit integer multiply-add puts element `e` in):
+//! 1. eight exact integer lanes `T[j] = sum_{lane(e) = j} sc(e) * q(e) * x.qs[e]`, `sc(e)` the integer scale of the
+//!    sub-block `e` falls in and `q` the unsigned code; for Q6_K minus its code offset
+//!    `32 * (sc16[2j] * x.sums16[2j] + sc16[2j + 1] * x.sums16[2j + 1])` (`sc16` its sixteen sub-block scales);
+//! 2. `acc[j] = fma(d_w * x.d, T[j], acc[j])`: eight float32 accumulators;
+//! 3. the mins of Q4_K / Q5_K: `M[j] = m_j * (x.sums16[2j] + x.sums16[2j + 1])` (exact),
+//!    `macc[j] = fma(dmin_w * x.d, M[j], macc[j])`;
+//! 4. the result `reduce8(acc) - reduce8(macc)` ([`reduce8`]'s fixed order).
+//!
+//! No horizontal sum inside the loop: a super-block costs each row its multiply-adds and two float32 vector steps.
 
 pub(crate) mod portable;
 #[cfg(target_arch = "x86_64")]
@@ -114,13 +117,18 @@ impl KernelPath {
     }
 }
 
-/// Step 5 of the canonical order: the sixteen accumulators and the zero-point sum to one float32.
+/// Eight float32 lanes to one, in the fixed order `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`.
 #[inline]
-pub(crate) fn reduce(acc: &[f32; 16], macc: f32) -> f32 {
-    let v: [f32; 8] = std::array::from_fn(|j| acc[j] + acc[8 + j]);
+pub(crate) fn reduce8(v: &[f32; 8]) -> f32 {
     let w = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
     let u = [w[0] + w[2], w[1] + w[3]];
-    (u[0] + u[1]) + macc
+    u[0] + u[1]
+}
+
+/// Step 4 of the 32-long formats' order: the sixteen accumulators and the zero-point sum to one float32.
+#[inline]
+pub(crate) fn reduce(acc: &[f32; 16], macc: f32) -> f32 {
+    reduce8(&std::array::from_fn(|j| acc[j] + acc[8 + j])) + macc
 }
 
 /// Dot products of weight row `row` (a 32-long type `ty`, `K = acts[r].len() * 32`) with the `R` activation rows `acts`

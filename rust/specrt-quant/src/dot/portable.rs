@@ -1,7 +1,7 @@
 //! The portable path: the canonical orders of [`super`] in plain Rust (`f32::mul_add` is a fused multiply-add on
 //! every target, in hardware or in software).
 
-use super::reduce;
+use super::{reduce, reduce8};
 use crate::acts::{ActBlock, ActSuper};
 use crate::dequant::q6k_codes;
 use crate::format::{f16_at, scales_mins_k4, GgmlType};
@@ -128,13 +128,15 @@ pub(crate) fn tile_with<const R: usize>(
     }
 }
 
-/// One 256-long super-block of a K-quant in the canonical terms: per weight its code after the offset and its
-/// integer sub-block scale; `d`, and `dmin` with the eight integer mins for Q4_K / Q5_K.
+/// One 256-long super-block of a K-quant in the canonical terms: per weight its unsigned code and its integer
+/// sub-block scale; `d`; `dmin` with the eight integer mins for Q4_K / Q5_K; Q6_K's sixteen sub-block scales (its
+/// code offset of 32).
 struct Super {
-    codes: [i8; 256],
+    codes: [u8; 256],
     scales: [i32; 256],
     d: f32,
     mins: Option<(f32, [i32; 8])>,
+    offset_scales: Option<[i32; 16]>,
 }
 
 /// The canonical terms of every super-block of `row` (a K-quant), in order.
@@ -156,7 +158,7 @@ fn supers(ty: GgmlType, row: &[u8], mutation: Mutation) -> Vec<Super> {
                     if let Some(qh) = qh {
                         q |= ((qh[l] >> j) & 1) << 4;
                     }
-                    q as i8
+                    q
                 });
                 let scales = std::array::from_fn(|e| i32::from(sc[e / 32]));
                 let mins = Some((f16_at(&blk[2..]), std::array::from_fn(|j| i32::from(mn[j]))));
@@ -165,27 +167,27 @@ fn supers(ty: GgmlType, row: &[u8], mutation: Mutation) -> Vec<Super> {
                     scales,
                     d: f16_at(blk),
                     mins,
+                    offset_scales: None,
                 }
             }
             GgmlType::Q6_K => {
-                let mut codes = [0i8; 256];
-                let mut scales = [0i32; 256];
+                let mut codes = [0u8; 256];
                 for half in 0..2 {
                     let ql = &blk[64 * half..64 * half + 64];
                     let qh = &blk[128 + 32 * half..128 + 32 * half + 32];
                     for l in 0..32 {
                         for (t, q) in q6k_codes(ql, qh, l).into_iter().enumerate() {
-                            let e = 128 * half + 32 * t + l;
-                            codes[e] = q as i8 - 32;
-                            scales[e] = i32::from(blk[192 + e / 16] as i8);
+                            codes[128 * half + 32 * t + l] = q;
                         }
                     }
                 }
+                let sc16: [i32; 16] = std::array::from_fn(|k| i32::from(blk[192 + k] as i8));
                 Super {
                     codes,
-                    scales,
+                    scales: std::array::from_fn(|e| sc16[e / 16]),
                     d: f16_at(&blk[208..]),
                     mins: None,
+                    offset_scales: Some(sc16),
                 }
             }
             _ => unreachable!("32-long formats go through tile"),
@@ -229,27 +231,33 @@ pub(crate) fn tile_k_with<const R: usize>(
     acts: [&[ActSuper]; R],
     out: &mut [f32; R],
 ) {
-    let mut acc = [[0.0f32; 2]; R];
-    let mut macc = [0.0f32; R];
+    let mut acc = [[0.0f32; 8]; R];
+    let mut macc = [[0.0f32; 8]; R];
     for (s, sup) in supers(ty, row, mutation).iter().enumerate() {
         for r in 0..R {
             let a = &acts[r][s];
-            let dot: i32 = (0..256)
-                .map(|e| sup.scales[e] * i32::from(sup.codes[e]) * i32::from(a.qs[e]))
-                .sum();
-            let slot = &mut acc[r][s % 2];
-            *slot = (sup.d * a.d).mul_add(dot as f32, *slot);
+            let mut t = [0i32; 8];
+            for e in 0..256 {
+                t[(e % 32) / 4] += sup.scales[e] * i32::from(sup.codes[e]) * i32::from(a.qs[e]);
+            }
+            let sums = |k: usize| i32::from(a.sums16[k]);
+            if let Some(sc16) = &sup.offset_scales {
+                for (j, tj) in t.iter_mut().enumerate() {
+                    *tj -= 32 * (sc16[2 * j] * sums(2 * j) + sc16[2 * j + 1] * sums(2 * j + 1));
+                }
+            }
+            for j in 0..8 {
+                acc[r][j] = (sup.d * a.d).mul_add(t[j] as f32, acc[r][j]);
+            }
             if let Some((dmin, mins)) = &sup.mins {
-                let m: i32 = (0..8)
-                    .map(|j| {
-                        mins[j] * (i32::from(a.sums16[2 * j]) + i32::from(a.sums16[2 * j + 1]))
-                    })
-                    .sum();
-                macc[r] = (dmin * a.d).mul_add(m as f32, macc[r]);
+                for j in 0..8 {
+                    let m = mins[j] * (sums(2 * j) + sums(2 * j + 1));
+                    macc[r][j] = (dmin * a.d).mul_add(m as f32, macc[r][j]);
+                }
             }
         }
     }
     for r in 0..R {
-        out[r] = (acc[r][0] + acc[r][1]) - macc[r];
+        out[r] = reduce8(&acc[r]) - reduce8(&macc[r]);
     }
 }

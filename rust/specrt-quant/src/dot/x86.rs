@@ -44,18 +44,8 @@ macro_rules! x86_path {
             use super::$lanes as lanes;
             use super::$scaled as scaled;
             use crate::acts::{ActBlock, ActSuper};
-            use crate::dot::reduce;
+            use crate::dot::{reduce, reduce8};
             use crate::format::{scales_mins_k4, GgmlType};
-
-            /// Sum of the eight int32 lanes (exact).
-            #[target_feature(enable = $features)]
-            #[inline]
-            unsafe fn hsum(v: __m256i) -> i32 {
-                let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-                let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-                let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-                _mm_cvtsi128_si32(s)
-            }
 
             /// f16 at `p` (unaligned) as f32, exact (F16C).
             #[target_feature(enable = $features)]
@@ -245,8 +235,8 @@ macro_rules! x86_path {
                 acts: [&[ActSuper]; R],
                 out: &mut [f32; R],
             ) {
-                let mut acc = [[0.0f32; 2]; R];
-                let mut macc = [0.0f32; R];
+                let mut acc = [_mm256_setzero_ps(); R];
+                let mut macc = [_mm256_setzero_ps(); R];
                 let ns = acts[0].len();
                 let p = row.as_ptr();
                 let m4 = _mm256_set1_epi8(0x0F);
@@ -263,7 +253,9 @@ macro_rules! x86_path {
                             } else {
                                 _mm256_setzero_si256()
                             };
-                            let mut isum = [_mm256_setzero_si256(); R];
+                            // two integer chains per row (even and odd sub-blocks), added at the end: exact
+                            let mut lo = [_mm256_setzero_si256(); R];
+                            let mut hi = [_mm256_setzero_si256(); R];
                             for jj in 0..4 {
                                 let q = load32(blk.add(qs + 32 * jj));
                                 let mut w_lo = _mm256_and_si256(q, m4);
@@ -285,10 +277,9 @@ macro_rules! x86_path {
                                 let s_hi = _mm256_set1_epi16(i16::from(sc[2 * jj + 1]));
                                 for r in 0..R {
                                     let x = acts[r].get_unchecked(s).qs.as_ptr().add(64 * jj);
-                                    isum[r] =
-                                        scaled(isum[r], w_lo, _mm256_load_si256(x.cast()), s_lo);
-                                    isum[r] = scaled(
-                                        isum[r],
+                                    lo[r] = scaled(lo[r], w_lo, _mm256_load_si256(x.cast()), s_lo);
+                                    hi[r] = scaled(
+                                        hi[r],
                                         w_hi,
                                         _mm256_load_si256(x.add(32).cast()),
                                         s_hi,
@@ -302,11 +293,19 @@ macro_rules! x86_path {
                             let mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
                             for r in 0..R {
                                 let a = acts[r].get_unchecked(s);
-                                let slot = &mut acc[r][s & 1];
-                                *slot = (d * a.d).mul_add(hsum(isum[r]) as f32, *slot);
+                                let t = _mm256_add_epi32(lo[r], hi[r]);
+                                acc[r] = _mm256_fmadd_ps(
+                                    _mm256_set1_ps(d * a.d),
+                                    _mm256_cvtepi32_ps(t),
+                                    acc[r],
+                                );
                                 let sums = _mm256_load_si256(a.sums16.as_ptr().cast());
-                                let m = hsum(_mm256_madd_epi16(mins16, sums));
-                                macc[r] = (dmin * a.d).mul_add(m as f32, macc[r]);
+                                let m = _mm256_madd_epi16(mins16, sums);
+                                macc[r] = _mm256_fmadd_ps(
+                                    _mm256_set1_ps(dmin * a.d),
+                                    _mm256_cvtepi32_ps(m),
+                                    macc[r],
+                                );
                             }
                         }
                     }
@@ -315,7 +314,9 @@ macro_rules! x86_path {
                         for s in 0..ns {
                             let blk = p.add(s * 210);
                             let sc = std::slice::from_raw_parts(blk.add(192), 16);
-                            let mut isum = [_mm256_setzero_si256(); R];
+                            // two integer chains per row (t even and odd), added at the end: exact
+                            let mut even = [_mm256_setzero_si256(); R];
+                            let mut odd = [_mm256_setzero_si256(); R];
                             for half in 0..2 {
                                 let ql_a = load32(blk.add(64 * half));
                                 let ql_b = load32(blk.add(64 * half + 32));
@@ -343,29 +344,39 @@ macro_rules! x86_path {
                                             .qs
                                             .as_ptr()
                                             .add(128 * half + 32 * t);
-                                        isum[r] =
-                                            scaled(isum[r], w, _mm256_load_si256(x.cast()), scale);
+                                        let x = _mm256_load_si256(x.cast());
+                                        if t % 2 == 0 {
+                                            even[r] = scaled(even[r], w, x, scale);
+                                        } else {
+                                            odd[r] = scaled(odd[r], w, x, scale);
+                                        }
                                     }
                                 }
                             }
                             let d = f16(blk.add(208));
-                            // the 16 sub-block scales as int16: lane k of a multiply-add with the activations' sums is
-                            // sc[2k] * sums16[2k] + sc[2k + 1] * sums16[2k + 1], the code offset's term over 32 values
+                            // the 16 sub-block scales as int16: lane j of a multiply-add with the activations' sums is
+                            // sc[2j] * sums16[2j] + sc[2j + 1] * sums16[2j + 1], the code offset's term over 32 values
                             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
                             for r in 0..R {
                                 let a = acts[r].get_unchecked(s);
                                 let sums = _mm256_load_si256(a.sums16.as_ptr().cast());
                                 let off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums), 5);
-                                let dot = hsum(_mm256_sub_epi32(isum[r], off));
-                                let slot = &mut acc[r][s & 1];
-                                *slot = (d * a.d).mul_add(dot as f32, *slot);
+                                let t = _mm256_sub_epi32(_mm256_add_epi32(even[r], odd[r]), off);
+                                acc[r] = _mm256_fmadd_ps(
+                                    _mm256_set1_ps(d * a.d),
+                                    _mm256_cvtepi32_ps(t),
+                                    acc[r],
+                                );
                             }
                         }
                     }
                     _ => unreachable!("32-long formats go through tile"),
                 }
                 for r in 0..R {
-                    out[r] = (acc[r][0] + acc[r][1]) - macc[r];
+                    let (mut a8, mut m8) = ([0.0f32; 8], [0.0f32; 8]);
+                    _mm256_storeu_ps(a8.as_mut_ptr(), acc[r]);
+                    _mm256_storeu_ps(m8.as_mut_ptr(), macc[r]);
+                    out[r] = reduce8(&a8) - reduce8(&m8);
                 }
             }
         }
