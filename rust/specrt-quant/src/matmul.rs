@@ -8,8 +8,13 @@
 use specrt_core::{Result, SpecError};
 
 use crate::acts::{quantize_rows, quantize_rows_super, ActBlock, ActSuper};
-use crate::dot::{tile, tile_k, KernelPath, TILE};
+use crate::dot::{group_k, tile, tile_k, KernelPath, TILE};
 use crate::format::{QMatrix, ACT_BLOCK, SUPER_BLOCK};
+use crate::packed::{Packed, GROUP};
+
+/// Activation rows per tile of the packed K-quant kernels: a verification pass of K + 1 <= 6 rows reads each
+/// weight group once.
+pub const TILE_K: usize = 6;
 
 /// Output rows per task: 16 weight rows of K = 8960 (Q4_K) are 80 KB, which stay in L2 while every tile of
 /// activation rows passes over them.
@@ -98,9 +103,40 @@ macro_rules! dispatch {
     };
 }
 
+/// The shape and path checks every entry point makes.
+fn check(k: usize, n: usize, x: &[f32], m: usize, out: &[f32], path: KernelPath) -> Result<()> {
+    if x.len() != m * k || out.len() != m * n {
+        return Err(SpecError::Shape(format!(
+            "GGUF matmul: x has {} values and out {} for M = {m}, K = {k}, N = {n} (expected {} and {})",
+            x.len(),
+            out.len(),
+            m * k,
+            m * n
+        )));
+    }
+    if !path.is_available() {
+        return Err(SpecError::Setting {
+            field: "path".into(),
+            message: format!(
+                "kernel path {:?} needs CPU features this machine lacks",
+                path.name()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Whether `path` computes type `w.ty` from a [`Packed`] matrix (the K-quants on the SIMD paths).
+#[must_use]
+pub fn wants_packed(w: &QMatrix<'_>, path: KernelPath) -> bool {
+    path != KernelPath::Portable && w.ty.block_len() == SUPER_BLOCK
+}
+
 /// `out [m, w.n] = x [m, w.k] · W^T` on `path`, with `scratch` for the quantized activations (reused across calls).
 ///
 /// Activations are quantized per 32 values for the 32-long formats and per 256 for the K-quants ([`crate::acts`]).
+/// The K-quants on a SIMD path are repacked here for this call: callers that multiply by the same matrix again
+/// keep a [`Packed`] and call [`Packed::matmul`].
 ///
 /// # Errors
 /// `SpecError::Shape` when `x` is not `m * w.k` values or `out` not `m * w.n`; `SpecError::Setting { field:
@@ -114,28 +150,12 @@ pub fn matmul(
     scratch: &mut Scratch,
     par: &dyn ParallelFor,
 ) -> Result<()> {
-    if x.len() != m * w.k || out.len() != m * w.n {
-        return Err(SpecError::Shape(format!(
-            "GGUF matmul: x has {} values and out {} for M = {m}, K = {}, N = {} (expected {} and {})",
-            x.len(),
-            out.len(),
-            w.k,
-            w.n,
-            m * w.k,
-            m * w.n
-        )));
-    }
-    if !path.is_available() {
-        return Err(SpecError::Setting {
-            field: "path".into(),
-            message: format!(
-                "kernel path {:?} needs CPU features this machine lacks",
-                path.name()
-            ),
-        });
-    }
+    check(w.k, w.n, x, m, out, path)?;
     if m == 0 {
         return Ok(());
+    }
+    if let Some(packed) = wants_packed(w, path).then(|| Packed::new(w)).flatten() {
+        return packed.matmul(x, m, out, path, scratch, par);
     }
     if w.ty.block_len() == SUPER_BLOCK {
         quantize_rows_super(x, m, w.k, &mut scratch.supers);
@@ -143,8 +163,8 @@ pub fn matmul(
         let ns = w.k / SUPER_BLOCK;
         run_tiles(w, m, out, par, &|wrow, m0, o: &mut [f32]| {
             let a = |i: usize| &acts[(m0 + i) * ns..(m0 + i + 1) * ns];
-            // SAFETY: path is available (checked above); the row and the activations have the shapes checked above.
-            unsafe { dispatch!(tile_k, path, w.ty, wrow, a, o) }
+            // the portable path (the SIMD ones went to matmul_packed above), on rows of the checked shapes
+            dispatch!(tile_k, path, w.ty, wrow, a, o);
         });
     } else {
         quantize_rows(x, m, w.k, &mut scratch.blocks);
@@ -152,11 +172,117 @@ pub fn matmul(
         let nb = w.k / ACT_BLOCK;
         run_tiles(w, m, out, par, &|wrow, m0, o: &mut [f32]| {
             let a = |i: usize| &acts[(m0 + i) * nb..(m0 + i + 1) * nb];
-            // SAFETY: as above.
+            // SAFETY: path is available (checked above); the row and the activations have the shapes checked above.
             unsafe { dispatch!(tile, path, w.ty, wrow, a, o) }
         });
     }
     Ok(())
+}
+
+impl Packed {
+    /// `out [m, n] = x [m, k] · W^T` for this packed K-quant matrix on a SIMD `path`: the same bits as [`matmul`]
+    /// on any path.
+    ///
+    /// # Errors
+    /// As [`matmul`]; `SpecError::Setting { field: "path" }` also for the portable path (which reads the GGUF's
+    /// rows).
+    pub fn matmul(
+        &self,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+        path: KernelPath,
+        scratch: &mut Scratch,
+        par: &dyn ParallelFor,
+    ) -> Result<()> {
+        let p = self;
+        check(p.k, p.n, x, m, out, path)?;
+        if path == KernelPath::Portable {
+            return Err(SpecError::Setting {
+                field: "path".into(),
+                message:
+                    "the portable path computes from the GGUF's rows (matmul), not a packed matrix"
+                        .into(),
+            });
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        quantize_rows_super(x, m, p.k, &mut scratch.supers);
+        let acts: &[ActSuper] = &scratch.supers;
+        let ns = p.supers();
+        let (n_total, groups) = (p.n, p.groups());
+        let per_task = ROWS_PER_TASK / GROUP;
+        let dst = OutPtr(out.as_mut_ptr());
+        par.run(groups.div_ceil(per_task), &|task| {
+            let mut o = [[0.0f32; GROUP]; TILE_K];
+            let mut m0 = 0;
+            while m0 < m {
+                let rows = (m - m0).min(TILE_K);
+                let a = |i: usize| &acts[(m0 + i) * ns..(m0 + i + 1) * ns];
+                for g in task * per_task..((task + 1) * per_task).min(groups) {
+                    let grp = p.group(g);
+                    // SAFETY: path is a SIMD path this CPU runs (checked above); the group and the activations have
+                    // p's shapes.
+                    unsafe {
+                        match rows {
+                            1 => group_k::<1>(
+                                path,
+                                p.ty,
+                                grp,
+                                [a(0)],
+                                (&mut o[..1]).try_into().unwrap(),
+                            ),
+                            2 => group_k::<2>(
+                                path,
+                                p.ty,
+                                grp,
+                                [a(0), a(1)],
+                                (&mut o[..2]).try_into().unwrap(),
+                            ),
+                            3 => group_k::<3>(
+                                path,
+                                p.ty,
+                                grp,
+                                [a(0), a(1), a(2)],
+                                (&mut o[..3]).try_into().unwrap(),
+                            ),
+                            4 => group_k::<4>(
+                                path,
+                                p.ty,
+                                grp,
+                                [a(0), a(1), a(2), a(3)],
+                                (&mut o[..4]).try_into().unwrap(),
+                            ),
+                            5 => group_k::<5>(
+                                path,
+                                p.ty,
+                                grp,
+                                [a(0), a(1), a(2), a(3), a(4)],
+                                (&mut o[..5]).try_into().unwrap(),
+                            ),
+                            _ => group_k::<6>(
+                                path,
+                                p.ty,
+                                grp,
+                                [a(0), a(1), a(2), a(3), a(4), a(5)],
+                                &mut o,
+                            ),
+                        }
+                    }
+                    let cols = (n_total - g * GROUP).min(GROUP);
+                    for (i, orow) in o[..rows].iter().enumerate() {
+                        for (c, v) in orow[..cols].iter().enumerate() {
+                            // SAFETY: element (m0 + i, g * GROUP + c) is inside `out` and written by this task only.
+                            unsafe { *dst.get().add((m0 + i) * n_total + g * GROUP + c) = *v };
+                        }
+                    }
+                }
+                m0 += rows;
+            }
+        });
+        Ok(())
+    }
 }
 
 /// Calls `tile(tile, wrow, m0, out)` with `out.len()` = the rows of the tile (1..=TILE) for every output column

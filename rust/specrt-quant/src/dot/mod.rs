@@ -12,16 +12,17 @@
 //! 4. the result reduced in the fixed order of [`reduce`], plus `macc`.
 //!
 //! **K-quants** (Q4_K, Q5_K, Q6_K; activations [`crate::ActSuper`] per 256, as llama.cpp's `block_q8_K`), per
-//! super-block `s`, with `lane(e) = (e % 32) / 4` (the lane a 256-bit integer multiply-add puts element `e` in):
-//! 1. eight exact integer lanes `T[j] = sum_{lane(e) = j} sc(e) * q(e) * x.qs[e]`, `sc(e)` the integer scale of the
-//!    sub-block `e` falls in and `q` the unsigned code; for Q6_K minus its code offset
-//!    `32 * (sc16[2j] * x.sums16[2j] + sc16[2j + 1] * x.sums16[2j + 1])` (`sc16` its sixteen sub-block scales);
-//! 2. `acc[j] = fma(d_w * x.d, T[j], acc[j])`: eight float32 accumulators;
-//! 3. the mins of Q4_K / Q5_K: `M[j] = m_j * (x.sums16[2j] + x.sums16[2j + 1])` (exact),
-//!    `macc[j] = fma(dmin_w * x.d, M[j], macc[j])`;
-//! 4. the result `reduce8(acc) - reduce8(macc)` ([`reduce8`]'s fixed order).
+//! super-block `s`, for each output column on its own:
+//! 1. exact integer sub-block sums `S_k = sum_{e in k} q(e) * x.qs[e]` (`q` the unsigned code; sub-blocks of 32, of 16
+//!    for Q6_K, whose code offset is removed here: `S_k -= 32 * x.sums16[k]`);
+//! 2. the exact integer `T = sum_k sc_k * S_k` (`sc_k` the sub-block's integer scale; within int32 for every format);
+//! 3. `acc = fma(d_w * x.d, T, acc)`: one float32 accumulator;
+//! 4. the mins of Q4_K / Q5_K: `M = sum_j m_j * (x.sums16[2j] + x.sums16[2j + 1])` (exact), then
+//!    `acc = fma(-(dmin_w * x.d), M, acc)`;
+//! 5. the result is `acc`.
 //!
-//! No horizontal sum inside the loop: a super-block costs each row its multiply-adds and two float32 vector steps.
+//! The SIMD paths run it on [`crate::Packed`] groups of eight columns, one column per 32-bit lane, so every step is
+//! a vertical vector operation and nothing is summed across lanes; the portable path runs it from the GGUF's rows.
 
 pub(crate) mod portable;
 #[cfg(target_arch = "x86_64")]
@@ -119,7 +120,7 @@ impl KernelPath {
 
 /// Eight float32 lanes to one, in the fixed order `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`.
 #[inline]
-pub(crate) fn reduce8(v: &[f32; 8]) -> f32 {
+fn reduce8(v: &[f32; 8]) -> f32 {
     let w = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
     let u = [w[0] + w[2], w[1] + w[3]];
     u[0] + u[1]
@@ -157,26 +158,46 @@ pub(crate) unsafe fn tile<const R: usize>(
 }
 
 /// Dot products of weight row `row` (a K-quant `ty`, `K = acts[r].len() * 256`) with the `R` activation rows `acts`
-/// into `out`, on `path`.
+/// into `out`. Only the portable path reads rows (`path` must be [`KernelPath::Portable`]); the SIMD paths compute
+/// the same bits from packed groups ([`group_k`]).
 ///
-/// # Safety
-/// `path.is_available()` must hold, `row` must hold `acts[r].len()` super-blocks of type `ty`, and every `acts[r]`
-/// must have the same length.
+/// # Panics
+/// When `row` does not hold `acts[r].len()` super-blocks of type `ty`.
 #[inline]
-pub(crate) unsafe fn tile_k<const R: usize>(
+pub(crate) fn tile_k<const R: usize>(
     path: KernelPath,
     ty: crate::GgmlType,
     row: &[u8],
     acts: [&[crate::ActSuper]; R],
     out: &mut [f32; R],
 ) {
+    debug_assert_eq!(
+        path,
+        KernelPath::Portable,
+        "the SIMD paths run packed groups"
+    );
+    portable::tile_k(ty, row, acts, out);
+}
+
+/// Dot products of one packed group of [`crate::packed::GROUP`] columns (`group`, all its super-blocks; a K-quant
+/// `ty`) with the `R` activation rows `acts` into `out[r][c]`, on a SIMD `path`.
+///
+/// # Safety
+/// `path` must be a SIMD path with `path.is_available()`, `group` one group of a [`crate::Packed`] of type `ty`
+/// with `acts[r].len()` super-blocks, and every `acts[r]` the same length.
+#[inline]
+pub(crate) unsafe fn group_k<const R: usize>(
+    path: KernelPath,
+    ty: crate::GgmlType,
+    group: &[u8],
+    acts: [&[crate::ActSuper]; R],
+    out: &mut [[f32; crate::packed::GROUP]; R],
+) {
     match path {
-        KernelPath::Portable => portable::tile_k(ty, row, acts, out),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 => unsafe { x86::avx2::tile_k(ty, row, acts, out) },
+        KernelPath::Avx2 => unsafe { x86::avx2::group_k(ty, group, acts, out) },
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni => unsafe { x86::vnni::tile_k(ty, row, acts, out) },
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => unreachable!("checked by is_available"),
+        KernelPath::Avx512Vnni => unsafe { x86::vnni::group_k(ty, group, acts, out) },
+        _ => unreachable!("the portable path runs tile_k"),
     }
 }

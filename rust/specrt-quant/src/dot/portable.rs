@@ -1,10 +1,10 @@
 //! The portable path: the canonical orders of [`super`] in plain Rust (`f32::mul_add` is a fused multiply-add on
 //! every target, in hardware or in software).
 
-use super::{reduce, reduce8};
+use super::reduce;
 use crate::acts::{ActBlock, ActSuper};
-use crate::dequant::q6k_codes;
-use crate::format::{f16_at, scales_mins_k4, GgmlType};
+use crate::format::{f16_at, GgmlType};
+use crate::ksuper::{decode, KSuper};
 
 /// A deliberate bug, for the tests that must catch one (the portable path with [`Mutation::None`] is the real one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,82 +128,24 @@ pub(crate) fn tile_with<const R: usize>(
     }
 }
 
-/// One 256-long super-block of a K-quant in the canonical terms: per weight its unsigned code and its integer
-/// sub-block scale; `d`; `dmin` with the eight integer mins for Q4_K / Q5_K; Q6_K's sixteen sub-block scales (its
-/// code offset of 32).
-struct Super {
-    codes: [u8; 256],
-    scales: [i32; 256],
-    d: f32,
-    mins: Option<(f32, [i32; 8])>,
-    offset_scales: Option<[i32; 16]>,
-}
-
-/// The canonical terms of every super-block of `row` (a K-quant), in order.
-fn supers(ty: GgmlType, row: &[u8], mutation: Mutation) -> Vec<Super> {
-    let mut out: Vec<Super> = row
+/// The decoded super-blocks of `row` (a K-quant), in order, with `mutation` applied.
+fn supers(ty: GgmlType, row: &[u8], mutation: Mutation) -> Vec<KSuper> {
+    let mut out: Vec<KSuper> = row
         .chunks_exact(ty.block_bytes())
-        .map(|blk| match ty {
-            GgmlType::Q4_K | GgmlType::Q5_K => {
-                let (sc, mn) = scales_mins_k4(&blk[4..16]);
-                let (qh, qs) = if ty == GgmlType::Q5_K {
-                    (Some(&blk[16..48]), &blk[48..176])
-                } else {
-                    (None, &blk[16..144])
-                };
-                let codes = std::array::from_fn(|e| {
-                    let (j, l) = (e / 32, e % 32);
-                    let ql = qs[32 * (j / 2) + l];
-                    let mut q = if j % 2 == 0 { ql & 0xF } else { ql >> 4 };
-                    if let Some(qh) = qh {
-                        q |= ((qh[l] >> j) & 1) << 4;
-                    }
-                    q
-                });
-                let scales = std::array::from_fn(|e| i32::from(sc[e / 32]));
-                let mins = Some((f16_at(&blk[2..]), std::array::from_fn(|j| i32::from(mn[j]))));
-                Super {
-                    codes,
-                    scales,
-                    d: f16_at(blk),
-                    mins,
-                    offset_scales: None,
-                }
-            }
-            GgmlType::Q6_K => {
-                let mut codes = [0u8; 256];
-                for half in 0..2 {
-                    let ql = &blk[64 * half..64 * half + 64];
-                    let qh = &blk[128 + 32 * half..128 + 32 * half + 32];
-                    for l in 0..32 {
-                        for (t, q) in q6k_codes(ql, qh, l).into_iter().enumerate() {
-                            codes[128 * half + 32 * t + l] = q;
-                        }
-                    }
-                }
-                let sc16: [i32; 16] = std::array::from_fn(|k| i32::from(blk[192 + k] as i8));
-                Super {
-                    codes,
-                    scales: std::array::from_fn(|e| sc16[e / 16]),
-                    d: f16_at(&blk[208..]),
-                    mins: None,
-                    offset_scales: Some(sc16),
-                }
-            }
-            _ => unreachable!("32-long formats go through tile"),
-        })
+        .map(|blk| decode(ty, blk))
         .collect();
     match mutation {
         Mutation::None => {}
         Mutation::WrongScaleIndex => {
             for s in &mut out {
-                let sc = s.scales;
-                s.scales = std::array::from_fn(|e| sc[(e + 32) % 256]);
+                let (sc, n) = (s.scales, s.sub_blocks());
+                s.scales = std::array::from_fn(|k| if k < n { sc[(k + 1) % n] } else { 0 });
             }
         }
         Mutation::DroppedTail => {
             if let Some(last) = out.last_mut() {
-                last.codes[224..].fill(0);
+                let zero = if last.has_offset() { 32 } else { 0 };
+                last.codes[224..].fill(zero);
                 if let Some((_, m)) = &mut last.mins {
                     m[7] = 0;
                 }
@@ -213,7 +155,7 @@ fn supers(ty: GgmlType, row: &[u8], mutation: Mutation) -> Vec<Super> {
     out
 }
 
-/// [`super::tile_k`] in plain Rust.
+/// [`super::tile_k`] in plain Rust, from the GGUF's rows (the SIMD paths compute from [`crate::Packed`]).
 pub(crate) fn tile_k<const R: usize>(
     ty: GgmlType,
     row: &[u8],
@@ -231,33 +173,35 @@ pub(crate) fn tile_k_with<const R: usize>(
     acts: [&[ActSuper]; R],
     out: &mut [f32; R],
 ) {
-    let mut acc = [[0.0f32; 8]; R];
-    let mut macc = [[0.0f32; 8]; R];
+    let mut acc = [0.0f32; R];
     for (s, sup) in supers(ty, row, mutation).iter().enumerate() {
+        let d = half::f16::from_bits(sup.d).to_f32();
         for r in 0..R {
             let a = &acts[r][s];
-            let mut t = [0i32; 8];
-            for e in 0..256 {
-                t[(e % 32) / 4] += sup.scales[e] * i32::from(sup.codes[e]) * i32::from(a.qs[e]);
-            }
-            let sums = |k: usize| i32::from(a.sums16[k]);
-            if let Some(sc16) = &sup.offset_scales {
-                for (j, tj) in t.iter_mut().enumerate() {
-                    *tj -= 32 * (sc16[2 * j] * sums(2 * j) + sc16[2 * j + 1] * sums(2 * j + 1));
+            let mut t = 0i32;
+            for k in 0..sup.sub_blocks() {
+                let span = k * sup.sub_len..(k + 1) * sup.sub_len;
+                let mut sk: i32 = sup.codes[span.clone()]
+                    .iter()
+                    .zip(&a.qs[span])
+                    .map(|(&q, &x)| i32::from(q) * i32::from(x))
+                    .sum();
+                if sup.has_offset() {
+                    sk -= 32 * i32::from(a.sums16[k]);
                 }
+                t += sup.scales[k] * sk;
             }
-            for j in 0..8 {
-                acc[r][j] = (sup.d * a.d).mul_add(t[j] as f32, acc[r][j]);
-            }
+            acc[r] = (d * a.d).mul_add(t as f32, acc[r]);
             if let Some((dmin, mins)) = &sup.mins {
-                for j in 0..8 {
-                    let m = mins[j] * (sums(2 * j) + sums(2 * j + 1));
-                    macc[r][j] = (dmin * a.d).mul_add(m as f32, macc[r][j]);
-                }
+                let dmin = half::f16::from_bits(*dmin).to_f32();
+                let mi: i32 = (0..8)
+                    .map(|j| {
+                        mins[j] * (i32::from(a.sums16[2 * j]) + i32::from(a.sums16[2 * j + 1]))
+                    })
+                    .sum();
+                acc[r] = (-(dmin * a.d)).mul_add(mi as f32, acc[r]);
             }
         }
     }
-    for r in 0..R {
-        out[r] = reduce8(&acc[r]) - reduce8(&macc[r]);
-    }
+    *out = acc;
 }

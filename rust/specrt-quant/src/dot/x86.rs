@@ -1,51 +1,43 @@
-//! The x86-64 paths: the canonical order of [`super`] on 256-bit registers. Both paths share the weight decoding
+//! The x86-64 paths: the canonical orders of [`super`] on 256-bit registers. Both paths share the weight decoding
 //! and the float steps; they differ only in how the exact integer lanes are formed: AVX2 multiplies bytes into
 //! int16 pairs (`vpmaddubsw`, which cannot saturate here: codes are at most 63, or |q| <= 128 for Q8_0 against
 //! |x| <= 127, so a pair stays within 2 * 128 * 127 < 32767) and adds pairs (`vpmaddwd`); AVX-512 VNNI does both
 //! in one instruction (`vpdpbusd`). The code is written once, in a macro, and compiled for each feature set.
+//!
+//! The 32-long formats run one weight row against a tile of activation rows (`tile`); the K-quants run a packed
+//! group of eight columns ([`crate::packed`]) against a tile (`group_k`): four activations broadcast to every lane,
+//! one multiply-add per four weights of eight columns, the sub-block scales as lane-wise int32 products.
 #![allow(clippy::cast_ptr_alignment)] // unaligned loads (loadu) only
 
 use core::arch::x86_64::*;
 
-/// Lanes `j` = sum of `w[4j..4j + 4] * x[4j..4j + 4]` (`w` unsigned, `x` signed bytes), AVX2.
+/// `acc` + lanes `j` = sum of `w[4j..4j + 4] * x[4j..4j + 4]` (`w` unsigned, `x` signed bytes), AVX2.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn lanes_avx2(w: __m256i, x: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+unsafe fn lanes_avx2(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    _mm256_add_epi32(
+        acc,
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)),
+    )
 }
 
-/// The same lanes with AVX-512 VNNI (`vpdpbusd` on a 256-bit register).
+/// The same lanes with AVX-512 VNNI (`vpdpbusd` on a 256-bit register, accumulating into `acc`).
 #[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn lanes_vnni(w: __m256i, x: __m256i) -> __m256i {
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
-}
-
-/// `acc + (lanes of w * x, each pair of products times the int16 scale of its position)`, AVX2: the K-quants'
-/// integer step (`vpmaddubsw` pairs stay within 2 * 63 * 127, times a scale of at most 128: exact in int32).
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn scaled_avx2(acc: __m256i, w: __m256i, x: __m256i, scale: __m256i) -> __m256i {
-    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), scale))
-}
-
-/// The same with AVX-512 VNNI (`vpdpwssd` adds the scaled pairs into `acc` in one instruction).
-#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn scaled_vnni(acc: __m256i, w: __m256i, x: __m256i, scale: __m256i) -> __m256i {
-    _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(w, x), scale)
+unsafe fn lanes_vnni(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, w, x)
 }
 
 macro_rules! x86_path {
-    ($name:ident, $features:literal, $lanes:ident, $scaled:ident) => {
+    ($name:ident, $features:literal, $lanes:ident) => {
         pub(crate) mod $name {
             use core::arch::x86_64::*;
 
             use super::$lanes as lanes;
-            use super::$scaled as scaled;
             use crate::acts::{ActBlock, ActSuper};
-            use crate::dot::{reduce, reduce8};
-            use crate::format::{scales_mins_k4, GgmlType};
+            use crate::dot::reduce;
+            use crate::format::GgmlType;
+            use crate::packed::{layout, GROUP};
 
             /// f16 at `p` (unaligned) as f32, exact (F16C).
             #[target_feature(enable = $features)]
@@ -109,7 +101,7 @@ macro_rules! x86_path {
                     if let Some(s) = sign {
                         x = _mm256_sign_epi8(x, s);
                     }
-                    let mut l = lanes(w, x);
+                    let mut l = lanes(_mm256_setzero_si256(), w, x);
                     if shift > 0 {
                         let sums = _mm256_load_si256(a.lanes.as_ptr().cast());
                         l = _mm256_sub_epi32(l, _mm256_sll_epi32(sums, _mm_cvtsi32_si128(shift)));
@@ -213,7 +205,7 @@ macro_rules! x86_path {
                         }
                     }
                     GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-                        unreachable!("K-quants go through tile_k")
+                        unreachable!("K-quants go through group_k")
                     }
                 }
                 for r in 0..R {
@@ -224,169 +216,157 @@ macro_rules! x86_path {
                 }
             }
 
-            /// [`crate::dot::tile_k`] on this path.
+            /// [`crate::dot::group_k`] on this path.
             ///
             /// # Safety
-            /// As [`crate::dot::tile_k`]; the CPU has this path's features.
+            /// As [`crate::dot::group_k`]; the CPU has this path's features.
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn tile_k<const R: usize>(
+            pub(crate) unsafe fn group_k<const R: usize>(
                 ty: GgmlType,
-                row: &[u8],
+                group: &[u8],
                 acts: [&[ActSuper]; R],
-                out: &mut [f32; R],
+                out: &mut [[f32; GROUP]; R],
             ) {
+                let lay = layout(ty).unwrap_unchecked();
                 let mut acc = [_mm256_setzero_ps(); R];
-                let mut macc = [_mm256_setzero_ps(); R];
                 let ns = acts[0].len();
-                let p = row.as_ptr();
                 let m4 = _mm256_set1_epi8(0x0F);
-                match ty {
-                    GgmlType::Q4_K | GgmlType::Q5_K => {
-                        let five = ty == GgmlType::Q5_K;
-                        let (bb, qs) = if five { (176, 48) } else { (144, 16) };
-                        for s in 0..ns {
-                            let blk = p.add(s * bb);
-                            let (sc, mn) =
-                                scales_mins_k4(std::slice::from_raw_parts(blk.add(4), 12));
-                            let qh = if five {
-                                load32(blk.add(16))
-                            } else {
-                                _mm256_setzero_si256()
-                            };
-                            // two integer chains per row (even and odd sub-blocks), added at the end: exact
-                            let mut lo = [_mm256_setzero_si256(); R];
-                            let mut hi = [_mm256_setzero_si256(); R];
-                            for jj in 0..4 {
-                                let q = load32(blk.add(qs + 32 * jj));
-                                let mut w_lo = _mm256_and_si256(q, m4);
-                                let mut w_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                                if five {
-                                    let one = _mm256_set1_epi8(1);
-                                    let b_lo = _mm256_and_si256(
-                                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * jj as i32)),
-                                        one,
-                                    );
-                                    let b_hi = _mm256_and_si256(
-                                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * jj as i32 + 1)),
-                                        one,
-                                    );
-                                    w_lo = _mm256_or_si256(w_lo, _mm256_slli_epi16(b_lo, 4));
-                                    w_hi = _mm256_or_si256(w_hi, _mm256_slli_epi16(b_hi, 4));
-                                }
-                                let s_lo = _mm256_set1_epi16(i16::from(sc[2 * jj]));
-                                let s_hi = _mm256_set1_epi16(i16::from(sc[2 * jj + 1]));
-                                for r in 0..R {
-                                    let x = acts[r].get_unchecked(s).qs.as_ptr().add(64 * jj);
-                                    lo[r] = scaled(lo[r], w_lo, _mm256_load_si256(x.cast()), s_lo);
-                                    hi[r] = scaled(
-                                        hi[r],
-                                        w_hi,
-                                        _mm256_load_si256(x.add(32).cast()),
-                                        s_hi,
-                                    );
-                                }
-                            }
-                            let (d, dmin) = (f16(blk), f16(blk.add(2)));
-                            // the mins as int16, each twice: [m0, m0, m1, m1, ..]: lane j of a multiply-add with the
-                            // activations' 16-long sums is m_j * (sum of sub-block j)
-                            let mn8 = _mm_loadl_epi64(mn.as_ptr().cast());
-                            let mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
-                            for r in 0..R {
-                                let a = acts[r].get_unchecked(s);
-                                let t = _mm256_add_epi32(lo[r], hi[r]);
-                                acc[r] = _mm256_fmadd_ps(
-                                    _mm256_set1_ps(d * a.d),
-                                    _mm256_cvtepi32_ps(t),
-                                    acc[r],
-                                );
-                                let sums = _mm256_load_si256(a.sums16.as_ptr().cast());
-                                let m = _mm256_madd_epi16(mins16, sums);
-                                macc[r] = _mm256_fmadd_ps(
-                                    _mm256_set1_ps(dmin * a.d),
-                                    _mm256_cvtepi32_ps(m),
-                                    macc[r],
-                                );
-                            }
-                        }
-                    }
-                    GgmlType::Q6_K => {
-                        let m2 = _mm256_set1_epi8(3);
-                        for s in 0..ns {
-                            let blk = p.add(s * 210);
-                            let sc = std::slice::from_raw_parts(blk.add(192), 16);
-                            // two integer chains per row (t even and odd), added at the end: exact
-                            let mut even = [_mm256_setzero_si256(); R];
-                            let mut odd = [_mm256_setzero_si256(); R];
-                            for half in 0..2 {
-                                let ql_a = load32(blk.add(64 * half));
-                                let ql_b = load32(blk.add(64 * half + 32));
-                                let qh = load32(blk.add(128 + 32 * half));
-                                for t in 0..4 {
-                                    let lo = match t {
-                                        0 => _mm256_and_si256(ql_a, m4),
-                                        1 => _mm256_and_si256(ql_b, m4),
-                                        2 => _mm256_and_si256(_mm256_srli_epi16(ql_a, 4), m4),
-                                        _ => _mm256_and_si256(_mm256_srli_epi16(ql_b, 4), m4),
-                                    };
-                                    let hi = _mm256_and_si256(
-                                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t as i32)),
-                                        m2,
-                                    );
-                                    let w = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-                                    let k = 8 * half + 2 * t;
-                                    let scale = _mm256_set_m128i(
-                                        _mm_set1_epi16(i16::from(sc[k + 1] as i8)),
-                                        _mm_set1_epi16(i16::from(sc[k] as i8)),
-                                    );
-                                    for r in 0..R {
-                                        let x = acts[r]
-                                            .get_unchecked(s)
-                                            .qs
-                                            .as_ptr()
-                                            .add(128 * half + 32 * t);
-                                        let x = _mm256_load_si256(x.cast());
-                                        if t % 2 == 0 {
-                                            even[r] = scaled(even[r], w, x, scale);
-                                        } else {
-                                            odd[r] = scaled(odd[r], w, x, scale);
+                let m30 = _mm256_set1_epi8(0x30);
+                for s in 0..ns {
+                    let p = group.as_ptr().add(s * lay.size);
+                    let codes = p.add(lay.codes);
+                    let high = p.add(lay.high);
+                    let x: [*const u8; R] =
+                        std::array::from_fn(|r| acts[r].get_unchecked(s).qs.as_ptr().cast());
+                    let mut t = [_mm256_setzero_si256(); R];
+                    for j in 0..8 {
+                        let mut lo = [_mm256_setzero_si256(); R];
+                        let mut hi = [_mm256_setzero_si256(); R];
+                        for l in 0..4 {
+                            let q = load32(codes.add(128 * j + 32 * l));
+                            let mut w_lo = _mm256_and_si256(q, m4);
+                            let mut w_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                            match ty {
+                                GgmlType::Q5_K => {
+                                    let h = load32(high.add(32 * j));
+                                    let b_lo = _mm256_and_si256(h, _mm256_set1_epi8(1 << l));
+                                    let b_hi = _mm256_and_si256(h, _mm256_set1_epi8(0x10 << l));
+                                    let (b_lo, b_hi) = match l {
+                                        0 => (_mm256_slli_epi16(b_lo, 4), b_hi),
+                                        1 => {
+                                            (_mm256_slli_epi16(b_lo, 3), _mm256_srli_epi16(b_hi, 1))
                                         }
-                                    }
+                                        2 => {
+                                            (_mm256_slli_epi16(b_lo, 2), _mm256_srli_epi16(b_hi, 2))
+                                        }
+                                        _ => {
+                                            (_mm256_slli_epi16(b_lo, 1), _mm256_srli_epi16(b_hi, 3))
+                                        }
+                                    };
+                                    // one bit per byte moved within its byte: no mask needed after the shift
+                                    w_lo = _mm256_or_si256(w_lo, b_lo);
+                                    w_hi = _mm256_or_si256(w_hi, b_hi);
                                 }
+                                GgmlType::Q6_K => {
+                                    let h_lo = load32(high.add(64 * j));
+                                    let h_hi = load32(high.add(64 * j + 32));
+                                    // bits 2l, 2l + 1 of each byte to bits 4, 5
+                                    let at45 = |h: __m256i| match l {
+                                        0 => _mm256_slli_epi16(h, 4),
+                                        1 => _mm256_slli_epi16(h, 2),
+                                        2 => h,
+                                        _ => _mm256_srli_epi16(h, 2),
+                                    };
+                                    w_lo = _mm256_or_si256(w_lo, _mm256_and_si256(at45(h_lo), m30));
+                                    w_hi = _mm256_or_si256(w_hi, _mm256_and_si256(at45(h_hi), m30));
+                                }
+                                _ => {}
                             }
-                            let d = f16(blk.add(208));
-                            // the 16 sub-block scales as int16: lane j of a multiply-add with the activations' sums is
-                            // sc[2j] * sums16[2j] + sc[2j + 1] * sums16[2j + 1], the code offset's term over 32 values
-                            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
+                            for r in 0..R {
+                                let xl = x[r].add(32 * j + 4 * l).cast::<i32>().read_unaligned();
+                                let xh =
+                                    x[r].add(32 * j + 16 + 4 * l).cast::<i32>().read_unaligned();
+                                lo[r] = lanes(lo[r], w_lo, _mm256_set1_epi32(xl));
+                                hi[r] = lanes(hi[r], w_hi, _mm256_set1_epi32(xh));
+                            }
+                        }
+                        if ty == GgmlType::Q6_K {
+                            let sc_lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                p.add(lay.scales + GROUP * 2 * j).cast(),
+                            ));
+                            let sc_hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                p.add(lay.scales + GROUP * (2 * j + 1)).cast(),
+                            ));
                             for r in 0..R {
                                 let a = acts[r].get_unchecked(s);
-                                let sums = _mm256_load_si256(a.sums16.as_ptr().cast());
-                                let off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, sums), 5);
-                                let t = _mm256_sub_epi32(_mm256_add_epi32(even[r], odd[r]), off);
-                                acc[r] = _mm256_fmadd_ps(
-                                    _mm256_set1_ps(d * a.d),
-                                    _mm256_cvtepi32_ps(t),
-                                    acc[r],
-                                );
+                                let off_lo = _mm256_set1_epi32(a.offsets16[2 * j]);
+                                let off_hi = _mm256_set1_epi32(a.offsets16[2 * j + 1]);
+                                let u = _mm256_mullo_epi32(_mm256_sub_epi32(lo[r], off_lo), sc_lo);
+                                let v = _mm256_mullo_epi32(_mm256_sub_epi32(hi[r], off_hi), sc_hi);
+                                t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(u, v));
+                            }
+                        } else {
+                            let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                p.add(lay.scales + GROUP * j).cast(),
+                            ));
+                            for r in 0..R {
+                                let sj = _mm256_add_epi32(lo[r], hi[r]);
+                                t[r] = _mm256_add_epi32(t[r], _mm256_mullo_epi32(sj, sc));
                             }
                         }
                     }
-                    _ => unreachable!("32-long formats go through tile"),
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(lay.d).cast()));
+                    if ty == GgmlType::Q6_K {
+                        for r in 0..R {
+                            let xd = _mm256_set1_ps(acts[r].get_unchecked(s).d);
+                            acc[r] = _mm256_fmadd_ps(
+                                _mm256_mul_ps(d, xd),
+                                _mm256_cvtepi32_ps(t[r]),
+                                acc[r],
+                            );
+                        }
+                    } else {
+                        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(p.add(lay.dmin).cast()));
+                        let mins: [__m256i; 4] = std::array::from_fn(|i| {
+                            _mm256_cvtepu8_epi16(_mm_loadu_si128(
+                                p.add(lay.mins + 2 * GROUP * i).cast(),
+                            ))
+                        });
+                        for r in 0..R {
+                            let a = acts[r].get_unchecked(s);
+                            let mut mi =
+                                _mm256_madd_epi16(mins[0], _mm256_set1_epi32(a.pairs32[0]));
+                            for i in 1..4 {
+                                mi = _mm256_add_epi32(
+                                    mi,
+                                    _mm256_madd_epi16(mins[i], _mm256_set1_epi32(a.pairs32[i])),
+                                );
+                            }
+                            let xd = _mm256_set1_ps(a.d);
+                            acc[r] = _mm256_fmadd_ps(
+                                _mm256_mul_ps(d, xd),
+                                _mm256_cvtepi32_ps(t[r]),
+                                acc[r],
+                            );
+                            acc[r] = _mm256_fnmadd_ps(
+                                _mm256_mul_ps(dmin, xd),
+                                _mm256_cvtepi32_ps(mi),
+                                acc[r],
+                            );
+                        }
+                    }
                 }
                 for r in 0..R {
-                    let (mut a8, mut m8) = ([0.0f32; 8], [0.0f32; 8]);
-                    _mm256_storeu_ps(a8.as_mut_ptr(), acc[r]);
-                    _mm256_storeu_ps(m8.as_mut_ptr(), macc[r]);
-                    out[r] = reduce8(&a8) - reduce8(&m8);
+                    _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
                 }
             }
         }
     };
 }
 
-x86_path!(avx2, "avx2,fma,f16c", lanes_avx2, scaled_avx2);
+x86_path!(avx2, "avx2,fma,f16c", lanes_avx2);
 x86_path!(
     vnni,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    lanes_vnni,
-    scaled_vnni
+    lanes_vnni
 );

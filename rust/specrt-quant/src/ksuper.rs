@@ -1,0 +1,95 @@
+//! One K-quant super-block (Q4_K, Q5_K, Q6_K: 256 weights) decoded into the terms the kernels compute with: an
+//! unsigned code per weight, an integer scale per sub-block, the float16 scales, the integer mins. The portable
+//! path computes from these terms and [`crate::packed`] lays them out for the SIMD paths, so both read a block one
+//! way (checked against gguf-py's dequantization by the tests).
+
+use crate::dequant::q6k_codes;
+use crate::format::{scales_mins_k4, GgmlType};
+
+/// A decoded K-quant super-block: weight `e` is `d * scales[e / sub_len] * (codes[e] - offset) - dmin * mins[e / 32]`
+/// (`offset` 32 for Q6_K, else 0; no mins for Q6_K).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KSuper {
+    /// Unsigned codes: 0..16 (Q4_K), 0..32 (Q5_K), 0..64 (Q6_K).
+    pub codes: [u8; 256],
+    /// Sub-block scales: 8 unsigned 6-bit (Q4_K / Q5_K; the last 8 entries 0), 16 signed 8-bit (Q6_K).
+    pub scales: [i32; 16],
+    /// Weights per sub-block: 32, or 16 for Q6_K.
+    pub sub_len: usize,
+    /// The float16 bits of `d`.
+    pub d: u16,
+    /// The float16 bits of `dmin` and the eight 6-bit mins (Q4_K / Q5_K).
+    pub mins: Option<(u16, [i32; 8])>,
+}
+
+impl KSuper {
+    /// Sub-blocks per super-block (8 or 16).
+    pub fn sub_blocks(&self) -> usize {
+        256 / self.sub_len
+    }
+
+    /// Whether the codes carry Q6_K's offset of 32.
+    pub fn has_offset(&self) -> bool {
+        self.mins.is_none()
+    }
+}
+
+fn f16_bits(b: &[u8]) -> u16 {
+    u16::from_le_bytes([b[0], b[1]])
+}
+
+/// Decode super-block `blk` (`ty.block_bytes()` bytes) of K-quant `ty`.
+///
+/// # Panics
+/// When `ty` is not a K-quant (callers dispatch on the type first).
+pub(crate) fn decode(ty: GgmlType, blk: &[u8]) -> KSuper {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let (sc, mn) = scales_mins_k4(&blk[4..16]);
+            let (qh, qs) = if ty == GgmlType::Q5_K {
+                (Some(&blk[16..48]), &blk[48..176])
+            } else {
+                (None, &blk[16..144])
+            };
+            let codes = std::array::from_fn(|e| {
+                let (j, l) = (e / 32, e % 32);
+                let ql = qs[32 * (j / 2) + l];
+                let mut q = if j % 2 == 0 { ql & 0xF } else { ql >> 4 };
+                if let Some(qh) = qh {
+                    q |= ((qh[l] >> j) & 1) << 4;
+                }
+                q
+            });
+            KSuper {
+                codes,
+                scales: std::array::from_fn(|j| if j < 8 { i32::from(sc[j]) } else { 0 }),
+                sub_len: 32,
+                d: f16_bits(blk),
+                mins: Some((
+                    f16_bits(&blk[2..]),
+                    std::array::from_fn(|j| i32::from(mn[j])),
+                )),
+            }
+        }
+        GgmlType::Q6_K => {
+            let mut codes = [0u8; 256];
+            for half in 0..2 {
+                let ql = &blk[64 * half..64 * half + 64];
+                let qh = &blk[128 + 32 * half..128 + 32 * half + 32];
+                for l in 0..32 {
+                    for (t, q) in q6k_codes(ql, qh, l).into_iter().enumerate() {
+                        codes[128 * half + 32 * t + l] = q;
+                    }
+                }
+            }
+            KSuper {
+                codes,
+                scales: std::array::from_fn(|k| i32::from(blk[192 + k] as i8)),
+                sub_len: 16,
+                d: f16_bits(&blk[208..]),
+                mins: None,
+            }
+        }
+        _ => panic!("{} is not a K-quant", ty.name()),
+    }
+}
