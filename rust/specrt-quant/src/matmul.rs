@@ -8,7 +8,7 @@
 use specrt_core::{Result, SpecError};
 
 use crate::acts::{quantize_rows, quantize_rows_super, ActBlock, ActSuper};
-use crate::dot::{group_k, tile, tile_k, KernelPath, TILE};
+use crate::dot::{group_k2, tile, tile_k, KernelPath, TILE};
 use crate::format::{QMatrix, ACT_BLOCK, SUPER_BLOCK};
 use crate::packed::{Packed, GROUP};
 
@@ -212,70 +212,39 @@ impl Packed {
         let acts: &[ActSuper] = &scratch.supers;
         let ns = p.supers();
         let (n_total, groups) = (p.n, p.groups());
-        let per_task = ROWS_PER_TASK / GROUP;
+        // a task = a pair of groups (ROWS_PER_TASK = 2 * GROUP columns), run together on 512-bit registers where
+        // the path has them; an odd last group is run as its own pair (its copy's results are dropped)
         let dst = OutPtr(out.as_mut_ptr());
-        par.run(groups.div_ceil(per_task), &|task| {
-            let mut o = [[0.0f32; GROUP]; TILE_K];
+        par.run(groups.div_ceil(2), &|task| {
+            let (g0, g1) = (p.group(2 * task), p.group((2 * task + 1).min(groups - 1)));
+            let mut o = [[0.0f32; 2 * GROUP]; TILE_K];
             let mut m0 = 0;
             while m0 < m {
                 let rows = (m - m0).min(TILE_K);
                 let a = |i: usize| &acts[(m0 + i) * ns..(m0 + i + 1) * ns];
-                for g in task * per_task..((task + 1) * per_task).min(groups) {
-                    let grp = p.group(g);
-                    // SAFETY: path is a SIMD path this CPU runs (checked above); the group and the activations have
-                    // p's shapes.
-                    unsafe {
-                        match rows {
-                            1 => group_k::<1>(
-                                path,
-                                p.ty,
-                                grp,
-                                [a(0)],
-                                (&mut o[..1]).try_into().unwrap(),
-                            ),
-                            2 => group_k::<2>(
-                                path,
-                                p.ty,
-                                grp,
-                                [a(0), a(1)],
-                                (&mut o[..2]).try_into().unwrap(),
-                            ),
-                            3 => group_k::<3>(
-                                path,
-                                p.ty,
-                                grp,
-                                [a(0), a(1), a(2)],
-                                (&mut o[..3]).try_into().unwrap(),
-                            ),
-                            4 => group_k::<4>(
-                                path,
-                                p.ty,
-                                grp,
-                                [a(0), a(1), a(2), a(3)],
-                                (&mut o[..4]).try_into().unwrap(),
-                            ),
-                            5 => group_k::<5>(
-                                path,
-                                p.ty,
-                                grp,
-                                [a(0), a(1), a(2), a(3), a(4)],
-                                (&mut o[..5]).try_into().unwrap(),
-                            ),
-                            _ => group_k::<6>(
-                                path,
-                                p.ty,
-                                grp,
-                                [a(0), a(1), a(2), a(3), a(4), a(5)],
-                                &mut o,
-                            ),
-                        }
-                    }
-                    let cols = (n_total - g * GROUP).min(GROUP);
-                    for (i, orow) in o[..rows].iter().enumerate() {
-                        for (c, v) in orow[..cols].iter().enumerate() {
-                            // SAFETY: element (m0 + i, g * GROUP + c) is inside `out` and written by this task only.
-                            unsafe { *dst.get().add((m0 + i) * n_total + g * GROUP + c) = *v };
-                        }
+                macro_rules! run {
+                    ($r:literal, [$($i:literal),*]) => {{
+                        let mut t = [[0.0f32; 2 * GROUP]; $r];
+                        // SAFETY: path is a SIMD path this CPU runs (checked above); the groups and the activations
+                        // have p's shapes.
+                        unsafe { group_k2::<$r>(path, p.ty, g0, g1, [$(a($i)),*], &mut t) };
+                        o[..$r].copy_from_slice(&t);
+                    }};
+                }
+                match rows {
+                    1 => run!(1, [0]),
+                    2 => run!(2, [0, 1]),
+                    3 => run!(3, [0, 1, 2]),
+                    4 => run!(4, [0, 1, 2, 3]),
+                    5 => run!(5, [0, 1, 2, 3, 4]),
+                    _ => run!(6, [0, 1, 2, 3, 4, 5]),
+                }
+                let cols = (n_total - 2 * task * GROUP).min(2 * GROUP);
+                for (i, orow) in o[..rows].iter().enumerate() {
+                    for (c, v) in orow[..cols].iter().enumerate() {
+                        // SAFETY: element (m0 + i, 2 * task * GROUP + c) is inside `out` and written by this task
+                        // only.
+                        unsafe { *dst.get().add((m0 + i) * n_total + 2 * task * GROUP + c) = *v };
                     }
                 }
                 m0 += rows;

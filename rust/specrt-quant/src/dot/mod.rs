@@ -38,7 +38,8 @@ pub enum KernelPath {
     Portable,
     /// x86-64 AVX2 + FMA + F16C (`vpmaddubsw` / `vpmaddwd` integer dots).
     Avx2,
-    /// x86-64 AVX-512 VNNI on 256-bit registers (`vpdpbusd` integer dots), plus AVX2 / FMA / F16C.
+    /// x86-64 AVX-512 VNNI (`vpdpbusd` integer dots; 256-bit registers, 512-bit for pairs of packed K-quant groups),
+    /// with AVX-512 F / BW / VL and AVX2 / FMA / F16C.
     Avx512Vnni,
 }
 
@@ -98,6 +99,7 @@ impl KernelPath {
                 Self::Avx2.is_available()
                     && std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
                     && std::arch::is_x86_feature_detected!("avx512vnni")
             }
             #[cfg(not(target_arch = "x86_64"))]
@@ -199,5 +201,37 @@ pub(crate) unsafe fn group_k<const R: usize>(
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512Vnni => unsafe { x86::vnni::group_k(ty, group, acts, out) },
         _ => unreachable!("the portable path runs tile_k"),
+    }
+}
+
+/// [`group_k`] for two packed groups at once (`g0`'s columns in `out[r][..8]`, `g1`'s in `out[r][8..]`), the same
+/// bits per column.
+///
+/// # Safety
+/// As [`group_k`] for both groups.
+#[inline]
+pub(crate) unsafe fn group_k2<const R: usize>(
+    path: KernelPath,
+    ty: crate::GgmlType,
+    g0: &[u8],
+    g1: &[u8],
+    acts: [&[crate::ActSuper]; R],
+    out: &mut [[f32; 2 * crate::packed::GROUP]; R],
+) {
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => unsafe { x86::vnni512::group_k2(ty, g0, g1, acts, out) },
+        _ => {
+            let mut a = [[0.0f32; crate::packed::GROUP]; R];
+            let mut b = [[0.0f32; crate::packed::GROUP]; R];
+            unsafe {
+                group_k(path, ty, g0, acts, &mut a);
+                group_k(path, ty, g1, acts, &mut b);
+            }
+            for r in 0..R {
+                out[r][..crate::packed::GROUP].copy_from_slice(&a[r]);
+                out[r][crate::packed::GROUP..].copy_from_slice(&b[r]);
+            }
+        }
     }
 }
