@@ -7,9 +7,10 @@
 //!   attributes `ggml_type`, `K`.
 //!
 //! `B` is the GGUF tensor's bytes as stored (the converter's dtype `gguf`), so the weights a session computes with
-//! are the GGUF's, bit for bit. A K-quant `B` (Q4_K, Q5_K, Q6_K) is repacked once, at the node's first run, into
-//! `specrt_quant::Packed` column groups (the same codes and scales, rearranged; about as many bytes again as the
-//! initializer), which the SIMD paths compute from; the copy is kept with the kernel while `B`'s buffer stays the same.
+//! are the GGUF's, bit for bit. On the SIMD paths `B` is repacked once, at the node's first run, into
+//! `specrt_quant::Packed` column groups (the same codes and scales, rearranged; as many bytes again as the
+//! initializer, 2.8% more for Q4_K / Q5_K), which the kernels compute from; the copy is kept with the kernel while
+//! `B`'s buffer stays the same.
 
 use std::sync::{Arc, Mutex};
 
@@ -144,7 +145,7 @@ impl Operator for GgufMatMul {
                 error: Mutex::new(None),
             };
             let mut scratch = specrt_quant::Scratch::default();
-            if specrt_quant::wants_packed(&w, path) {
+            if specrt_quant::wants_packed(path) {
                 let key = (blocks.as_ptr() as usize, blocks.len());
                 let packed = {
                     let mut slot = cache
@@ -153,9 +154,7 @@ impl Operator for GgufMatMul {
                     match &*slot {
                         Some((a, l, p)) if (*a, *l) == key => Arc::clone(p),
                         _ => {
-                            let p = Arc::new(Packed::new(&w).ok_or_else(|| {
-                                ort::Error::new("GgufMatMul: only K-quants are packed")
-                            })?);
+                            let p = Arc::new(Packed::new(&w));
                             *slot = Some((key.0, key.1, Arc::clone(&p)));
                             p
                         }

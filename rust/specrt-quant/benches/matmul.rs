@@ -64,7 +64,7 @@ fn bench(c: &mut Criterion) {
                     |b, &m| {
                         b.iter(|| {
                             match &packed {
-                                Some(p) if wants_packed(&w, path) => p.matmul(
+                                p if wants_packed(path) => p.matmul(
                                     black_box(&x),
                                     m,
                                     &mut out,

@@ -12,11 +12,9 @@ use crate::format::{ACT_BLOCK, SUPER_BLOCK};
 pub struct ActBlock {
     /// int8 codes, `round(x / d)` in `-127..=127`.
     pub qs: [i8; 32],
-    /// `lanes[j]` = sum of `qs[4j..4j + 4]`: the per-lane sums that remove a weight format's code offset.
-    pub lanes: [i32; 8],
     /// Scale, `max |x| / 127` (0 for an all-zero block).
     pub d: f32,
-    /// Sum of all 32 codes (the float zero points' term).
+    /// Sum of all 32 codes (the code offsets' and the float zero points' term).
     pub sum: i32,
 }
 
@@ -24,7 +22,6 @@ impl Default for ActBlock {
     fn default() -> Self {
         Self {
             qs: [0; 32],
-            lanes: [0; 8],
             d: 0.0,
             sum: 0,
         }
@@ -57,18 +54,10 @@ pub fn quantize_block(x: &[f32], blk: &mut ActBlock) {
     let d = if finite { amax / 127.0 } else { f32::NAN };
     let id = if d > 0.0 && finite { 1.0 / d } else { 0.0 };
     let mut sum = 0i32;
-    for (j, lane) in blk.lanes.iter_mut().enumerate() {
-        let mut s = 0i32;
-        for (q, v) in blk.qs[4 * j..4 * j + 4]
-            .iter_mut()
-            .zip(&x[4 * j..4 * j + 4])
-        {
-            // round half away from zero, as llama.cpp's roundf; |x * id| <= 127 (+ rounding), clamped to be sure
-            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
-            s += i32::from(*q);
-        }
-        *lane = s;
-        sum += s;
+    for (q, v) in blk.qs.iter_mut().zip(x) {
+        // round half away from zero, as llama.cpp's roundf; |x * id| <= 127 (+ rounding), clamped to be sure
+        *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+        sum += i32::from(*q);
     }
     blk.d = d;
     blk.sum = sum;

@@ -5,6 +5,7 @@
 
 use crate::dequant::q6k_codes;
 use crate::format::{scales_mins_k4, GgmlType};
+use crate::packed::block_offset;
 
 /// A decoded K-quant super-block: weight `e` is `d * scales[e / sub_len] * (codes[e] - offset) - dmin * mins[e / 32]`
 /// (`offset` 32 for Q6_K, else 0; no mins for Q6_K).
@@ -91,5 +92,59 @@ pub(crate) fn decode(ty: GgmlType, blk: &[u8]) -> KSuper {
             }
         }
         _ => panic!("{} is not a K-quant", ty.name()),
+    }
+}
+
+/// A decoded block of a 32-long format (Q4_0, Q4_1, Q5_0, Q8_0): weight `e` is `d * (codes[e] - offset) + m`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KBlock {
+    /// Unsigned codes: 0..16 (Q4_0, Q4_1), 0..32 (Q5_0), `q + 128` (Q8_0's signed `q`).
+    pub codes: [u8; 32],
+    /// The codes' offset: 8 (Q4_0), 16 (Q5_0), 128 (Q8_0), 0 (Q4_1).
+    pub offset: i32,
+    /// The float16 bits of `d`.
+    pub d: u16,
+    /// The float16 bits of Q4_1's `m`.
+    pub m: Option<u16>,
+}
+
+/// Decode block `blk` (`ty.block_bytes()` bytes) of 32-long format `ty`.
+///
+/// # Panics
+/// When `ty` is a K-quant (callers dispatch on the type first).
+pub(crate) fn decode32(ty: GgmlType, blk: &[u8]) -> KBlock {
+    let nibbles = |qs: &[u8], e: usize| if e < 16 { qs[e] & 0xF } else { qs[e - 16] >> 4 };
+    let d = f16_bits(blk);
+    match ty {
+        GgmlType::Q4_0 => KBlock {
+            codes: std::array::from_fn(|e| nibbles(&blk[2..18], e)),
+            offset: block_offset(ty),
+            d,
+            m: None,
+        },
+        GgmlType::Q4_1 => KBlock {
+            codes: std::array::from_fn(|e| nibbles(&blk[4..20], e)),
+            offset: block_offset(ty),
+            d,
+            m: Some(f16_bits(&blk[2..])),
+        },
+        GgmlType::Q5_0 => {
+            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+            KBlock {
+                codes: std::array::from_fn(|e| {
+                    nibbles(&blk[6..22], e) | ((((qh >> e) & 1) as u8) << 4)
+                }),
+                offset: block_offset(ty),
+                d,
+                m: None,
+            }
+        }
+        GgmlType::Q8_0 => KBlock {
+            codes: std::array::from_fn(|e| blk[2 + e] ^ 0x80),
+            offset: block_offset(ty),
+            d,
+            m: None,
+        },
+        _ => panic!("{} is a K-quant", ty.name()),
     }
 }

@@ -1,7 +1,7 @@
 //! specrt's quantized matmul for the CPU: `y [M, N] = x [M, K] · W^T` with `W` kept in the GGUF's own block
 //! formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), activations quantized to int8 per block of 32 (per super-block of 256 for the K-quants, as llama.cpp does).
 //!
-//! Built for speculative verification: a pass of a few rows reads each weight row once for all of them (the K-quants
+//! Built for speculative verification: a pass of a few rows reads each weight once for all of them (the SIMD paths
 //! from a [`Packed`] copy made once, whose column groups need no horizontal sums), and every
 //! output row is computed in the same order of operations whatever the pass's other rows ([`dot`]'s canonical
 //! order), so a one-token pass and a K + 1-token pass give the same row bit for bit. Portable, AVX2 and AVX-512

@@ -1,6 +1,7 @@
-//! `y [M, N] = x [M, K] · W^T` for a GGUF-block matrix `W [N, K]`: activations quantized once per pass, each
-//! weight row decoded once per tile of [`TILE`] activation rows, work split over output rows in chunks that the
-//! caller's thread pool runs.
+//! `y [M, N] = x [M, K] · W^T` for a GGUF-block matrix `W [N, K]`: activations quantized once per pass; on the SIMD
+//! paths each pair of [`Packed`] column groups decoded once per tile of [`TILE_K`] activation rows (the portable
+//! path: each weight row once per tile of [`TILE`] rows), work split over output columns in tasks that the caller's
+//! thread pool runs.
 //!
 //! Every output `y[m, n]` is computed by the same sequence of operations whatever `M`, the tile it falls in, the
 //! chunking or the thread count ([`crate::dot`]): a row's result does not depend on the pass's shape.
@@ -8,12 +9,12 @@
 use specrt_core::{Result, SpecError};
 
 use crate::acts::{quantize_rows, quantize_rows_super, ActBlock, ActSuper};
-use crate::dot::{group_k2, tile, tile_k, KernelPath, TILE};
+use crate::dot::{group_b2, group_k2, tile, tile_k, KernelPath, TILE};
 use crate::format::{QMatrix, ACT_BLOCK, SUPER_BLOCK};
 use crate::packed::{Packed, GROUP};
 
-/// Activation rows per tile of the packed K-quant kernels: a verification pass of K + 1 <= 6 rows reads each
-/// weight group once.
+/// Activation rows per tile of the packed kernels: a verification pass of K + 1 <= 6 rows reads each weight group
+/// once.
 pub const TILE_K: usize = 6;
 
 /// Output rows per task: 16 weight rows of K = 8960 (Q4_K) are 80 KB, which stay in L2 while every tile of
@@ -126,10 +127,10 @@ fn check(k: usize, n: usize, x: &[f32], m: usize, out: &[f32], path: KernelPath)
     Ok(())
 }
 
-/// Whether `path` computes type `w.ty` from a [`Packed`] matrix (the K-quants on the SIMD paths).
+/// Whether `path` computes from a [`Packed`] matrix (the SIMD paths do; the portable one reads the GGUF's rows).
 #[must_use]
-pub fn wants_packed(w: &QMatrix<'_>, path: KernelPath) -> bool {
-    path != KernelPath::Portable && w.ty.block_len() == SUPER_BLOCK
+pub fn wants_packed(path: KernelPath) -> bool {
+    path != KernelPath::Portable
 }
 
 /// `out [m, w.n] = x [m, w.k] · W^T` on `path`, with `scratch` for the quantized activations (reused across calls).
@@ -154,8 +155,8 @@ pub fn matmul(
     if m == 0 {
         return Ok(());
     }
-    if let Some(packed) = wants_packed(w, path).then(|| Packed::new(w)).flatten() {
-        return packed.matmul(x, m, out, path, scratch, par);
+    if wants_packed(path) {
+        return Packed::new(w).matmul(x, m, out, path, scratch, par);
     }
     if w.ty.block_len() == SUPER_BLOCK {
         quantize_rows_super(x, m, w.k, &mut scratch.supers);
@@ -172,16 +173,44 @@ pub fn matmul(
         let nb = w.k / ACT_BLOCK;
         run_tiles(w, m, out, par, &|wrow, m0, o: &mut [f32]| {
             let a = |i: usize| &acts[(m0 + i) * nb..(m0 + i + 1) * nb];
-            // SAFETY: path is available (checked above); the row and the activations have the shapes checked above.
-            unsafe { dispatch!(tile, path, w.ty, wrow, a, o) }
+            // the portable path (the SIMD ones went to Packed::matmul above), on rows of the checked shapes
+            dispatch!(tile, path, w.ty, wrow, a, o);
         });
     }
     Ok(())
 }
 
+/// One call of a pair kernel `$f::<$r>` on activation rows `$a($i)`, copied into `$o[..$r]`.
+macro_rules! pair_call {
+    ($f:ident, $r:literal, [$($i:literal),*], $path:expr, $ty:expr, $g0:expr, $g1:expr, $a:expr, $o:expr) => {{
+        let mut t = [[0.0f32; 2 * GROUP]; $r];
+        // SAFETY: the caller checked that path is a SIMD path this CPU runs; the groups and the activations have
+        // the packed matrix's shapes.
+        unsafe { $f::<$r>($path, $ty, $g0, $g1, [$($a($i)),*], &mut t) };
+        $o[..$r].copy_from_slice(&t);
+    }};
+}
+
+/// Calls the pair kernel `$f::<R>` with `R` = `$rows` (1..=TILE_K) activation rows.
+macro_rules! pairs {
+    ($f:ident, $rows:expr, $($rest:expr),*) => {
+        match $rows {
+            1 => pair_call!($f, 1, [0], $($rest),*),
+            2 => pair_call!($f, 2, [0, 1], $($rest),*),
+            3 => pair_call!($f, 3, [0, 1, 2], $($rest),*),
+            4 => pair_call!($f, 4, [0, 1, 2, 3], $($rest),*),
+            5 => pair_call!($f, 5, [0, 1, 2, 3, 4], $($rest),*),
+            _ => pair_call!($f, 6, [0, 1, 2, 3, 4, 5], $($rest),*),
+        }
+    };
+}
+
+/// One pair kernel call: `(g0, g1, first activation row, rows, out)`.
+type PairFn<'a> = dyn Fn(&[u8], &[u8], usize, usize, &mut [[f32; 2 * GROUP]; TILE_K]) + Sync + 'a;
+
 impl Packed {
-    /// `out [m, n] = x [m, k] · W^T` for this packed K-quant matrix on a SIMD `path`: the same bits as [`matmul`]
-    /// on any path.
+    /// `out [m, n] = x [m, k] · W^T` for this packed matrix on a SIMD `path`: the same bits as [`matmul`] on any
+    /// path.
     ///
     /// # Errors
     /// As [`matmul`]; `SpecError::Setting { field: "path" }` also for the portable path (which reads the GGUF's
@@ -195,8 +224,7 @@ impl Packed {
         scratch: &mut Scratch,
         par: &dyn ParallelFor,
     ) -> Result<()> {
-        let p = self;
-        check(p.k, p.n, x, m, out, path)?;
+        check(self.k, self.n, x, m, out, path)?;
         if path == KernelPath::Portable {
             return Err(SpecError::Setting {
                 field: "path".into(),
@@ -208,37 +236,42 @@ impl Packed {
         if m == 0 {
             return Ok(());
         }
-        quantize_rows_super(x, m, p.k, &mut scratch.supers);
-        let acts: &[ActSuper] = &scratch.supers;
-        let ns = p.supers();
-        let (n_total, groups) = (p.n, p.groups());
-        // a task = a pair of groups (ROWS_PER_TASK = 2 * GROUP columns), run together on 512-bit registers where
-        // the path has them; an odd last group is run as its own pair (its copy's results are dropped)
+        let nb = self.blocks();
+        let ty = self.ty;
+        if ty.block_len() == SUPER_BLOCK {
+            quantize_rows_super(x, m, self.k, &mut scratch.supers);
+            let acts: &[ActSuper] = &scratch.supers;
+            self.run_pairs(m, out, par, &|g0, g1, m0, rows, o| {
+                let a = |i: usize| &acts[(m0 + i) * nb..(m0 + i + 1) * nb];
+                pairs!(group_k2, rows, path, ty, g0, g1, a, o);
+            });
+        } else {
+            quantize_rows(x, m, self.k, &mut scratch.blocks);
+            let acts: &[ActBlock] = &scratch.blocks;
+            self.run_pairs(m, out, par, &|g0, g1, m0, rows, o| {
+                let a = |i: usize| &acts[(m0 + i) * nb..(m0 + i + 1) * nb];
+                pairs!(group_b2, rows, path, ty, g0, g1, a, o);
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `kernel` over every pair of groups (a task: ROWS_PER_TASK = 2 * GROUP columns, run together on 512-bit
+    /// registers where the path has them; an odd last group runs as its own pair, its copy's results dropped) and
+    /// tile of up to TILE_K activation rows, and writes the results into `out`.
+    fn run_pairs(&self, m: usize, out: &mut [f32], par: &dyn ParallelFor, kernel: &PairFn<'_>) {
+        let (n_total, groups) = (self.n, self.groups());
         let dst = OutPtr(out.as_mut_ptr());
         par.run(groups.div_ceil(2), &|task| {
-            let (g0, g1) = (p.group(2 * task), p.group((2 * task + 1).min(groups - 1)));
+            let (g0, g1) = (
+                self.group(2 * task),
+                self.group((2 * task + 1).min(groups - 1)),
+            );
             let mut o = [[0.0f32; 2 * GROUP]; TILE_K];
             let mut m0 = 0;
             while m0 < m {
                 let rows = (m - m0).min(TILE_K);
-                let a = |i: usize| &acts[(m0 + i) * ns..(m0 + i + 1) * ns];
-                macro_rules! run {
-                    ($r:literal, [$($i:literal),*]) => {{
-                        let mut t = [[0.0f32; 2 * GROUP]; $r];
-                        // SAFETY: path is a SIMD path this CPU runs (checked above); the groups and the activations
-                        // have p's shapes.
-                        unsafe { group_k2::<$r>(path, p.ty, g0, g1, [$(a($i)),*], &mut t) };
-                        o[..$r].copy_from_slice(&t);
-                    }};
-                }
-                match rows {
-                    1 => run!(1, [0]),
-                    2 => run!(2, [0, 1]),
-                    3 => run!(3, [0, 1, 2]),
-                    4 => run!(4, [0, 1, 2, 3]),
-                    5 => run!(5, [0, 1, 2, 3, 4]),
-                    _ => run!(6, [0, 1, 2, 3, 4, 5]),
-                }
+                kernel(g0, g1, m0, rows, &mut o);
                 let cols = (n_total - 2 * task * GROUP).min(2 * GROUP);
                 for (i, orow) in o[..rows].iter().enumerate() {
                     for (c, v) in orow[..cols].iter().enumerate() {
@@ -250,7 +283,6 @@ impl Packed {
                 m0 += rows;
             }
         });
-        Ok(())
     }
 }
 

@@ -1,15 +1,15 @@
-//! The dot products of one weight row with up to [`TILE`] activation rows, in canonical orders of operations that
+//! The dot products of weight columns with activation rows, in canonical orders of operations that
 //! every path (portable, AVX2, AVX-512 VNNI) follows exactly, so their results agree bit for bit and an output never
 //! depends on the pass's other rows. Integer sums are exact whatever order a path adds them in; the float steps are
 //! fixed here.
 //!
-//! **32-long formats** (Q4_0, Q4_1, Q5_0, Q8_0; activations [`crate::ActBlock`] per 32), per block `b`:
-//! 1. integer lanes `L[j] = sum_{e in 4j..4j+4} c[e] * x.qs[e]`, `j` in 0..8, `c` the weight codes after the format's
-//!    offset (`q - 8` for Q4_0, `q - 16` for Q5_0, `q` otherwise);
-//! 2. `acc[(b % 2) * 8 + j] = fma(d_w * x.d, L[j], acc[...])`: sixteen float32 accumulators, even blocks in the first
-//!    eight, odd blocks in the last eight;
-//! 3. Q4_1's zero point: `macc = fma(m_w * x.d, x.sum, macc)` in block order;
-//! 4. the result reduced in the fixed order of [`reduce`], plus `macc`.
+//! **32-long formats** (Q4_0, Q4_1, Q5_0, Q8_0; activations [`crate::ActBlock`] per 32), per block `b`, for each
+//! output column on its own:
+//! 1. the exact integer `S = sum_e c[e] * x.qs[e]`, `c` the weight codes after the format's offset (`q - 8` for
+//!    Q4_0, `q - 16` for Q5_0, `q` otherwise);
+//! 2. `acc = fma(d_w * x.d, S, acc)`: one float32 accumulator;
+//! 3. Q4_1's zero point: `acc = fma(m_w * x.d, x.sum, acc)`;
+//! 4. the result is `acc`.
 //!
 //! **K-quants** (Q4_K, Q5_K, Q6_K; activations [`crate::ActSuper`] per 256, as llama.cpp's `block_q8_K`), per
 //! super-block `s`, for each output column on its own:
@@ -28,7 +28,7 @@ pub(crate) mod portable;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
-/// Activation rows computed together against one weight row (the weight row is decoded once per tile).
+/// Activation rows the portable path computes together against one weight row (decoded once per tile).
 pub const TILE: usize = 4;
 
 /// Which implementation of the dot products runs.
@@ -120,43 +120,26 @@ impl KernelPath {
     }
 }
 
-/// Eight float32 lanes to one, in the fixed order `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`.
-#[inline]
-fn reduce8(v: &[f32; 8]) -> f32 {
-    let w = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
-    let u = [w[0] + w[2], w[1] + w[3]];
-    u[0] + u[1]
-}
-
-/// Step 4 of the 32-long formats' order: the sixteen accumulators and the zero-point sum to one float32.
-#[inline]
-pub(crate) fn reduce(acc: &[f32; 16], macc: f32) -> f32 {
-    reduce8(&std::array::from_fn(|j| acc[j] + acc[8 + j])) + macc
-}
-
-/// Dot products of weight row `row` (a 32-long type `ty`, `K = acts[r].len() * 32`) with the `R` activation rows `acts`
-/// into `out`, on `path`.
+/// Dot products of weight row `row` (a 32-long `ty`, `K = acts[r].len() * 32`) with the `R` activation rows `acts`
+/// into `out`. Only the portable path reads rows (`path` must be [`KernelPath::Portable`]); the SIMD paths compute
+/// the same bits from packed groups ([`group_b2`]).
 ///
-/// # Safety
-/// `path.is_available()` must hold, `row` must hold `acts[r].len() * 32 / ty.block_len()` blocks of type `ty`, and
-/// every `acts[r]` must have the same length, a multiple of `ty.block_len() / 32`.
+/// # Panics
+/// When `row` does not hold `acts[r].len()` blocks of type `ty`.
 #[inline]
-pub(crate) unsafe fn tile<const R: usize>(
+pub(crate) fn tile<const R: usize>(
     path: KernelPath,
     ty: crate::GgmlType,
     row: &[u8],
     acts: [&[crate::ActBlock]; R],
     out: &mut [f32; R],
 ) {
-    match path {
-        KernelPath::Portable => portable::tile(ty, row, acts, out),
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 => unsafe { x86::avx2::tile(ty, row, acts, out) },
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni => unsafe { x86::vnni::tile(ty, row, acts, out) },
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => unreachable!("checked by is_available"),
-    }
+    debug_assert_eq!(
+        path,
+        KernelPath::Portable,
+        "the SIMD paths run packed groups"
+    );
+    portable::tile(ty, row, acts, out);
 }
 
 /// Dot products of weight row `row` (a K-quant `ty`, `K = acts[r].len() * 256`) with the `R` activation rows `acts`
@@ -227,6 +210,61 @@ pub(crate) unsafe fn group_k2<const R: usize>(
             unsafe {
                 group_k(path, ty, g0, acts, &mut a);
                 group_k(path, ty, g1, acts, &mut b);
+            }
+            for r in 0..R {
+                out[r][..crate::packed::GROUP].copy_from_slice(&a[r]);
+                out[r][crate::packed::GROUP..].copy_from_slice(&b[r]);
+            }
+        }
+    }
+}
+
+/// Dot products of one packed group (a 32-long `ty`) with the `R` activation rows `acts` into `out[r][c]`, on a SIMD
+/// `path` (256-bit registers).
+///
+/// # Safety
+/// `path` must be a SIMD path with `path.is_available()`, `group` one group of a [`crate::Packed`] of type `ty`
+/// with `acts[r].len()` blocks, and every `acts[r]` the same length.
+#[inline]
+pub(crate) unsafe fn group_b<const R: usize>(
+    path: KernelPath,
+    ty: crate::GgmlType,
+    group: &[u8],
+    acts: [&[crate::ActBlock]; R],
+    out: &mut [[f32; crate::packed::GROUP]; R],
+) {
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => unsafe { x86::avx2::group_b(ty, group, acts, out) },
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => unsafe { x86::vnni::group_b(ty, group, acts, out) },
+        _ => unreachable!("the portable path runs tile"),
+    }
+}
+
+/// [`group_b`] for two packed groups at once (`g0`'s columns in `out[r][..8]`, `g1`'s in `out[r][8..]`), the same
+/// bits per column.
+///
+/// # Safety
+/// As [`group_b`] for both groups.
+#[inline]
+pub(crate) unsafe fn group_b2<const R: usize>(
+    path: KernelPath,
+    ty: crate::GgmlType,
+    g0: &[u8],
+    g1: &[u8],
+    acts: [&[crate::ActBlock]; R],
+    out: &mut [[f32; 2 * crate::packed::GROUP]; R],
+) {
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => unsafe { x86::vnni512::group_b2(ty, g0, g1, acts, out) },
+        _ => {
+            let mut a = [[0.0f32; crate::packed::GROUP]; R];
+            let mut b = [[0.0f32; crate::packed::GROUP]; R];
+            unsafe {
+                group_b(path, ty, g0, acts, &mut a);
+                group_b(path, ty, g1, acts, &mut b);
             }
             for r in 0..R {
                 out[r][..crate::packed::GROUP].copy_from_slice(&a[r]);

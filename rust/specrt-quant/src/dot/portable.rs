@@ -1,10 +1,9 @@
 //! The portable path: the canonical orders of [`super`] in plain Rust (`f32::mul_add` is a fused multiply-add on
 //! every target, in hardware or in software).
 
-use super::reduce;
 use crate::acts::{ActBlock, ActSuper};
-use crate::format::{f16_at, GgmlType};
-use crate::ksuper::{decode, KSuper};
+use crate::format::GgmlType;
+use crate::ksuper::{decode, decode32, KSuper};
 
 /// A deliberate bug, for the tests that must catch one (the portable path with [`Mutation::None`] is the real one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,41 +30,11 @@ fn blocks(ty: GgmlType, row: &[u8], mutation: Mutation) -> Vec<Block> {
     let mut out: Vec<Block> = row
         .chunks_exact(ty.block_bytes())
         .map(|blk| {
-            let d = f16_at(blk);
-            match ty {
-                GgmlType::Q4_0 | GgmlType::Q4_1 => {
-                    let (qs, mw, off) = if ty == GgmlType::Q4_0 {
-                        (&blk[2..18], None, 8)
-                    } else {
-                        (&blk[4..20], Some(f16_at(&blk[2..])), 0)
-                    };
-                    let codes = std::array::from_fn(|e| {
-                        let q = if e < 16 { qs[e] & 0xF } else { qs[e - 16] >> 4 };
-                        q as i8 - off
-                    });
-                    Block { codes, ws: d, mw }
-                }
-                GgmlType::Q5_0 => {
-                    let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                    let qs = &blk[6..22];
-                    let codes = std::array::from_fn(|e| {
-                        let lo = if e < 16 { qs[e] & 0xF } else { qs[e - 16] >> 4 };
-                        (lo | ((((qh >> e) & 1) as u8) << 4)) as i8 - 16
-                    });
-                    Block {
-                        codes,
-                        ws: d,
-                        mw: None,
-                    }
-                }
-                GgmlType::Q8_0 => Block {
-                    codes: std::array::from_fn(|e| blk[2 + e] as i8),
-                    ws: d,
-                    mw: None,
-                },
-                GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-                    unreachable!("K-quants go through tile_k")
-                }
+            let k = decode32(ty, blk);
+            Block {
+                codes: k.codes.map(|c| (i32::from(c) - k.offset) as i8),
+                ws: half::f16::from_bits(k.d).to_f32(),
+                mw: k.m.map(|m| half::f16::from_bits(m).to_f32()),
             }
         })
         .collect();
@@ -105,27 +74,23 @@ pub(crate) fn tile_with<const R: usize>(
     acts: [&[ActBlock]; R],
     out: &mut [f32; R],
 ) {
-    let mut acc = [[0.0f32; 16]; R];
-    let mut macc = [0.0f32; R];
+    let mut acc = [0.0f32; R];
     for (b, blk) in blocks(ty, row, mutation).iter().enumerate() {
         for r in 0..R {
             let a = &acts[r][b];
-            for j in 0..8 {
-                let lane: i32 = (4 * j..4 * j + 4)
-                    .map(|e| i32::from(blk.codes[e]) * i32::from(a.qs[e]))
-                    .sum();
-                let s = blk.ws * a.d;
-                let slot = &mut acc[r][(b % 2) * 8 + j];
-                *slot = s.mul_add(lane as f32, *slot);
-            }
+            let s: i32 = blk
+                .codes
+                .iter()
+                .zip(&a.qs)
+                .map(|(&c, &x)| i32::from(c) * i32::from(x))
+                .sum();
+            acc[r] = (blk.ws * a.d).mul_add(s as f32, acc[r]);
             if let Some(mw) = blk.mw {
-                macc[r] = (mw * a.d).mul_add(a.sum as f32, macc[r]);
+                acc[r] = (mw * a.d).mul_add(a.sum as f32, acc[r]);
             }
         }
     }
-    for r in 0..R {
-        out[r] = reduce(&acc[r], macc[r]);
-    }
+    *out = acc;
 }
 
 /// The decoded super-blocks of `row` (a K-quant), in order, with `mutation` applied.

@@ -35,17 +35,8 @@ macro_rules! x86_path {
 
             use super::$lanes as lanes;
             use crate::acts::{ActBlock, ActSuper};
-            use crate::dot::reduce;
             use crate::format::GgmlType;
-            use crate::packed::{layout, GROUP};
-
-            /// f16 at `p` (unaligned) as f32, exact (F16C).
-            #[target_feature(enable = $features)]
-            #[inline]
-            unsafe fn f16(p: *const u8) -> f32 {
-                let h = u16::from_le_bytes([*p, *p.add(1)]);
-                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
-            }
+            use crate::packed::{block_offset, layout, GROUP};
 
             /// 32 bytes from `p`, unaligned.
             #[target_feature(enable = $features)]
@@ -54,165 +45,106 @@ macro_rules! x86_path {
                 _mm256_loadu_si256(p.cast())
             }
 
-            /// 16 packed nibbles at `p` -> 32 codes: low nibbles are elements 0..16, high nibbles 16..32.
-            #[target_feature(enable = $features)]
-            #[inline]
-            unsafe fn nibbles16(p: *const u8) -> __m256i {
-                let q = _mm_loadu_si128(p.cast());
-                let m = _mm_set1_epi8(0x0F);
-                _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m))
-            }
-
-            /// Byte `i` = 0xFF where bit `i` of `bits` is set, else 0.
-            #[target_feature(enable = $features)]
-            #[inline]
-            unsafe fn bytes_from_bits(bits: u32) -> __m256i {
-                let shuffle = _mm256_setr_epi64x(
-                    0x0000_0000_0000_0000,
-                    0x0101_0101_0101_0101,
-                    0x0202_0202_0202_0202,
-                    0x0303_0303_0303_0303,
-                );
-                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuffle);
-                let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
-                _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi64x(-1))
-            }
-
-            /// Steps 1-4 for block `b` of the `R` rows: codes `w` (unsigned; `sign` = the signed weights for Q8_0,
-            /// whose sign moves onto the activations), code offset `1 << shift` (`shift` 0 = none), lane weight
-            /// scales `ws`, zero-point weight `mw`.
-            #[target_feature(enable = $features)]
-            #[inline]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn step<const R: usize>(
-                acc: &mut [[__m256; 2]; R],
-                macc: &mut [f32; R],
-                acts: &[&[ActBlock]; R],
-                b: usize,
-                w: __m256i,
-                sign: Option<__m256i>,
-                shift: i32,
-                ws: __m256,
-                mw: Option<f32>,
-            ) {
-                for r in 0..R {
-                    let a = acts[r].get_unchecked(b);
-                    let mut x = _mm256_load_si256(a.qs.as_ptr().cast());
-                    if let Some(s) = sign {
-                        x = _mm256_sign_epi8(x, s);
-                    }
-                    let mut l = lanes(_mm256_setzero_si256(), w, x);
-                    if shift > 0 {
-                        let sums = _mm256_load_si256(a.lanes.as_ptr().cast());
-                        l = _mm256_sub_epi32(l, _mm256_sll_epi32(sums, _mm_cvtsi32_si128(shift)));
-                    }
-                    let s = _mm256_mul_ps(ws, _mm256_set1_ps(a.d));
-                    let slot = &mut acc[r][b & 1];
-                    *slot = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(l), *slot);
-                    if let Some(mw) = mw {
-                        macc[r] = (mw * a.d).mul_add(a.sum as f32, macc[r]);
-                    }
-                }
-            }
-
-            /// [`crate::dot::tile`] on this path.
+            /// [`crate::dot::group_b`] on this path.
             ///
             /// # Safety
-            /// As [`crate::dot::tile`]; the CPU has this path's features.
+            /// As [`crate::dot::group_b`]; the CPU has this path's features.
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn tile<const R: usize>(
+            pub(crate) unsafe fn group_b<const R: usize>(
                 ty: GgmlType,
-                row: &[u8],
+                group: &[u8],
                 acts: [&[ActBlock]; R],
-                out: &mut [f32; R],
+                out: &mut [[f32; GROUP]; R],
             ) {
-                let mut acc = [[_mm256_setzero_ps(); 2]; R];
-                let mut macc = [0.0f32; R];
-                let nb = acts[0].len();
-                let p = row.as_ptr();
-                match ty {
-                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
-                        let (bb, qs, shift) = if ty == GgmlType::Q4_0 {
-                            (18, 2, 3)
-                        } else {
-                            (20, 4, 0)
-                        };
-                        for b in 0..nb {
-                            let blk = p.add(b * bb);
-                            let d = f16(blk);
-                            let mw = if ty == GgmlType::Q4_1 {
-                                Some(f16(blk.add(2)))
-                            } else {
-                                None
-                            };
-                            let w = nibbles16(blk.add(qs));
-                            step(
-                                &mut acc,
-                                &mut macc,
-                                &acts,
-                                b,
-                                w,
-                                None,
-                                shift,
-                                _mm256_set1_ps(d),
-                                mw,
-                            );
+                let lay = layout(ty);
+                // Q8_0's sums here are of the signed codes already
+                let offset = if ty == GgmlType::Q8_0 {
+                    0
+                } else {
+                    block_offset(ty)
+                };
+                let mut acc = [_mm256_setzero_ps(); R];
+                let m4 = _mm256_set1_epi8(0x0F);
+                for b in 0..acts[0].len() {
+                    let p = group.as_ptr().add(b * lay.size);
+                    let codes = p.add(lay.codes);
+                    let x: [*const u8; R] =
+                        std::array::from_fn(|r| acts[r].get_unchecked(b).qs.as_ptr().cast());
+                    let mut lo = [_mm256_setzero_si256(); R];
+                    let mut hi = [_mm256_setzero_si256(); R];
+                    if ty == GgmlType::Q8_0 {
+                        // the signed codes back (stored + 128), their magnitudes against the activations with their
+                        // signs: vpmaddubsw pairs stay within 2 * 128 * 127 (unsigned codes up to 255 could saturate)
+                        let flip = _mm256_set1_epi8(i8::MIN);
+                        for i in 0..4 {
+                            let q_a = _mm256_xor_si256(load32(codes.add(64 * i)), flip);
+                            let q_b = _mm256_xor_si256(load32(codes.add(64 * i + 32)), flip);
+                            let (w_a, w_b) = (_mm256_abs_epi8(q_a), _mm256_abs_epi8(q_b));
+                            for r in 0..R {
+                                let xa = x[r].add(8 * i).cast::<i32>().read_unaligned();
+                                let xb = x[r].add(8 * i + 4).cast::<i32>().read_unaligned();
+                                let xa = _mm256_sign_epi8(_mm256_set1_epi32(xa), q_a);
+                                let xb = _mm256_sign_epi8(_mm256_set1_epi32(xb), q_b);
+                                lo[r] = lanes(lo[r], w_a, xa);
+                                hi[r] = lanes(hi[r], w_b, xb);
+                            }
+                        }
+                    } else {
+                        for l in 0..4 {
+                            let q = load32(codes.add(32 * l));
+                            let mut w_lo = _mm256_and_si256(q, m4);
+                            let mut w_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                            if ty == GgmlType::Q5_0 {
+                                let (b_lo, b_hi) = fifth_bits(load32(p.add(lay.high)), l);
+                                w_lo = _mm256_or_si256(w_lo, b_lo);
+                                w_hi = _mm256_or_si256(w_hi, b_hi);
+                            }
+                            for r in 0..R {
+                                let xl = x[r].add(4 * l).cast::<i32>().read_unaligned();
+                                let xh = x[r].add(16 + 4 * l).cast::<i32>().read_unaligned();
+                                lo[r] = lanes(lo[r], w_lo, _mm256_set1_epi32(xl));
+                                hi[r] = lanes(hi[r], w_hi, _mm256_set1_epi32(xh));
+                            }
                         }
                     }
-                    GgmlType::Q5_0 => {
-                        for b in 0..nb {
-                            let blk = p.add(b * 22);
-                            let d = f16(blk);
-                            let qh = u32::from_le_bytes([
-                                *blk.add(2),
-                                *blk.add(3),
-                                *blk.add(4),
-                                *blk.add(5),
-                            ]);
-                            let high =
-                                _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
-                            let w = _mm256_or_si256(nibbles16(blk.add(6)), high);
-                            step(
-                                &mut acc,
-                                &mut macc,
-                                &acts,
-                                b,
-                                w,
-                                None,
-                                4,
-                                _mm256_set1_ps(d),
-                                None,
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(lay.d).cast()));
+                    for r in 0..R {
+                        let a = acts[r].get_unchecked(b);
+                        let mut sum = _mm256_add_epi32(lo[r], hi[r]);
+                        if offset != 0 {
+                            sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(offset * a.sum));
+                        }
+                        let xd = _mm256_set1_ps(a.d);
+                        acc[r] =
+                            _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sum), acc[r]);
+                        if ty == GgmlType::Q4_1 {
+                            let m = _mm256_cvtph_ps(_mm_loadu_si128(p.add(lay.dmin).cast()));
+                            acc[r] = _mm256_fmadd_ps(
+                                _mm256_mul_ps(m, xd),
+                                _mm256_set1_ps(a.sum as f32),
+                                acc[r],
                             );
                         }
-                    }
-                    GgmlType::Q8_0 => {
-                        for b in 0..nb {
-                            let blk = p.add(b * 34);
-                            let d = f16(blk);
-                            let q = load32(blk.add(2));
-                            let w = _mm256_abs_epi8(q);
-                            step(
-                                &mut acc,
-                                &mut macc,
-                                &acts,
-                                b,
-                                w,
-                                Some(q),
-                                0,
-                                _mm256_set1_ps(d),
-                                None,
-                            );
-                        }
-                    }
-                    GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-                        unreachable!("K-quants go through group_k")
                     }
                 }
                 for r in 0..R {
-                    let mut lanes16 = [0.0f32; 16];
-                    _mm256_storeu_ps(lanes16.as_mut_ptr(), acc[r][0]);
-                    _mm256_storeu_ps(lanes16.as_mut_ptr().add(8), acc[r][1]);
-                    out[r] = reduce(&lanes16, macc[r]);
+                    _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
+                }
+            }
+
+            /// Bit 4 of the codes of step `l` (low nibbles) and `l + 4` (high nibbles) from a fifth-bit plane `h`
+            /// (byte `4c + t`: bit `l`, bit `4 + l`), each at bit 4 of its byte.
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn fifth_bits(h: __m256i, l: usize) -> (__m256i, __m256i) {
+                let b_lo = _mm256_and_si256(h, _mm256_set1_epi8(1 << l));
+                let b_hi = _mm256_and_si256(h, _mm256_set1_epi8(0x10 << l));
+                // one bit per byte moved within its byte: no mask needed after the shift
+                match l {
+                    0 => (_mm256_slli_epi16(b_lo, 4), b_hi),
+                    1 => (_mm256_slli_epi16(b_lo, 3), _mm256_srli_epi16(b_hi, 1)),
+                    2 => (_mm256_slli_epi16(b_lo, 2), _mm256_srli_epi16(b_hi, 2)),
+                    _ => (_mm256_slli_epi16(b_lo, 1), _mm256_srli_epi16(b_hi, 3)),
                 }
             }
 
@@ -227,7 +159,7 @@ macro_rules! x86_path {
                 acts: [&[ActSuper]; R],
                 out: &mut [[f32; GROUP]; R],
             ) {
-                let lay = layout(ty).unwrap_unchecked();
+                let lay = layout(ty);
                 let mut acc = [_mm256_setzero_ps(); R];
                 let ns = acts[0].len();
                 let m4 = _mm256_set1_epi8(0x0F);
@@ -248,22 +180,7 @@ macro_rules! x86_path {
                             let mut w_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
                             match ty {
                                 GgmlType::Q5_K => {
-                                    let h = load32(high.add(32 * j));
-                                    let b_lo = _mm256_and_si256(h, _mm256_set1_epi8(1 << l));
-                                    let b_hi = _mm256_and_si256(h, _mm256_set1_epi8(0x10 << l));
-                                    let (b_lo, b_hi) = match l {
-                                        0 => (_mm256_slli_epi16(b_lo, 4), b_hi),
-                                        1 => {
-                                            (_mm256_slli_epi16(b_lo, 3), _mm256_srli_epi16(b_hi, 1))
-                                        }
-                                        2 => {
-                                            (_mm256_slli_epi16(b_lo, 2), _mm256_srli_epi16(b_hi, 2))
-                                        }
-                                        _ => {
-                                            (_mm256_slli_epi16(b_lo, 1), _mm256_srli_epi16(b_hi, 3))
-                                        }
-                                    };
-                                    // one bit per byte moved within its byte: no mask needed after the shift
+                                    let (b_lo, b_hi) = fifth_bits(load32(high.add(32 * j)), l);
                                     w_lo = _mm256_or_si256(w_lo, b_lo);
                                     w_hi = _mm256_or_si256(w_hi, b_hi);
                                 }
@@ -377,9 +294,9 @@ x86_path!(
 pub(crate) mod vnni512 {
     use core::arch::x86_64::*;
 
-    use crate::acts::ActSuper;
+    use crate::acts::{ActBlock, ActSuper};
     use crate::format::GgmlType;
-    use crate::packed::{layout, GROUP};
+    use crate::packed::{block_offset, layout, GROUP};
 
     /// 32 bytes at `a` in the low half and 32 bytes at `b` in the high half.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -421,7 +338,7 @@ pub(crate) mod vnni512 {
         acts: [&[ActSuper]; R],
         out: &mut [[f32; 2 * GROUP]; R],
     ) {
-        let lay = layout(ty).unwrap_unchecked();
+        let lay = layout(ty);
         let mut acc = [_mm512_setzero_ps(); R];
         let ns = acts[0].len();
         let m4 = _mm512_set1_epi8(0x0F);
@@ -442,15 +359,7 @@ pub(crate) mod vnni512 {
                     match ty {
                         GgmlType::Q5_K => {
                             let at = lay.high + 32 * j;
-                            let h = load2(p0.add(at), p1.add(at));
-                            let b_lo = _mm512_and_si512(h, _mm512_set1_epi8(1 << l));
-                            let b_hi = _mm512_and_si512(h, _mm512_set1_epi8(0x10 << l));
-                            let (b_lo, b_hi) = match l {
-                                0 => (_mm512_slli_epi16(b_lo, 4), b_hi),
-                                1 => (_mm512_slli_epi16(b_lo, 3), _mm512_srli_epi16(b_hi, 1)),
-                                2 => (_mm512_slli_epi16(b_lo, 2), _mm512_srli_epi16(b_hi, 2)),
-                                _ => (_mm512_slli_epi16(b_lo, 1), _mm512_srli_epi16(b_hi, 3)),
-                            };
+                            let (b_lo, b_hi) = fifth_bits(load2(p0.add(at), p1.add(at)), l);
                             w_lo = _mm512_or_si512(w_lo, b_lo);
                             w_hi = _mm512_or_si512(w_hi, b_hi);
                         }
@@ -526,6 +435,94 @@ pub(crate) mod vnni512 {
                         _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(t[r]), acc[r]);
                     acc[r] =
                         _mm512_fnmadd_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(mi), acc[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            _mm512_storeu_ps(out[r].as_mut_ptr(), acc[r]);
+        }
+    }
+
+    /// Bit 4 of the codes of steps `l` and `l + 4` from a fifth-bit plane, as the 256-bit paths' `fifth_bits`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn fifth_bits(h: __m512i, l: usize) -> (__m512i, __m512i) {
+        let b_lo = _mm512_and_si512(h, _mm512_set1_epi8(1 << l));
+        let b_hi = _mm512_and_si512(h, _mm512_set1_epi8(0x10 << l));
+        match l {
+            0 => (_mm512_slli_epi16(b_lo, 4), b_hi),
+            1 => (_mm512_slli_epi16(b_lo, 3), _mm512_srli_epi16(b_hi, 1)),
+            2 => (_mm512_slli_epi16(b_lo, 2), _mm512_srli_epi16(b_hi, 2)),
+            _ => (_mm512_slli_epi16(b_lo, 1), _mm512_srli_epi16(b_hi, 3)),
+        }
+    }
+
+    /// [`crate::dot::group_b2`] on this path.
+    ///
+    /// # Safety
+    /// As [`crate::dot::group_b2`]; the CPU has AVX-512 F / BW / VL / VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(crate) unsafe fn group_b2<const R: usize>(
+        ty: GgmlType,
+        g0: &[u8],
+        g1: &[u8],
+        acts: [&[ActBlock]; R],
+        out: &mut [[f32; 2 * GROUP]; R],
+    ) {
+        let lay = layout(ty);
+        let offset = block_offset(ty);
+        let mut acc = [_mm512_setzero_ps(); R];
+        let m4 = _mm512_set1_epi8(0x0F);
+        for b in 0..acts[0].len() {
+            let (p0, p1) = (g0.as_ptr().add(b * lay.size), g1.as_ptr().add(b * lay.size));
+            let x: [*const u8; R] =
+                std::array::from_fn(|r| acts[r].get_unchecked(b).qs.as_ptr().cast());
+            let mut lo = [_mm512_setzero_si512(); R];
+            let mut hi = [_mm512_setzero_si512(); R];
+            if ty == GgmlType::Q8_0 {
+                for i in 0..4 {
+                    let (at_a, at_b) = (lay.codes + 64 * i, lay.codes + 64 * i + 32);
+                    let w_a = load2(p0.add(at_a), p1.add(at_a));
+                    let w_b = load2(p0.add(at_b), p1.add(at_b));
+                    for r in 0..R {
+                        let xa = x[r].add(8 * i).cast::<i32>().read_unaligned();
+                        let xb = x[r].add(8 * i + 4).cast::<i32>().read_unaligned();
+                        lo[r] = _mm512_dpbusd_epi32(lo[r], w_a, _mm512_set1_epi32(xa));
+                        hi[r] = _mm512_dpbusd_epi32(hi[r], w_b, _mm512_set1_epi32(xb));
+                    }
+                }
+            } else {
+                for l in 0..4 {
+                    let at = lay.codes + 32 * l;
+                    let q = load2(p0.add(at), p1.add(at));
+                    let mut w_lo = _mm512_and_si512(q, m4);
+                    let mut w_hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                    if ty == GgmlType::Q5_0 {
+                        let (b_lo, b_hi) = fifth_bits(load2(p0.add(lay.high), p1.add(lay.high)), l);
+                        w_lo = _mm512_or_si512(w_lo, b_lo);
+                        w_hi = _mm512_or_si512(w_hi, b_hi);
+                    }
+                    for r in 0..R {
+                        let xl = x[r].add(4 * l).cast::<i32>().read_unaligned();
+                        let xh = x[r].add(16 + 4 * l).cast::<i32>().read_unaligned();
+                        lo[r] = _mm512_dpbusd_epi32(lo[r], w_lo, _mm512_set1_epi32(xl));
+                        hi[r] = _mm512_dpbusd_epi32(hi[r], w_hi, _mm512_set1_epi32(xh));
+                    }
+                }
+            }
+            let d = halves_f32(p0.add(lay.d), p1.add(lay.d));
+            for r in 0..R {
+                let a = acts[r].get_unchecked(b);
+                let mut sum = _mm512_add_epi32(lo[r], hi[r]);
+                if offset != 0 {
+                    sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(offset * a.sum));
+                }
+                let xd = _mm512_set1_ps(a.d);
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sum), acc[r]);
+                if ty == GgmlType::Q4_1 {
+                    let m = halves_f32(p0.add(lay.dmin), p1.add(lay.dmin));
+                    acc[r] =
+                        _mm512_fmadd_ps(_mm512_mul_ps(m, xd), _mm512_set1_ps(a.sum as f32), acc[r]);
                 }
             }
         }
