@@ -196,6 +196,55 @@ fn simd_paths_equal_the_portable_path_bit_for_bit() {
     }
 }
 
+/// The largest integer partial sums a pass can meet: every code at its extreme (all bytes 0xFF: 4-bit codes 15,
+/// 5-bit 31, 6-bit 63; 0x80 and 0x7F: Q8_0's -128 and 127; and the scales at their extremes) against activations
+/// that all quantize to +127 or all to -127. A SIMD path that adds int16 pair sums beyond int16 (or a scale product
+/// beyond int32) saturates or wraps here and differs from the portable path, which sums in int32.
+#[test]
+fn extreme_codes_and_activations_do_not_overflow_the_simd_sums() {
+    let paths: Vec<KernelPath> = KernelPath::ALL
+        .into_iter()
+        .filter(|p| p.is_available())
+        .collect();
+    for ty in SUPPORTED_TYPES {
+        for fill in [0xFFu8, 0x80, 0x7F] {
+            let (n, k) = (11, 2 * ty.block_len());
+            let mut data = vec![fill; n * ty.row_bytes(k).unwrap()];
+            for blk in data.chunks_exact_mut(ty.block_bytes()) {
+                match ty {
+                    GgmlType::Q6_K => put_f16(&mut blk[208..], 0.01),
+                    GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_K => {
+                        put_f16(blk, 0.01);
+                        put_f16(&mut blk[2..], 0.02);
+                    }
+                    _ => put_f16(blk, 0.01),
+                }
+            }
+            let w = QMatrix::new(ty, n, k, &data).unwrap();
+            for sign in [1.0f32, -1.0] {
+                let m = 3;
+                let x = vec![sign; m * k];
+                let want = run(KernelPath::Portable, &w, &x, m);
+                for &p in &paths {
+                    let got = run(p, &w, &x, m);
+                    let same = want
+                        .iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{} {} fill {fill:#x} x = {sign}: differs from portable ({} vs {})",
+                        p.name(),
+                        ty.name(),
+                        got[0],
+                        want[0]
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_row_is_the_same_bits_whatever_the_other_rows_of_the_pass() {
     let mut rng = Rng(3);

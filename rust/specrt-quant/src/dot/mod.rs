@@ -24,6 +24,8 @@
 //! The SIMD paths run it on [`crate::Packed`] groups of eight columns, one column per 32-bit lane, so every step is
 //! a vertical vector operation and nothing is summed across lanes; the portable path runs it from the GGUF's rows.
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
 pub(crate) mod portable;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
@@ -36,7 +38,7 @@ pub const TILE: usize = 4;
 pub enum KernelPath {
     /// Plain Rust, any CPU: the reference the SIMD paths are tested against bit for bit.
     Portable,
-    /// x86-64 AVX2 + FMA + F16C (`vpmaddubsw` / `vpmaddwd` integer dots).
+    /// x86-64 AVX2 + FMA + F16C (`vpmaddubsw` int16 pair sums, widened by `vpmaddwd` against the sub-block scale).
     Avx2,
     /// x86-64 AVX-512 VNNI (`vpdpbusd` integer dots; 256-bit registers, 512-bit for pairs of packed K-quant groups),
     /// with AVX-512 F / BW / VL and AVX2 / FMA / F16C.
@@ -180,7 +182,7 @@ pub(crate) unsafe fn group_k<const R: usize>(
 ) {
     match path {
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 => unsafe { x86::avx2::group_k(ty, group, acts, out) },
+        KernelPath::Avx2 => unsafe { avx2::group_k(ty, group, acts, out) },
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512Vnni => unsafe { x86::vnni::group_k(ty, group, acts, out) },
         _ => unreachable!("the portable path runs tile_k"),
@@ -235,7 +237,7 @@ pub(crate) unsafe fn group_b<const R: usize>(
 ) {
     match path {
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 => unsafe { x86::avx2::group_b(ty, group, acts, out) },
+        KernelPath::Avx2 => unsafe { avx2::group_b(ty, group, acts, out) },
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512Vnni => unsafe { x86::vnni::group_b(ty, group, acts, out) },
         _ => unreachable!("the portable path runs tile"),

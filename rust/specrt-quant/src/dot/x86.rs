@@ -1,292 +1,250 @@
-//! The x86-64 paths: the canonical orders of [`super`] on 256-bit registers. Both paths share the weight decoding
-//! and the float steps; they differ only in how the exact integer lanes are formed: AVX2 multiplies bytes into
-//! int16 pairs (`vpmaddubsw`, which cannot saturate here: codes are at most 63, or |q| <= 128 for Q8_0 against
-//! |x| <= 127, so a pair stays within 2 * 128 * 127 < 32767) and adds pairs (`vpmaddwd`); AVX-512 VNNI does both
-//! in one instruction (`vpdpbusd`). The code is written once, in a macro, and compiled for each feature set.
-//!
-//! The 32-long formats run one weight row against a tile of activation rows (`tile`); the K-quants run a packed
-//! group of eight columns ([`crate::packed`]) against a tile (`group_k`): four activations broadcast to every lane,
-//! one multiply-add per four weights of eight columns, the sub-block scales as lane-wise int32 products.
+//! The AVX-512 VNNI paths: the canonical orders of [`super`] with `vpdpbusd` (unsigned weight bytes times signed
+//! activation bytes, summed in fours into int32 lanes). `vnni` runs one packed group of eight columns
+//! ([`crate::packed`]) on 256-bit registers, `vnni512` two groups on 512-bit registers: four activations broadcast
+//! to every lane, one multiply-add per four weights of the group's columns, the sub-block scales as lane-wise int32
+//! products. The AVX2 path (no VNNI) is [`super::avx2`].
 #![allow(clippy::cast_ptr_alignment)] // unaligned loads (loadu) only
 
 use core::arch::x86_64::*;
 
-/// `acc` + lanes `j` = sum of `w[4j..4j + 4] * x[4j..4j + 4]` (`w` unsigned, `x` signed bytes), AVX2.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn lanes_avx2(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
-    _mm256_add_epi32(
-        acc,
-        _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)),
-    )
-}
-
-/// The same lanes with AVX-512 VNNI (`vpdpbusd` on a 256-bit register, accumulating into `acc`).
+/// `acc` + lanes `j` = sum of `w[4j..4j + 4] * x[4j..4j + 4]` (`w` unsigned, `x` signed bytes): AVX-512 VNNI's
+/// `vpdpbusd` on a 256-bit register.
 #[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn lanes_vnni(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(acc, w, x)
 }
 
-macro_rules! x86_path {
-    ($name:ident, $features:literal, $lanes:ident) => {
-        pub(crate) mod $name {
-            use core::arch::x86_64::*;
+pub(crate) mod vnni {
+    use core::arch::x86_64::*;
 
-            use super::$lanes as lanes;
-            use crate::acts::{ActBlock, ActSuper};
-            use crate::format::GgmlType;
-            use crate::packed::{block_offset, layout, GROUP};
+    use super::lanes_vnni as lanes;
+    use crate::acts::{ActBlock, ActSuper};
+    use crate::format::GgmlType;
+    use crate::packed::{block_offset, layout, GROUP};
 
-            /// 32 bytes from `p`, unaligned.
-            #[target_feature(enable = $features)]
-            #[inline]
-            unsafe fn load32(p: *const u8) -> __m256i {
-                _mm256_loadu_si256(p.cast())
-            }
+    /// 32 bytes from `p`, unaligned.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn load32(p: *const u8) -> __m256i {
+        _mm256_loadu_si256(p.cast())
+    }
 
-            /// [`crate::dot::group_b`] on this path.
-            ///
-            /// # Safety
-            /// As [`crate::dot::group_b`]; the CPU has this path's features.
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn group_b<const R: usize>(
-                ty: GgmlType,
-                group: &[u8],
-                acts: [&[ActBlock]; R],
-                out: &mut [[f32; GROUP]; R],
-            ) {
-                let lay = layout(ty);
-                // Q8_0's sums here are of the signed codes already
-                let offset = if ty == GgmlType::Q8_0 {
-                    0
-                } else {
-                    block_offset(ty)
-                };
-                let mut acc = [_mm256_setzero_ps(); R];
-                let m4 = _mm256_set1_epi8(0x0F);
-                for b in 0..acts[0].len() {
-                    let p = group.as_ptr().add(b * lay.size);
-                    let codes = p.add(lay.codes);
-                    let x: [*const u8; R] =
-                        std::array::from_fn(|r| acts[r].get_unchecked(b).qs.as_ptr().cast());
-                    let mut lo = [_mm256_setzero_si256(); R];
-                    let mut hi = [_mm256_setzero_si256(); R];
-                    if ty == GgmlType::Q8_0 {
-                        // the signed codes back (stored + 128), their magnitudes against the activations with their
-                        // signs: vpmaddubsw pairs stay within 2 * 128 * 127 (unsigned codes up to 255 could saturate)
-                        let flip = _mm256_set1_epi8(i8::MIN);
-                        for i in 0..4 {
-                            let q_a = _mm256_xor_si256(load32(codes.add(64 * i)), flip);
-                            let q_b = _mm256_xor_si256(load32(codes.add(64 * i + 32)), flip);
-                            let (w_a, w_b) = (_mm256_abs_epi8(q_a), _mm256_abs_epi8(q_b));
-                            for r in 0..R {
-                                let xa = x[r].add(8 * i).cast::<i32>().read_unaligned();
-                                let xb = x[r].add(8 * i + 4).cast::<i32>().read_unaligned();
-                                let xa = _mm256_sign_epi8(_mm256_set1_epi32(xa), q_a);
-                                let xb = _mm256_sign_epi8(_mm256_set1_epi32(xb), q_b);
-                                lo[r] = lanes(lo[r], w_a, xa);
-                                hi[r] = lanes(hi[r], w_b, xb);
-                            }
-                        }
-                    } else {
-                        for l in 0..4 {
-                            let q = load32(codes.add(32 * l));
-                            let mut w_lo = _mm256_and_si256(q, m4);
-                            let mut w_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                            if ty == GgmlType::Q5_0 {
-                                let (b_lo, b_hi) = fifth_bits(load32(p.add(lay.high)), l);
-                                w_lo = _mm256_or_si256(w_lo, b_lo);
-                                w_hi = _mm256_or_si256(w_hi, b_hi);
-                            }
-                            for r in 0..R {
-                                let xl = x[r].add(4 * l).cast::<i32>().read_unaligned();
-                                let xh = x[r].add(16 + 4 * l).cast::<i32>().read_unaligned();
-                                lo[r] = lanes(lo[r], w_lo, _mm256_set1_epi32(xl));
-                                hi[r] = lanes(hi[r], w_hi, _mm256_set1_epi32(xh));
-                            }
-                        }
-                    }
-                    let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(lay.d).cast()));
+    /// [`crate::dot::group_b`] on this path.
+    ///
+    /// # Safety
+    /// As [`crate::dot::group_b`]; the CPU has this path's features.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn group_b<const R: usize>(
+        ty: GgmlType,
+        group: &[u8],
+        acts: [&[ActBlock]; R],
+        out: &mut [[f32; GROUP]; R],
+    ) {
+        let lay = layout(ty);
+        // Q8_0's sums here are of the signed codes already
+        let offset = if ty == GgmlType::Q8_0 {
+            0
+        } else {
+            block_offset(ty)
+        };
+        let mut acc = [_mm256_setzero_ps(); R];
+        let m4 = _mm256_set1_epi8(0x0F);
+        for b in 0..acts[0].len() {
+            let p = group.as_ptr().add(b * lay.size);
+            let codes = p.add(lay.codes);
+            let x: [*const u8; R] =
+                std::array::from_fn(|r| acts[r].get_unchecked(b).qs.as_ptr().cast());
+            let mut lo = [_mm256_setzero_si256(); R];
+            let mut hi = [_mm256_setzero_si256(); R];
+            if ty == GgmlType::Q8_0 {
+                // the signed codes back (stored + 128), their magnitudes against the activations with their
+                // signs: vpmaddubsw pairs stay within 2 * 128 * 127 (unsigned codes up to 255 could saturate)
+                let flip = _mm256_set1_epi8(i8::MIN);
+                for i in 0..4 {
+                    let q_a = _mm256_xor_si256(load32(codes.add(64 * i)), flip);
+                    let q_b = _mm256_xor_si256(load32(codes.add(64 * i + 32)), flip);
+                    let (w_a, w_b) = (_mm256_abs_epi8(q_a), _mm256_abs_epi8(q_b));
                     for r in 0..R {
-                        let a = acts[r].get_unchecked(b);
-                        let mut sum = _mm256_add_epi32(lo[r], hi[r]);
-                        if offset != 0 {
-                            sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(offset * a.sum));
-                        }
-                        let xd = _mm256_set1_ps(a.d);
-                        acc[r] =
-                            _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sum), acc[r]);
-                        if ty == GgmlType::Q4_1 {
-                            let m = _mm256_cvtph_ps(_mm_loadu_si128(p.add(lay.dmin).cast()));
-                            acc[r] = _mm256_fmadd_ps(
-                                _mm256_mul_ps(m, xd),
-                                _mm256_set1_ps(a.sum as f32),
-                                acc[r],
-                            );
-                        }
+                        let xa = x[r].add(8 * i).cast::<i32>().read_unaligned();
+                        let xb = x[r].add(8 * i + 4).cast::<i32>().read_unaligned();
+                        let xa = _mm256_sign_epi8(_mm256_set1_epi32(xa), q_a);
+                        let xb = _mm256_sign_epi8(_mm256_set1_epi32(xb), q_b);
+                        lo[r] = lanes(lo[r], w_a, xa);
+                        hi[r] = lanes(hi[r], w_b, xb);
                     }
                 }
-                for r in 0..R {
-                    _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
+            } else {
+                for l in 0..4 {
+                    let q = load32(codes.add(32 * l));
+                    let mut w_lo = _mm256_and_si256(q, m4);
+                    let mut w_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    if ty == GgmlType::Q5_0 {
+                        let (b_lo, b_hi) = fifth_bits(load32(p.add(lay.high)), l);
+                        w_lo = _mm256_or_si256(w_lo, b_lo);
+                        w_hi = _mm256_or_si256(w_hi, b_hi);
+                    }
+                    for r in 0..R {
+                        let xl = x[r].add(4 * l).cast::<i32>().read_unaligned();
+                        let xh = x[r].add(16 + 4 * l).cast::<i32>().read_unaligned();
+                        lo[r] = lanes(lo[r], w_lo, _mm256_set1_epi32(xl));
+                        hi[r] = lanes(hi[r], w_hi, _mm256_set1_epi32(xh));
+                    }
                 }
             }
-
-            /// Bit 4 of the codes of step `l` (low nibbles) and `l + 4` (high nibbles) from a fifth-bit plane `h`
-            /// (byte `4c + t`: bit `l`, bit `4 + l`), each at bit 4 of its byte.
-            #[target_feature(enable = $features)]
-            #[inline]
-            unsafe fn fifth_bits(h: __m256i, l: usize) -> (__m256i, __m256i) {
-                let b_lo = _mm256_and_si256(h, _mm256_set1_epi8(1 << l));
-                let b_hi = _mm256_and_si256(h, _mm256_set1_epi8(0x10 << l));
-                // one bit per byte moved within its byte: no mask needed after the shift
-                match l {
-                    0 => (_mm256_slli_epi16(b_lo, 4), b_hi),
-                    1 => (_mm256_slli_epi16(b_lo, 3), _mm256_srli_epi16(b_hi, 1)),
-                    2 => (_mm256_slli_epi16(b_lo, 2), _mm256_srli_epi16(b_hi, 2)),
-                    _ => (_mm256_slli_epi16(b_lo, 1), _mm256_srli_epi16(b_hi, 3)),
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(lay.d).cast()));
+            for r in 0..R {
+                let a = acts[r].get_unchecked(b);
+                let mut sum = _mm256_add_epi32(lo[r], hi[r]);
+                if offset != 0 {
+                    sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(offset * a.sum));
                 }
-            }
-
-            /// [`crate::dot::group_k`] on this path.
-            ///
-            /// # Safety
-            /// As [`crate::dot::group_k`]; the CPU has this path's features.
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn group_k<const R: usize>(
-                ty: GgmlType,
-                group: &[u8],
-                acts: [&[ActSuper]; R],
-                out: &mut [[f32; GROUP]; R],
-            ) {
-                let lay = layout(ty);
-                let mut acc = [_mm256_setzero_ps(); R];
-                let ns = acts[0].len();
-                let m4 = _mm256_set1_epi8(0x0F);
-                let m30 = _mm256_set1_epi8(0x30);
-                for s in 0..ns {
-                    let p = group.as_ptr().add(s * lay.size);
-                    let codes = p.add(lay.codes);
-                    let high = p.add(lay.high);
-                    let x: [*const u8; R] =
-                        std::array::from_fn(|r| acts[r].get_unchecked(s).qs.as_ptr().cast());
-                    let mut t = [_mm256_setzero_si256(); R];
-                    for j in 0..8 {
-                        let mut lo = [_mm256_setzero_si256(); R];
-                        let mut hi = [_mm256_setzero_si256(); R];
-                        for l in 0..4 {
-                            let q = load32(codes.add(128 * j + 32 * l));
-                            let mut w_lo = _mm256_and_si256(q, m4);
-                            let mut w_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                            match ty {
-                                GgmlType::Q5_K => {
-                                    let (b_lo, b_hi) = fifth_bits(load32(high.add(32 * j)), l);
-                                    w_lo = _mm256_or_si256(w_lo, b_lo);
-                                    w_hi = _mm256_or_si256(w_hi, b_hi);
-                                }
-                                GgmlType::Q6_K => {
-                                    let h_lo = load32(high.add(64 * j));
-                                    let h_hi = load32(high.add(64 * j + 32));
-                                    // bits 2l, 2l + 1 of each byte to bits 4, 5
-                                    let at45 = |h: __m256i| match l {
-                                        0 => _mm256_slli_epi16(h, 4),
-                                        1 => _mm256_slli_epi16(h, 2),
-                                        2 => h,
-                                        _ => _mm256_srli_epi16(h, 2),
-                                    };
-                                    w_lo = _mm256_or_si256(w_lo, _mm256_and_si256(at45(h_lo), m30));
-                                    w_hi = _mm256_or_si256(w_hi, _mm256_and_si256(at45(h_hi), m30));
-                                }
-                                _ => {}
-                            }
-                            for r in 0..R {
-                                let xl = x[r].add(32 * j + 4 * l).cast::<i32>().read_unaligned();
-                                let xh =
-                                    x[r].add(32 * j + 16 + 4 * l).cast::<i32>().read_unaligned();
-                                lo[r] = lanes(lo[r], w_lo, _mm256_set1_epi32(xl));
-                                hi[r] = lanes(hi[r], w_hi, _mm256_set1_epi32(xh));
-                            }
-                        }
-                        if ty == GgmlType::Q6_K {
-                            let sc_lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                                p.add(lay.scales + GROUP * 2 * j).cast(),
-                            ));
-                            let sc_hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                                p.add(lay.scales + GROUP * (2 * j + 1)).cast(),
-                            ));
-                            for r in 0..R {
-                                let a = acts[r].get_unchecked(s);
-                                let off_lo = _mm256_set1_epi32(a.offsets16[2 * j]);
-                                let off_hi = _mm256_set1_epi32(a.offsets16[2 * j + 1]);
-                                let u = _mm256_mullo_epi32(_mm256_sub_epi32(lo[r], off_lo), sc_lo);
-                                let v = _mm256_mullo_epi32(_mm256_sub_epi32(hi[r], off_hi), sc_hi);
-                                t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(u, v));
-                            }
-                        } else {
-                            let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                                p.add(lay.scales + GROUP * j).cast(),
-                            ));
-                            for r in 0..R {
-                                let sj = _mm256_add_epi32(lo[r], hi[r]);
-                                t[r] = _mm256_add_epi32(t[r], _mm256_mullo_epi32(sj, sc));
-                            }
-                        }
-                    }
-                    let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(lay.d).cast()));
-                    if ty == GgmlType::Q6_K {
-                        for r in 0..R {
-                            let xd = _mm256_set1_ps(acts[r].get_unchecked(s).d);
-                            acc[r] = _mm256_fmadd_ps(
-                                _mm256_mul_ps(d, xd),
-                                _mm256_cvtepi32_ps(t[r]),
-                                acc[r],
-                            );
-                        }
-                    } else {
-                        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(p.add(lay.dmin).cast()));
-                        let mins: [__m256i; 4] = std::array::from_fn(|i| {
-                            _mm256_cvtepu8_epi16(_mm_loadu_si128(
-                                p.add(lay.mins + 2 * GROUP * i).cast(),
-                            ))
-                        });
-                        for r in 0..R {
-                            let a = acts[r].get_unchecked(s);
-                            let mut mi =
-                                _mm256_madd_epi16(mins[0], _mm256_set1_epi32(a.pairs32[0]));
-                            for i in 1..4 {
-                                mi = _mm256_add_epi32(
-                                    mi,
-                                    _mm256_madd_epi16(mins[i], _mm256_set1_epi32(a.pairs32[i])),
-                                );
-                            }
-                            let xd = _mm256_set1_ps(a.d);
-                            acc[r] = _mm256_fmadd_ps(
-                                _mm256_mul_ps(d, xd),
-                                _mm256_cvtepi32_ps(t[r]),
-                                acc[r],
-                            );
-                            acc[r] = _mm256_fnmadd_ps(
-                                _mm256_mul_ps(dmin, xd),
-                                _mm256_cvtepi32_ps(mi),
-                                acc[r],
-                            );
-                        }
-                    }
-                }
-                for r in 0..R {
-                    _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
+                let xd = _mm256_set1_ps(a.d);
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sum), acc[r]);
+                if ty == GgmlType::Q4_1 {
+                    let m = _mm256_cvtph_ps(_mm_loadu_si128(p.add(lay.dmin).cast()));
+                    acc[r] =
+                        _mm256_fmadd_ps(_mm256_mul_ps(m, xd), _mm256_set1_ps(a.sum as f32), acc[r]);
                 }
             }
         }
-    };
-}
+        for r in 0..R {
+            _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
+        }
+    }
 
-x86_path!(avx2, "avx2,fma,f16c", lanes_avx2);
-x86_path!(
-    vnni,
-    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    lanes_vnni
-);
+    /// Bit 4 of the codes of step `l` (low nibbles) and `l + 4` (high nibbles) from a fifth-bit plane `h`
+    /// (byte `4c + t`: bit `l`, bit `4 + l`), each at bit 4 of its byte.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn fifth_bits(h: __m256i, l: usize) -> (__m256i, __m256i) {
+        let b_lo = _mm256_and_si256(h, _mm256_set1_epi8(1 << l));
+        let b_hi = _mm256_and_si256(h, _mm256_set1_epi8(0x10 << l));
+        // one bit per byte moved within its byte: no mask needed after the shift
+        match l {
+            0 => (_mm256_slli_epi16(b_lo, 4), b_hi),
+            1 => (_mm256_slli_epi16(b_lo, 3), _mm256_srli_epi16(b_hi, 1)),
+            2 => (_mm256_slli_epi16(b_lo, 2), _mm256_srli_epi16(b_hi, 2)),
+            _ => (_mm256_slli_epi16(b_lo, 1), _mm256_srli_epi16(b_hi, 3)),
+        }
+    }
+
+    /// [`crate::dot::group_k`] on this path.
+    ///
+    /// # Safety
+    /// As [`crate::dot::group_k`]; the CPU has this path's features.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn group_k<const R: usize>(
+        ty: GgmlType,
+        group: &[u8],
+        acts: [&[ActSuper]; R],
+        out: &mut [[f32; GROUP]; R],
+    ) {
+        let lay = layout(ty);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let ns = acts[0].len();
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m30 = _mm256_set1_epi8(0x30);
+        for s in 0..ns {
+            let p = group.as_ptr().add(s * lay.size);
+            let codes = p.add(lay.codes);
+            let high = p.add(lay.high);
+            let x: [*const u8; R] =
+                std::array::from_fn(|r| acts[r].get_unchecked(s).qs.as_ptr().cast());
+            let mut t = [_mm256_setzero_si256(); R];
+            for j in 0..8 {
+                let mut lo = [_mm256_setzero_si256(); R];
+                let mut hi = [_mm256_setzero_si256(); R];
+                for l in 0..4 {
+                    let q = load32(codes.add(128 * j + 32 * l));
+                    let mut w_lo = _mm256_and_si256(q, m4);
+                    let mut w_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    match ty {
+                        GgmlType::Q5_K => {
+                            let (b_lo, b_hi) = fifth_bits(load32(high.add(32 * j)), l);
+                            w_lo = _mm256_or_si256(w_lo, b_lo);
+                            w_hi = _mm256_or_si256(w_hi, b_hi);
+                        }
+                        GgmlType::Q6_K => {
+                            let h_lo = load32(high.add(64 * j));
+                            let h_hi = load32(high.add(64 * j + 32));
+                            // bits 2l, 2l + 1 of each byte to bits 4, 5
+                            let at45 = |h: __m256i| match l {
+                                0 => _mm256_slli_epi16(h, 4),
+                                1 => _mm256_slli_epi16(h, 2),
+                                2 => h,
+                                _ => _mm256_srli_epi16(h, 2),
+                            };
+                            w_lo = _mm256_or_si256(w_lo, _mm256_and_si256(at45(h_lo), m30));
+                            w_hi = _mm256_or_si256(w_hi, _mm256_and_si256(at45(h_hi), m30));
+                        }
+                        _ => {}
+                    }
+                    for r in 0..R {
+                        let xl = x[r].add(32 * j + 4 * l).cast::<i32>().read_unaligned();
+                        let xh = x[r].add(32 * j + 16 + 4 * l).cast::<i32>().read_unaligned();
+                        lo[r] = lanes(lo[r], w_lo, _mm256_set1_epi32(xl));
+                        hi[r] = lanes(hi[r], w_hi, _mm256_set1_epi32(xh));
+                    }
+                }
+                if ty == GgmlType::Q6_K {
+                    let sc_lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                        p.add(lay.scales + GROUP * 2 * j).cast(),
+                    ));
+                    let sc_hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                        p.add(lay.scales + GROUP * (2 * j + 1)).cast(),
+                    ));
+                    for r in 0..R {
+                        let a = acts[r].get_unchecked(s);
+                        let off_lo = _mm256_set1_epi32(a.offsets16[2 * j]);
+                        let off_hi = _mm256_set1_epi32(a.offsets16[2 * j + 1]);
+                        let u = _mm256_mullo_epi32(_mm256_sub_epi32(lo[r], off_lo), sc_lo);
+                        let v = _mm256_mullo_epi32(_mm256_sub_epi32(hi[r], off_hi), sc_hi);
+                        t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(u, v));
+                    }
+                } else {
+                    let sc =
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(lay.scales + GROUP * j).cast()));
+                    for r in 0..R {
+                        let sj = _mm256_add_epi32(lo[r], hi[r]);
+                        t[r] = _mm256_add_epi32(t[r], _mm256_mullo_epi32(sj, sc));
+                    }
+                }
+            }
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(lay.d).cast()));
+            if ty == GgmlType::Q6_K {
+                for r in 0..R {
+                    let xd = _mm256_set1_ps(acts[r].get_unchecked(s).d);
+                    acc[r] =
+                        _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(t[r]), acc[r]);
+                }
+            } else {
+                let dmin = _mm256_cvtph_ps(_mm_loadu_si128(p.add(lay.dmin).cast()));
+                let mins: [__m256i; 4] = std::array::from_fn(|i| {
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(lay.mins + 2 * GROUP * i).cast()))
+                });
+                for r in 0..R {
+                    let a = acts[r].get_unchecked(s);
+                    let mut mi = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(a.pairs32[0]));
+                    for i in 1..4 {
+                        mi = _mm256_add_epi32(
+                            mi,
+                            _mm256_madd_epi16(mins[i], _mm256_set1_epi32(a.pairs32[i])),
+                        );
+                    }
+                    let xd = _mm256_set1_ps(a.d);
+                    acc[r] =
+                        _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(t[r]), acc[r]);
+                    acc[r] =
+                        _mm256_fnmadd_ps(_mm256_mul_ps(dmin, xd), _mm256_cvtepi32_ps(mi), acc[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r]);
+        }
+    }
+}
 
 /// Two packed groups at once on 512-bit registers (AVX-512 VNNI): group `g0`'s columns in lanes 0..8, `g1`'s in
 /// 8..16, each lane computing exactly what [`vnni::group_k`] computes for its column (the same canonical order), with
