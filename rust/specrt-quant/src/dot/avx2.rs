@@ -290,11 +290,8 @@ pub(crate) unsafe fn group_k<const R: usize>(
             for r in 0..R {
                 let a = acts[r].get_unchecked(s);
                 let mut mi = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(a.pairs32[0]));
-                for i in 1..4 {
-                    mi = _mm256_add_epi32(
-                        mi,
-                        _mm256_madd_epi16(mins[i], _mm256_set1_epi32(a.pairs32[i])),
-                    );
+                for (mv, &pair) in mins.iter().zip(&a.pairs32).skip(1) {
+                    mi = _mm256_add_epi32(mi, _mm256_madd_epi16(*mv, _mm256_set1_epi32(pair)));
                 }
                 let xd = _mm256_set1_ps(a.d);
                 acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(t[r]), acc[r]);

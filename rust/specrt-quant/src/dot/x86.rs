@@ -226,11 +226,8 @@ pub(crate) mod vnni {
                 for r in 0..R {
                     let a = acts[r].get_unchecked(s);
                     let mut mi = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(a.pairs32[0]));
-                    for i in 1..4 {
-                        mi = _mm256_add_epi32(
-                            mi,
-                            _mm256_madd_epi16(mins[i], _mm256_set1_epi32(a.pairs32[i])),
-                        );
+                    for (mv, &pair) in mins.iter().zip(&a.pairs32).skip(1) {
+                        mi = _mm256_add_epi32(mi, _mm256_madd_epi16(*mv, _mm256_set1_epi32(pair)));
                     }
                     let xd = _mm256_set1_ps(a.d);
                     acc[r] =
