@@ -33,6 +33,13 @@ Every timing figure is the median over at least three repetitions, with the min 
   round): ``round_ms`` splits the measured round into draft, target and other (verification, Python) ms to show
   which term departs.
 
+**Suites** (``suite``, ``specrt bench --suite spec-bench``; :mod:`specrt.bench.spec_bench`): instead of steps 1-3,
+Spec-Bench's questions (480 in 13 categories, shipped in the package) through the target's chat template, with
+target-only, the draft model, prompt lookup, prompt lookup + draft and auto K on every turn of every question, and
+per category and overall: decode tokens/s, speedup over target-only (median over questions of the paired
+per-question ratio), tokens per round, acceptance rate and outputs equal to target-only token for token; a PNG of the
+speedups; the peers on the same turns.
+
 Timings depend on machine load: ``machine.load_avg_start`` / ``load_avg_end`` are recorded and the table warns when
 the machine was busy.
 
@@ -59,7 +66,7 @@ package either way; ``specrt bench --setup-peer genai|hf|llama.cpp`` sets a peer
 Modules (this package re-exports their public names): ``config`` (:class:`BenchConfig`, validation, paths),
 ``prompts`` (the prompt file), ``stats`` (statistics of timed runs, the cost model's prediction), ``random_models``
 (random-weight models in real shapes), ``runner`` (measuring), ``peers`` (the optional peers), ``report`` (tables),
-``plots`` (PNGs), ``cli`` (``specrt bench``).
+``plots`` (PNGs), ``spec_bench`` (the Spec-Bench suite), ``cli`` (``specrt bench``).
 """
 
 from __future__ import annotations
@@ -83,6 +90,7 @@ from specrt.bench.prompts import Prompt, default_prompts_path, load_prompts
 from specrt.bench.random_models import SHAPE_PAIRS, SHAPES, ensure_random_models
 from specrt.bench.report import render_table
 from specrt.bench.runner import SCHEMA, check_provider, measure_verify_costs, run_bench, run_main, run_sweeps
+from specrt.bench.spec_bench import SUITES, load_questions, run_spec_bench, select_questions
 from specrt.bench.stats import predict, predict_from_acceptance, spread
 
 __all__ = [
@@ -94,6 +102,7 @@ __all__ = [
     "SCHEMA",
     "SHAPES",
     "SHAPE_PAIRS",
+    "SUITES",
     "BenchConfig",
     "Prompt",
     "add_arguments",
@@ -106,6 +115,7 @@ __all__ = [
     "ensure_random_models",
     "gguf_source",
     "load_prompts",
+    "load_questions",
     "measure_verify_costs",
     "peer_modes",
     "peer_warnings",
@@ -117,8 +127,10 @@ __all__ = [
     "run_cli",
     "run_main",
     "run_peers",
+    "run_spec_bench",
     "run_sweeps",
     "save",
+    "select_questions",
     "setup_command",
     "spread",
     "validate_config",

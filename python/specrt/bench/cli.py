@@ -30,6 +30,7 @@ from specrt.bench.random_models import SHAPE_PAIRS
 from specrt.bench.report import render_table
 from specrt.bench.runner import check_provider, run_bench
 from specrt.cli_args import k_arg as _k_value  # one parser of K values for every subcommand
+from specrt.cli_args import positive_int
 
 #: Help line of ``specrt bench``.
 HELP = "benchmark speculative vs target-only decoding against the cost model (tokens/s, E, a, c_q, c_p, c_verify)"
@@ -57,6 +58,16 @@ def _n_list(value: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a list of token counts like 1-16 or 1,2,4,8") from None
     return tuple(sorted(out))
+
+
+def _per_category(value: str) -> int | str:
+    """``--per-category``: a positive integer or ``all``."""
+    if value == "all":
+        return value
+    try:
+        return positive_int(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer or 'all'") from None
 
 
 def _here(path: Path) -> str:
@@ -139,12 +150,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=_str_list, default=(), help="comma-separated prompt ids (overrides --prompt-set)")
     p.add_argument("--sweep-set", default=None, help="named set for the sweeps (default 'sweep')")
     p.add_argument("--sweep-prompts", type=_str_list, default=(), help="comma-separated prompt ids for the sweeps")
-    p.add_argument("--max-new-tokens", type=int, default=None, help=f"main table (default {d.max_new_tokens})")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"main table (default {d.max_new_tokens}); with --suite, per turn "
+        f"(default {BenchConfig.spec_bench().max_new_tokens})",
+    )
     p.add_argument("--sweep-max-new-tokens", type=int, default=None, help=f"sweeps (default {d.sweep_max_new_tokens})")
     p.add_argument("-k", "--num-speculative-tokens", dest="k", type=_k_value, default=d.k, help="main K (or 'auto')")
     p.add_argument("--k-sweep", type=_int_list, default=None, help="Ks of the K sweep (default 0,1,2,4,8)")
     p.add_argument("--temperatures", type=_float_list, default=None, help="temperature sweep (default 0,0.5,1)")
-    p.add_argument("--temperature", type=float, default=d.temperature, help="main table temperature (default 0)")
+    p.add_argument(
+        "--temperature", type=float, default=d.temperature, help="main table (or --suite) temperature (default 0)"
+    )
     p.add_argument("--repeats", type=int, default=d.repeats, help="interleaved repetitions per figure (default 3)")
     p.add_argument("--verify-repeats", type=int, default=None, help="forwards per n for c_verify (default 5)")
     p.add_argument("--warmup-tokens", type=int, default=None, help="tokens per warm-up generation (0 = none)")
@@ -206,12 +225,69 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--name", default=None, help="file name prefix (default bench-<date>-<time>)")
     p.add_argument("--quick", action="store_true", help="a few minutes: 2 prompts, 32 tokens, K sweep 0,2,4")
+    sb = BenchConfig.spec_bench()
+    g = p.add_argument_group(
+        "suites",
+        "--suite spec-bench runs Spec-Bench's questions (480 in 13 categories: MT-bench's 8 x 10 two-turn questions, "
+        "then translation, summarization, qa, math_reasoning and rag x 80; shipped in the package, Apache-2.0, from "
+        "github.com/hemingkx/Spec-Bench at fd2c1cd) through the target's chat template, every method on every turn, "
+        "interleaved with target-only on the same target session, in place of the verify costs, main table and "
+        "sweeps. MT-bench's second turn carries target-only's own first answer as history, the same for every "
+        "method. Reports per category and overall: decode tokens/s, speedup over target-only (median over the "
+        "questions of the paired per-question ratio), tokens per round, acceptance rate and outputs equal to "
+        "target-only token for token (greedy, or coupled sampling at --temperature > 0); a PNG of the speedups. "
+        f"Defaults: {sb.per_category} question per category, {sb.max_new_tokens} new tokens per turn "
+        "(--max-new-tokens), K as -k, greedy. Time of the default run (Qwen2.5-Coder 1.5B / 0.5B, fp32, 2 CPU "
+        "cores), estimated from benches/RESULTS.md (target-only 6.3 tok/s, K=4 about 1.6x, prompt lookup "
+        "1.0-1.3x, prefill 12.6 ms per prompt token), not measured: about 15 min (21 turns x 5 methods: 10 min "
+        "decoding, 5 min prefill); --per-category all (480 questions, 560 turns): about 8 hours. --repeats and "
+        "--baseline do not apply; "
+        "--quick cannot be combined with it",
+    )
+    g.add_argument(
+        "--suite",
+        choices=["spec-bench"],
+        default=None,
+        help="run a benchmark suite instead of the bench (see above; default none)",
+    )
+    g.add_argument(
+        "--per-category",
+        type=_per_category,
+        default=None,
+        metavar="N",
+        help=f"questions per category, each category's first N in file order, or 'all' (default {sb.per_category})",
+    )
+    g.add_argument(
+        "--categories",
+        type=_str_list,
+        default=None,
+        help="comma-separated categories (default all): writing, roleplay, reasoning, math, coding, extraction, "
+        "stem, humanities, translation, summarization, qa, math_reasoning, rag",
+    )
+    g.add_argument(
+        "--methods",
+        type=_str_list,
+        default=None,
+        help="comma-separated methods (default all; target_only always runs, the baseline): target_only, draft "
+        "(the draft model, K = -k), ngram (prompt lookup, up to K tokens), ngram+draft (prompt lookup, else the "
+        "draft model), auto_k (the draft model, K chosen per round)",
+    )
+    g.add_argument(
+        "--no-coupled",
+        action="store_true",
+        help="with --temperature > 0: min(1, p/q) speculative sampling instead of coupled sampling (the default "
+        "there); the outputs then differ from target-only's for the same seed and are not compared (n/a (sampled))",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def config_from_args(a: argparse.Namespace) -> BenchConfig:
-    """A :class:`BenchConfig` from parsed ``specrt bench`` arguments (``--quick`` changes the defaults only)."""
-    cfg = BenchConfig.quick() if a.quick else BenchConfig()
+    """A :class:`BenchConfig` from parsed ``specrt bench`` arguments (``--quick`` and ``--suite`` change the defaults
+    only: :meth:`BenchConfig.quick`, :meth:`BenchConfig.spec_bench`)."""
+    suite = getattr(a, "suite", None)
+    cfg = BenchConfig.spec_bench(suite=suite) if suite else BenchConfig.quick() if a.quick else BenchConfig()
+    if getattr(a, "per_category", None) is not None:
+        cfg = replace(cfg, per_category=None if a.per_category == "all" else a.per_category)
     given = {
         "target": a.target,
         "draft": a.draft,
@@ -252,15 +328,19 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         "out_dir": a.out_dir,
         "name": a.name,
         "progress": not a.no_progress,
+        "categories": getattr(a, "categories", None),
+        "methods": getattr(a, "methods", None),
+        "coupled": False if getattr(a, "no_coupled", False) else None,
     }
     return replace(cfg, **{k: v for k, v in given.items() if v is not None})
 
 
 def save(report: dict[str, Any], cfg: BenchConfig) -> dict[str, Path]:
-    """Write ``<out_dir>/<name>.json`` and the sweep PNGs; return their paths."""
+    """Write ``<out_dir>/<name>.json`` and the PNGs (the sweeps', or a suite's); return their paths. ``name`` defaults
+    to ``bench-<date>-<time>`` (``spec-bench-<date>-<time>`` for the suite)."""
     out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = cfg.name or time.strftime("bench-%Y%m%d-%H%M%S")
+    name = cfg.name or time.strftime(f"{cfg.suite or 'bench'}-%Y%m%d-%H%M%S")
     paths: dict[str, Path] = {}
     if cfg.plots:
         for p in write_plots(report, out_dir / name):
@@ -280,6 +360,13 @@ def run_cli(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
     if a.setup_peer:
         return setup_peer(cfg, a.setup_peer)
+    if a.quick and a.suite:
+        print(
+            f"specrt bench: error: --quick does not apply to --suite {a.suite} (its own defaults: "
+            f"--per-category {cfg.per_category}, --max-new-tokens {cfg.max_new_tokens}; lower those instead)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         validate_config(cfg)
         check_provider(cfg.provider)

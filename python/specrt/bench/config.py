@@ -30,6 +30,12 @@ class BenchConfig:
     Token counts are new tokens per generation; ``k`` is an int or ``"auto"``; temperatures are floats (0 =
     greedy); ``threads`` = ONNX Runtime intra-op threads per model. ``None`` in ``dtype``, ``acceptance`` and an
     empty ``verify_ns`` mean "the default for this provider / mode" (:func:`resolve_config`).
+
+    ``suite`` (``"spec-bench"``, or None for the bench itself) runs a suite instead of the verify costs, main table
+    and sweeps (:mod:`specrt.bench.spec_bench`; :meth:`spec_bench` gives its defaults): ``per_category`` questions
+    of each category (None = all), ``categories`` (empty = all), ``methods`` (target-only always runs), at
+    ``temperature`` with ``seed``, sampled runs coupled unless ``coupled`` is False; ``k``, ``max_new_tokens``,
+    ``warmup_tokens``, ``threads``, ``max_seq_len``, ``ignore_eos`` and the peers apply as in the bench.
     """
 
     target: str = "qwen2.5-coder-1.5b-instruct"
@@ -71,6 +77,11 @@ class BenchConfig:
     out_dir: str | None = None
     name: str | None = None
     progress: bool = True
+    suite: str | None = None
+    per_category: int | None = 1
+    categories: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ("target_only", "draft", "ngram", "ngram+draft", "auto_k")
+    coupled: bool = True
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchConfig:
@@ -84,6 +95,21 @@ class BenchConfig:
             temperatures=(0.0, 1.0),
             verify_repeats=3,
             warmup_tokens=4,
+        )
+        return replace(base, **overrides)
+
+    @classmethod
+    def spec_bench(cls, **overrides: Any) -> BenchConfig:
+        """The Spec-Bench suite's defaults (``specrt bench --suite spec-bench``): one question per category, 48 new
+        tokens per turn, all methods, greedy (about 15 minutes for the default pair on 2 CPU cores, estimated in
+        :mod:`specrt.bench.spec_bench`)."""
+        from specrt.bench.spec_bench import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PER_CATEGORY
+
+        base = cls(
+            suite="spec-bench",
+            per_category=DEFAULT_PER_CATEGORY,
+            max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
+            sweeps=False,
         )
         return replace(base, **overrides)
 
@@ -194,6 +220,25 @@ def validate_config(cfg: BenchConfig) -> None:
     bad = [m for m in cfg.hf_modes if m not in HF_MODES]
     if bad or not cfg.hf_modes:
         raise ValueError(f"hf modes {bad or list(cfg.hf_modes)} are invalid (expected some of: {', '.join(HF_MODES)})")
+    if cfg.suite is not None:
+        _validate_suite(cfg)
+
+
+def _validate_suite(cfg: BenchConfig) -> None:
+    """The suite's own settings (:mod:`specrt.bench.spec_bench`): its name, selection, methods and temperature."""
+    from specrt.bench.spec_bench import SUITES, check_methods, check_selection
+
+    if cfg.suite not in SUITES:
+        raise ValueError(f"suite {cfg.suite!r} is unknown (expected one of: {', '.join(SUITES)})")
+    check_selection(cfg.per_category, cfg.categories)
+    check_methods(cfg.methods)
+    if cfg.random_shapes is not None:
+        raise ValueError(
+            f"suite {cfg.suite!r} runs real models only (random shapes {cfg.random_shapes!r}: random weights accept "
+            "nothing and stop nowhere)"
+        )
+    if not cfg.temperature >= 0:
+        raise ValueError(f"temperature {cfg.temperature} is invalid (expected >= 0; 0 = greedy)")
 
 
 def config_warnings(cfg: BenchConfig) -> list[str]:
@@ -207,6 +252,28 @@ def config_warnings(cfg: BenchConfig) -> list[str]:
             out.append("--acceptance has no effect without --random-shapes (the real pair's acceptance is measured)")
         if cfg.random_tokenizer is not None:
             out.append("--random-tokenizer has no effect without --random-shapes")
+    if cfg.suite is not None:
+        d = BenchConfig.spec_bench()
+        if cfg.repeats != d.repeats:
+            out.append(f"--repeats has no effect with --suite {cfg.suite} (one run per question and method)")
+        if cfg.baseline != d.baseline:
+            out.append(f"--baseline has no effect with --suite {cfg.suite} (target-only is K = 0 on the one Decoder)")
+        if cfg.temperature == 0 and not cfg.coupled:
+            out.append("--no-coupled has no effect at temperature 0 (greedy)")
+    else:
+        d = BenchConfig()
+        given = [
+            flag
+            for name, flag in (
+                ("per_category", "--per-category"),
+                ("categories", "--categories"),
+                ("methods", "--methods"),
+                ("coupled", "--no-coupled"),
+            )
+            if getattr(cfg, name) != getattr(d, name)
+        ]
+        if given:
+            out.append(f"{', '.join(given)} have no effect without --suite")
     return out
 
 

@@ -390,6 +390,93 @@ def _timing_line(report: dict[str, Any]) -> str:
     return text
 
 
+def method_label(method: str, k: int | str) -> str:
+    """A spec-bench method as the tables and plots name it: ``target-only``, ``draft K=4``, ``ngram K=4``,
+    ``ngram+draft K=4``, ``auto K``."""
+    if method == "target_only":
+        return "target-only"
+    if method == "auto_k":
+        return "auto K"
+    return f"{method} K={k}"
+
+
+def _ratio(x: dict[str, Any] | None) -> str:
+    """``n_equal/n`` of an outputs-equal figure."""
+    return "-" if x is None else f"{x['n_equal']}/{x['n']}"
+
+
+def _spec_bench_tables(report: dict[str, Any]) -> tuple[list[tuple[str, list[str], list[list[str]], int]], list[str]]:
+    """The spec-bench suite's tables (tok/s, speedup, E / acceptance, outputs equal; peers) and the mismatch notes."""
+    from specrt.bench.spec_bench import NOT_COMPARED
+
+    sb, dec = report["spec_bench"], report["decoding"]
+    k = report["config"]["k"]
+    methods = list(dec["methods"])
+    spec = [m for m in methods if m != "target_only"]
+    groups = [*sb["categories"].items(), ("overall", sb["overall"])]
+    first = ["category", "q", "turns"]
+
+    def head(g: dict[str, Any]) -> list[str]:
+        base = g["target_only"]
+        return [str(base["n_questions"]), str(base["n_turns"])]
+
+    def table(title: str, ms: list[str], cell: Any) -> tuple[str, list[str], list[list[str]], int]:
+        rows = [[name, *head(g), *(cell(g[m]) for m in ms)] for name, g in groups]
+        return title, first + [method_label(m, k) for m in ms], rows, len(groups) - 1
+
+    equal = (lambda f: _ratio(f["outputs_equal"])) if dec["outputs_compared"] else (lambda f: NOT_COMPARED)
+    tables = [
+        table("decode tokens/s", methods, lambda f: _f(f["decode_tokens_per_s"])),
+        table("speedup over target-only (median over questions [min-max])", spec, lambda f: _sp(f["speedup"])),
+        table(
+            "tokens per round E / acceptance rate",
+            spec,
+            lambda f: f"{_f(f['mean_tokens_per_round'])} / {_f(f['acceptance_rate'])}",
+        ),
+        table("outputs equal to target-only (questions)", spec, equal),
+    ]
+    notes = []
+    for m in spec if dec["outputs_compared"] else []:
+        mism = sb["overall"][m]["outputs_equal"]["mismatches"]
+        if mism:
+            where = ", ".join(f"q{x['question_id']} turn {x['turn']} at token {x['position']}" for x in mism[:12])
+            more = f" and {len(mism) - 12} more (JSON)" if len(mism) > 12 else ""
+            notes.append(f"outputs differ from target-only: {method_label(m, k)}: {where}{more}")
+    if not dec["outputs_compared"]:
+        notes.append(f"outputs equal: {NOT_COMPARED}: {dec['why_not_compared']}")
+    ps = report.get("peer_summary") or {}
+    if ps:
+        cats = list(sb["categories"])
+        cols = ["category", *ps]
+        rows = [[c, *(_sp(v["categories"].get(c)) for v in ps.values())] for c in cats]
+        rows.append(["overall", *(_sp(v["overall"]) for v in ps.values())])
+        rows.append(["target-only = specrt", *(_ratio(v["target_only_same_tokens_as_specrt"]) for v in ps.values())])
+        tables.append(("peers: speculative over their own target-only (median over questions)", cols, rows, len(cats)))
+    return tables, notes
+
+
+def _spec_bench_header(report: dict[str, Any]) -> str:
+    cfg, m, dec, ds = report["config"], report["machine"], report["decoding"], report["dataset"]
+    sampling = "greedy" if dec["temperature"] == 0 else f"T={dec['temperature']:g}, seed {dec['seed']}"
+    if dec["temperature"] > 0:
+        sampling += ", coupled sampling" if dec["coupled"] else ", min(1, p/q) sampling"
+    return (
+        f"specrt bench --suite spec-bench: target {model_label(report['models']['target'])}, draft "
+        f"{model_label(report['models']['draft'])}; {ds['n_questions']} Spec-Bench questions ({ds['n_turns']} turns) "
+        f"in {len(ds['question_ids'])} categories, {dec['max_new_tokens']} new tokens per turn, {sampling}, "
+        f"threads={cfg['threads']}; {m['cpu']} ({m['n_cpus']} CPUs)"
+    )
+
+
+_SPEC_BENCH_LEGEND = (
+    "q: questions, turns: generations per method. tok/s: decode tokens/s (after prefill, Rust's decode time) summed "
+    "over the category's turns; speedup: a question's tok/s over target-only's (turns summed, same run), median "
+    "[min-max] over the category's questions; E: emitted tokens per round, acceptance: accepted / drafted, both "
+    "pooled over the turns; outputs equal: questions whose every turn's token ids equal target-only's. Second turns "
+    "carry target-only's first answer as history"
+)
+
+
 def render_table(report: dict[str, Any], *, use_rich: bool | None = None, file: Any = None) -> str:
     """Print the results (speed, cost model, sweeps, peers) as tables and return them as plain text.
 
@@ -399,21 +486,28 @@ def render_table(report: dict[str, Any], *, use_rich: bool | None = None, file: 
         file: where to print (default stdout).
     """
     file = file or sys.stdout
-    random = "random_weights" in report
-    tables = _random_tables(report) if random else _main_tables(report)
-    tn = _tn_table(report)
-    if tn is not None:
-        tables.insert(1, tn)
-    legend_after = tables[-1][0] if random else "cost model"
-    legend = _RANDOM_LEGEND if random else _LEGEND
-    scols, srows = _sweep_rows(report)
-    if srows:
-        pair = (report.get("sweeps") or {}).get("pair")
-        tables.append((f"sweeps ({pair.replace('_', '-')} pair)" if pair else "sweeps", scols, srows, 0))
-    pcols, prows, pnotes = _peer_rows(report)
-    if prows:
-        tables.append(("peers", pcols, prows, 0))
-    parts = [_header(report)]
+    if report.get("suite") == "spec-bench":
+        header = _spec_bench_header(report)
+        tables, notes = _spec_bench_tables(report)
+        legend_after, legend = tables[3][0], _SPEC_BENCH_LEGEND
+        pnotes = notes + _peer_rows(report)[2]
+    else:
+        header = _header(report)
+        random = "random_weights" in report
+        tables = _random_tables(report) if random else _main_tables(report)
+        tn = _tn_table(report)
+        if tn is not None:
+            tables.insert(1, tn)
+        legend_after = tables[-1][0] if random else "cost model"
+        legend = _RANDOM_LEGEND if random else _LEGEND
+        scols, srows = _sweep_rows(report)
+        if srows:
+            pair = (report.get("sweeps") or {}).get("pair")
+            tables.append((f"sweeps ({pair.replace('_', '-')} pair)" if pair else "sweeps", scols, srows, 0))
+        pcols, prows, pnotes = _peer_rows(report)
+        if prows:
+            tables.append(("peers", pcols, prows, 0))
+    parts = [header]
     for title, cols, rows, _ in tables:
         parts.append(f"{title}\n{_plain_table(cols, rows)}")
         if title == legend_after:
@@ -433,11 +527,11 @@ def render_table(report: dict[str, Any], *, use_rich: bool | None = None, file: 
         print(plain, file=file)
         return plain
     # Never narrower than the plain table: rich would elide cells; a narrow terminal wraps lines instead.
-    prose = ("tok/s:", "Random weights:", "specrt bench:")  # the header and legends wrap
+    prose = ("tok/s:", "Random weights:", "specrt bench", "q: questions", "outputs ")  # header, legends, notes wrap
     widest = max(len(line) for line in plain.splitlines() if not line.startswith(prose))
     console = Console(file=file)
     console = Console(file=file, width=max(console.width, widest + 3 * 12))
-    console.print(Text(_header(report)))
+    console.print(Text(header))
     for title, cols, rows, n_prompt_rows in tables:
         t = Table(title=title, header_style="bold", title_justify="left")
         for i, c in enumerate(cols):

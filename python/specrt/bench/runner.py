@@ -502,10 +502,17 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     loaded twice (a target-only Decoder and the speculative one; fp32 1.5B: about 7 GB each), with ``"k0"`` the
     speculative Decoder at K = 0 is the baseline (one copy). Each pair is released before the next loads.
 
+    With ``cfg.suite`` set, runs that suite instead (``"spec-bench"``: :func:`specrt.bench.spec_bench.run_spec_bench`,
+    whose report has its own fields).
+
     Raises:
         ValueError: invalid settings (:func:`validate_config`).
         ProviderError: CUDA asked for and unusable here (:func:`check_provider`).
     """
+    if cfg.suite is not None:
+        from specrt.bench.spec_bench import run_spec_bench
+
+        return run_spec_bench(cfg)
     t_start = time.perf_counter()
     given_acceptance = cfg.acceptance
     cfg = resolve_config(cfg)
