@@ -25,6 +25,7 @@ __all__ = [
     "MAX_DRAFT_TOKENS",
     "MAX_TOP_LOGPROBS",
     "OPERATOR_DOMAIN",
+    "PROPOSERS",
     "BackendError",
     "BatchPipeline",
     "ChatTemplate",
@@ -404,6 +405,8 @@ MAX_TOP_LOGPROBS: int
 AUTO_K_MAX: int
 #: Largest max_batch of a batched decoder (specrt_ort::MAX_BATCH).
 MAX_BATCH: int
+#: The proposer names a request accepts (specrt_ort::Proposer::ALL).
+PROPOSERS: list[str]
 
 @final
 class FolderDefaults:

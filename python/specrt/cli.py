@@ -66,10 +66,10 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--proposer",
-        choices=["draft", "ngram", "ngram+draft", "none"],
+        choices=_specrt.PROPOSERS,
         default=None,
-        help="who drafts: the draft model, prompt lookup, both (n-gram first), or none "
-        "(default: draft with --draft, else none)",
+        help="who drafts: the draft model, prompt lookup, both (n-gram first), none, or auto (chosen each round "
+        "among them from measured acceptance and costs, K up to -k) (default: draft with --draft, else none)",
     )
     g.add_argument(
         "--prompt-lookup-min", type=int, default=REQUEST_DEFAULTS["prompt_lookup_min"], help="shortest n-gram to match"

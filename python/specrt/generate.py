@@ -425,7 +425,10 @@ class Decoder:
                 seed can give different text unless ``pinned_costs`` is given; a fixed K always repeats exactly.
             proposer: ``"draft"`` (the draft model; default when one is attached), ``"ngram"`` (prompt lookup: copy
                 the continuation of the longest matching n-gram of the prompt and text so far), ``"ngram+draft"``
-                (n-gram first, the draft model when nothing matches), or ``"none"`` (target-only).
+                (n-gram first, the draft model when nothing matches), ``"none"`` (target-only), or ``"auto"``: each
+                round auto K's controller chooses a plain target step, an n-gram match or the draft model (when one
+                is attached) and how many tokens, from this request's measured acceptance of each and their costs,
+                up to ``num_speculative_tokens`` tokens (the cap; up to ``AUTO_K_MAX`` with ``"auto"``).
             prompt_lookup_min, prompt_lookup_max: n-gram lengths to match (vLLM's names; 1 <= min <= max <= 32).
             pinned_costs: with ``"auto"``: ``{"c_draft": float, "c_verify": [K_max + 1 floats]}`` in any one unit —
                 one draft pass, and a target pass over n = 1..K_max + 1 tokens — used instead of timings.

@@ -86,8 +86,9 @@ def deployment(
 def app_builder(args: dict[str, str]) -> Any:
     """For ``serve run specrt.ray_serve:app_builder key=value ...``: ``target`` (required), ``draft``,
     ``model_name``, ``num_replicas``, ``num_cpus``, ``num_gpus``, ``max_seq_len``, ``provider``, ``max_queue``,
-    ``request_timeout_s``, ``num_speculative_tokens`` (an int or ``auto``), ``max_batch`` (batched rounds in each
-    replica), ``dtype`` and ``draft_dtype`` (weights pulled for model names, as :class:`specrt.Decoder`), and
+    ``request_timeout_s``, ``num_speculative_tokens`` (an int or ``auto``), ``proposer`` (as ``specrt serve
+    --proposer``), ``max_batch`` (batched rounds in each replica), ``dtype`` and ``draft_dtype`` (weights pulled
+    for model names, as :class:`specrt.Decoder`), and
     ``specrt serve``'s network options: ``api_key`` (comma-separated keys; ``$SPECRT_API_KEY`` adds one),
     ``metrics_need_key``, ``max_request_bytes``, ``body_timeout_s``.
 
@@ -98,8 +99,8 @@ def app_builder(args: dict[str, str]) -> Any:
 
     known = {
         "target", "draft", "model_name", "num_replicas", "num_cpus", "num_gpus", "max_seq_len", "provider",
-        "max_queue", "request_timeout_s", "num_speculative_tokens", "max_batch", "dtype", "draft_dtype", "api_key",
-        "metrics_need_key", "max_request_bytes", "body_timeout_s",
+        "max_queue", "request_timeout_s", "num_speculative_tokens", "proposer", "max_batch", "dtype", "draft_dtype",
+        "api_key", "metrics_need_key", "max_request_bytes", "body_timeout_s",
     }  # fmt: skip
     unknown = sorted(set(args) - known)
     if unknown:
@@ -124,6 +125,8 @@ def app_builder(args: dict[str, str]) -> Any:
     if "num_speculative_tokens" in args:
         k = args["num_speculative_tokens"]
         app_kw["num_speculative_tokens"] = k if k == "auto" else int(k)
+    if "proposer" in args:
+        app_kw["proposer"] = args["proposer"]
     # API keys as `specrt serve` takes them: api_key=K1,K2 and $SPECRT_API_KEY (read here, in the driver).
     keys = [k for k in args.get("api_key", "").split(",") if k]
     if os.environ.get(API_KEY_ENV):

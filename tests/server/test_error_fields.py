@@ -92,14 +92,14 @@ CASES = [
         ConfigError,
         "prompt_lookup_min",
         {"proposer": "ngram", "prompt_lookup_min": -1},
-        "proposer",  # neither is a request field: the schema names the first unknown one
+        "prompt_lookup_min",  # not a request field (the n-gram lengths are the server's): the schema names it
     ),
     (
         {"proposer": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 3},
         ConfigError,
         "prompt_lookup_min",
         {"proposer": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 3},
-        "proposer",
+        "prompt_lookup_min",
     ),
     ({"max_new_tokens": 2**70}, SequenceLengthError, None, {"max_tokens": 2**70}, "max_tokens"),
 ]
@@ -156,8 +156,9 @@ def decoder(tiny_target: Path) -> specrt.Decoder:
 
 
 @pytest.fixture(scope="module")
-def client(tiny_decoder):
-    with TestClient(create_app(tiny_decoder, model_name="tiny")) as c:
+def client(decoder):
+    # the target-only decoder the Decoder-level refusals use: "proposer": "draft" is refused the same way
+    with TestClient(create_app(decoder, model_name="tiny")) as c:
         yield c
 
 
@@ -213,3 +214,27 @@ def test_config_error_keeps_its_class_and_a_python_raised_one_has_no_field() -> 
     with pytest.raises(ValueError) as e:
         check_request(has_draft=False, temperature=-1.0)
     assert isinstance(e.value, ConfigError) and type(e.value) is ConfigError and e.value.field == "temperature"
+
+
+def test_a_server_with_a_draft_model_chooses_the_proposer_per_round_by_default(tiny_decoder, decoder) -> None:
+    """``specrt serve`` with a draft model defaults to ``proposer="auto"`` (n-gram and draft model under auto K):
+    a greedy request's text is target-only's, and a request may still pick a proposer or set one that is refused."""
+    from specrt.server import defaults
+
+    assert defaults.PROPOSER_WITH_DRAFT == "auto"
+    want = tiny_decoder.generate(
+        "count: one two three one two three", max_new_tokens=24, temperature=0, proposer="none"
+    )
+    with TestClient(create_app(tiny_decoder, model_name="tiny")) as c:
+        body = {"prompt": "count: one two three one two three", "max_tokens": 24, "temperature": 0}
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want.text
+        r = c.post("/v1/completions", json={**body, "proposer": "ngram"})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == want.text, r.text
+        r = c.post("/v1/completions", json={**body, "proposer": "every"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "proposer", r.text
+    # an explicit server default is checked by the Rust resolver when the app is made
+    with pytest.raises(ConfigError) as e:
+        create_app(decoder, model_name="tiny", proposer="draft")
+    assert e.value.field == "proposer"

@@ -87,7 +87,7 @@ def wild_ints(lo: int, hi: int) -> st.SearchStrategy[int]:
     )
 
 
-PROPOSERS = [None, "draft", "ngram", "ngram+draft", "none"]
+PROPOSERS = [None, "draft", "ngram", "ngram+draft", "none", "auto"]
 
 
 def mostly(valid: st.SearchStrategy, wild: st.SearchStrategy) -> st.SearchStrategy:
@@ -150,15 +150,16 @@ requests = st.fixed_dictionaries(
 )
 
 
-def _pinned_ok(pinned: dict, proposer: str) -> bool:
-    """Pinned costs as documented: both keys, c_draft >= 0, K_max + 1 = 9 values of c_verify > 0, all finite."""
+def _pinned_ok(pinned: dict, proposer: str, k_max: int = 8) -> bool:
+    """Pinned costs as documented: both keys, c_draft >= 0, K_max + 1 (9 with K "auto") values of c_verify > 0, all
+    finite."""
     if set(pinned) != {"c_draft", "c_verify"}:
         return False
     c_draft, c_verify = pinned["c_draft"], pinned["c_verify"]
     if not isinstance(c_draft, float) or not isinstance(c_verify, list):
         return False
     return proposer == "none" or (
-        len(c_verify) >= 9
+        len(c_verify) >= k_max + 1
         and math.isfinite(c_draft)
         and c_draft >= 0
         and all(math.isfinite(c) and c > 0 for c in c_verify)
@@ -185,12 +186,17 @@ def _expected_errors(dec: specrt.Decoder, kw: dict) -> tuple[set[type], set[type
     if not auto and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 64):
         bad.add(ConfigError)
     proposer = kw["proposer"] or "draft"
-    if proposer not in ("draft", "ngram", "ngram+draft", "none"):
+    if proposer not in ("draft", "ngram", "ngram+draft", "none", "auto"):
         bad.add(ConfigError)
-    if "ngram" in proposer and not 1 <= kw["prompt_lookup_min"] <= kw["prompt_lookup_max"] <= 32:
+    # "auto": the n-gram proposer and the draft model under auto K, a fixed K its cap (K = 0: no auto K)
+    if ("ngram" in proposer or proposer == "auto") and not 1 <= kw["prompt_lookup_min"] <= kw[
+        "prompt_lookup_max"
+    ] <= 32:
         bad.add(ConfigError)
+    k_max = 8 if auto or not isinstance(k, int) else k
+    auto_k = auto or (proposer == "auto" and isinstance(k, int) and not isinstance(k, bool) and k > 0)
     pinned = kw["pinned_costs"]
-    if pinned is not None and (not auto or not _pinned_ok(pinned, proposer)):
+    if pinned is not None and (not auto_k or not _pinned_ok(pinned, proposer, k_max)):
         bad.add(ConfigError)
     d = dec.defaults
     t = _f32(d.get("temperature", 1.0) if kw["temperature"] is None else kw["temperature"])

@@ -270,7 +270,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="comma-separated methods (default all; target_only always runs, the baseline): target_only, draft "
         "(the draft model, K = -k), ngram (prompt lookup, up to K tokens), ngram+draft (prompt lookup, else the "
-        "draft model), auto_k (the draft model, K chosen per round)",
+        "draft model), auto_k (the draft model, K chosen per round), auto (proposer and K chosen per round)",
     )
     g.add_argument(
         "--no-coupled",

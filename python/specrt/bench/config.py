@@ -80,7 +80,7 @@ class BenchConfig:
     suite: str | None = None
     per_category: int | None = 1
     categories: tuple[str, ...] = ()
-    methods: tuple[str, ...] = ("target_only", "draft", "ngram", "ngram+draft", "auto_k")
+    methods: tuple[str, ...] = ("target_only", "draft", "ngram", "ngram+draft", "auto_k", "auto")
     coupled: bool = True
 
     @classmethod

@@ -127,7 +127,13 @@ def write_plots(report: dict[str, Any], out_prefix: str | os.PathLike[str]) -> l
 
 
 #: Bar colours of the spec-bench methods (matplotlib's tab10, one per method, in METHODS order after target-only).
-_METHOD_COLORS = {"draft": "tab:blue", "ngram": "tab:orange", "ngram+draft": "tab:green", "auto_k": "tab:purple"}
+_METHOD_COLORS = {
+    "draft": "tab:blue",
+    "ngram": "tab:orange",
+    "ngram+draft": "tab:green",
+    "auto_k": "tab:purple",
+    "auto": "tab:red",
+}
 
 
 def write_spec_bench_plot(report: dict[str, Any], out_prefix: str | os.PathLike[str]) -> Path | None:

@@ -27,6 +27,8 @@ target session, as the bench's default baseline ``"k0"``):
 - ``ngram``: prompt lookup (``proposer="ngram"``), up to K tokens of a match per round.
 - ``ngram+draft``: prompt lookup first, the draft model where nothing matches (``proposer="ngram+draft"``), K = ``k``.
 - ``auto_k``: the draft model with ``num_speculative_tokens="auto"`` (K in 0..8 chosen each round by the cost model).
+- ``auto``: ``proposer="auto"`` with ``num_speculative_tokens="auto"``: each round the controller chooses a plain
+  step, an n-gram match or the draft model, and K (up to 8), from the request's own measured acceptance and costs.
 
 Per question, every method runs turn 1, then every method runs turn 2; the methods' order rotates from question to
 question so that machine load and session age fall on all alike. One run per question and method (``repeats`` does not
@@ -107,7 +109,7 @@ MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "ex
 CATEGORIES = (*MT_BENCH_CATEGORIES, "translation", "summarization", "qa", "math_reasoning", "rag")
 
 #: Methods of the suite, in table order (the first is the baseline every other is paired with).
-METHODS = ("target_only", "draft", "ngram", "ngram+draft", "auto_k")
+METHODS = ("target_only", "draft", "ngram", "ngram+draft", "auto_k", "auto")
 
 #: Questions per category of the default run (``--per-category``; see the module docstring for its time).
 DEFAULT_PER_CATEGORY = 1
@@ -223,6 +225,7 @@ def method_settings(method: str, k: int | str) -> dict[str, Any]:
         "ngram": {"proposer": "ngram", "num_speculative_tokens": k},
         "ngram+draft": {"proposer": "ngram+draft", "num_speculative_tokens": k},
         "auto_k": {"proposer": "draft", "num_speculative_tokens": "auto"},
+        "auto": {"proposer": "auto", "num_speculative_tokens": "auto"},
     }[method]
 
 

@@ -16,8 +16,9 @@ Endpoints:
   (json_object / json_schema), vLLM's ``guided_*`` and ``structured_outputs``, and ``tool_choice`` required / auto /
   a named function (the answer constrained to ``<tool_call>`` calls and returned as ``message.tool_calls`` or streamed
   ``delta.tool_calls``; :mod:`specrt.toolcalls`). specrt's own settings are extra fields:
-  ``top_k``, ``min_p``, ``repetition_penalty``, ``num_speculative_tokens`` (int or ``"auto"``), ``ignore_eos``,
-  ``coupled``; so are vLLM's ``stop_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``,
+  ``top_k``, ``min_p``, ``repetition_penalty``, ``num_speculative_tokens`` (int or ``"auto"``), ``proposer`` (one of
+  ``_specrt.PROPOSERS``), ``ignore_eos``, ``coupled``; so are vLLM's ``stop_token_ids``,
+  ``include_stop_str_in_output``, ``skip_special_tokens``,
   ``add_special_tokens``, ``truncate_prompt_tokens``, ``add_generation_prompt``, ``continue_final_message``,
   ``request_id``, ``return_tokens_as_token_ids``. docs/openai-api.md is the field policy: every field is implemented,
   accepted because it cannot change the output, or refused with a 400 naming it; unknown fields are refused.

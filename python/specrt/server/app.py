@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specrt.errors import ConfigError
-from specrt.generate import Decoder
+from specrt.generate import Decoder, check_request
 from specrt.scheduler import DEFAULT_MAX_QUEUE, Scheduler
 from specrt.server import defaults
 from specrt.server.chat import chat_completions
@@ -49,6 +49,7 @@ def create_app(
     max_queue: int = DEFAULT_MAX_QUEUE,
     request_timeout_s: float | None = defaults.REQUEST_TIMEOUT_S,
     num_speculative_tokens: int | str = defaults.NUM_SPECULATIVE_TOKENS,
+    proposer: str | None = None,
     default_max_tokens: int = defaults.CHAT_MAX_TOKENS,
     api_keys: Sequence[str] = (),
     metrics_need_key: bool = False,
@@ -64,6 +65,9 @@ def create_app(
             choices do not all fit now gets 429, one with more choices than ``max_queue`` a 400.
         request_timeout_s: seconds from arrival after which a request ends (504 / an error event); None = no limit.
         num_speculative_tokens: K of requests that do not set it (an int 0..``_specrt.MAX_DRAFT_TOKENS`` or ``"auto"``).
+        proposer: proposer of requests that do not set it (one of ``_specrt.PROPOSERS``); None: ``"auto"``
+            (:data:`specrt.server.defaults.PROPOSER_WITH_DRAFT`) when ``decoder`` has a draft model, else the
+            Decoder's default (target-only).
         default_max_tokens: ``max_tokens`` of chat requests that set neither it nor ``max_completion_tokens``
             (completions default to OpenAI's 16).
         api_keys: keys a request must send as ``Authorization: Bearer <key>`` (empty: none needed); ``/health``
@@ -74,13 +78,18 @@ def create_app(
 
     Raises:
         ImportError: fastapi / prometheus_client are not installed (``pip install 'specrt[serve]'``).
-        ConfigError: ``max_queue`` < 1, ``request_timeout_s`` <= 0, an empty API key, ``max_request_bytes`` < 1 or
+        ConfigError: ``proposer`` not one of ``_specrt.PROPOSERS`` (or a draft proposer without a draft model),
+            ``max_queue`` < 1, ``request_timeout_s`` <= 0, an empty API key, ``max_request_bytes`` < 1 or
             ``body_timeout_s`` <= 0.
     """
     try:
         RequestGuard.check(api_keys, max_request_bytes, body_timeout_s)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    if proposer is not None:  # the Rust resolver's check: a known name, and a draft model where it needs one
+        check_request("create_app", has_draft=decoder.draft_path is not None, proposer=proposer)
+    if proposer is None and decoder.draft_path is not None:
+        proposer = defaults.PROPOSER_WITH_DRAFT
     schemas = pydantic_models()
     scheduler = Scheduler(decoder, max_queue=max_queue, default_timeout_s=request_timeout_s)
     metrics = Metrics(scheduler)
@@ -93,6 +102,7 @@ def create_app(
         schemas=schemas,
         model_name=model_name,
         num_speculative_tokens=num_speculative_tokens,
+        proposer=proposer,
         default_max_tokens=default_max_tokens,
         state=state,
     )

@@ -8,6 +8,7 @@ import argparse
 import os
 from typing import Any
 
+from specrt import _specrt
 from specrt.cli_args import K_RANGE, k_arg, positive_int
 from specrt.scheduler import DEFAULT_MAX_QUEUE
 from specrt.server import defaults as serve_defaults
@@ -26,6 +27,14 @@ def add_serve_arguments(sv: argparse.ArgumentParser) -> None:
         type=k_arg,
         default=serve_defaults.NUM_SPECULATIVE_TOKENS,
         help=f"K of requests that do not set num_speculative_tokens: {K_RANGE} or 'auto'",
+    )
+    sv.add_argument(
+        "--proposer",
+        choices=_specrt.PROPOSERS,
+        default=None,
+        help=f"proposer of requests that do not set one (default: {serve_defaults.PROPOSER_WITH_DRAFT!r} with a draft "
+        "model: each round a plain step, prompt lookup or the draft model, chosen from measured acceptance and costs; "
+        "without one: none)",
     )
     sv.add_argument(
         "--max-queue", type=positive_int, default=DEFAULT_MAX_QUEUE, help="requests that may wait; one more gets 429"
@@ -89,6 +98,7 @@ def app_options(a: argparse.Namespace) -> dict[str, Any]:
         "max_queue": a.max_queue,
         "request_timeout_s": a.request_timeout,
         "num_speculative_tokens": a.num_speculative_tokens,
+        "proposer": a.proposer,
         "default_max_tokens": a.default_max_tokens,
         "api_keys": keys,
         "metrics_need_key": a.metrics_need_key,

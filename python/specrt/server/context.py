@@ -28,6 +28,8 @@ class ServerContext:
     schemas: dict[str, Any]
     model_name: str
     num_speculative_tokens: int | str
+    #: Proposer of requests that set none (None: the Decoder's default).
+    proposer: str | None
     default_max_tokens: int
     state: dict[str, Any]
     #: The decoder's tokenizer (``specrt._specrt.Tokenizer``).

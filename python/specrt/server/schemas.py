@@ -64,6 +64,7 @@ def pydantic_models() -> dict[str, Any]:
         guided_decoding_backend: str | None = None  # vLLM: always llguidance here
         # specrt's settings.
         num_speculative_tokens: Annotated[int, Field(ge=0, le=_specrt.MAX_DRAFT_TOKENS)] | Literal["auto"] | None = None
+        proposer: str | None = None  # one of _specrt.PROPOSERS, checked by the Rust resolver (a 400 naming it)
         ignore_eos: bool = False
         coupled: bool = False
         # vLLM's extensions, implemented.

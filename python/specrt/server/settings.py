@@ -29,6 +29,9 @@ def settings_of(ctx: ServerContext, req: Any, max_tokens: int) -> dict[str, Any]
         "skip_special_tokens": req.skip_special_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
     }
+    proposer = ctx.proposer if req.proposer is None else req.proposer
+    if proposer is not None:
+        kw["proposer"] = proposer
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
         value = getattr(req, name)
         if value is not None:

@@ -449,6 +449,36 @@ mod tests {
     }
 
     #[test]
+    fn the_auto_proposer_is_every_proposer_the_pipeline_has_under_auto_k() {
+        let auto = |k: SpeculativeTokens| GenerationRequest {
+            proposer: Some(Proposer::Auto),
+            num_speculative_tokens: k,
+            ..GenerationRequest::default()
+        };
+        // with a draft model: n-gram and draft model, auto K up to the fixed K (the cap) or AUTO_K_MAX
+        let with_draft = pipeline(true, FolderDefaults::default());
+        let cfg = with_draft
+            .resolve(&auto(SpeculativeTokens::Fixed(4)))
+            .unwrap();
+        assert!(cfg.use_draft_model && cfg.ngram.is_some());
+        assert_eq!(cfg.num_speculative_tokens, 4);
+        assert_eq!(cfg.auto_k.as_ref().map(|a| a.k_max), Some(4));
+        let cfg = with_draft.resolve(&auto(SpeculativeTokens::Auto)).unwrap();
+        assert_eq!(cfg.auto_k.as_ref().map(|a| a.k_max), Some(AUTO_K_MAX));
+        // K = 0: target-only decoding
+        let cfg = with_draft
+            .resolve(&auto(SpeculativeTokens::Fixed(0)))
+            .unwrap();
+        assert!(cfg.auto_k.is_none());
+        // without one: prompt lookup alone, never an error
+        let cfg = pipeline(false, FolderDefaults::default())
+            .resolve(&auto(SpeculativeTokens::Fixed(4)))
+            .unwrap();
+        assert!(!cfg.use_draft_model && cfg.ngram.is_some() && cfg.auto_k.is_some());
+        assert_eq!("auto".parse::<Proposer>().unwrap(), Proposer::Auto);
+    }
+
+    #[test]
     fn bad_settings_name_the_value_and_the_allowed_set() {
         let p = pipeline(false, FolderDefaults::default());
         let pinned = PinnedCosts {

@@ -79,18 +79,25 @@ pub enum Proposer {
     NgramThenDraft,
     /// `"none"`: target-only decoding.
     TargetOnly,
+    /// `"auto"`: each round, auto K's controller ([`specrt_core::KController`]) chooses a plain target step, an
+    /// n-gram match's prefix or the draft model's K drafts (the draft model when one is loaded), from the request's
+    /// own measured acceptance of each and their costs; K is at most `num_speculative_tokens` (a fixed K is the
+    /// cap; `"auto"`: [`AUTO_K_MAX`]). Resolved to [`Proposer::NgramThenDraft`] (or [`Proposer::Ngram`] without a
+    /// draft model) with auto K.
+    Auto,
 }
 
 impl Proposer {
     /// Every proposer, in the order error messages list them.
-    pub const ALL: [Proposer; 4] = [
+    pub const ALL: [Proposer; 5] = [
         Proposer::DraftModel,
         Proposer::Ngram,
         Proposer::NgramThenDraft,
         Proposer::TargetOnly,
+        Proposer::Auto,
     ];
 
-    /// The Python / CLI name: `"draft"`, `"ngram"`, `"ngram+draft"` or `"none"`.
+    /// The Python / CLI name: `"draft"`, `"ngram"`, `"ngram+draft"`, `"none"` or `"auto"`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -98,6 +105,7 @@ impl Proposer {
             Proposer::Ngram => "ngram",
             Proposer::NgramThenDraft => "ngram+draft",
             Proposer::TargetOnly => "none",
+            Proposer::Auto => "auto",
         }
     }
 
@@ -272,11 +280,18 @@ pub fn resolve_request(
     if let Some(vocab) = vocab_size {
         check_ids("stop_token_ids", &stop_token_ids, vocab)?;
     }
-    let proposer = request.proposer.unwrap_or(if has_draft {
+    let requested = request.proposer.unwrap_or(if has_draft {
         Proposer::DraftModel
     } else {
         Proposer::TargetOnly
     });
+    // "auto": the controller chooses among every proposer the pipeline has, per round, with auto K
+    let auto_proposer = requested == Proposer::Auto;
+    let proposer = match requested {
+        Proposer::Auto if has_draft => Proposer::NgramThenDraft,
+        Proposer::Auto => Proposer::Ngram,
+        p => p,
+    };
     if proposer.uses_draft_model() && !has_draft {
         return Err(SpecError::setting(
             "proposer",
@@ -286,7 +301,7 @@ pub fn resolve_request(
             ),
         ));
     }
-    let auto = request.num_speculative_tokens == SpeculativeTokens::Auto;
+    let auto = request.num_speculative_tokens == SpeculativeTokens::Auto || auto_proposer;
     let k = match request.num_speculative_tokens {
         SpeculativeTokens::Fixed(k) if k > MAX_DRAFT_TOKENS => {
             return Err(SpecError::setting(
@@ -300,10 +315,12 @@ pub fn resolve_request(
         SpeculativeTokens::Fixed(k) => k,
         SpeculativeTokens::Auto => AUTO_K_MAX,
     };
+    // a fixed K with the auto proposer is auto K's cap; K = 0 is target-only decoding
+    let auto = auto && k > 0;
     if request.pinned_costs.is_some() && !auto {
         return Err(SpecError::setting(
             "pinned_costs",
-            "pinned_costs only apply with num_speculative_tokens = \"auto\"",
+            "pinned_costs only apply with num_speculative_tokens = \"auto\" or proposer = \"auto\"",
         ));
     }
     let ngram = if proposer.uses_ngram() {
@@ -339,7 +356,7 @@ pub fn resolve_request(
         stop_token_ids,
         ignore_eos: request.ignore_eos,
         auto_k: (auto && proposer != Proposer::TargetOnly).then(|| AutoK {
-            k_max: AUTO_K_MAX,
+            k_max: k,
             pinned: request.pinned_costs.clone(),
             ..AutoK::default()
         }),

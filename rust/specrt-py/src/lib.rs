@@ -46,6 +46,13 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("AUTO_K_MAX", specrt_ort::AUTO_K_MAX)?;
     m.add("MAX_BATCH", specrt_ort::MAX_BATCH)?;
     m.add(
+        "PROPOSERS",
+        specrt_ort::Proposer::ALL
+            .iter()
+            .map(|p| p.as_str())
+            .collect::<Vec<_>>(),
+    )?;
+    m.add(
         "DEFAULT_PREFIX_CACHING",
         specrt_core::DEFAULT_PREFIX_CACHING,
     )?;

@@ -361,7 +361,11 @@ pub(crate) fn request_of(
                     None => None,
                     Some(p) => {
                         let s: String = p.extract().map_err(|_| {
-                            invalid(&key, p, "one of: 'draft', 'ngram', 'ngram+draft', 'none'")
+                            let names: Vec<String> = Proposer::ALL
+                                .iter()
+                                .map(|p| format!("'{}'", p.as_str()))
+                                .collect();
+                            invalid(&key, p, &format!("one of: {}", names.join(", ")))
                         })?;
                         Some(s.parse::<Proposer>().map_err(to_pyerr)?)
                     }
