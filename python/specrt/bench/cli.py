@@ -239,8 +239,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"Defaults: {sb.per_category} question per category, {sb.max_new_tokens} new tokens per turn "
         "(--max-new-tokens), K as -k, greedy. Time of the default run (Qwen2.5-Coder 1.5B / 0.5B, fp32, 2 CPU "
         "cores), estimated from benches/RESULTS.md (target-only 6.3 tok/s, K=4 about 1.6x, prompt lookup "
-        "1.0-1.3x, prefill 12.6 ms per prompt token), not measured: about 15 min (21 turns x 5 methods: 10 min "
-        "decoding, 5 min prefill); --per-category all (480 questions, 560 turns): about 8 hours. --repeats and "
+        "1.0-1.3x, prefill 12.6 ms per prompt token), not measured: about 18 min (21 turns x 6 methods: 12 min "
+        "decoding, 6 min prefill; the gguf pair on a Zen 3 EPYC measured 12.8 min); --per-category all (480 "
+        "questions, 560 turns): about 8 hours. --repeats and "
         "--baseline do not apply; "
         "--quick cannot be combined with it",
     )

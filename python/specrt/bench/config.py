@@ -101,7 +101,7 @@ class BenchConfig:
     @classmethod
     def spec_bench(cls, **overrides: Any) -> BenchConfig:
         """The Spec-Bench suite's defaults (``specrt bench --suite spec-bench``): one question per category, 48 new
-        tokens per turn, all methods, greedy (about 15 minutes for the default pair on 2 CPU cores, estimated in
+        tokens per turn, all methods, greedy (about 18 minutes for the default pair on 2 CPU cores, estimated in
         :mod:`specrt.bench.spec_bench`)."""
         from specrt.bench.spec_bench import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PER_CATEGORY
 

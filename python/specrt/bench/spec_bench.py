@@ -79,10 +79,11 @@ category's median, as for specrt (:func:`peer_summary`).
 from benches/RESULTS.md's default run: target-only 6.3-6.7 decode tok/s, K = 4 1.4-1.9x, prompt lookup 1.0-1.3x on
 prompts with little to copy, prefill about 12.6 ms per prompt token, 16.3 with the draft). One question per category
 is 21 turns (8 two-turn, 5 single-turn). Decoding 48 new tokens per turn: 21 x 48 x (1/6.3 + 1/10 + 1/7 + 1/9.5 +
-1/10) s = 10.2 min for the five methods (target-only, draft, ngram, ngram+draft, auto K); prefill: about 4000 prompt
-tokens per method (the summarization and rag questions are about 800 tokens each, a second turn about 170) x (12.6 +
-4 x 16.3) ms = 5.1 min; together about 15 min, less where answers end before 48 tokens. All 480 questions (560 turns,
-160 of them about 800 prompt tokens long): about 8 hours.
+1/10 + 1/10) s = 11.9 min for the six methods (target-only, draft, ngram, ngram+draft, auto K, auto); prefill: about
+4000 prompt tokens per method (the summarization and rag questions are about 800 tokens each, a second turn about
+170) x (12.6 + 5 x 16.3) ms = 6.3 min; together about 18 min, less where answers end before 48 tokens (measured: the
+gguf pair on a 2-core Zen 3 EPYC, 12.8 min for specrt's part, benches/RESULTS.md "Spec-Bench"). All 480 questions
+(560 turns, 160 of them about 800 prompt tokens long): about 8 hours.
 """
 
 from __future__ import annotations
