@@ -213,6 +213,11 @@ def test_the_table_the_plot_and_the_peer_summary(greedy_run) -> None:
     assert summary["overall"]["n"] == 4 and summary["overall"]["median"] == pytest.approx(1.6)
     assert summary["target_only_same_tokens_as_specrt"] is None  # llama.cpp reports no token ids
     assert "peers: speculative over their own target-only" in text
+    # Absolute decode tokens/s of both peer modes, tokens over seconds summed (the stand-in's rates are 1.6x apart).
+    rates = summary["decode_tokens_per_s"]["overall"]
+    assert rates["target_only"] > 0 and rates["speculative"] / rates["target_only"] == pytest.approx(1.6)
+    assert set(summary["decode_tokens_per_s"]) == {*rep["spec_bench"]["categories"], "overall"}
+    assert "decode tokens/s beside the peers" in text
     try:
         import matplotlib  # noqa: F401
     except ImportError:

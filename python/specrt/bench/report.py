@@ -454,7 +454,42 @@ def _spec_bench_tables(report: dict[str, Any]) -> tuple[list[tuple[str, list[str
         rows.append(["overall", *(_sp(v["overall"]) for v in ps.values())])
         rows.append(["target-only = specrt", *(_ratio(v["target_only_same_tokens_as_specrt"]) for v in ps.values())])
         tables.append(("peers: speculative over their own target-only (median over questions)", cols, rows, len(cats)))
+        tables.append(_peer_speed_table(sb, ps, k))
     return tables, notes
+
+
+def _peer_speed_table(
+    sb: dict[str, Any], ps: dict[str, Any], k: int | str
+) -> tuple[str, list[str], list[list[str]], int]:
+    """Absolute decode tokens/s beside the peers': specrt's best method per category (chosen after the fact, among
+    the methods run), each peer mode's target-only / speculative tokens/s, and specrt's best over the peer's best."""
+    cats = [*sb["categories"], "overall"]
+    cols = ["category", "specrt best (method)"]
+    for label in ps:
+        cols += [f"{label} target-only / spec", "specrt best / its best"]
+    rows = []
+    for c in cats:
+        figs = sb["overall"] if c == "overall" else sb["categories"][c]
+        rated = [(f["decode_tokens_per_s"], m) for m, f in figs.items() if f.get("decode_tokens_per_s")]
+        best = max(rated) if rated else None
+        row = [c, f"{best[0]:.2f} ({method_label(best[1], k)})" if best else "-"]
+        for v in ps.values():
+            r = (v.get("decode_tokens_per_s") or {}).get(c)
+            if r is None:
+                row += ["-", "-"]
+                continue
+            theirs = max(r["target_only"], r["speculative"])
+            row += [
+                f"{_f(r['target_only'])} / {_f(r['speculative'])}",
+                _f(best[0] / theirs) if best and theirs else "-",
+            ]
+        rows.append(row)
+    return (
+        "decode tokens/s beside the peers (specrt's best: the category's fastest method in this run)",
+        cols,
+        rows,
+        len(cats) - 1,
+    )
 
 
 def _spec_bench_header(report: dict[str, Any]) -> str:

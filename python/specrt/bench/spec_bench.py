@@ -417,7 +417,9 @@ def _peer_prompts(records: Sequence[dict[str, Any]], questions: Sequence[Questio
 def peer_summary(report: dict[str, Any]) -> dict[str, Any]:
     """Per peer mode (``peer_modes`` labels): per category and overall, the median over questions of the peer's
     speculative decode speed over its own target-only's, and how many of the peer's greedy target-only turns equal
-    specrt's token for token (where the peer reports token ids).
+    specrt's token for token (where the peer reports token ids), and ``decode_tokens_per_s``: per category and
+    ``overall``, ``{"target_only", "speculative"}`` decode tokens/s (the speculative mode's emitted tokens over each
+    mode's decode seconds, summed over the group's questions; None where no question has both rates).
 
     A question's speed ratio = target-only decode seconds / speculative decode seconds for the tokens the
     speculative mode emitted on each turn (turns summed; each mode's seconds = those tokens / its decode tokens/s:
@@ -436,6 +438,8 @@ def peer_summary(report: dict[str, Any]) -> dict[str, Any]:
             by_label.setdefault(label, {})[pid] = figs
         for label, figs in by_label.items():
             per_q: dict[int, float | None] = {}
+            # per question: (tokens, target-only seconds, speculative seconds) for the category's decode tok/s
+            sums: dict[int, tuple[float, float, float]] = {}
             same = [0, 0]
             for r in records:
                 turns = [f"q{r['question_id']}-t{i + 1}" for i in range(len(r["runs"]["target_only"]))]
@@ -451,6 +455,9 @@ def peer_summary(report: dict[str, Any]) -> dict[str, Any]:
                         secs[mode] += n / tps if tps else float("nan")
                 ok = secs["speculative"] > 0 and secs["target_only"] == secs["target_only"]  # no NaN: every rate known
                 per_q[r["question_id"]] = secs["target_only"] / secs["speculative"] if ok else None
+                if ok:
+                    n_tok = sum(med(figs[pid]["speculative"].get("n_emitted")) or 0.0 for pid in turns)
+                    sums[r["question_id"]] = (n_tok, secs["target_only"], secs["speculative"])
                 for i, pid in enumerate(turns):
                     theirs = (peer["prompts"][pid].get("token_ids") or {}).get("target_only")
                     if greedy and theirs is not None:
@@ -461,13 +468,29 @@ def peer_summary(report: dict[str, Any]) -> dict[str, Any]:
                 for c in CATEGORIES
                 if any(r["category"] == c for r in records)
             }
+
             out[label] = {
                 "peer": name,
                 "categories": cats,
                 "overall": spread(per_q.values()),
+                # decode tokens/s of each mode, tokens over seconds summed over the group's questions
+                "decode_tokens_per_s": {
+                    **{c: _rates(sums, [r["question_id"] for r in records if r["category"] == c]) for c in cats},
+                    "overall": _rates(sums, [r["question_id"] for r in records]),
+                },
                 "target_only_same_tokens_as_specrt": {"n_equal": same[0], "n": same[1]} if same[1] else None,
             }
     return out
+
+
+def _rates(sums: dict[int, tuple[float, float, float]], qids: list[int]) -> dict[str, float] | None:
+    """Decode tokens/s of both peer modes over the questions ``qids``: ``sums[q]`` = (tokens, target-only seconds,
+    speculative seconds); None where none of them has both."""
+    got = [sums[q] for q in qids if q in sums]
+    if not got:
+        return None
+    n_tok = sum(g[0] for g in got)
+    return {"target_only": n_tok / sum(g[1] for g in got), "speculative": n_tok / sum(g[2] for g in got)}
 
 
 def _max_seq_len(cfg: BenchConfig, target: Path, questions: Sequence[Question]) -> int:
