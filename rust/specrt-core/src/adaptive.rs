@@ -14,9 +14,10 @@
 //! prompt's prefill) gives ([`KController::observe_long_pass`]), so a compute-bound CPU target is not assumed to
 //! verify a block of 8 for the price of 2.
 //!
-//! Prompt-lookup (n-gram) proposals cost no draft pass (c_q = 0) and have their own acceptance estimate: when a
-//! match offers tokens, [`KController::choose_ngram`] verifies the prefix length that maximises `E(K) / c_verify(K +
-//! 1)` at the n-gram acceptance, or none of it when the draft model (or a plain target step) is predicted to do
+//! Prompt-lookup (n-gram) proposals cost no draft pass (c_q = 0) and have their own acceptance estimates, kept for a
+//! match's first position and for the positions after an accepted one (copies are bursty: they fail at once or run
+//! on; [`KController::rate_ngram`]): when a match offers tokens, [`KController::choose_ngram`] verifies the prefix
+//! length that maximises `E(K) / c_verify(K + 1)` under that two-state model, or none of it when the draft model (or a plain target step) is predicted to do
 //! better; declined matches are still tried every [`AutoK::probe_every`] times.
 //!
 //! Whether to take an n-gram match or let the draft model draft is decided from *observed* throughput (emitted
@@ -245,6 +246,10 @@ pub struct KController {
     alpha: AcceptanceEstimate,
     // The same for n-gram proposals (p(x) per evaluated position: q is a point mass).
     alpha_ngram: AcceptanceEstimate,
+    // n-gram proposals are bursty (a copy either fails at once or runs on): p(x) of a match's first position, and of
+    // the positions after an accepted one ([`KController::rate_ngram`]).
+    ngram_first: AcceptanceEstimate,
+    ngram_next: AcceptanceEstimate,
     // The same for grammar-forced proposals (p(x) of the masked target row), and the forced tokens the next round
     // proposes before its drafts.
     alpha_forced: AcceptanceEstimate,
@@ -335,6 +340,16 @@ impl KController {
             rows: 1,
             long_pass: None,
             alpha_ngram: AcceptanceEstimate::new(
+                cfg.prior_acceptance_ngram,
+                cfg.prior_weight,
+                cfg.acceptance_window,
+            ),
+            ngram_first: AcceptanceEstimate::new(
+                cfg.prior_acceptance_ngram,
+                cfg.prior_weight,
+                cfg.acceptance_window,
+            ),
+            ngram_next: AcceptanceEstimate::new(
                 cfg.prior_acceptance_ngram,
                 cfg.prior_weight,
                 cfg.acceptance_window,
@@ -553,6 +568,8 @@ impl KController {
         }
         self.alpha = other.alpha.clone();
         self.alpha_ngram = other.alpha_ngram.clone();
+        self.ngram_first = other.ngram_first.clone();
+        self.ngram_next = other.ngram_next.clone();
         self.alpha_forced = other.alpha_forced.clone();
         if let Some(c) = other.c_draft {
             self.c_draft = Some(c);
@@ -640,11 +657,23 @@ impl KController {
         );
     }
 
-    /// Predicted tokens per unit time for verifying `k` n-gram tokens (no draft pass).
+    /// Predicted tokens per unit time for verifying `k` n-gram tokens (no draft pass). Copies are bursty, so the
+    /// expected tokens are a two-state (Markov) model rather than the geometric one: the first position accepted
+    /// with probability `a1` (the estimate over matches' first positions), every later one, given its predecessor
+    /// was, with `c` (over the positions after an accepted one): `E(k) = 1 + a1 (1 - c^k) / (1 - c)`, which is the
+    /// geometric `(1 - a^(k+1)) / (1 - a)` when `a1 = c = a` (as the priors are, before any n-gram round).
     #[must_use]
     pub fn rate_ngram(&self, k: usize) -> f64 {
-        let e = expected_tokens(self.alpha_ngram().min(0.999_999), k).unwrap_or(1.0);
-        e / self.cost_verify(k + 1)
+        self.expected_ngram(k) / self.cost_verify(k + 1)
+    }
+
+    /// `E(k)` of [`KController::rate_ngram`]'s two-state model.
+    fn expected_ngram(&self, k: usize) -> f64 {
+        let a1 = self.ngram_first.value();
+        let c = self.ngram_next.value().min(0.999_999);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+        let run = (1.0 - c.powi(k as i32)) / (1.0 - c);
+        1.0 + a1 * run
     }
 
     /// How many of the `n_offered` tokens of an n-gram match to verify this round (0 = decline the match and use
@@ -704,6 +733,12 @@ impl KController {
     pub fn observe_ngram(&mut self, k: usize, accept_probs: &[f32], target_ms: f64) {
         for &a in accept_probs {
             self.alpha_ngram.push(a);
+        }
+        if let Some((&first, rest)) = accept_probs.split_first() {
+            self.ngram_first.push(first);
+            for &a in rest {
+                self.ngram_next.push(a);
+            }
         }
         self.observe(k, &[], 0.0, 0, target_ms);
     }
@@ -1045,6 +1080,52 @@ mod tests {
         assert!((c.alpha() - 0.7).abs() < 1e-12);
         c.observe(2, &[1.0, 0.5], 2.0, 2, 10.0);
         assert!((c.alpha() - 0.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bursty_ngram_matches_are_priced_by_their_first_position_and_their_runs() {
+        // Compute-bound verification (c_verify(n) = 10 (1 + 0.3 (n - 1))), no draft model: the alternative is a
+        // plain step. Half the matches fail at once, half copy all 8 tokens: per position 0.89 accepted, so the
+        // geometric model would verify 4 (its best E / cost); the runs make every further token nearly free of
+        // risk, so the two-state model verifies the whole match.
+        let cfg = AutoK {
+            acceptance_window: 4096,
+            ..pinned(1.0, 0.3)
+        };
+        let mut c = KController::new(cfg.clone()).unwrap();
+        for i in 0..40 {
+            if i % 2 == 0 {
+                c.observe_ngram(1, &[0.0], 10.0);
+            } else {
+                c.observe_ngram(8, &[1.0; 8], 31.0);
+            }
+        }
+        let a = c.alpha_ngram();
+        let geometric = (1..=8usize)
+            .max_by(|&x, &y| {
+                let r =
+                    |k: usize| expected_tokens(a, k).unwrap() / (10.0 * (1.0 + 0.3 * (k as f64)));
+                r(x).total_cmp(&r(y))
+            })
+            .unwrap();
+        assert!(
+            geometric < 8,
+            "the geometric model stops short: {geometric}"
+        );
+        assert_eq!(c.choose_ngram(8, 0), 8);
+        // Three of four matches fail at once: per position still 0.73 (the geometric model would verify 2, at a
+        // predicted 1.41 tokens per plain step's time), but a match pays only a quarter of the time: E(2) = 1.5 for
+        // 1.6 plain steps. Declined (until the probe of every probe_every-th match).
+        let mut c = KController::new(cfg).unwrap();
+        for i in 0..40 {
+            if i % 4 == 0 {
+                c.observe_ngram(8, &[1.0; 8], 31.0);
+            } else {
+                c.observe_ngram(1, &[0.0], 10.0);
+            }
+        }
+        assert!(c.alpha_ngram() > 0.7);
+        assert_eq!(c.choose_ngram(8, 0), 0);
     }
 
     #[test]
