@@ -684,19 +684,19 @@ impl KController {
     #[must_use]
     pub fn choose_ngram(&mut self, n_offered: usize, draft_k_cap: usize) -> usize {
         let n = n_offered.min(self.cfg.k_max);
-        let alternative = (0..=draft_k_cap.min(self.cfg.k_max))
-            .map(|k| self.rate(k))
-            .fold(f64::NEG_INFINITY, f64::max);
+        // The round the controller would run instead: the draft model at its best K, or a plain step (K = 0).
+        let (alt_k, alternative) = (0..=draft_k_cap.min(self.cfg.k_max))
+            .map(|k| (k, self.rate(k)))
+            .fold((0, f64::NEG_INFINITY), |b, x| if x.1 > b.1 { x } else { b });
         let best = (1..=n).max_by(|&a, &b| self.rate_ngram(a).total_cmp(&self.rate_ngram(b)));
         let Some(best) = best else { return 0 };
         let take = match (self.cfg.pinned.is_none(), self.tput_ngram) {
             (true, Some(observed)) => {
-                // Both proposers' real throughput when known; a plain step's from the measured c_verify(1).
-                let draft = if draft_k_cap > 0 {
-                    self.tput_draft
-                } else {
-                    None
-                };
+                // Both proposers' real throughput when known; a plain step's from the measured c_verify(1). The
+                // draft model's observed throughput counts only when the draft model is what would run instead: a
+                // draft that once did well but is now priced below a plain step (its catch-up, a costly CPU
+                // verification) would otherwise keep declining matches in favour of plain steps.
+                let draft = if alt_k > 0 { self.tput_draft } else { None };
                 observed > draft.map_or(alternative, |d| d.max(self.rate(0)))
             }
             _ => self.rate_ngram(best) > alternative,
@@ -1311,6 +1311,34 @@ mod tests {
         p.observe_round(RoundKind::Ngram, 1, 1000.0);
         p.observe_round(RoundKind::Draft, 100, 1.0);
         assert_eq!(p.choose_ngram(8, 8), 8);
+    }
+
+    #[test]
+    fn a_draft_priced_below_a_plain_step_does_not_decline_matches() {
+        // Draft rounds were once seen at 0.18 tokens/ms, n-gram rounds at 0.11, a plain step costs 10 ms (0.1).
+        let mut c = measured(
+            AutoK {
+                prior_acceptance: 0.6,
+                prior_acceptance_ngram: 0.6,
+                ..AutoK::default()
+            },
+            |_| 10.0,
+        );
+        c.observe(4, &[0.6; 4], 12.0, 4, 10.0);
+        c.observe_round(RoundKind::Ngram, 6, 55.0);
+        c.observe_round(RoundKind::Draft, 39, 220.0);
+        c.set_draft_backlog(1, true);
+        assert_eq!(
+            c.choose_ngram(8, 8),
+            0,
+            "in step, the draft model is the better round"
+        );
+        // Now the draft model is far behind (3 ms per token to catch up on 500): the round instead of a match
+        // would be a plain step, which the match beats.
+        c.observe_catchup(300.0, 100);
+        c.set_draft_backlog(500, true);
+        assert_eq!(c.choose(8), 0);
+        assert!(c.choose_ngram(8, 8) > 0);
     }
 
     #[test]
