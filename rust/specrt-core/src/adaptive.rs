@@ -691,14 +691,16 @@ impl KController {
         let best = (1..=n).max_by(|&a, &b| self.rate_ngram(a).total_cmp(&self.rate_ngram(b)));
         let Some(best) = best else { return 0 };
         let take = match (self.cfg.pinned.is_none(), self.tput_ngram) {
-            (true, Some(observed)) => {
-                // Both proposers' real throughput when known; a plain step's from the measured c_verify(1). The
-                // draft model's observed throughput counts only when the draft model is what would run instead: a
-                // draft that once did well but is now priced below a plain step (its catch-up, a costly CPU
-                // verification) would otherwise keep declining matches in favour of plain steps.
-                let draft = if alt_k > 0 { self.tput_draft } else { None };
-                observed > draft.map_or(alternative, |d| d.max(self.rate(0)))
+            // Between two proposers, their real throughput when known (a plain step's from the measured
+            // c_verify(1)); only when the draft model is what would run instead: a draft that once did well but is
+            // now priced below a plain step (its catch-up, a costly CPU verification) would otherwise keep
+            // declining matches in favour of plain steps.
+            (true, Some(observed)) if alt_k > 0 => {
+                observed > self.tput_draft.map_or(alternative, |d| d.max(self.rate(0)))
             }
+            // Against a plain step, the two-state model over the last matches (a running average of bursty round
+            // throughputs swings with each run or miss, and a few misses in a row would decline matches for
+            // probe_every rounds).
             _ => self.rate_ngram(best) > alternative,
         };
         if take {
