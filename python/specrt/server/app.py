@@ -66,8 +66,9 @@ def create_app(
         request_timeout_s: seconds from arrival after which a request ends (504 / an error event); None = no limit.
         num_speculative_tokens: K of requests that do not set it (an int 0..``_specrt.MAX_DRAFT_TOKENS`` or ``"auto"``).
         proposer: proposer of requests that do not set it (one of ``_specrt.PROPOSERS``); None: ``"auto"``
-            (:data:`specrt.server.defaults.PROPOSER_WITH_DRAFT`) when ``decoder`` has a draft model, else the
-            Decoder's default (target-only).
+            (:data:`specrt.server.defaults.PROPOSER_WITH_DRAFT`) for requests whose K is ``"auto"`` when ``decoder``
+            has a draft model, else the Decoder's default (the draft model; target-only without one), so a fixed K
+            stays a fixed K.
         default_max_tokens: ``max_tokens`` of chat requests that set neither it nor ``max_completion_tokens``
             (completions default to OpenAI's 16).
         api_keys: keys a request must send as ``Authorization: Bearer <key>`` (empty: none needed); ``/health``
@@ -88,8 +89,6 @@ def create_app(
         raise ConfigError(str(e)) from e
     if proposer is not None:  # the Rust resolver's check: a known name, and a draft model where it needs one
         check_request("create_app", has_draft=decoder.draft_path is not None, proposer=proposer)
-    if proposer is None and decoder.draft_path is not None:
-        proposer = defaults.PROPOSER_WITH_DRAFT
     schemas = pydantic_models()
     scheduler = Scheduler(decoder, max_queue=max_queue, default_timeout_s=request_timeout_s)
     metrics = Metrics(scheduler)

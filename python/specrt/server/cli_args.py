@@ -32,9 +32,9 @@ def add_serve_arguments(sv: argparse.ArgumentParser) -> None:
         "--proposer",
         choices=_specrt.PROPOSERS,
         default=None,
-        help=f"proposer of requests that do not set one (default: {serve_defaults.PROPOSER_WITH_DRAFT!r} with a draft "
-        "model: each round a plain step, prompt lookup or the draft model, chosen from measured acceptance and costs; "
-        "without one: none)",
+        help=f"proposer of requests that do not set one (default: {serve_defaults.PROPOSER_WITH_DRAFT!r} for requests "
+        "with auto K when a draft model is loaded: each round a plain step, prompt lookup or the draft model, chosen "
+        "from measured acceptance and costs; with a fixed K the draft model; without one: none)",
     )
     sv.add_argument(
         "--max-queue", type=positive_int, default=DEFAULT_MAX_QUEUE, help="requests that may wait; one more gets 429"

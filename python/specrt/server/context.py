@@ -28,7 +28,7 @@ class ServerContext:
     schemas: dict[str, Any]
     model_name: str
     num_speculative_tokens: int | str
-    #: Proposer of requests that set none (None: the Decoder's default).
+    #: Proposer of requests that set none (None: ``"auto"`` under auto K with a draft model, else the Decoder's).
     proposer: str | None
     default_max_tokens: int
     state: dict[str, Any]

@@ -2,16 +2,16 @@
 :func:`specrt.server.run_server` read them). Importing this module loads no web framework.
 
 Defaults that differ on purpose from the Decoder's (``_specrt.request_defaults()``: 128 new tokens, K = 4): a server
-picks K per request (``"auto"``) and, with a draft model, the proposer per round (``"auto"``); chat requests get 256
+picks K per request (``"auto"``) and then, with a draft model, the proposer per round (``"auto"``); chat requests get 256
 tokens and completions OpenAI's 16."""
 
 from __future__ import annotations
 
 #: K of requests that set no ``num_speculative_tokens``: the cost-model controller picks it per round.
 NUM_SPECULATIVE_TOKENS: int | str = "auto"
-#: Proposer of requests that set no ``proposer`` when the server has a draft model: each round the controller
-#: chooses a plain step, prompt lookup or the draft model (``"auto"``). Without a draft model: the Decoder's
-#: default (target-only decoding).
+#: Proposer of requests that set no ``proposer`` and whose K is ``"auto"`` when the server has a draft model: each
+#: round the controller chooses a plain step, prompt lookup or the draft model (``"auto"``). With a fixed K, or
+#: without a draft model: the Decoder's default (the draft model; target-only without one).
 PROPOSER_WITH_DRAFT = "auto"
 #: ``max_tokens`` of chat requests that set neither it nor ``max_completion_tokens``.
 CHAT_MAX_TOKENS = 256

@@ -8,6 +8,7 @@ from typing import Any
 from specrt import _specrt
 from specrt.errors import ConfigError, VocabError
 from specrt.generate import check_request
+from specrt.server import defaults
 from specrt.server.context import ServerContext
 from specrt.server.policy import CONSTRAINT_SETTINGS, BadFieldError, param_of
 from specrt.server.structured import constraint_fields
@@ -30,6 +31,9 @@ def settings_of(ctx: ServerContext, req: Any, max_tokens: int) -> dict[str, Any]
         "include_stop_str_in_output": req.include_stop_str_in_output,
     }
     proposer = ctx.proposer if req.proposer is None else req.proposer
+    if proposer is None and kw["num_speculative_tokens"] == "auto" and ctx.decoder.draft_path is not None:
+        # auto K with a draft model: the proposer is chosen per round too (a fixed K keeps the draft model)
+        proposer = defaults.PROPOSER_WITH_DRAFT
     if proposer is not None:
         kw["proposer"] = proposer
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
