@@ -2,8 +2,8 @@
 :func:`specrt.server.run_server` read them). Importing this module loads no web framework.
 
 Defaults that differ on purpose from the Decoder's (``_specrt.request_defaults()``: 128 new tokens, K = 4): a server
-picks K per request (``"auto"``) and then, with a draft model, the proposer per round (``"auto"``); chat requests get 256
-tokens and completions OpenAI's 16."""
+picks K per request (``"auto"``) and then, with a draft model, the proposer per round (``"auto"``); chat requests get
+256 tokens and completions OpenAI's 16."""
 
 from __future__ import annotations
 
