@@ -164,6 +164,25 @@ fn every_type_matches_the_dequantized_reference_within_the_int8_activation_bound
     }
 }
 
+/// Every SIMD path in `paths` gives the portable path's bits for `x` (`m` rows) against `w`; `what` names the case.
+fn simd_equals_portable(paths: &[KernelPath], w: &QMatrix<'_>, x: &[f32], m: usize, what: &str) {
+    let want = run(KernelPath::Portable, w, x, m);
+    for &p in paths {
+        let got = run(p, w, x, m);
+        let same = want
+            .iter()
+            .zip(&got)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "{} {what}: differs from portable ({} vs {})",
+            p.name(),
+            got[0],
+            want[0]
+        );
+    }
+}
+
 #[test]
 fn simd_paths_equal_the_portable_path_bit_for_bit() {
     let mut rng = Rng(2);
@@ -178,20 +197,7 @@ fn simd_paths_equal_the_portable_path_bit_for_bit() {
             let data = random_blocks(ty, n, k, &mut rng);
             let w = QMatrix::new(ty, n, k, &data).unwrap();
             let x = random_x(m, k, &mut rng);
-            let want = run(KernelPath::Portable, &w, &x, m);
-            for &p in &paths {
-                let got = run(p, &w, &x, m);
-                let same = want
-                    .iter()
-                    .zip(&got)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(
-                    same,
-                    "{} {} M={m} K={k}: differs from portable",
-                    p.name(),
-                    ty.name()
-                );
-            }
+            simd_equals_portable(&paths, &w, &x, m, &format!("{} M={m} K={k}", ty.name()));
         }
     }
 }
@@ -224,22 +230,8 @@ fn extreme_codes_and_activations_do_not_overflow_the_simd_sums() {
             for sign in [1.0f32, -1.0] {
                 let m = 3;
                 let x = vec![sign; m * k];
-                let want = run(KernelPath::Portable, &w, &x, m);
-                for &p in &paths {
-                    let got = run(p, &w, &x, m);
-                    let same = want
-                        .iter()
-                        .zip(&got)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(
-                        same,
-                        "{} {} fill {fill:#x} x = {sign}: differs from portable ({} vs {})",
-                        p.name(),
-                        ty.name(),
-                        got[0],
-                        want[0]
-                    );
-                }
+                let what = format!("{} fill {fill:#x} x = {sign}", ty.name());
+                simd_equals_portable(&paths, &w, &x, m, &what);
             }
         }
     }
