@@ -44,6 +44,19 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut Vec<ActBlock>) {
     }
 }
 
+/// `v` rounded half away from zero (llama.cpp's `roundf`) and clamped to `-127..=127`; NaN gives 0.
+///
+/// The same value as `v.round().clamp(-127.0, 127.0) as i8`, computed with a truncating conversion (one SSE2
+/// instruction, which the compiler vectorizes) instead of `f32::round`, a libm call on x86-64 without SSE4.1.
+#[inline]
+pub fn code(v: f32) -> i8 {
+    // clamp first: every value is then within +-127, where `c - trunc(c)` is exact; NaN stays NaN and converts to 0
+    let c = v.clamp(-127.0, 127.0);
+    let t = c as i32;
+    let frac = c - t as f32;
+    (t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)) as i8
+}
+
 /// Quantize 32 values.
 #[inline]
 pub fn quantize_block(x: &[f32], blk: &mut ActBlock) {
@@ -55,8 +68,7 @@ pub fn quantize_block(x: &[f32], blk: &mut ActBlock) {
     let id = if d > 0.0 && finite { 1.0 / d } else { 0.0 };
     let mut sum = 0i32;
     for (q, v) in blk.qs.iter_mut().zip(x) {
-        // round half away from zero, as llama.cpp's roundf; |x * id| <= 127 (+ rounding), clamped to be sure
-        *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+        *q = code(v * id);
         sum += i32::from(*q);
     }
     blk.d = d;
@@ -113,7 +125,7 @@ pub fn quantize_rows_super(x: &[f32], m: usize, k: usize, out: &mut Vec<ActSuper
             let mut s = 0i16;
             let span = 16 * k16..16 * k16 + 16;
             for (q, v) in blk.qs[span.clone()].iter_mut().zip(&chunk[span]) {
-                *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+                *q = code(v * id);
                 s += i16::from(*q);
             }
             *sum = s;

@@ -370,6 +370,62 @@ fn a_non_finite_activation_gives_nan_not_a_finite_guess() {
     }
 }
 
+/// The activation code as `f32::round` (half away from zero, llama.cpp's `roundf`) then the clamp would give it.
+fn code_by_round(v: f32) -> i8 {
+    v.round().clamp(-127.0, 127.0) as i8
+}
+
+#[test]
+fn activation_codes_round_half_away_from_zero_as_roundf() {
+    let halfway = (-128..=128).flat_map(|i| {
+        let h = i as f32 + 0.5;
+        [
+            h,
+            f32::from_bits(h.to_bits() - 1),
+            f32::from_bits(h.to_bits() + 1),
+        ]
+    });
+    let special = [
+        0.0,
+        -0.0,
+        0.49999997,
+        -0.49999997,
+        126.5,
+        -126.5,
+        127.4,
+        127.5,
+        -127.5,
+        1e9,
+        -1e9,
+    ];
+    let special = special.into_iter().chain([
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+    ]);
+    for v in halfway.chain(special) {
+        assert_eq!(
+            crate::acts::code(v),
+            code_by_round(v),
+            "v = {v:e} ({:#010x})",
+            v.to_bits()
+        );
+    }
+    // a rounding that breaks ties toward even (as `round_ties_even` or a `+ 0.5` trick would) is caught here
+    assert_ne!((2.5f32).round_ties_even() as i8, code_by_round(2.5));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+    #[test]
+    fn activation_codes_equal_roundf_on_any_float(bits in any::<u32>(), scaled in -140.0f32..140.0) {
+        let v = f32::from_bits(bits);
+        prop_assert_eq!(crate::acts::code(v), code_by_round(v), "v = {:e}", v);
+        prop_assert_eq!(crate::acts::code(scaled), code_by_round(scaled), "v = {:e}", scaled);
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]

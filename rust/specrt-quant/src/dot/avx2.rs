@@ -43,8 +43,11 @@ unsafe fn bcast4(x: *const u8) -> __m256i {
 #[inline]
 unsafe fn pairs16(w: &[__m256i], x: *const u8) -> __m256i {
     let mut s = _mm256_maddubs_epi16(w[0], bcast4(x));
-    for (i, wi) in w.iter().enumerate().skip(1) {
-        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*wi, bcast4(x.add(4 * i))));
+    // indices, not iterator adapters: those are not always inlined into `target_feature` functions, and a call
+    // passes the vectors through memory with a `vzeroupper`
+    #[allow(clippy::needless_range_loop)]
+    for i in 1..w.len() {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[i], bcast4(x.add(4 * i))));
     }
     s
 }
@@ -103,6 +106,19 @@ unsafe fn nibbles(codes: *const u8, fifth: *const u8) -> [__m256i; 8] {
         }
     }
     w
+}
+
+/// The mins' integer `M` of eight columns: `sum_i mins[i] * pairs[i]` in int16 pairs (`mins[i]`: per column the
+/// mins `2i`, `2i + 1`; `pairs[i]`: the activations' two slice sums). Plain indices, not iterator adapters: those
+/// are not inlined here and pass the vectors through memory with a `vzeroupper` per call.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn mins_dot(mins: &[__m256i; 4], pairs: &[i32; 4]) -> __m256i {
+    let a = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(pairs[0]));
+    let b = _mm256_madd_epi16(mins[1], _mm256_set1_epi32(pairs[1]));
+    let c = _mm256_madd_epi16(mins[2], _mm256_set1_epi32(pairs[2]));
+    let d = _mm256_madd_epi16(mins[3], _mm256_set1_epi32(pairs[3]));
+    _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d))
 }
 
 /// [`crate::dot::group_b`] on this path.
@@ -272,10 +288,14 @@ pub(crate) unsafe fn group_k<const R: usize>(
                 let a = acts[r].get_unchecked(s);
                 let sums = a.sums16.as_ptr().cast::<i32>();
                 let mut off = _mm256_setzero_si256();
-                for (j, pair) in sc_pairs.iter().enumerate() {
+                #[allow(clippy::needless_range_loop)] // indices: see pairs16
+                for j in 0..8 {
                     off = _mm256_add_epi32(
                         off,
-                        _mm256_madd_epi16(*pair, _mm256_set1_epi32(sums.add(j).read_unaligned())),
+                        _mm256_madd_epi16(
+                            sc_pairs[j],
+                            _mm256_set1_epi32(sums.add(j).read_unaligned()),
+                        ),
                     );
                 }
                 let tr = _mm256_sub_epi32(t[r], _mm256_slli_epi32::<5>(off));
@@ -289,10 +309,7 @@ pub(crate) unsafe fn group_k<const R: usize>(
             });
             for r in 0..R {
                 let a = acts[r].get_unchecked(s);
-                let mut mi = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(a.pairs32[0]));
-                for (mv, &pair) in mins.iter().zip(&a.pairs32).skip(1) {
-                    mi = _mm256_add_epi32(mi, _mm256_madd_epi16(*mv, _mm256_set1_epi32(pair)));
-                }
+                let mi = mins_dot(&mins, &a.pairs32);
                 let xd = _mm256_set1_ps(a.d);
                 acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(t[r]), acc[r]);
                 acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, xd), _mm256_cvtepi32_ps(mi), acc[r]);

@@ -225,10 +225,7 @@ pub(crate) mod vnni {
                 });
                 for r in 0..R {
                     let a = acts[r].get_unchecked(s);
-                    let mut mi = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(a.pairs32[0]));
-                    for (mv, &pair) in mins.iter().zip(&a.pairs32).skip(1) {
-                        mi = _mm256_add_epi32(mi, _mm256_madd_epi16(*mv, _mm256_set1_epi32(pair)));
-                    }
+                    let mi = crate::dot::avx2::mins_dot(&mins, &a.pairs32);
                     let xd = _mm256_set1_ps(a.d);
                     acc[r] =
                         _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(t[r]), acc[r]);
@@ -382,8 +379,13 @@ pub(crate) mod vnni512 {
                 for r in 0..R {
                     let a = acts[r].get_unchecked(s);
                     let mut mi = _mm512_madd_epi16(mins[0], _mm512_set1_epi32(a.pairs32[0]));
-                    for (mv, &pair) in mins.iter().zip(&a.pairs32).skip(1) {
-                        mi = _mm512_add_epi32(mi, _mm512_madd_epi16(*mv, _mm512_set1_epi32(pair)));
+                    // indices, not iterator adapters (not always inlined here: see avx2::pairs16)
+                    #[allow(clippy::needless_range_loop)]
+                    for i in 1..4 {
+                        mi = _mm512_add_epi32(
+                            mi,
+                            _mm512_madd_epi16(mins[i], _mm512_set1_epi32(a.pairs32[i])),
+                        );
                     }
                     let xd = _mm512_set1_ps(a.d);
                     acc[r] =
