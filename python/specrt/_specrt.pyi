@@ -444,6 +444,7 @@ def check_decoder_options(
     prefill_chunk: Any,
     prefix_caching: Any = None,
     max_prefill_tokens: Any = None,
+    suffix_cache_tokens: Any = None,
 ) -> str:
     """Check a Decoder's own options (``specrt_ort::DecoderOptions``); returns ``"gqa"``, ``"gqa-graph"`` or
     ``"batched"``. Raises ConfigError naming a bad option."""
@@ -478,6 +479,7 @@ class BatchPipeline:
         prefix_cache_bytes: int | None = None,
         max_prefill_tokens: int | None = None,
         profile: str | os.PathLike[str] | None = None,
+        suffix_cache_tokens: int = 0,
     ) -> BatchPipeline: ...
     def submit(self, prompt: Sequence[int], settings: dict[str, Any]) -> int: ...
     def step(self) -> list[dict[str, Any]]:

@@ -398,6 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefill every prompt in full (default: reuse the KV of a prompt's leading tokens that an earlier "
         "request left, e.g. a chat's history or a shared system prompt; ARCHITECTURE.md, 'Prefix caching')",
     )
+    sv.add_argument(
+        "--suffix-cache-tokens",
+        type=int,
+        default=None,
+        help="tokens of earlier requests' prompts and outputs that suffix decoding (proposer 'suffix', "
+        "'suffix+draft') drafts from across requests (default 0: each request drafts from its own text; about "
+        "1 KB a token at most). One request's text can then shape another's drafts (its speed), never its output",
+    )
 
     b = sub.add_parser("bench", help=bench.HELP, description=bench.__doc__.split("\n\n")[0], **fmt)
     bench.add_arguments(b)
@@ -467,6 +475,11 @@ def _decoder(a: argparse.Namespace) -> Any:
                 if getattr(a, "max_prefill_tokens", None) is not None
                 else {}
             ),
+            **(
+                {"suffix_cache_tokens": a.suffix_cache_tokens}
+                if getattr(a, "suffix_cache_tokens", None) is not None
+                else {}
+            ),
         )
     except ConfigError as e:  # the Decoder's checks (Rust's) name its options; the CLI names its flags
         raise ConfigError(_as_flags(str(e))) from e
@@ -477,6 +490,7 @@ _DECODER_FLAGS = {
     "cuda_graph": "--cuda-graph",
     "max_batch": "--max-batch",
     "max_prefill_tokens": "--max-prefill-tokens",
+    "suffix_cache_tokens": "--suffix-cache-tokens",
     "max_seq_len": "--max-seq-len",
     "intra_op_threads": "--threads",
     "draft_dtype": "--draft-dtype",

@@ -183,6 +183,11 @@ class Decoder:
             (its prompt and output, matched token id by token id) and prefill only the rest (default on;
             ``Stats.n_cached_tokens`` counts the reused tokens). The output is unchanged up to the pass shape's
             rounding: reused rows were computed by other passes than a fresh prefill's.
+        suffix_cache_tokens: tokens of earlier requests' prompts and outputs that suffix decoding
+            (``proposer="suffix"`` or ``"suffix+draft"``) drafts from, shared by this decoder's requests (default 0:
+            none, each request drafts from its own text; integer ``0 <= n <= 2**26``, about 1 KB a token at most;
+            over the budget the oldest half is dropped). A request's text can then shape another's drafts (its
+            speed), never its output, which is the target's whatever is drafted (SuffixDecoding, arXiv:2411.04975).
 
     Raises:
         UnknownModelError, ModelFileError, FileNotFoundError: a model cannot be found or read.
@@ -211,6 +216,7 @@ class Decoder:
         prefill_chunk: int = 256,
         prefix_caching: bool = _specrt.DEFAULT_PREFIX_CACHING,
         max_prefill_tokens: int = _specrt.DEFAULT_MAX_PREFILL_TOKENS,
+        suffix_cache_tokens: int = 0,
     ) -> None:
         from specrt.models import resolve_model
 
@@ -226,6 +232,7 @@ class Decoder:
             prefill_chunk=prefill_chunk,
             prefix_caching=prefix_caching,
             max_prefill_tokens=max_prefill_tokens,
+            suffix_cache_tokens=suffix_cache_tokens,
         )
         _check_draft_dtype(draft, draft_dtype)
         if is_cuda(provider) and not allow_fallback:
@@ -270,6 +277,7 @@ class Decoder:
             device_id=device_id,
             cuda_graph=cuda_graph,
             prefix_caching=prefix_caching,
+            suffix_cache_tokens=suffix_cache_tokens,
             **common,
         )
         batched = self._batch.batched
@@ -425,11 +433,15 @@ class Decoder:
                 seed can give different text unless ``pinned_costs`` is given; a fixed K always repeats exactly.
             proposer: ``"draft"`` (the draft model; default when one is attached), ``"ngram"`` (prompt lookup: copy
                 the continuation of the longest matching n-gram of the prompt and text so far), ``"ngram+draft"``
-                (n-gram first, the draft model when nothing matches), ``"none"`` (target-only), or ``"auto"``: each
+                (n-gram first, the draft model when nothing matches), ``"suffix"`` (suffix decoding: the most
+                frequent continuation of the longest matching suffix in the prompt and text so far and, with the
+                Decoder's ``suffix_cache_tokens``, in earlier requests' prompts and outputs), ``"suffix+draft"``,
+                ``"none"`` (target-only), or ``"auto"``: each
                 round auto K's controller chooses a plain target step, an n-gram match or the draft model (when one
                 is attached) and how many tokens, from this request's measured acceptance of each and their costs,
                 up to ``num_speculative_tokens`` tokens (the cap; up to ``AUTO_K_MAX`` with ``"auto"``).
-            prompt_lookup_min, prompt_lookup_max: n-gram lengths to match (vLLM's names; 1 <= min <= max <= 32).
+            prompt_lookup_min, prompt_lookup_max: n-gram lengths to match (vLLM's names; 1 <= min <= max <= 32);
+                suffix decoding matches suffixes of ``prompt_lookup_min`` to 16 tokens (min <= 16).
             pinned_costs: with ``"auto"``: ``{"c_draft": float, "c_verify": [K_max + 1 floats]}`` in any one unit —
                 one draft pass, and a target pass over n = 1..K_max + 1 tokens — used instead of timings.
             temperature: 0 = greedy; default from generation_config.json, else 1.

@@ -75,10 +75,10 @@ def test_greedy_speculative_with_truncated_draft_equals_target_only(decoders) ->
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("proposer", ["ngram", "ngram+draft"])
+@pytest.mark.parametrize("proposer", ["ngram", "ngram+draft", "suffix", "suffix+draft"])
 def test_greedy_ngram_drafting_equals_target_only(decoders, proposer: str) -> None:
-    """Prompt-lookup drafts (alone, and before the truncated draft) keep greedy output token for token; on the
-    repetitive prompt the n-gram proposer fires and is accepted."""
+    """Prompt-lookup and suffix-decoding drafts (alone, and before the truncated draft) keep greedy output token for
+    token; on the repetitive prompt the model-free proposer fires and is accepted."""
     target_only, speculative = decoders
     for name, prompt in _prompts(target_only).items():
         ref = target_only.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True)
@@ -95,7 +95,11 @@ def test_greedy_ngram_drafting_equals_target_only(decoders, proposer: str) -> No
             s = out.stats
             print(f"{proposer} {name} k={k}: ngram drafted {s.n_drafted_ngram}, accepted {s.n_accepted_ngram}")
             if name == "repetitive":
-                assert s.n_accepted_ngram > MAX_NEW_TOKENS // 2, "copying the repetition should be accepted"
+                # The output repeats "1." then switches to "2.": prompt lookup copies the most recent occurrence and
+                # follows the switch at once; suffix decoding proposes the most frequent continuation and follows it
+                # once a deeper context has been seen, so it accepts fewer (20 of 40 here against 22).
+                floor = MAX_NEW_TOKENS // (2 if proposer.startswith("ngram") else 4)
+                assert s.n_accepted_ngram > floor, "copying the repetition should be accepted"
 
 
 @pytest.mark.model
@@ -124,3 +128,38 @@ def test_greedy_speculative_with_an_int4_draft_of_the_fp32_target_equals_target_
             n_accepted += s.n_accepted
             print(f"{name:10s} k={k}: int4 draft acceptance {s.acceptance_rate:.3f}, {s.n_bonus} bonus")
     assert n_accepted > MAX_NEW_TOKENS, "an int4 copy of the target should have most drafts accepted"
+
+
+@pytest.mark.model
+def test_a_shared_suffix_cache_drafts_a_repeated_request_from_the_earlier_output(decoders) -> None:
+    """With ``suffix_cache_tokens`` the second of two identical requests drafts the first one's output (accepted:
+    greedy decoding repeats it), and both outputs equal target-only's; without a cache the second request drafts no
+    more than the first."""
+    from specrt import models
+
+    target_only, _ = decoders
+    prompt = _prompts(target_only)["chat"]
+    kw = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+    ref = target_only.generate(prompt, **kw)
+    target = models.pull(TARGET, progress=False)
+    for cache_tokens in (0, 4096):
+        dec = specrt.Decoder(target, max_seq_len=256, suffix_cache_tokens=cache_tokens)
+        first = dec.generate(prompt, proposer="suffix", num_speculative_tokens=8, **kw)
+        second = dec.generate(prompt, proposer="suffix", num_speculative_tokens=8, **kw)
+        assert first.token_ids == ref.token_ids
+        assert second.token_ids == ref.token_ids
+        a1, a2 = first.stats.n_accepted_ngram, second.stats.n_accepted_ngram
+        print(f"suffix_cache_tokens={cache_tokens}: accepted {a1} then {a2} of {MAX_NEW_TOKENS}")
+        if cache_tokens:
+            assert a2 >= MAX_NEW_TOKENS - 8, "the earlier output should be drafted and accepted"
+            assert second.stats.n_rounds < first.stats.n_rounds
+        else:
+            assert a2 == a1
+
+
+def test_a_bad_suffix_cache_size_is_refused_naming_it_before_any_model_loads() -> None:
+    from specrt.errors import ConfigError
+
+    for bad in (-1, 2**26 + 1, "many"):
+        with pytest.raises(ConfigError, match="suffix_cache_tokens"):
+            specrt.Decoder("no-such-model-is-ever-pulled", suffix_cache_tokens=bad)

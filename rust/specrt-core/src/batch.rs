@@ -44,7 +44,7 @@ use crate::backend::{BatchBackend, BatchRow};
 use crate::constrained::{ConstrainedProposal, ConstrainedScratch, Proposer};
 use crate::constraint::{mask_words, Constraint};
 use crate::error::{Result, SpecError};
-use crate::ngram::NgramProposer;
+use crate::lookup::LookupProposer;
 use crate::prefix::{PrefixPool, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING};
 use crate::request::{
     ms_since, GenerationConfig, GenerationOutput, PromptLogprobs, Request, StepOutput,
@@ -52,6 +52,7 @@ use crate::request::{
 use crate::request_engine::{id_in_use, RequestEngine, RowStep};
 use crate::sampling::Sampler;
 use crate::stats::Stats;
+use crate::suffix::SuffixCache;
 use crate::verify::{Verification, VerifyMode};
 use crate::vocab::FittedBatchDraft;
 
@@ -131,7 +132,7 @@ impl Default for BatchOptions {
 struct Row {
     id: u64,
     req: Request,
-    ngram: Option<NgramProposer>,
+    ngram: Option<LookupProposer>,
     // Prompt tokens (of the n_prompt - 1 to prefill) in the caches so far.
     prefilled: usize,
     // Whether the prefix store was searched for its prompt (at its first prefill chunk, not at admission: a row
@@ -202,6 +203,8 @@ pub struct BatchEngine {
     round_due: bool,
     // The index of the prefix store (the KV copies live in the backends).
     pool: PrefixPool,
+    // Suffix decoding's cache of earlier requests (None: each request drafts from its own text).
+    suffix_cache: Option<std::sync::Arc<SuffixCache>>,
 }
 
 impl BatchEngine {
@@ -254,6 +257,7 @@ impl BatchEngine {
             round_due: false,
             steps: Vec::with_capacity(max_batch),
             pool: PrefixPool::new(opts.prefix_cache_bytes),
+            suffix_cache: None,
             opts,
         })
     }
@@ -269,6 +273,12 @@ impl BatchEngine {
     #[must_use]
     pub fn has_draft(&self) -> bool {
         self.draft.is_some()
+    }
+
+    /// Share suffix decoding's cache of earlier requests ([`crate::suffix`]; `None`: each request drafts from its
+    /// own text only). Rows that ask for suffix decoding read it and publish their text to it when they leave.
+    pub fn set_suffix_cache(&mut self, cache: Option<std::sync::Arc<SuffixCache>>) {
+        self.suffix_cache = cache;
     }
 
     /// Most rows decoding at once (cache slots).
@@ -331,7 +341,8 @@ impl BatchEngine {
         req.controller = None; // the batch chooses K
         let ngram = match req.cfg.ngram {
             Some(ng) => {
-                let mut p = NgramProposer::new(ng.prompt_lookup_min, ng.prompt_lookup_max)?;
+                // (a suffix proposer publishes the request's text to the shared cache when its row is dropped)
+                let mut p = LookupProposer::new(&ng, self.suffix_cache.as_ref())?;
                 p.extend(prompt);
                 Some(p)
             }
@@ -1361,6 +1372,10 @@ impl RequestEngine for BatchEngine {
 
     fn prefix_cache_usage(&self) -> (usize, usize) {
         BatchEngine::prefix_cache_usage(self)
+    }
+
+    fn set_suffix_cache(&mut self, cache: Option<std::sync::Arc<SuffixCache>>) {
+        BatchEngine::set_suffix_cache(self, cache);
     }
 
     fn n_waiting(&self) -> usize {

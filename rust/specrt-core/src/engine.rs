@@ -14,7 +14,7 @@ use crate::backend::Backend;
 use crate::constrained::{ConstrainedScratch, Proposer};
 use crate::constraint::{mask_words, Constraint};
 use crate::error::{Result, SpecError};
-use crate::ngram::NgramProposer;
+use crate::lookup::LookupProposer;
 use crate::prefix::{PrefixReuse, DEFAULT_PREFIX_CACHING};
 use crate::request::{
     ms_since, FinishReason, GenerationConfig, GenerationOutput, PromptLogprobs, Request,
@@ -22,6 +22,7 @@ use crate::request::{
 };
 use crate::sampling::Sampler;
 use crate::stats::Stats;
+use crate::suffix::SuffixCache;
 use crate::verify::{verify_greedy_ids_into, Verification, VerifyMode, MAX_DRAFT_TOKENS};
 use crate::vocab::FittedDraft;
 
@@ -46,8 +47,10 @@ pub struct Engine {
     first_logits: Vec<f32>,
     // The latest prompt prefill's target pass (tokens, ms), kept across requests: auto K's per-token pass cost.
     long_pass: Option<(usize, f64)>,
-    // Prompt-lookup index over the committed tokens (allocations reused across requests).
-    ngram: Option<NgramProposer>,
+    // Model-free proposer over the committed tokens (prompt lookup's allocations reused across requests).
+    ngram: Option<LookupProposer>,
+    // Suffix decoding's cache of earlier requests, shared with whoever else holds it (None: each request's own).
+    suffix_cache: Option<std::sync::Arc<SuffixCache>>,
     // Reused result of the round's verification.
     ver: Verification,
     // Constrained requests: the round's masks, masked rows and proposal scratch.
@@ -100,6 +103,7 @@ impl Engine {
             first_logits: Vec::new(),
             long_pass: None,
             ngram: None,
+            suffix_cache: None,
             ver: Verification::default(),
             cons: ConstrainedScratch::default(),
             request: None,
@@ -120,6 +124,12 @@ impl Engine {
             self.cached_tgt.clear();
             self.cached_dft.clear();
         }
+    }
+
+    /// Share suffix decoding's cache of earlier requests ([`crate::suffix`]; `None`: each request drafts from its
+    /// own text only). Requests that ask for suffix decoding read it and publish their text to it when they end.
+    pub fn set_suffix_cache(&mut self, cache: Option<std::sync::Arc<SuffixCache>>) {
+        self.suffix_cache = cache;
     }
 
     /// Whether prefix caching is on ([`Engine::set_prefix_caching`]).
@@ -201,14 +211,10 @@ impl Engine {
         let cfg = &req.cfg;
         match cfg.ngram {
             Some(ng) => {
-                let fresh = self.ngram.as_ref().is_none_or(|p| {
-                    p.min_n() != ng.prompt_lookup_min || p.max_n() != ng.prompt_lookup_max
-                });
-                if fresh {
-                    self.ngram = Some(NgramProposer::new(
-                        ng.prompt_lookup_min,
-                        ng.prompt_lookup_max,
-                    )?);
+                let shared = self.suffix_cache.as_ref();
+                if self.ngram.as_ref().is_none_or(|p| !p.fits(&ng, shared)) {
+                    // (the one it replaces publishes its last request to its shared cache, if any, when dropped)
+                    self.ngram = Some(LookupProposer::new(&ng, shared)?);
                 }
                 let p = self.ngram.as_mut().expect("just set");
                 p.reset();

@@ -14,6 +14,7 @@ pub mod cost;
 pub mod coupled;
 pub mod engine;
 pub mod error;
+pub mod lookup;
 pub mod ngram;
 pub mod prefix;
 pub mod request;
@@ -23,6 +24,7 @@ pub mod sampling;
 pub mod single_stream;
 pub mod stats;
 pub mod subset;
+pub mod suffix;
 pub mod testing;
 pub mod verify;
 pub mod vocab;
@@ -34,13 +36,14 @@ pub use constraint::{apply_mask, mask_allows, mask_set, mask_words, next_mask, C
 pub use coupled::CoupledNoise;
 pub use engine::Engine;
 pub use error::{Result, SpecError};
+pub use lookup::LookupProposer;
 pub use ngram::{NgramProposer, MAX_NGRAM_LEN};
 pub use prefix::{
     common_prefix_len, PrefixReuse, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING,
 };
 pub use request::{
-    check_prompt, FinishReason, GenerationConfig, GenerationOutput, NgramConfig, PromptLogprobs,
-    StepOutput, TokenSource, PROMPT_LOGPROBS_CHUNK,
+    check_prompt, FinishReason, GenerationConfig, GenerationOutput, LookupMethod, NgramConfig,
+    PromptLogprobs, StepOutput, TokenSource, PROMPT_LOGPROBS_CHUNK,
 };
 pub use request_engine::{RequestEngine, RowStep};
 pub use rng::{PcgState, Rng};
@@ -48,6 +51,9 @@ pub use sampling::{PenaltyContext, Sampler, SamplingParams, MAX_TOP_LOGPROBS};
 pub use single_stream::SingleStream;
 pub use stats::Stats;
 pub use subset::{SubsetBackend, VocabSubset};
+pub use suffix::{
+    SuffixCache, SuffixProposer, MAX_SUFFIX_CACHE_TOKENS, SUFFIX_CACHE_TOKENS, SUFFIX_MAX_DEPTH,
+};
 pub use verify::{
     verify, verify_coupled_into, verify_greedy_ids_into, LastToken, Verification, VerifyMode,
     MAX_DRAFT_TOKENS,

@@ -260,7 +260,7 @@ impl NgramProposer {
 /// Unlike a plain FxHash multiply, the low bits (hashbrown's bucket index) depend on every input bit; keys that
 /// differ only in the high half (siblings with the same child id) would otherwise share their low bits.
 #[derive(Default, Clone, Copy)]
-struct FoldHasher(u64);
+pub(crate) struct FoldHasher(u64);
 
 impl Hasher for FoldHasher {
     fn finish(&self) -> u64 {

@@ -9,7 +9,7 @@ use crate::adaptive::{AutoK, KController};
 use crate::constraint::{mask_allows, next_mask, Constraint};
 use crate::coupled::CoupledNoise;
 use crate::error::{Result, SpecError};
-use crate::ngram::NgramProposer;
+use crate::lookup::LookupProposer;
 use crate::rng::Rng;
 use crate::sampling::{
     log_softmax_at, log_softmax_with, top_logprobs, Fault, PenaltyContext, Sampler, SamplingParams,
@@ -69,13 +69,27 @@ pub struct GenerationConfig {
     pub fault: Option<Fault>,
 }
 
-/// Settings of prompt-lookup drafting (vLLM's names).
+/// Settings of model-free drafting (vLLM's names): prompt lookup or suffix decoding ([`crate::LookupProposer`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NgramConfig {
-    /// Shortest suffix n-gram to match (>= 1).
+    /// Shortest suffix to match (>= 1; suffix decoding: <= [`crate::SUFFIX_MAX_DEPTH`]).
     pub prompt_lookup_min: usize,
-    /// Longest suffix n-gram to match (>= prompt_lookup_min, <= 32).
+    /// Longest suffix n-gram prompt lookup matches (>= prompt_lookup_min, <= 32; suffix decoding matches up to
+    /// [`crate::SUFFIX_MAX_DEPTH`] tokens and ignores it).
     pub prompt_lookup_max: usize,
+    /// Which model-free proposer.
+    pub method: LookupMethod,
+}
+
+/// Which model-free proposer an [`NgramConfig`] asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LookupMethod {
+    /// Prompt lookup ([`crate::NgramProposer`]): the most recent continuation in the request's own text.
+    #[default]
+    PromptLookup,
+    /// Suffix decoding ([`crate::SuffixProposer`]): the most frequent continuation in the request's text and the
+    /// engine's shared cache of earlier requests, if it has one.
+    Suffix,
 }
 
 impl Default for GenerationConfig {
@@ -600,7 +614,7 @@ impl Request {
         k: usize,
         mode: VerifyMode,
         times: (f64, f64),
-        ngram: Option<&mut NgramProposer>,
+        ngram: Option<&mut LookupProposer>,
         out: &mut StepOutput,
     ) -> Result<()> {
         let (draft_ms, target_ms) = times;
@@ -740,7 +754,7 @@ impl Request {
     pub(crate) fn stop_at(
         &mut self,
         n_keep: usize,
-        ngram: Option<&mut NgramProposer>,
+        ngram: Option<&mut LookupProposer>,
     ) -> Result<()> {
         let n_gen = self.sources.len();
         if n_keep > n_gen {

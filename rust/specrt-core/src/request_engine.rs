@@ -95,6 +95,10 @@ pub trait RequestEngine: Send {
         (0, 0)
     }
 
+    /// Share suffix decoding's cache of earlier requests ([`crate::suffix`]; `None`: each request drafts from its
+    /// own text). Requests that ask for suffix decoding read it and publish their text to it when they end.
+    fn set_suffix_cache(&mut self, cache: Option<std::sync::Arc<crate::SuffixCache>>);
+
     /// Whether nothing is running or waiting.
     fn is_idle(&self) -> bool {
         self.n_running() == 0 && self.n_waiting() == 0

@@ -215,6 +215,10 @@ impl RequestEngine for SingleStream {
     fn n_waiting(&self) -> usize {
         self.waiting.len()
     }
+
+    fn set_suffix_cache(&mut self, cache: Option<std::sync::Arc<crate::SuffixCache>>) {
+        self.engine.set_suffix_cache(cache);
+    }
 }
 
 #[cfg(test)]

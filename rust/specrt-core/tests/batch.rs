@@ -154,6 +154,7 @@ fn requests(sampling: SamplingParams) -> Vec<(Vec<u32>, GenerationConfig)> {
                 ngram: Some(NgramConfig {
                     prompt_lookup_min: 1,
                     prompt_lookup_max: 3,
+                    method: specrt_core::LookupMethod::PromptLookup,
                 }),
                 ..base.clone()
             },

@@ -340,6 +340,7 @@ fn constrained_prompt_lookup_proposals_are_cut_at_the_first_refused_token_and_st
         ngram: Some(NgramConfig {
             prompt_lookup_min: 1,
             prompt_lookup_max: 3,
+            method: specrt_core::LookupMethod::PromptLookup,
         }),
         ..t1(3)
     };
@@ -440,6 +441,7 @@ fn greedy_constrained_speculative_output_equals_greedy_constrained_target_only_o
     let ngram = Some(NgramConfig {
         prompt_lookup_min: 1,
         prompt_lookup_max: 3,
+        method: specrt_core::LookupMethod::PromptLookup,
     });
     let mut n = (0, 0);
     for seed in 0..6u64 {
@@ -691,6 +693,7 @@ fn batched_constrained_prompt_lookup_proposals_stay_exact() {
         ngram: Some(NgramConfig {
             prompt_lookup_min: 1,
             prompt_lookup_max: 3,
+            method: specrt_core::LookupMethod::PromptLookup,
         }),
         ..t1(3)
     };
@@ -731,6 +734,7 @@ fn greedy_batched_constrained_rows_equal_greedy_single_stream_constrained_output
     let ngram = Some(NgramConfig {
         prompt_lookup_min: 1,
         prompt_lookup_max: 3,
+        method: specrt_core::LookupMethod::PromptLookup,
     });
     let mut n = (0, 0);
     for seed in 0..6u64 {

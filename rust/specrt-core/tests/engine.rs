@@ -552,6 +552,7 @@ fn ngram_cfg(k: usize, max_new: usize, use_draft_model: bool) -> GenerationConfi
         ngram: Some(specrt_core::NgramConfig {
             prompt_lookup_min: 1,
             prompt_lookup_max: 4,
+            method: specrt_core::LookupMethod::PromptLookup,
         }),
         use_draft_model,
         ..greedy_cfg(k, max_new)
@@ -682,6 +683,7 @@ fn ngram_drafts_at_temperature_one_keep_the_target_distribution() {
         ngram: Some(specrt_core::NgramConfig {
             prompt_lookup_min: 1,
             prompt_lookup_max: 3,
+            method: specrt_core::LookupMethod::PromptLookup,
         }),
         ..GenerationConfig::default()
     };
@@ -757,6 +759,7 @@ fn coupled_speculative_output_equals_target_only_coupled_decoding() {
     let ngram = Some(specrt_core::NgramConfig {
         prompt_lookup_min: 1,
         prompt_lookup_max: 3,
+        method: specrt_core::LookupMethod::PromptLookup,
     });
     let mut n_accepted = 0;
     for sampling in samplings {

@@ -153,6 +153,7 @@ fn ngram() -> Option<NgramConfig> {
     Some(NgramConfig {
         prompt_lookup_min: 1,
         prompt_lookup_max: 3,
+        method: specrt_core::LookupMethod::PromptLookup,
     })
 }
 

@@ -19,6 +19,8 @@
 
 mod common;
 
+use common::run_batch;
+
 use specrt_core::testing::{chi2_quantile, MockBatchModel, MockConstraint, MockModel};
 use specrt_core::{
     check_draft_width, Backend, BatchBackend, BatchEngine, BatchOptions, BatchRow, Constraint,
@@ -453,23 +455,6 @@ fn constrained_greedy_speculation_equals_target_only_with_widths_differing() {
             .unwrap();
         assert_same(&out, &reference, &format!("K={k}"));
     }
-}
-
-fn run_batch(e: &mut BatchEngine, reqs: &[(Vec<u32>, GenerationConfig)]) -> Vec<GenerationOutput> {
-    for (i, (p, c)) in reqs.iter().enumerate() {
-        e.add(i as u64, p, c.clone()).unwrap();
-    }
-    let mut guard = 0;
-    while !e.is_idle() {
-        for s in e.step().unwrap() {
-            assert!(s.error.is_none(), "{:?}", s.error);
-        }
-        guard += 1;
-        assert!(guard < 10_000, "the batch never drained");
-    }
-    (0..reqs.len())
-        .map(|i| e.take_output(i as u64).expect("finished"))
-        .collect()
 }
 
 #[test]

@@ -221,6 +221,13 @@ impl BatchPipeline {
         }
     }
 
+    /// Share suffix decoding's cache of earlier requests among this pipeline's requests (`None`: each request that
+    /// asks for suffix decoding drafts from its own text; [`specrt_core::SuffixCache::for_setting`] builds one from
+    /// `suffix_cache_tokens`).
+    pub fn set_suffix_cache(&mut self, cache: Option<std::sync::Arc<specrt_core::SuffixCache>>) {
+        self.engine.set_suffix_cache(cache);
+    }
+
     /// Whether requests share batched rounds (the batched layout, [`Self::load`]); else they run one at a time.
     #[must_use]
     pub fn is_batched(&self) -> bool {

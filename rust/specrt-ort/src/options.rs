@@ -212,6 +212,9 @@ pub struct DecoderOptions {
     /// Most prompt tokens prefilled per round over all joining requests (batched;
     /// [`specrt_core::BatchOptions::max_prefill_tokens`]; `None` = [`specrt_core::DEFAULT_MAX_PREFILL_TOKENS`]).
     pub max_prefill_tokens: Option<i64>,
+    /// Tokens of earlier requests' prompts and outputs that suffix decoding shares among the decoder's requests
+    /// (0 = none: each request drafts from its own text; [`specrt_core::SuffixCache`]).
+    pub suffix_cache_tokens: i64,
 }
 
 impl DecoderOptions {
@@ -258,6 +261,13 @@ impl DecoderOptions {
                 "max_prefill_tokens",
                 n,
                 specrt_core::BatchOptions::MAX_PREFILL_TOKENS,
+            );
+        }
+        if !(0..=specrt_core::MAX_SUFFIX_CACHE_TOKENS as i64).contains(&self.suffix_cache_tokens) {
+            return bad(
+                "suffix_cache_tokens",
+                self.suffix_cache_tokens,
+                specrt_core::SUFFIX_CACHE_TOKENS,
             );
         }
         if self.cuda_graph && self.provider != Provider::Cuda {
@@ -615,6 +625,7 @@ mod tests {
             max_batch: 1,
             prefill_chunk: 256,
             max_prefill_tokens: None,
+            suffix_cache_tokens: 0,
         };
         assert_eq!(base.check().unwrap(), Attention::Gqa);
         let batched = DecoderOptions {
@@ -656,6 +667,13 @@ mod tests {
                     ..base.clone()
                 },
                 "max_prefill_tokens 0 is invalid (expected an integer >= 1)",
+            ),
+            (
+                DecoderOptions {
+                    suffix_cache_tokens: -1,
+                    ..base.clone()
+                },
+                "suffix_cache_tokens -1 is invalid (expected an integer 0 <= suffix_cache_tokens <= 67108864",
             ),
             (
                 DecoderOptions {

@@ -434,7 +434,8 @@ mod tests {
             cfg.ngram,
             Some(NgramConfig {
                 prompt_lookup_min: 2,
-                prompt_lookup_max: 4
+                prompt_lookup_max: 4,
+                method: specrt_core::LookupMethod::PromptLookup,
             })
         );
         let cfg = p

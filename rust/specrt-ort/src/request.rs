@@ -7,8 +7,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use specrt_core::{
-    AutoK, GenerationConfig, NgramConfig, NgramProposer, PinnedCosts, Result, SamplingParams,
-    SpecError, MAX_DRAFT_TOKENS,
+    AutoK, GenerationConfig, LookupMethod, LookupProposer, NgramConfig, NgramProposer, PinnedCosts,
+    Result, SamplingParams, SpecError, MAX_DRAFT_TOKENS,
 };
 use specrt_grammar::OutputConstraint;
 use specrt_text::detok::TextOptions;
@@ -77,6 +77,12 @@ pub enum Proposer {
     Ngram,
     /// `"ngram+draft"`: n-gram first, the draft model when nothing matches (needs a draft model).
     NgramThenDraft,
+    /// `"suffix"`: suffix decoding ([`specrt_core::suffix`]): the most frequent continuation of the longest
+    /// matching suffix in the request's text and, when the pipeline shares a suffix cache
+    /// (`suffix_cache_tokens`), in earlier requests' prompts and outputs.
+    Suffix,
+    /// `"suffix+draft"`: suffix decoding first, the draft model when nothing matches (needs a draft model).
+    SuffixThenDraft,
     /// `"none"`: target-only decoding.
     TargetOnly,
     /// `"auto"`: each round, auto K's controller ([`specrt_core::KController`]) chooses a plain target step, an
@@ -89,21 +95,26 @@ pub enum Proposer {
 
 impl Proposer {
     /// Every proposer, in the order error messages list them.
-    pub const ALL: [Proposer; 5] = [
+    pub const ALL: [Proposer; 7] = [
         Proposer::DraftModel,
         Proposer::Ngram,
         Proposer::NgramThenDraft,
+        Proposer::Suffix,
+        Proposer::SuffixThenDraft,
         Proposer::TargetOnly,
         Proposer::Auto,
     ];
 
-    /// The Python / CLI name: `"draft"`, `"ngram"`, `"ngram+draft"`, `"none"` or `"auto"`.
+    /// The Python / CLI name: `"draft"`, `"ngram"`, `"ngram+draft"`, `"suffix"`, `"suffix+draft"`, `"none"` or
+    /// `"auto"`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Proposer::DraftModel => "draft",
             Proposer::Ngram => "ngram",
             Proposer::NgramThenDraft => "ngram+draft",
+            Proposer::Suffix => "suffix",
+            Proposer::SuffixThenDraft => "suffix+draft",
             Proposer::TargetOnly => "none",
             Proposer::Auto => "auto",
         }
@@ -112,13 +123,20 @@ impl Proposer {
     /// Whether this proposer runs the draft model.
     #[must_use]
     pub fn uses_draft_model(self) -> bool {
-        matches!(self, Proposer::DraftModel | Proposer::NgramThenDraft)
+        matches!(
+            self,
+            Proposer::DraftModel | Proposer::NgramThenDraft | Proposer::SuffixThenDraft
+        )
     }
 
-    /// Whether this proposer runs prompt lookup.
+    /// The model-free proposer this one runs, if any: prompt lookup or suffix decoding.
     #[must_use]
-    pub fn uses_ngram(self) -> bool {
-        matches!(self, Proposer::Ngram | Proposer::NgramThenDraft)
+    pub fn lookup(self) -> Option<LookupMethod> {
+        match self {
+            Proposer::Ngram | Proposer::NgramThenDraft => Some(LookupMethod::PromptLookup),
+            Proposer::Suffix | Proposer::SuffixThenDraft => Some(LookupMethod::Suffix),
+            _ => None,
+        }
     }
 }
 
@@ -323,16 +341,20 @@ pub fn resolve_request(
             "pinned_costs only apply with num_speculative_tokens = \"auto\" or proposer = \"auto\"",
         ));
     }
-    let ngram = if proposer.uses_ngram() {
-        let (lo, hi) = (request.prompt_lookup_min, request.prompt_lookup_max);
-        // The proposer's constructor holds the range check and its message.
-        NgramProposer::new(lo, hi)?;
-        Some(NgramConfig {
-            prompt_lookup_min: lo,
-            prompt_lookup_max: hi,
-        })
-    } else {
-        None
+    let ngram = match proposer.lookup() {
+        Some(method) => {
+            let cfg = NgramConfig {
+                prompt_lookup_min: request.prompt_lookup_min,
+                prompt_lookup_max: request.prompt_lookup_max,
+                method,
+            };
+            // The proposers' constructors hold the range checks and their messages (a suffix proposer built
+            // without a cache publishes nothing).
+            NgramProposer::new(cfg.prompt_lookup_min, cfg.prompt_lookup_max)?;
+            LookupProposer::new(&cfg, None)?;
+            Some(cfg)
+        }
+        None => None,
     };
     let d = defaults;
     let cfg = GenerationConfig {

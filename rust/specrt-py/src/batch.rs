@@ -50,6 +50,10 @@ use crate::text::PyTokenizer;
 ///     prefix_cache_bytes: the batched prefix store's budget, both models together, least recently used dropped
 ///         first (default ``DEFAULT_PREFIX_CACHE_BYTES``, 1 GiB).
 ///     profile: write ONNX Runtime's profile of the target's session under this prefix (single-stream only).
+///     suffix_cache_tokens: tokens of earlier requests' prompts and outputs that suffix decoding
+///         (``proposer="suffix"``, ``"suffix+draft"``) shares among this pipeline's requests (default 0: none, each
+///         request drafts from its own text; about 1 KB a token at most). A request's text can then shape another's
+///         drafts, never its output.
 ///
 /// Raises:
 ///     FileNotFoundError, ModelFileError: a model or the library is missing or unreadable. ConfigError: a model
@@ -105,7 +109,8 @@ impl PyBatchPipeline {
     #[pyo3(signature = (
         target, draft=None, *, ort_library, batched=None, max_batch=4, max_seq_len=None, intra_op_threads=None,
         prefill_chunk=256, provider="cpu", device_id=0, allow_fallback=false, cuda_graph=false,
-        prefix_caching=None, prefix_cache_bytes=None, max_prefill_tokens=None, profile=None
+        prefix_caching=None, prefix_cache_bytes=None, max_prefill_tokens=None, profile=None,
+        suffix_cache_tokens=0
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -126,7 +131,10 @@ impl PyBatchPipeline {
         prefix_cache_bytes: Option<usize>,
         max_prefill_tokens: Option<usize>,
         profile: Option<PathBuf>,
+        suffix_cache_tokens: usize,
     ) -> PyResult<Self> {
+        let suffix_cache =
+            specrt_core::SuffixCache::for_setting(suffix_cache_tokens).map_err(to_pyerr)?;
         let provider: Provider = provider.parse().map_err(to_pyerr)?;
         let mut options = ort_options(
             ort_library,
@@ -165,6 +173,8 @@ impl PyBatchPipeline {
                 BatchPipeline::load_single(&target, draft.as_deref(), &options, prefix_caching)
             }
         })?;
+        let mut pipeline = pipeline;
+        pipeline.set_suffix_cache(suffix_cache);
         Ok(Self {
             vocab_size: pipeline.vocab_size(),
             has_draft: pipeline.has_draft(),

@@ -32,7 +32,7 @@ fn opt_int_option(name: &str, value: &Bound<'_, PyAny>, expected: &str) -> PyRes
 #[pyfunction]
 #[pyo3(signature = (
     *, provider, device_id, max_seq_len, intra_op_threads, allow_fallback, cuda_graph, max_batch, prefill_chunk,
-    prefix_caching=None, max_prefill_tokens=None
+    prefix_caching=None, max_prefill_tokens=None, suffix_cache_tokens=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn check_decoder_options(
@@ -46,6 +46,7 @@ pub fn check_decoder_options(
     prefill_chunk: &Bound<'_, PyAny>,
     prefix_caching: Option<&Bound<'_, PyAny>>,
     max_prefill_tokens: Option<&Bound<'_, PyAny>>,
+    suffix_cache_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<&'static str> {
     let options = DecoderOptions {
         provider: match provider.extract::<String>() {
@@ -73,6 +74,10 @@ pub fn check_decoder_options(
                 specrt_core::BatchOptions::MAX_PREFILL_TOKENS,
             )?,
             None => None,
+        },
+        suffix_cache_tokens: match suffix_cache_tokens {
+            Some(v) => int_option("suffix_cache_tokens", v, specrt_core::SUFFIX_CACHE_TOKENS)?,
+            None => 0,
         },
     };
     boolean("allow_fallback", allow_fallback)?;

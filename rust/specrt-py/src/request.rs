@@ -140,6 +140,7 @@ impl RequestConfig {
                     Some(NgramConfig {
                         prompt_lookup_min: lo.unwrap_or(1).min(hi),
                         prompt_lookup_max: hi,
+                        method: specrt_core::LookupMethod::PromptLookup,
                     })
                 }
             },
@@ -486,7 +487,7 @@ pub(crate) fn request_of(
         }
     }
     // n-gram lengths that are not non-negative ints matter only to a proposer that looks n-grams up.
-    if bad_lookup && r.proposer.is_some_and(Proposer::uses_ngram) {
+    if bad_lookup && r.proposer.is_some_and(|p| p.lookup().is_some()) {
         let shown: Vec<String> = lookup_values
             .iter()
             .map(|(n, v)| {
