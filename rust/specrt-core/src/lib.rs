@@ -39,8 +39,9 @@ pub use prefix::{
     common_prefix_len, PrefixReuse, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING,
 };
 pub use request::{
-    check_prompt, FinishReason, GenerationConfig, GenerationOutput, NgramConfig, PromptLogprobs,
-    StepOutput, TokenSource, PROMPT_LOGPROBS_CHUNK,
+    check_num_speculative_tokens, check_prompt, invalid_num_speculative_tokens,
+    num_speculative_tokens_expected, FinishReason, GenerationConfig, GenerationOutput, NgramConfig,
+    PromptLogprobs, StepOutput, TokenSource, PROMPT_LOGPROBS_CHUNK,
 };
 pub use request_engine::{RequestEngine, RowStep};
 pub use rng::{PcgState, Rng};
@@ -49,7 +50,7 @@ pub use single_stream::SingleStream;
 pub use stats::Stats;
 pub use subset::{SubsetBackend, VocabSubset};
 pub use verify::{
-    verify, verify_coupled_into, verify_greedy_ids_into, LastToken, Verification, VerifyMode,
-    MAX_DRAFT_TOKENS,
+    check_draft_count, verify, verify_coupled_into, verify_greedy_ids_into, LastToken,
+    Verification, VerifyMode, MAX_DRAFT_TOKENS,
 };
 pub use vocab::{check_draft_width, FittedBatchDraft, FittedDraft};

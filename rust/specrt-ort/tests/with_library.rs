@@ -194,7 +194,7 @@ fn cuda_on_the_cpu_wheel_is_a_provider_error() {
     options.cuda_graph = true;
     let err = OrtBackend::new(&model, &options).err().unwrap();
     assert!(
-        matches!(err, SpecError::Config(ref m) if m.contains("gqa-graph")),
+        matches!(err, SpecError::Setting { ref field, ref message } if field == "cuda_graph" && message.contains("gqa-graph")),
         "{err}"
     );
     if let Some(graph) = std::env::var_os("SPECRT_TEST_GRAPH_MODEL") {
