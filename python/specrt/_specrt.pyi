@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_MAX_SEQ_LEN",
     "DEFAULT_PREFIX_CACHE_BYTES",
     "DEFAULT_PREFIX_CACHING",
+    "ERROR_VARIANTS",
     "GGUF_MATMUL_TYPES",
     "MAX_BATCH",
     "MAX_DRAFT_TOKENS",
@@ -62,6 +63,7 @@ __all__ = [
     "coupled_choice",
     "coupled_uniforms",
     "cycle_cost",
+    "error_for",
     "expected_tokens",
     "find_ort_library",
     "gguf_dequantize",
@@ -110,6 +112,12 @@ class ModelFileError(SpecrtError, OSError): ...
 class ModelFileNotFoundError(ModelFileError, FileNotFoundError): ...
 class GenerationCancelled(SpecrtError): ...  # noqa: N818 (name chosen to read as an event)
 class InternalError(SpecrtError, RuntimeError): ...
+
+#: The names error_for accepts: each Rust SpecError variant, and "Panic".
+ERROR_VARIANTS: list[str]
+
+def error_for(variant: str, message: str) -> SpecrtError:
+    """The exception (not raised) the binding makes of Rust error variant ``variant`` with ``message``."""
 
 # ---------------------------------------------------------------------------------------------------------------
 # sampling.rs

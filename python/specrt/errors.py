@@ -16,7 +16,9 @@
 - ``SequenceLengthError(SpecrtError, ValueError)``: the sequence would exceed the maximum length.
 - ``BackendError(SpecrtError, RuntimeError)``: ONNX Runtime failed; attributes ``code``, ``message``.
 - ``ProviderError(SpecrtError, RuntimeError)``: an execution provider could not be loaded.
-- ``ModelFileError(SpecrtError, OSError)`` and ``ModelFileNotFoundError(ModelFileError, FileNotFoundError)``.
+- ``ModelFileError(SpecrtError, OSError)``: a file that cannot be read or is malformed (Rust ``Io``,
+  ``ModelFormat``), and ``ModelFileNotFoundError(ModelFileError, FileNotFoundError)``: one that does not exist
+  (Rust ``NotFound``). The class follows the Rust variant, never the message's words.
 - ``GenerationCancelled(SpecrtError)``: generation was cancelled.
 - ``InternalError(SpecrtError, RuntimeError)``: a bug in specrt (including any Rust panic).
 """

@@ -128,8 +128,9 @@ impl AutoK {
     pub fn validate(&self) -> Result<()> {
         if !(1..=crate::verify::MAX_DRAFT_TOKENS).contains(&self.k_max) {
             return Err(SpecError::Config(format!(
-                "auto K k_max {} is invalid (expected 1..=64)",
-                self.k_max
+                "auto K k_max {} is invalid (expected 1 <= k_max <= {})",
+                self.k_max,
+                crate::verify::MAX_DRAFT_TOKENS
             )));
         }
         if !(0.0..1.0).contains(&self.prior_acceptance) {

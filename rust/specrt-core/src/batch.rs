@@ -99,18 +99,23 @@ impl BatchOptions {
 
     /// Check the options.
     ///
-    /// Errors: [`SpecError::Config`] naming the option, its value and the allowed values.
+    /// Errors: [`SpecError::Setting`] naming the option, its value and the allowed values; the auto K settings'
+    /// errors ([`AutoK::validate`]).
     pub fn validate(&self) -> Result<()> {
         if self.prefill_chunk == 0 {
-            return Err(SpecError::Config(
-                "prefill_chunk 0 is invalid (expected >= 1)".to_owned(),
+            return Err(SpecError::setting(
+                "prefill_chunk",
+                "prefill_chunk 0 is invalid (expected >= 1)",
             ));
         }
         if self.max_prefill_tokens == 0 {
-            return Err(SpecError::Config(format!(
-                "max_prefill_tokens 0 is invalid (expected {})",
-                Self::MAX_PREFILL_TOKENS
-            )));
+            return Err(SpecError::setting(
+                "max_prefill_tokens",
+                format!(
+                    "max_prefill_tokens 0 is invalid (expected {})",
+                    Self::MAX_PREFILL_TOKENS
+                ),
+            ));
         }
         self.auto_k.validate()
     }

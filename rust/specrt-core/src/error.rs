@@ -4,8 +4,11 @@
 /// Every error specrt can report. Messages name the bad value and what is allowed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SpecError {
-    /// A configuration or argument value outside its allowed range
-    /// (e.g. `temperature -1 is invalid (expected >= 0)`).
+    /// An argument of a lower-level API outside its contract, or a call out of order: a kernel's input (draft
+    /// probabilities that are not a distribution, a vocabulary subset that is not ascending), a cost-model or
+    /// controller parameter, a mock backend's misuse, `step` before `start` (e.g. `q 1.5 is invalid (expected a
+    /// probability in [0, 1])`). A setting of a request or a decoder is [`SpecError::Setting`] instead. Python:
+    /// `ConfigError` with `field` None.
     #[error("{0}")]
     Config(String),
     /// A request or decoder setting outside its allowed range, naming the setting: `field` is specrt's own name of
@@ -52,9 +55,18 @@ pub enum SpecError {
     /// A requested execution provider (e.g. CUDA) could not be loaded.
     #[error("{0}")]
     Provider(String),
-    /// A file could not be read or is malformed.
+    /// A file or folder that does not exist (a model, a tokenizer, the ONNX Runtime library); the message names the
+    /// path. Python: `ModelFileNotFoundError`.
+    #[error("{0}")]
+    NotFound(String),
+    /// A file that exists but cannot be read (permissions, a folder where a file belongs, a failed read); the
+    /// message names the path. Python: `ModelFileError`.
     #[error("{0}")]
     Io(String),
+    /// A file that was read but is malformed: not valid JSON, a field of the wrong type, a tokenizer `tokenizers`
+    /// cannot load, a model or chat template that breaks the contract specrt runs. Python: `ModelFileError`.
+    #[error("{0}")]
+    ModelFormat(String),
     /// Generation was cancelled by the caller (e.g. KeyboardInterrupt).
     #[error("generation cancelled")]
     Cancelled,
@@ -72,6 +84,17 @@ impl SpecError {
         }
     }
 
+    /// The error of a failed file operation: [`SpecError::NotFound`] when `err` says the file does not exist, else
+    /// [`SpecError::Io`]; the message is `"{context}: {err}"` (`context` names the path).
+    pub fn io(context: impl std::fmt::Display, err: &std::io::Error) -> Self {
+        let message = format!("{context}: {err}");
+        if err.kind() == std::io::ErrorKind::NotFound {
+            SpecError::NotFound(message)
+        } else {
+            SpecError::Io(message)
+        }
+    }
+
     /// The setting a [`SpecError::Setting`] names (`None` for every other variant).
     #[must_use]
     pub fn field(&self) -> Option<&str> {
@@ -84,13 +107,3 @@ impl SpecError {
 
 /// `Result` with [`SpecError`].
 pub type Result<T> = std::result::Result<T, SpecError>;
-
-/// Return `Err(SpecError::$kind(format!(...)))` unless the condition holds.
-#[macro_export]
-macro_rules! ensure {
-    ($cond:expr, $kind:ident, $($fmt:tt)+) => {
-        if !$cond {
-            return Err($crate::error::SpecError::$kind(format!($($fmt)+)));
-        }
-    };
-}

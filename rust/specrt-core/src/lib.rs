@@ -42,8 +42,9 @@ pub use prefix::{
     common_prefix_len, PrefixReuse, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING,
 };
 pub use request::{
-    check_prompt, FinishReason, GenerationConfig, GenerationOutput, LookupMethod, NgramConfig,
-    PromptLogprobs, StepOutput, TokenSource, PROMPT_LOGPROBS_CHUNK,
+    check_num_speculative_tokens, check_prompt, invalid_num_speculative_tokens,
+    num_speculative_tokens_expected, FinishReason, GenerationConfig, GenerationOutput,
+    LookupMethod, NgramConfig, PromptLogprobs, StepOutput, TokenSource, PROMPT_LOGPROBS_CHUNK,
 };
 pub use request_engine::{RequestEngine, RowStep};
 pub use rng::{PcgState, Rng};
@@ -52,10 +53,11 @@ pub use single_stream::SingleStream;
 pub use stats::Stats;
 pub use subset::{SubsetBackend, VocabSubset};
 pub use suffix::{
-    SuffixCache, SuffixProposer, MAX_SUFFIX_CACHE_TOKENS, SUFFIX_CACHE_TOKENS, SUFFIX_MAX_DEPTH,
+    check_suffix_cache_tokens, suffix_cache_tokens_expected, SuffixCache, SuffixProposer,
+    MAX_SUFFIX_CACHE_TOKENS, SUFFIX_MAX_DEPTH,
 };
 pub use verify::{
-    verify, verify_coupled_into, verify_greedy_ids_into, LastToken, Verification, VerifyMode,
-    MAX_DRAFT_TOKENS,
+    check_draft_count, verify, verify_coupled_into, verify_greedy_ids_into, LastToken,
+    Verification, VerifyMode, MAX_DRAFT_TOKENS,
 };
 pub use vocab::{check_draft_width, FittedBatchDraft, FittedDraft};

@@ -114,6 +114,34 @@ impl Default for GenerationConfig {
     }
 }
 
+/// What a request's K (`num_speculative_tokens`) may be, as every message says it (from [`MAX_DRAFT_TOKENS`]).
+#[must_use]
+pub fn num_speculative_tokens_expected() -> String {
+    format!("an integer 0 <= K <= {MAX_DRAFT_TOKENS}, or \"auto\"")
+}
+
+/// The refusal of `shown` (the value as given, e.g. `65` or `"many"`) as a request's K.
+#[must_use]
+pub fn invalid_num_speculative_tokens(shown: impl std::fmt::Display) -> SpecError {
+    SpecError::setting(
+        "num_speculative_tokens",
+        format!(
+            "num_speculative_tokens {shown} is invalid (expected {})",
+            num_speculative_tokens_expected()
+        ),
+    )
+}
+
+/// The one range check of a fixed K (the request resolver and [`GenerationConfig::validate`]).
+///
+/// Errors: [`SpecError::Setting`] (`num_speculative_tokens`) when `k > MAX_DRAFT_TOKENS`.
+pub fn check_num_speculative_tokens(k: usize) -> Result<()> {
+    if k > MAX_DRAFT_TOKENS {
+        return Err(invalid_num_speculative_tokens(k));
+    }
+    Ok(())
+}
+
 impl GenerationConfig {
     /// Whether a round needs only argmax ids from the models: greedy, no penalties, no log-probabilities, not
     /// coupled (and no test fault).
@@ -132,15 +160,7 @@ impl GenerationConfig {
     /// Errors: [`SpecError::Setting`] naming the setting.
     pub fn validate(&self) -> Result<()> {
         self.sampling.validate()?;
-        if self.num_speculative_tokens > MAX_DRAFT_TOKENS {
-            return Err(SpecError::setting(
-                "num_speculative_tokens",
-                format!(
-                    "num_speculative_tokens {} is invalid (expected 0 <= K <= {MAX_DRAFT_TOKENS})",
-                    self.num_speculative_tokens
-                ),
-            ));
-        }
+        check_num_speculative_tokens(self.num_speculative_tokens)?;
         if let Some(a) = &self.auto_k {
             a.validate()?;
         }

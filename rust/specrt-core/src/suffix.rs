@@ -51,9 +51,30 @@ pub const SUFFIX_SPEC_FACTOR: f64 = 1.0;
 /// 64 GB).
 pub const MAX_SUFFIX_CACHE_TOKENS: usize = 1 << 26;
 
-/// `suffix_cache_tokens`' allowed values, as messages word them.
-pub const SUFFIX_CACHE_TOKENS: &str =
-    "an integer 0 <= suffix_cache_tokens <= 67108864 (0 = no sharing)";
+/// `suffix_cache_tokens`' allowed values, as messages word them (from [`MAX_SUFFIX_CACHE_TOKENS`]).
+#[must_use]
+pub fn suffix_cache_tokens_expected() -> String {
+    format!("an integer 0 <= suffix_cache_tokens <= {MAX_SUFFIX_CACHE_TOKENS}, 0 = no sharing")
+}
+
+/// The one check of a `suffix_cache_tokens` setting: the budget as a count.
+///
+/// Errors: [`SpecError::Setting`] `suffix_cache_tokens` outside `0..=MAX_SUFFIX_CACHE_TOKENS`, with the allowed
+/// values.
+pub fn check_suffix_cache_tokens(n: i64) -> Result<usize> {
+    usize::try_from(n)
+        .ok()
+        .filter(|&v| v <= MAX_SUFFIX_CACHE_TOKENS)
+        .ok_or_else(|| {
+            SpecError::setting(
+                "suffix_cache_tokens",
+                format!(
+                    "suffix_cache_tokens {n} is invalid (expected {})",
+                    suffix_cache_tokens_expected()
+                ),
+            )
+        })
+}
 
 /// Trie node id of the empty context.
 const ROOT: u32 = 0;
@@ -172,15 +193,14 @@ impl std::fmt::Debug for SuffixCache {
 impl SuffixCache {
     /// A cache holding at most `max_tokens` tokens of earlier requests.
     ///
-    /// Errors: [`SpecError::Setting`] `suffix_cache_tokens` unless `1 <= max_tokens <= MAX_SUFFIX_CACHE_TOKENS`
-    /// (0 means no cache: callers keep `None`).
+    /// Errors: [`SpecError::Setting`] `suffix_cache_tokens` above [`MAX_SUFFIX_CACHE_TOKENS`]
+    /// ([`check_suffix_cache_tokens`]); [`SpecError::Config`] for 0, a cache that holds nothing
+    /// ([`SuffixCache::for_setting`] gives `None` for it).
     pub fn new(max_tokens: usize) -> Result<Arc<Self>> {
-        if !(1..=MAX_SUFFIX_CACHE_TOKENS).contains(&max_tokens) {
-            return Err(SpecError::setting(
-                "suffix_cache_tokens",
-                format!(
-                    "suffix_cache_tokens {max_tokens} is invalid (expected {SUFFIX_CACHE_TOKENS})"
-                ),
+        check_suffix_cache_tokens(i64::try_from(max_tokens).unwrap_or(i64::MAX))?;
+        if max_tokens == 0 {
+            return Err(SpecError::Config(
+                "SuffixCache::new(0): a cache of 0 tokens holds nothing (for_setting(0) gives None)".into(),
             ));
         }
         Ok(Arc::new(Self {
@@ -192,12 +212,12 @@ impl SuffixCache {
 
     /// The cache for a `suffix_cache_tokens` setting: `None` for 0 (no sharing).
     ///
-    /// Errors: as [`SuffixCache::new`].
-    pub fn for_setting(max_tokens: usize) -> Result<Option<Arc<Self>>> {
-        if max_tokens == 0 {
-            return Ok(None);
+    /// Errors: as [`check_suffix_cache_tokens`].
+    pub fn for_setting(suffix_cache_tokens: i64) -> Result<Option<Arc<Self>>> {
+        match check_suffix_cache_tokens(suffix_cache_tokens)? {
+            0 => Ok(None),
+            n => Self::new(n).map(Some),
         }
-        Self::new(max_tokens).map(Some)
     }
 
     /// The token budget.
@@ -564,8 +584,15 @@ mod tests {
         assert!(cache.tokens() <= 10);
         assert!(SuffixCache::new(0).is_err());
         assert!(SuffixCache::for_setting(0).unwrap().is_none());
-        let err = SuffixCache::new(MAX_SUFFIX_CACHE_TOKENS + 1).unwrap_err();
-        assert!(err.to_string().contains("suffix_cache_tokens"), "{err}");
+        for bad in [-1, MAX_SUFFIX_CACHE_TOKENS as i64 + 1] {
+            let err = SuffixCache::for_setting(bad).unwrap_err();
+            assert_eq!(err.field(), Some("suffix_cache_tokens"), "{err}");
+            assert!(
+                err.to_string().contains(&suffix_cache_tokens_expected()),
+                "{err}"
+            );
+        }
+        assert!(SuffixCache::new(MAX_SUFFIX_CACHE_TOKENS + 1).is_err());
     }
 
     #[test]

@@ -21,6 +21,18 @@ use crate::sampling::{PenaltyContext, RowNorm, Sampler, SamplingParams};
 /// Largest number of draft tokens per round.
 pub const MAX_DRAFT_TOKENS: usize = 64;
 
+/// The one check of a kernel's draft token count `k` (the verifiers, the binding's `verify`).
+///
+/// Errors: [`SpecError::Config`] when `k > MAX_DRAFT_TOKENS`.
+pub fn check_draft_count(k: usize) -> Result<()> {
+    if k > MAX_DRAFT_TOKENS {
+        return Err(SpecError::Config(format!(
+            "{k} draft tokens is invalid (expected 0 <= k <= {MAX_DRAFT_TOKENS})"
+        )));
+    }
+    Ok(())
+}
+
 /// How the draft tokens were proposed, i.e. which acceptance rule is lossless.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VerifyMode {
@@ -88,11 +100,7 @@ fn check_inputs(
     mode: VerifyMode,
 ) -> Result<()> {
     let k = tokens_dft.len();
-    if k > MAX_DRAFT_TOKENS {
-        return Err(SpecError::Config(format!(
-            "{k} draft tokens is invalid (expected 0 <= k <= {MAX_DRAFT_TOKENS})"
-        )));
-    }
+    check_draft_count(k)?;
     if logits_tgt.len() != (k + 1) * vocab {
         return Err(SpecError::Shape(format!(
             "target logits have {} values, expected [k + 1, vocab] = [{}, {vocab}] = {}",
@@ -278,11 +286,7 @@ pub fn verify_greedy_ids_into(
     out: &mut Verification,
 ) -> Result<()> {
     let k = tokens_dft.len();
-    if k > MAX_DRAFT_TOKENS {
-        return Err(SpecError::Config(format!(
-            "{k} draft tokens is invalid (expected 0 <= k <= {MAX_DRAFT_TOKENS})"
-        )));
-    }
+    check_draft_count(k)?;
     if target_ids.len() != k + 1 {
         return Err(SpecError::Shape(format!(
             "target ids have {} entries, expected k + 1 = {}",

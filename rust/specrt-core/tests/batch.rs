@@ -417,14 +417,16 @@ fn bad_requests_are_refused_by_name() {
             ..BatchOptions::default()
         },
     );
-    assert!(matches!(bad, Err(SpecError::Config(ref m)) if m.contains("prefill_chunk")));
+    assert!(
+        matches!(bad, Err(SpecError::Setting { ref field, ref message }) if field == "prefill_chunk" && message.contains("prefill_chunk"))
+    );
     let bad = BatchOptions {
         max_prefill_tokens: 0,
         ..BatchOptions::default()
     }
     .validate();
     assert!(
-        matches!(bad, Err(SpecError::Config(ref m)) if m == "max_prefill_tokens 0 is invalid (expected an integer >= 1)"),
+        matches!(bad, Err(SpecError::Setting { ref field, ref message }) if field == "max_prefill_tokens" && message == "max_prefill_tokens 0 is invalid (expected an integer >= 1)"),
         "{bad:?}"
     );
 }

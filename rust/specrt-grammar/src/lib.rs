@@ -242,7 +242,7 @@ impl GrammarCompiler {
 
     /// A fresh matcher of `constraint` for one request.
     ///
-    /// Errors: [`SpecError::Config`] naming the constraint's kind when it does not compile.
+    /// Errors: [`SpecError::Setting`] naming the constraint's kind (its request field) when it does not compile.
     pub fn compile(&self, constraint: &OutputConstraint) -> Result<GrammarConstraint> {
         let parser = self
             .factory

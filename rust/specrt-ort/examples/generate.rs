@@ -39,7 +39,7 @@ usage: generate --target DIR [--draft DIR] --prompt TEXT [options]
   --temperature T                0 = greedy (default: generation_config.json's, else 1)
   --top-k N, --top-p P, --min-p P, --repetition-penalty R
                                  logits processing (default: generation_config.json's, else off)
-  --num-speculative-tokens K     draft tokens per round, 0..64, or auto (default 4)
+  --num-speculative-tokens K     draft tokens per round, 0 up to MAX_DRAFT_TOKENS, or auto (default 4)
   --proposer NAME                draft | ngram | ngram+draft | none (default: draft with --draft, else none)
   --stop TEXT                    stop string: the text ends before it (repeatable; may end mid-token)
   --stop-token-id ID             extra id that ends generation (repeatable)
@@ -135,7 +135,8 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Option<Args>, Us
                 r.repetition_penalty = Some(parse_value(f, v, "a number")?);
             }
             "--num-speculative-tokens" | "-k" => {
-                r.num_speculative_tokens = parse_value(f, v, "an integer 0..64 or \"auto\"")?;
+                r.num_speculative_tokens =
+                    parse_value(f, v, &specrt_core::num_speculative_tokens_expected())?;
             }
             "--proposer" => {
                 r.proposer = Some(

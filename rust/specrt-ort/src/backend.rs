@@ -197,6 +197,13 @@ pub(crate) fn build_session(
         check_cuda_library_present()?;
         builder = register_cuda(builder, options.device_id, options.cuda_graph)?;
     }
+    // One load at a time in the process: loading registers specrt's operator domain in ONNX Runtime's registry of
+    // domains, which two concurrent loads can both try to add ("Trying to add a domain to DomainToVersion map, but
+    // the domain is already exist", seen once in `make test-rs` with tests loading models on parallel threads).
+    static LOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_load = LOADING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     builder.commit_from_file(model_file).map_err(|e| {
         let message = e.message();
         let lower = message.to_ascii_lowercase();
@@ -209,11 +216,16 @@ pub(crate) fn build_session(
                 "CUDA execution provider failed while loading {}: {message}",
                 model_file.display()
             ))
+        } else if e.code() == ort::ErrorCode::NoSuchFile {
+            SpecError::NotFound(format!(
+                "cannot load model {}: {message}",
+                model_file.display()
+            ))
         } else if matches!(
             e.code(),
-            ort::ErrorCode::NoSuchFile | ort::ErrorCode::InvalidProtobuf | ort::ErrorCode::NoModel
+            ort::ErrorCode::InvalidProtobuf | ort::ErrorCode::NoModel
         ) {
-            SpecError::Io(format!(
+            SpecError::ModelFormat(format!(
                 "cannot load model {}: {message}",
                 model_file.display()
             ))
@@ -223,16 +235,16 @@ pub(crate) fn build_session(
     })
 }
 
-/// A CPU session of the prefill graph `file` named by a model's `specrt_config.json` ([`SpecError::Io`] naming it when
-/// it is missing), with its contract as read by `analyze` from its inputs, outputs and overridable initializers (an
-/// error of `analyze` becomes a [`SpecError::Config`] naming the file).
+/// A CPU session of the prefill graph `file` named by a model's `specrt_config.json` ([`SpecError::NotFound`] naming
+/// it when it is missing), with its contract as read by `analyze` from its inputs, outputs and overridable
+/// initializers (an error of `analyze` becomes a [`SpecError::ModelFormat`] naming the file).
 pub(crate) fn prefill_session<T>(
     file: &Path,
     options: &OrtOptions,
     analyze: impl FnOnce(&[TensorDesc], &[TensorDesc], &[String]) -> Result<T>,
 ) -> Result<(Session, T)> {
     if !file.is_file() {
-        return Err(SpecError::Io(format!(
+        return Err(SpecError::NotFound(format!(
             "the prefill graph {} named by specrt_config.json is missing",
             file.display()
         )));
@@ -243,7 +255,7 @@ pub(crate) fn prefill_session<T>(
         &describe(session.outputs()),
         &overridable_initializers(&session)?,
     )
-    .map_err(|e| SpecError::Config(format!("prefill graph {}: {e}", file.display())))?;
+    .map_err(|e| SpecError::ModelFormat(format!("prefill graph {}: {e}", file.display())))?;
     Ok((session, found))
 }
 
@@ -276,7 +288,7 @@ fn load_prefill_graph(
         )
     };
     if shape(&found) != shape(io) {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::ModelFormat(format!(
             "prefill graph {}: its interface {:?} differs from the model's {:?}",
             file.display(),
             shape(&found),
@@ -457,8 +469,9 @@ impl OrtBackend {
     /// layout, and for the shared-buffer layout allocates the KV cache once
     /// (`2 * n_layers` tensors `[1, kv_heads, max_seq_len, head_dim]` on the provider's device).
     ///
-    /// Errors: [`SpecError::Config`] for invalid options or a model that does not follow a supported decoder
-    /// layout; [`SpecError::Io`] for a missing library or model file, or an unreadable/corrupt model or config;
+    /// Errors: [`SpecError::Setting`] for invalid options (named); [`SpecError::ModelFormat`] for a model that does
+    /// not follow a supported decoder layout, or a corrupt model or config; [`SpecError::NotFound`] for a missing
+    /// library or model file; [`SpecError::Io`] for an unreadable one;
     /// [`SpecError::Provider`] when CUDA was requested and cannot be used (unless `allow_fallback`);
     /// [`SpecError::Backend`] for other ONNX Runtime failures (library load, session creation, allocation).
     pub fn new(model: impl AsRef<Path>, options: &OrtOptions) -> Result<Self> {
@@ -520,7 +533,7 @@ impl OrtBackend {
             "float16" => TensorElementType::Float16,
             "bfloat16" => TensorElementType::Bfloat16,
             other => {
-                return Err(SpecError::Config(format!(
+                return Err(SpecError::ModelFormat(format!(
                     "KV cache type {other} is not supported"
                 )))
             }
@@ -529,14 +542,18 @@ impl OrtBackend {
         let plan = MemoryPlan::for_provider(provider);
         let kv_allocator = if plan.kv_cache == Memory::CudaDevice {
             if io.layout == KvLayout::Optimum {
-                return Err(SpecError::Config(format!(
+                return Err(SpecError::setting(
+                    "provider",
+                    format!(
                     "{} uses the Optimum KV layout, which specrt runs on the CPU provider only (convert it with \
                      `specrt convert` for CUDA)",
                     model_file.display()
                 )));
             }
             if kv_type == TensorElementType::Float32 {
-                return Err(SpecError::Config(format!(
+                return Err(SpecError::setting(
+                    "provider",
+                    format!(
                     "{} has a float32 KV cache; GroupQueryAttention has no float32 CUDA kernel (expected a float16 or \
                      bfloat16 model for CUDA)",
                     model_file.display()
@@ -638,19 +655,26 @@ impl OrtBackend {
             }
             KvLayout::BatchedRows => {
                 // `analyze` refuses the batched contract; kept as an error, never a panic.
-                return Err(SpecError::Config(format!(
+                return Err(SpecError::ModelFormat(format!(
                     "{} holds the batched decoder contract (kv_layout batched_rows), which runs on \
                      BatchedOrtBackend only",
                     model_file.display()
                 )));
             }
         };
-        let max_i64 = i64::try_from(max_seq_len)
-            .map_err(|_| SpecError::Config("max_seq_len too large".into()))?;
+        let max_i64 = i64::try_from(max_seq_len).map_err(|_| {
+            SpecError::setting(
+                "max_seq_len",
+                format!("max_seq_len {max_seq_len} is too large"),
+            )
+        })?;
         if io.has_sequence_inputs && i32::try_from(max_seq_len).is_err() {
-            return Err(SpecError::Config(format!(
-                "max_seq_len {max_seq_len} is too large for the graph form's int32 sequence lengths"
-            )));
+            return Err(SpecError::setting(
+                "max_seq_len",
+                format!(
+                    "max_seq_len {max_seq_len} is too large for the graph form's int32 sequence lengths"
+                ),
+            ));
         }
 
         let subset = config.vocab_subset_for(io.vocab_size, model_file)?;
@@ -663,7 +687,9 @@ impl OrtBackend {
             } else {
                 "cpu_graph_steps"
             };
-            return Err(SpecError::Config(format!(
+            return Err(SpecError::setting(
+                option,
+                format!(
                 "{option} needs a model in the graph form (seqlens_k, total_sequence_length and logits_index \
                  inputs, an argmax output); {} is not: convert it with `specrt convert --attention gqa-graph`",
                 model_file.display()
@@ -705,7 +731,7 @@ impl OrtBackend {
                 })
             }
             (_, true) => {
-                return Err(SpecError::Config(format!(
+                return Err(SpecError::ModelFormat(format!(
                     "graph steps need the shared-buffer KV layout; {} has another",
                     model_file.display()
                 )))

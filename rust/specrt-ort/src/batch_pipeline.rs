@@ -242,12 +242,13 @@ impl BatchPipeline {
 
     /// The prompt ids of chat `messages`, as [`crate::Pipeline::chat_prompt_ids`].
     ///
-    /// Errors: [`SpecError::Config`] without a chat template or tokenizer, or when the template refuses the
-    /// messages.
+    /// Errors: [`SpecError::Setting`] (`messages`) without a chat template or tokenizer; the template's errors when
+    /// it refuses the messages.
     pub fn chat_prompt_ids(&self, messages: &[serde_json::Value]) -> Result<Vec<u32>> {
-        let tokenizer = self.tokenizer.as_ref().ok_or_else(|| {
-            SpecError::Config("this pipeline has no tokenizer; submit token ids".to_owned())
-        })?;
+        let tokenizer = self
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| no_tokenizer("messages"))?;
         chat_ids(self.chat_template.as_ref(), tokenizer, messages)
     }
 
@@ -267,11 +268,12 @@ impl BatchPipeline {
     /// says). Returns the request's id. Resolved and checked now (the one resolver); it joins the batch at a
     /// later [`BatchPipeline::step`] with a free slot.
     ///
-    /// Errors: [`SpecError::Config`] without a tokenizer; otherwise as [`BatchPipeline::submit_ids`].
+    /// Errors: [`SpecError::Setting`] (`prompt`) without a tokenizer; otherwise as [`BatchPipeline::submit_ids`].
     pub fn submit_text(&mut self, prompt: &str, request: &GenerationRequest) -> Result<u64> {
-        let tokenizer = self.tokenizer.as_ref().ok_or_else(|| {
-            SpecError::Config("this pipeline has no tokenizer; submit token ids".to_owned())
-        })?;
+        let tokenizer = self
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| no_tokenizer("prompt"))?;
         let ids = tokenizer.encode(prompt, true)?;
         self.submit_ids(&ids, request)
     }
@@ -279,10 +281,10 @@ impl BatchPipeline {
     /// Queue a prompt of token ids; its output is text too when the pipeline has a tokenizer (stop strings need
     /// one). Returns the request's id.
     ///
-    /// Errors: as [`resolve_request`] (settings), [`SpecError::Config`] / [`SpecError::Vocab`] /
-    /// [`SpecError::Length`] for the prompt ([`specrt_core::check_prompt`]), [`SpecError::Config`] for stop strings
-    /// without a tokenizer, [`SpecError::Config`] for a constraint (`request.constraint`) that does not compile or
-    /// without a tokenizer. Nothing is queued on an error.
+    /// Errors: as [`resolve_request`] (settings), [`SpecError::Setting`] / [`SpecError::Vocab`] /
+    /// [`SpecError::Length`] for the prompt ([`specrt_core::check_prompt`]), [`SpecError::Setting`] (`stop`) for stop
+    /// strings without a tokenizer, [`SpecError::Setting`] for a constraint (`request.constraint`) that does not
+    /// compile, [`SpecError::Config`] for one without a tokenizer. Nothing is queued on an error.
     pub fn submit_ids(&mut self, prompt_ids: &[u32], request: &GenerationRequest) -> Result<u64> {
         let cfg = self.resolve(request)?;
         // Compiled before the request queues: a bad constraint is refused here.
@@ -296,8 +298,9 @@ impl BatchPipeline {
                 request.text,
             )?),
             None if !request.stop.is_empty() => {
-                return Err(SpecError::Config(
-                    "stop strings need text: this pipeline has no tokenizer".to_owned(),
+                return Err(SpecError::setting(
+                    "stop",
+                    "stop strings need text: this pipeline has no tokenizer",
                 ))
             }
             None => None,
@@ -532,7 +535,17 @@ fn folder_layout(path: &Path) -> Result<Option<KvLayout>> {
     Ok(SpecrtConfig::read_beside(&resolve_model_file(path)?)?.kv_layout)
 }
 
+/// The refusal of a text input (`field`: `prompt`, `messages`) by a pipeline without a tokenizer.
+fn no_tokenizer(field: &str) -> SpecError {
+    SpecError::setting(
+        field,
+        format!("{field} is text but this pipeline has no tokenizer; submit token ids"),
+    )
+}
+
 /// `path` is in the batched layout when `batched`, in a single-stream one otherwise ([`BatchPipeline::open`]).
+///
+/// Errors: [`SpecError::Setting`] (`max_batch`) naming the folder, its layout and the one needed.
 fn check_layout(path: &Path, batched: bool) -> Result<()> {
     let layout = folder_layout(path)?;
     if (layout == Some(KvLayout::BatchedRows)) == batched {
@@ -543,12 +556,15 @@ fn check_layout(path: &Path, batched: bool) -> Result<()> {
     } else {
         "the GQA layout"
     };
-    Err(SpecError::Config(format!(
+    Err(SpecError::setting(
+        "max_batch",
+        format!(
         "{} is not in {want} that this decoder needs (kv_layout {}); target and draft must share one layout, and \
          max_batch > 1 needs the batched one",
         path.display(),
         layout.map_or("None".to_owned(), |l| format!("'{}'", l.as_str())),
-    )))
+    ),
+    ))
 }
 
 #[cfg(test)]

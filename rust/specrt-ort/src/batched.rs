@@ -32,6 +32,28 @@ use crate::runtime::{init_runtime_with_threads, ort_err};
 /// Largest `max_batch` [`BatchedOrtBackend::new`] accepts.
 pub const MAX_BATCH: usize = 64;
 
+/// What `max_batch` may be, as messages say it (from [`MAX_BATCH`]).
+#[must_use]
+pub fn max_batch_expected() -> String {
+    format!("an integer 1 <= max_batch <= {MAX_BATCH}")
+}
+
+/// The one check of `max_batch`, for the decoder options and [`BatchedOrtBackend::new`].
+///
+/// Errors: [`SpecError::Setting`] (`max_batch`) naming the value and [`max_batch_expected`].
+pub fn check_max_batch(max_batch: i64) -> Result<()> {
+    if (1..=MAX_BATCH as i64).contains(&max_batch) {
+        return Ok(());
+    }
+    Err(SpecError::setting(
+        "max_batch",
+        format!(
+            "max_batch {max_batch} is invalid (expected {})",
+            max_batch_expected()
+        ),
+    ))
+}
+
 /// Token id fed at padded positions and for rows that sit a pass out (their outputs are never read).
 const PAD_TOKEN: i64 = 0;
 
@@ -75,7 +97,7 @@ fn load_prefill_graph(
     })?;
     let shape = |x: &BatchedIo| (x.n_layers, x.kv_heads, x.head_dim, x.vocab_size);
     if shape(&found) != shape(io) {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::ModelFormat(format!(
             "prefill graph {}: (layers, kv heads, head dim, logits width) {:?} differ from the model's {:?}",
             file.display(),
             shape(&found),
@@ -166,23 +188,23 @@ impl BatchedOrtBackend {
     /// The batched layout runs on the CPU provider only: a CUDA request is [`SpecError::Provider`], unless
     /// `options.allow_fallback`, which runs on the CPU and reports why in [`Self::fallback_reason`].
     ///
-    /// Errors: [`SpecError::Config`] for invalid options, `max_batch` 0 or above [`MAX_BATCH`], or a model that is
-    /// not the batched contract (another `kv_layout`, missing batched inputs/outputs; the message names what was
-    /// found and that `specrt convert --attention batched` writes the expected model); [`SpecError::Io`] for a
-    /// missing library or model file, or an unreadable model or config; [`SpecError::Provider`] for CUDA without
+    /// Errors: [`SpecError::Setting`] for invalid options or `max_batch` ([`check_max_batch`]);
+    /// [`SpecError::ModelFormat`] for a model that is not the batched contract (another `kv_layout`, missing batched
+    /// inputs/outputs; the message names what was found and that `specrt convert --attention batched` writes the
+    /// expected model) or a malformed config; [`SpecError::NotFound`] for a missing library or model file;
+    /// [`SpecError::Io`] for an unreadable one; [`SpecError::Provider`] for CUDA without
     /// `allow_fallback`; [`SpecError::Backend`] for other ONNX Runtime failures.
     pub fn new(model: impl AsRef<Path>, options: &OrtOptions, max_batch: usize) -> Result<Self> {
         options.validate()?;
-        if max_batch == 0 || max_batch > MAX_BATCH {
-            return Err(SpecError::Config(format!(
-                "max_batch {max_batch} is invalid (expected 1 <= max_batch <= {MAX_BATCH})"
-            )));
-        }
+        check_max_batch(i64::try_from(max_batch).unwrap_or(i64::MAX))?;
         if let Some(layout) = options.layout {
             if layout != KvLayout::BatchedRows {
-                return Err(SpecError::Config(format!(
-                    "layout option {layout} is invalid for BatchedOrtBackend (expected none or batched_rows)"
-                )));
+                return Err(SpecError::setting(
+                    "layout",
+                    format!(
+                        "layout option {layout} is invalid for BatchedOrtBackend (expected none or batched_rows)"
+                    ),
+                ));
             }
         }
         let fallback_reason = match options.provider {
@@ -210,7 +232,9 @@ impl BatchedOrtBackend {
         let overridable = overridable_initializers(&session)?;
         let io =
             analyze_batched(&inputs, &outputs, &overridable, &config).map_err(|e| match e {
-                SpecError::Config(m) => SpecError::Config(format!("{}: {m}", model_file.display())),
+                SpecError::ModelFormat(m) => {
+                    SpecError::ModelFormat(format!("{}: {m}", model_file.display()))
+                }
                 other => other,
             })?;
         let max_seq_len = choose_max_seq_len(
@@ -220,9 +244,10 @@ impl BatchedOrtBackend {
             DEFAULT_MAX_SEQ_LEN,
         )?;
         if i64::try_from(max_seq_len).is_err() {
-            return Err(SpecError::Config(format!(
-                "max_seq_len {max_seq_len} is too large"
-            )));
+            return Err(SpecError::setting(
+                "max_seq_len",
+                format!("max_seq_len {max_seq_len} is too large"),
+            ));
         }
         let subset = config.vocab_subset_for(io.vocab_size, &model_file)?;
         let (prefill_session, prefill_min_tokens) = match &config.prefill_graph {
@@ -245,10 +270,13 @@ impl BatchedOrtBackend {
             .and_then(|x| x.checked_mul(max_batch))
             .filter(|&x| x <= isize::MAX as usize / 4)
             .ok_or_else(|| {
-                SpecError::Config(format!(
-                    "KV cache [{max_batch}, {}, {}, {max_seq_len}] is too large",
-                    io.kv_heads, io.head_dim
-                ))
+                SpecError::setting(
+                    "max_seq_len",
+                    format!(
+                        "KV cache [{max_batch}, {}, {}, {max_seq_len}] is too large",
+                        io.kv_heads, io.head_dim
+                    ),
+                )
             })?;
         let key_t = (0..io.n_layers)
             .map(|_| vec![0.0f32; slot_len].into_boxed_slice())

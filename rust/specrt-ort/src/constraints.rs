@@ -35,7 +35,7 @@ impl ConstraintCompiler {
 
     /// A compiler over the `tokenizer.json` beside model file (or in model folder) `model`.
     ///
-    /// Errors: [`SpecError::Io`] for a tokenizer.json that cannot be read.
+    /// Errors: [`SpecError::Io`] / [`SpecError::ModelFormat`] for a tokenizer.json that cannot be read / parsed.
     pub fn from_folder(model: &Path, vocab_size: usize, eos_token_ids: Vec<u32>) -> Result<Self> {
         let file = if model.is_dir() {
             model.join(TOKENIZER_FILE)

@@ -54,7 +54,7 @@ print(next(iter(s.submodule_search_locations)) if s is not None and s.submodule_
 /// `explicit` is a path the user gave (e.g. `--ort-library`); relative paths are resolved against the current
 /// directory and a leading `~/` against `$HOME`. See the [module docs](self) for the search order.
 ///
-/// Errors: [`SpecError::Io`] when an explicit path or a set variable names no file (naming it and where it came
+/// Errors: [`SpecError::NotFound`] when an explicit path or a set variable names no file (naming it and where it came
 /// from), or when nothing is found; that message lists every place searched and how to install ONNX Runtime
 /// (`pip install onnxruntime`, `pip install 'onnxruntime-gpu[cuda,cudnn]'`, or pass `--ort-library`).
 pub fn find_ort_library(explicit: Option<&Path>) -> Result<PathBuf> {
@@ -122,7 +122,7 @@ fn find_in(
             None => searched.push(format!("{}/libonnxruntime.so*: none", dir.display())),
         }
     }
-    Err(SpecError::Io(format!(
+    Err(SpecError::NotFound(format!(
         "ONNX Runtime library (libonnxruntime.so) not found. Searched, in order:\n  - {}\n{install}",
         searched.join("\n  - ")
     )))
@@ -138,7 +138,7 @@ fn existing_file(path: &Path, origin: &str) -> Result<PathBuf> {
     if absolute.is_file() {
         Ok(absolute)
     } else {
-        Err(SpecError::Io(format!(
+        Err(SpecError::NotFound(format!(
             "{origin} = {}: ONNX Runtime library not found (no such file {}; expected the path of \
              libonnxruntime.so.1.x)",
             path.display(),
@@ -393,7 +393,7 @@ mod tests {
                 package.join("capi/libonnxruntime.so.1.32.0")
             );
             // No wheel (and, on this machine, no system install is assumed absent): the message says why and how.
-            if let Err(SpecError::Io(m)) =
+            if let Err(SpecError::NotFound(m)) =
                 find_ort_library_in_package(None, "pip install 'specrt[cpu]'")
             {
                 assert!(
@@ -417,8 +417,8 @@ mod tests {
     fn missing_explicit_path_is_an_error_naming_it() {
         let _env = EnvGuard::new(&[(ORT_LIBRARY_ENV, None)]);
         let err = find(Some(Path::new("/nonexistent/libonnxruntime.so.1.2")), &[]).unwrap_err();
-        let SpecError::Io(msg) = err else {
-            panic!("expected Io, got {err:?}")
+        let SpecError::NotFound(msg) = err else {
+            panic!("expected NotFound, got {err:?}")
         };
         assert!(
             msg.contains("--ort-library") && msg.contains("/nonexistent/libonnxruntime.so.1.2"),
@@ -450,7 +450,7 @@ mod tests {
         ]);
         let err = find(None, &[system]).unwrap_err();
         assert!(
-            matches!(&err, SpecError::Io(m) if m.contains("$ORT_DYLIB_PATH") && m.contains("gone")),
+            matches!(&err, SpecError::NotFound(m) if m.contains("$ORT_DYLIB_PATH") && m.contains("gone")),
             "{err}"
         );
     }
@@ -495,8 +495,8 @@ mod tests {
         let system = tmp.path().join("lib");
         let _env = no_env(&python);
         let err = find(None, std::slice::from_ref(&system)).unwrap_err();
-        let SpecError::Io(msg) = err else {
-            panic!("expected Io, got {err:?}")
+        let SpecError::NotFound(msg) = err else {
+            panic!("expected NotFound, got {err:?}")
         };
         for needle in [
             "--ort-library",

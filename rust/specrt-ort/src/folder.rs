@@ -78,8 +78,8 @@ pub struct FolderDefaults {
 impl FolderDefaults {
     /// Read the defaults of a model folder (or of the folder holding a `.onnx` file).
     ///
-    /// Errors: [`SpecError::Io`] when a file exists but cannot be read, is not a JSON object, or has a field of the
-    /// wrong type (file and field named); [`SpecError::Config`] for a negative `top_k`.
+    /// Errors: [`SpecError::Io`] when a file exists but cannot be read; [`SpecError::ModelFormat`] when it is not a
+    /// JSON object or has a field of the wrong type or a negative `top_k` (file and field named).
     pub fn read(model: &Path) -> Result<Self> {
         let folder = if model.is_dir() {
             model
@@ -145,7 +145,7 @@ fn read_optional(path: &Path) -> Result<Option<String>> {
     match std::fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(SpecError::Io(format!("{}: {e}", path.display()))),
+        Err(e) => Err(SpecError::io(path.display(), &e)),
     }
 }
 
@@ -156,11 +156,11 @@ fn json_object(text: Option<&str>, path: &Path) -> Result<Map<String, Value>> {
     };
     match serde_json::from_str(text) {
         Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(SpecError::Io(format!(
+        Ok(_) => Err(SpecError::ModelFormat(format!(
             "{}: is not a JSON object",
             path.display()
         ))),
-        Err(e) => Err(SpecError::Io(format!(
+        Err(e) => Err(SpecError::ModelFormat(format!(
             "{}: is not valid JSON: {e}",
             path.display()
         ))),
@@ -168,7 +168,7 @@ fn json_object(text: Option<&str>, path: &Path) -> Result<Map<String, Value>> {
 }
 
 fn field_error(path: &Path, key: &str, value: &Value, expected: &str) -> SpecError {
-    SpecError::Io(format!(
+    SpecError::ModelFormat(format!(
         "{}: {key} = {value} is invalid (expected {expected})",
         path.display()
     ))
@@ -184,7 +184,7 @@ fn parse_top_k(v: &Value, path: &Path) -> Result<u32> {
         })
         .ok_or_else(|| field_error(path, "top_k", v, "an integer"))?;
     u32::try_from(n).map_err(|_| {
-        SpecError::Config(format!(
+        SpecError::ModelFormat(format!(
             "{}: top_k {n} is invalid (expected an integer >= 0; 0 = off)",
             path.display()
         ))
@@ -214,8 +214,9 @@ fn parse_ids(v: &Value, path: &Path, key: &str) -> Result<Vec<u32>> {
 /// engines' width rule ([`specrt_core::check_draft_width`], through [`Engine::with_tokenizer_vocab`] and
 /// [`specrt_core::BatchEngine::with_tokenizer_vocab`]) compares logits widths that differ with.
 ///
-/// Errors: [`SpecError::Vocab`] (vocabularies differ), [`SpecError::Io`] (a missing model file, a malformed file, a
-/// draft without the `tokenizer.json` its target has).
+/// Errors: [`SpecError::Vocab`] (vocabularies differ), [`SpecError::NotFound`] (a missing model file, a draft
+/// without the `tokenizer.json` its target has), [`SpecError::Io`] / [`SpecError::ModelFormat`] (an unreadable or
+/// malformed file).
 pub fn check_draft_folder(target: &Path, draft: &Path) -> Result<Option<usize>> {
     let target_file = resolve_model_file(target)?;
     let draft_file = resolve_model_file(draft)?;
@@ -227,7 +228,7 @@ pub fn check_draft_folder(target: &Path, draft: &Path) -> Result<Option<usize>> 
 /// The size of a `tokenizer.json`'s vocabulary: its largest id + 1 over `model.vocab` (a token -> id map, or a
 /// list whose index is the id, as Unigram's) and `added_tokens`; `None` without the file or any id.
 ///
-/// Errors: [`SpecError::Io`] for an unreadable or malformed file.
+/// Errors: [`SpecError::Io`] for an unreadable file, [`SpecError::ModelFormat`] for a malformed one.
 fn tokenizer_size(path: &Path) -> Result<Option<usize>> {
     let Some(text) = read_optional(path)? else {
         return Ok(None);
@@ -251,7 +252,7 @@ fn tokenizer_size(path: &Path) -> Result<Option<usize>> {
 
 /// The `tokenizer.json` beside a model file, if there is one.
 ///
-/// Errors: [`SpecError::Io`] for a file that `tokenizers` cannot load.
+/// Errors: [`SpecError::ModelFormat`] for a file that `tokenizers` cannot load.
 /// The chat template of a model file's folder (`None` without `chat_template.jinja`).
 pub(crate) fn folder_chat_template(model_file: &Path) -> Result<Option<ChatTemplate>> {
     let folder = model_file.parent().unwrap_or(Path::new("."));
@@ -271,10 +272,13 @@ pub(crate) fn chat_ids(
     messages: &[serde_json::Value],
 ) -> Result<Vec<u32>> {
     let template = template.ok_or_else(|| {
-        SpecError::Config(format!(
+        SpecError::setting(
+            "messages",
+            format!(
             "this pipeline has no chat template (the target folder has no {CHAT_TEMPLATE_FILE}); pass a plain \
              prompt"
-        ))
+        ),
+        )
     })?;
     let text = template.render(messages, true, None, None, &Map::new())?;
     tokenizer.encode(&text, false)
@@ -326,7 +330,7 @@ fn check_same_vocabulary(target_file: &Path, draft_file: &Path) -> Result<()> {
         return Ok(());
     }
     if !draft.is_file() {
-        return Err(SpecError::Io(format!(
+        return Err(SpecError::NotFound(format!(
             "{} not found: a draft needs its tokenizer.json to be checked against the target's ({})",
             draft.display(),
             target.display()
@@ -407,13 +411,13 @@ mod tests {
         ] {
             let err = parse(text, None).unwrap_err();
             assert!(
-                matches!(&err, SpecError::Io(m) if m.contains("g.json") && m.contains(needle)),
+                matches!(&err, SpecError::ModelFormat(m) if m.contains("g.json") && m.contains(needle)),
                 "{text}: {err}"
             );
         }
         let err = parse(r#"{"top_k": -1}"#, None).unwrap_err();
         assert!(
-            matches!(&err, SpecError::Config(m) if m.contains("top_k -1")),
+            matches!(&err, SpecError::ModelFormat(m) if m.contains("top_k -1")),
             "{err}"
         );
     }
@@ -443,7 +447,7 @@ mod tests {
         // A draft without the tokenizer its target has cannot be checked: refused, naming the missing file.
         let err = check_same_vocabulary(&t, &tmp.path().join("none/model.onnx")).unwrap_err();
         assert!(
-            matches!(&err, SpecError::Io(m) if m.contains("none/tokenizer.json not found")),
+            matches!(&err, SpecError::NotFound(m) if m.contains("none/tokenizer.json not found")),
             "{err}"
         );
         // Without a target tokenizer there is nothing to compare.

@@ -32,7 +32,7 @@ impl GraphSession {
     /// Open `model` on the CPU with `options` (library, intra-op threads).
     ///
     /// # Errors
-    /// As [`crate::init_runtime`]; `SpecError::Io` / `Backend` when the file cannot be loaded.
+    /// As [`crate::init_runtime`]; `SpecError::NotFound` / `ModelFormat` / `Backend` when the file cannot be loaded.
     pub fn open(model: &Path, options: &OrtOptions) -> Result<Self> {
         init_runtime_with_threads(&options.ort_library, options.effective_intra_op_threads())?;
         Ok(Self {

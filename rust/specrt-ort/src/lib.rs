@@ -77,7 +77,7 @@ pub mod runtime;
 
 pub use backend::{check_cuda_provider, OrtBackend};
 pub use batch_pipeline::{BatchEvent, BatchPipeline};
-pub use batched::{BatchedOrtBackend, MAX_BATCH};
+pub use batched::{check_max_batch, max_batch_expected, BatchedOrtBackend, MAX_BATCH};
 pub use constraints::ConstraintCompiler;
 pub use cuda_graph::MAX_GRAPH_TOKENS;
 pub use discover::find_ort_library;

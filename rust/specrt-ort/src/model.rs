@@ -10,12 +10,12 @@ use crate::options::KvLayout;
 /// The vocabulary size of a `[.., .., vocab]` logits output: its last dimension, or `vocab_size` from the config when
 /// that dimension is dynamic.
 ///
-/// Errors: [`SpecError::Config`] when neither gives it.
+/// Errors: [`SpecError::ModelFormat`] when neither gives it.
 fn logits_width(logits: &TensorDesc, config: &SpecrtConfig) -> Result<usize> {
     match logits.dim(2) {
         Some(v) if v > 0 => Ok(usize::try_from(v).expect("positive")),
         _ => config.vocab_size.ok_or_else(|| {
-            SpecError::Config(format!(
+            SpecError::ModelFormat(format!(
                 "vocab size unknown: logits has shape {:?} and no vocab_size in {CONFIG_FILE}",
                 logits.shape
             ))
@@ -90,7 +90,7 @@ pub const DEFAULT_PREFILL_MIN_TOKENS: usize = 16;
 impl SpecrtConfig {
     /// The pruned-vocabulary subset of a model whose logits score `model_vocab` tokens (`None` for a full model).
     ///
-    /// Errors: [`SpecError::Config`] if the subset's id count differs from `model_vocab` or its ids are invalid.
+    /// Errors: [`SpecError::ModelFormat`] if the subset's id count differs from `model_vocab` or its ids are invalid.
     pub fn vocab_subset_for(
         &self,
         model_vocab: usize,
@@ -99,7 +99,7 @@ impl SpecrtConfig {
         match &self.vocab_subset {
             Some((full, ids)) => {
                 if ids.len() != model_vocab {
-                    return Err(SpecError::Config(format!(
+                    return Err(SpecError::ModelFormat(format!(
                         "{}: the vocabulary subset has {} ids but the model scores {model_vocab} tokens",
                         model_file.display(),
                         ids.len(),
@@ -113,14 +113,15 @@ impl SpecrtConfig {
 
     /// Parse the JSON text of `specrt_config.json` (`origin` names the file in errors).
     ///
-    /// Errors: [`SpecError::Io`] for malformed JSON or a field of the wrong type; [`SpecError::Config`] for an
-    /// unknown `kv_layout`.
+    /// Errors: [`SpecError::ModelFormat`] for malformed JSON or a field of the wrong type;
+    /// [`SpecError::Config`] for an unknown `kv_layout`.
     pub fn parse(text: &str, origin: &Path) -> Result<Self> {
-        let value: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| SpecError::Io(format!("{} is not valid JSON: {e}", origin.display())))?;
-        let obj = value
-            .as_object()
-            .ok_or_else(|| SpecError::Io(format!("{} is not a JSON object", origin.display())))?;
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+            SpecError::ModelFormat(format!("{} is not valid JSON: {e}", origin.display()))
+        })?;
+        let obj = value.as_object().ok_or_else(|| {
+            SpecError::ModelFormat(format!("{} is not a JSON object", origin.display()))
+        })?;
         let usize_field = |key: &str| -> Result<Option<usize>> {
             match obj.get(key) {
                 None | Some(serde_json::Value::Null) => Ok(None),
@@ -129,7 +130,7 @@ impl SpecrtConfig {
                     .and_then(|n| usize::try_from(n).ok())
                     .map(Some)
                     .ok_or_else(|| {
-                        SpecError::Io(format!(
+                        SpecError::ModelFormat(format!(
                             "{}: {key} = {v} is invalid (expected a non-negative integer)",
                             origin.display()
                         ))
@@ -140,7 +141,7 @@ impl SpecrtConfig {
             None | Some(serde_json::Value::Null) => None,
             Some(serde_json::Value::String(s)) => Some(s.parse::<KvLayout>()?),
             Some(v) => {
-                return Err(SpecError::Io(format!(
+                return Err(SpecError::ModelFormat(format!(
                     "{}: kv_layout = {v} is invalid (expected a string)",
                     origin.display()
                 )))
@@ -150,7 +151,7 @@ impl SpecrtConfig {
             None | Some(serde_json::Value::Null) => None,
             Some(serde_json::Value::String(file)) => {
                 let full = usize_field("full_vocab_size")?.ok_or_else(|| {
-                    SpecError::Io(format!(
+                    SpecError::ModelFormat(format!(
                         "{}: vocab_subset is set but full_vocab_size is missing",
                         origin.display()
                     ))
@@ -158,7 +159,7 @@ impl SpecrtConfig {
                 Some((full, read_subset_ids(&origin.with_file_name(file))?))
             }
             Some(v) => {
-                return Err(SpecError::Io(format!(
+                return Err(SpecError::ModelFormat(format!(
                     "{}: vocab_subset = {v} is invalid (expected a file name)",
                     origin.display()
                 )))
@@ -169,7 +170,7 @@ impl SpecrtConfig {
             Some(serde_json::Value::String(file)) if !file.is_empty() => {
                 let min = usize_field("prefill_min_tokens")?.unwrap_or(DEFAULT_PREFILL_MIN_TOKENS);
                 if min == 0 {
-                    return Err(SpecError::Io(format!(
+                    return Err(SpecError::ModelFormat(format!(
                         "{}: prefill_min_tokens = 0 is invalid (expected an integer >= 1)",
                         origin.display()
                     )));
@@ -177,7 +178,7 @@ impl SpecrtConfig {
                 Some((origin.with_file_name(file), min))
             }
             Some(v) => {
-                return Err(SpecError::Io(format!(
+                return Err(SpecError::ModelFormat(format!(
                     "{}: prefill_graph = {v} is invalid (expected a file name)",
                     origin.display()
                 )))
@@ -187,7 +188,7 @@ impl SpecrtConfig {
             None | Some(serde_json::Value::Null) => None,
             Some(serde_json::Value::String(v)) if version_numbers(v).is_some() => Some(v.clone()),
             Some(v) => {
-                return Err(SpecError::Io(format!(
+                return Err(SpecError::ModelFormat(format!(
                 "{}: min_onnxruntime = {v} is invalid (expected a version string such as \"1.24\")",
                 origin.display()
             )))
@@ -209,10 +210,10 @@ impl SpecrtConfig {
         match std::fs::read_to_string(&path) {
             Ok(text) => Self::parse(&text, &path),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SpecrtConfig::default()),
-            Err(e) => Err(SpecError::Io(format!(
-                "cannot read {}: {e}",
-                path.display()
-            ))),
+            Err(e) => Err(SpecError::io(
+                format_args!("cannot read {}", path.display()),
+                &e,
+            )),
         }
     }
 }
@@ -220,20 +221,23 @@ impl SpecrtConfig {
 /// The `token_ids` list of a vocabulary-subset file (`{"token_ids": [...], ...}`).
 fn read_subset_ids(path: &Path) -> Result<Vec<u32>> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| SpecError::Io(format!("cannot read {}: {e}", path.display())))?;
-    let value: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| SpecError::Io(format!("{} is not valid JSON: {e}", path.display())))?;
+        .map_err(|e| SpecError::io(format_args!("cannot read {}", path.display()), &e))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        SpecError::ModelFormat(format!("{} is not valid JSON: {e}", path.display()))
+    })?;
     let ids = value
         .get("token_ids")
         .and_then(serde_json::Value::as_array)
-        .ok_or_else(|| SpecError::Io(format!("{} has no token_ids list", path.display())))?;
+        .ok_or_else(|| {
+            SpecError::ModelFormat(format!("{} has no token_ids list", path.display()))
+        })?;
     ids.iter()
         .enumerate()
         .map(|(i, v)| {
             v.as_u64()
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or_else(|| {
-                    SpecError::Io(format!(
+                    SpecError::ModelFormat(format!(
                         "{}: token_ids[{i}] = {v} is invalid (expected a token id)",
                         path.display()
                     ))
@@ -244,14 +248,14 @@ fn read_subset_ids(path: &Path) -> Result<Vec<u32>> {
 
 /// Resolve a model folder (holding `model.onnx`) or a `.onnx` file path to the model file.
 ///
-/// Errors: [`SpecError::Io`] naming the path when it does not exist or the folder has no `model.onnx`.
+/// Errors: [`SpecError::NotFound`] naming the path when it does not exist or the folder has no `model.onnx`.
 pub fn resolve_model_file(path: &Path) -> Result<PathBuf> {
     if path.is_dir() {
         let file = path.join(MODEL_FILE);
         if file.is_file() {
             Ok(file)
         } else {
-            Err(SpecError::Io(format!(
+            Err(SpecError::NotFound(format!(
                 "model file not found: {} (the folder {} has no {MODEL_FILE})",
                 file.display(),
                 path.display()
@@ -260,7 +264,7 @@ pub fn resolve_model_file(path: &Path) -> Result<PathBuf> {
     } else if path.is_file() {
         Ok(path.to_path_buf())
     } else {
-        Err(SpecError::Io(format!(
+        Err(SpecError::NotFound(format!(
             "model file not found: {} (expected a model folder holding {MODEL_FILE}, or an .onnx file)",
             path.display()
         )))
@@ -318,7 +322,7 @@ pub(crate) fn version_numbers(v: &str) -> Option<Vec<u64>> {
 /// Refuse a model whose `specrt_config.json` asks for a newer ONNX Runtime (`min_onnxruntime`) than the loaded
 /// library `version`: its graph would run, and compute something else (e.g. a sliding window one key wider).
 ///
-/// Errors: [`SpecError::Config`] naming the model, both versions and the fix.
+/// Errors: [`SpecError::Setting`] (`ort_library`) naming the model, both versions and the fix.
 pub(crate) fn check_min_onnxruntime(
     config: &SpecrtConfig,
     version: &str,
@@ -331,7 +335,9 @@ pub(crate) fn check_min_onnxruntime(
         return Ok(()); // an unparsable library version (a custom build): nothing to compare
     };
     if have < want {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::setting(
+            "ort_library",
+            format!(
             "{} needs ONNX Runtime >= {min} (specrt_config.json min_onnxruntime: its operators compute this graph \
              differently before that), but the loaded library is {version}; install a newer onnxruntime (or \
              onnxruntime-gpu) wheel, or point SPECRT_ORT_LIBRARY at one",
@@ -348,7 +354,7 @@ pub(crate) fn check_min_onnxruntime(
 /// (4) past and present share dim 2 (same symbolic name, or the same static size) -> shared buffer;
 /// (5) otherwise Optimum (Optimum exports name them `past_sequence_length` / `total_sequence_length`).
 ///
-/// Errors: [`SpecError::Config`] naming what is missing or malformed (no `input_ids`, no KV inputs, a past without
+/// Errors: [`SpecError::ModelFormat`] naming what is missing or malformed (no `input_ids`, no KV inputs, a past without
 /// its present, dynamic head sizes, non-float32 logits, unknown vocab, shared layout without `attention_mask`), and
 /// for the batched contract ([`KvLayout::BatchedRows`], which [`analyze_batched`] reads).
 pub fn analyze(
@@ -364,7 +370,7 @@ pub fn analyze(
     if forced.or(config.kv_layout) == Some(KvLayout::BatchedRows)
         || input(&batched_past_name(0, "key_t")).is_some()
     {
-        return Err(SpecError::Config(
+        return Err(SpecError::ModelFormat(
             "model holds the batched decoder contract (kv_layout batched_rows, `specrt convert --attention \
              batched`), which runs on BatchedOrtBackend only (expected a batch-1 decoder: convert with --attention \
              gqa, the default)"
@@ -372,31 +378,31 @@ pub fn analyze(
         ));
     }
     let ids = input("input_ids").ok_or_else(|| {
-        SpecError::Config(format!(
+        SpecError::ModelFormat(format!(
             "model has no input_ids input (inputs: {})",
             names(inputs)
         ))
     })?;
     if ids.dtype != "int64" {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::ModelFormat(format!(
             "input_ids has type {} (expected int64)",
             ids.dtype
         )));
     }
     let logits = output("logits").ok_or_else(|| {
-        SpecError::Config(format!(
+        SpecError::ModelFormat(format!(
             "model has no logits output (outputs: {})",
             names(outputs)
         ))
     })?;
     if logits.dtype != "float32" {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::ModelFormat(format!(
             "logits output has type {} (expected float32; cast in the graph)",
             logits.dtype
         )));
     }
     if logits.shape.len() != 3 {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::ModelFormat(format!(
             "logits output has rank {} (expected [batch, sequence, vocab])",
             logits.shape.len()
         )));
@@ -406,20 +412,20 @@ pub fn analyze(
         .take_while(|&i| input(&past_name(i, "key")).is_some())
         .count();
     if n_layers == 0 {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::ModelFormat(format!(
             "model has no past_key_values.0.key input: not a decoder with a KV cache (inputs: {})",
             names(inputs)
         )));
     }
     let first = input(&past_name(0, "key")).expect("counted above");
     let (Some(kv_heads), Some(head_dim)) = (first.dim(1), first.dim(3)) else {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::ModelFormat(format!(
             "{} has shape {:?} (expected [batch, kv_heads, seq, head_dim])",
             first.name, first.shape
         )));
     };
     if first.shape.len() != 4 || kv_heads <= 0 || head_dim <= 0 {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::ModelFormat(format!(
             "{} has shape {:?} (expected [batch, kv_heads, seq, head_dim] with static kv_heads and head_dim)",
             first.name, first.shape
         )));
@@ -427,17 +433,17 @@ pub fn analyze(
     for i in 0..n_layers {
         for kind in ["key", "value"] {
             let past = input(&past_name(i, kind)).ok_or_else(|| {
-                SpecError::Config(format!("model has no {} input", past_name(i, kind)))
+                SpecError::ModelFormat(format!("model has no {} input", past_name(i, kind)))
             })?;
             let present = output(&present_name(i, kind)).ok_or_else(|| {
-                SpecError::Config(format!(
+                SpecError::ModelFormat(format!(
                     "model has {} but no {} output",
                     past.name,
                     present_name(i, kind)
                 ))
             })?;
             if past.dtype != first.dtype || present.dtype != first.dtype {
-                return Err(SpecError::Config(format!(
+                return Err(SpecError::ModelFormat(format!(
                     "{} / {} have types {} / {} (expected {} like {})",
                     past.name, present.name, past.dtype, present.dtype, first.dtype, first.name
                 )));
@@ -446,7 +452,7 @@ pub fn analyze(
                 || past.dim(1) != Some(kv_heads)
                 || past.dim(3) != Some(head_dim)
             {
-                return Err(SpecError::Config(format!(
+                return Err(SpecError::ModelFormat(format!(
                     "{} has shape {:?} (expected [1, {kv_heads}, seq, {head_dim}] like {})",
                     past.name, past.shape, first.name
                 )));
@@ -454,7 +460,7 @@ pub fn analyze(
         }
     }
     if !matches!(first.dtype.as_str(), "float32" | "float16" | "bfloat16") {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::ModelFormat(format!(
             "KV cache type {} is not supported (expected float32, float16 or bfloat16)",
             first.dtype
         )));
@@ -479,7 +485,7 @@ pub fn analyze(
     // Whether an optional tensor is there, checking its type when it is.
     let optional = |d: Option<&TensorDesc>, dtype: &str, kind: &str| -> Result<bool> {
         match d {
-            Some(d) if d.dtype != dtype => Err(SpecError::Config(format!(
+            Some(d) if d.dtype != dtype => Err(SpecError::ModelFormat(format!(
                 "{kind} {} has type {} (expected {dtype})",
                 d.name, d.dtype
             ))),
@@ -490,14 +496,14 @@ pub fn analyze(
     let has_seqlens = optional(input("seqlens_k"), "int32", "input")?;
     let has_total = optional(input("total_sequence_length"), "int32", "input")?;
     if has_seqlens != has_total {
-        return Err(SpecError::Config(
+        return Err(SpecError::ModelFormat(
             "model has only one of seqlens_k / total_sequence_length (the graph form has both inputs)".into(),
         ));
     }
     let has_logits_index = optional(input("logits_index"), "int64", "input")?;
     let has_argmax = optional(output("argmax"), "int64", "output")?;
     if layout == KvLayout::SharedBuffer && !has_attention_mask && !has_seqlens {
-        return Err(SpecError::Config(
+        return Err(SpecError::ModelFormat(
             "shared-buffer model has no attention_mask input (the contract derives seqlens_k and \
              total_sequence_length from it) and no seqlens_k / total_sequence_length inputs (the graph form)"
                 .into(),
@@ -556,7 +562,7 @@ pub struct BatchedIo {
 /// and `new.{i}.key` / `new.{i}.value` `[B, kv_heads, S, head_dim]`. `config.kv_layout` must be absent or
 /// `batched_rows`.
 ///
-/// Errors: [`SpecError::Config`] naming what was found and what is expected (another `kv_layout`, a missing or
+/// Errors: [`SpecError::ModelFormat`] naming what was found and what is expected (another `kv_layout`, a missing or
 /// malformed input or output, a KV type other than float32, unknown vocab).
 pub fn analyze_batched(
     inputs: &[TensorDesc],
@@ -569,21 +575,21 @@ pub fn analyze_batched(
     let output = |name: &str| outputs.iter().find(|d| d.name == name);
     if let Some(layout) = config.kv_layout {
         if layout != KvLayout::BatchedRows {
-            return Err(SpecError::Config(format!(
+            return Err(SpecError::ModelFormat(format!(
                 "model has kv_layout {layout} in {CONFIG_FILE} (expected batched_rows: {CONVERT})"
             )));
         }
     }
     let expect = |name: &str, dtype: &str, rank: usize| -> Result<&TensorDesc> {
         let d = input(name).ok_or_else(|| {
-            SpecError::Config(format!(
+            SpecError::ModelFormat(format!(
                 "model has no {name} input, so it is not the batched decoder contract (inputs: {}; expected \
                  input_ids, positions, past_lengths, past_key_values.{{i}}.key_t / .value: {CONVERT})",
                 names(inputs)
             ))
         })?;
         if d.dtype != dtype || d.shape.len() != rank {
-            return Err(SpecError::Config(format!(
+            return Err(SpecError::ModelFormat(format!(
                 "{name} is {} {:?} (expected {dtype} of rank {rank})",
                 d.dtype, d.shape
             )));
@@ -597,7 +603,7 @@ pub fn analyze_batched(
     if input("num_logits_to_keep").is_none()
         && !overridable.iter().any(|n| n == "num_logits_to_keep")
     {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::ModelFormat(format!(
             "model has no num_logits_to_keep input (inputs: {}; {CONVERT})",
             names(inputs)
         )));
@@ -605,7 +611,7 @@ pub fn analyze_batched(
     let (h, d) = match (first.dim(1), first.dim(2)) {
         (Some(h), Some(d)) if h > 0 && d > 0 => (h, d),
         _ => {
-            return Err(SpecError::Config(format!(
+            return Err(SpecError::ModelFormat(format!(
                 "{} has shape {:?} (expected [batch, kv_heads, head_dim, max_seq] with static kv_heads and head_dim)",
                 first.name, first.shape
             )))
@@ -622,7 +628,7 @@ pub fn analyze_batched(
             || key_t.dim(2) != Some(d)
             || key_t.dim(3).filter(|&x| x > 0) != static_len
         {
-            return Err(SpecError::Config(format!(
+            return Err(SpecError::ModelFormat(format!(
                 "{} has shape {:?} (expected [batch, {h}, {d}, max_seq] like {})",
                 key_t.name, key_t.shape, first.name
             )));
@@ -631,7 +637,7 @@ pub fn analyze_batched(
             || value.dim(3) != Some(d)
             || value.dim(2).filter(|&x| x > 0) != static_len
         {
-            return Err(SpecError::Config(format!(
+            return Err(SpecError::ModelFormat(format!(
                 "{} has shape {:?} (expected [batch, {h}, max_seq, {d}] like {})",
                 value.name, value.shape, first.name
             )));
@@ -639,7 +645,7 @@ pub fn analyze_batched(
         for kind in ["key", "value"] {
             let name = batched_new_name(i, kind);
             let new = output(&name).ok_or_else(|| {
-                SpecError::Config(format!(
+                SpecError::ModelFormat(format!(
                     "model has {} but no {name} output (outputs: {})",
                     key_t.name,
                     names(outputs)
@@ -650,7 +656,7 @@ pub fn analyze_batched(
                 || new.dim(1) != Some(h)
                 || new.dim(3) != Some(d)
             {
-                return Err(SpecError::Config(format!(
+                return Err(SpecError::ModelFormat(format!(
                     "{name} is {} {:?} (expected float32 [batch, {h}, seq, {d}])",
                     new.dtype, new.shape
                 )));
@@ -658,13 +664,13 @@ pub fn analyze_batched(
         }
     }
     let logits = output("logits").ok_or_else(|| {
-        SpecError::Config(format!(
+        SpecError::ModelFormat(format!(
             "model has no logits output (outputs: {})",
             names(outputs)
         ))
     })?;
     if logits.dtype != "float32" || logits.shape.len() != 3 {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::ModelFormat(format!(
             "logits output is {} {:?} (expected float32 [batch, n, vocab])",
             logits.dtype, logits.shape
         )));
@@ -682,7 +688,7 @@ pub fn analyze_batched(
 /// Choose the cache length: the option, else `max_position_embeddings`, else `default`; capped by the model's
 /// maximum (`max_position_embeddings`) and by a static KV length fixed in the graph.
 ///
-/// Errors: [`SpecError::Config`] when the option exceeds a static KV length fixed in the graph.
+/// Errors: [`SpecError::Setting`] (`max_seq_len`) when the option exceeds a static KV length fixed in the graph.
 pub fn choose_max_seq_len(
     requested: Option<usize>,
     config: &SpecrtConfig,
@@ -691,9 +697,10 @@ pub fn choose_max_seq_len(
 ) -> Result<usize> {
     if let (Some(req), Some(fixed)) = (requested, static_kv_len) {
         if req > fixed {
-            return Err(SpecError::Config(format!(
-                "max_seq_len {req} exceeds the KV length {fixed} fixed in the model graph"
-            )));
+            return Err(SpecError::setting(
+                "max_seq_len",
+                format!("max_seq_len {req} exceeds the KV length {fixed} fixed in the model graph"),
+            ));
         }
     }
     let mut len = requested
@@ -720,7 +727,7 @@ mod tests {
         let model = Path::new("m/model.onnx");
         let err = check_min_onnxruntime(&cfg, "1.23.2", model).unwrap_err();
         assert!(
-            matches!(&err, SpecError::Config(m) if m.contains(">= 1.24") && m.contains("1.23.2") && m.contains("m/model.onnx")),
+            matches!(&err, SpecError::Setting { field, message } if field == "ort_library" && message.contains(">= 1.24") && message.contains("1.23.2") && message.contains("m/model.onnx")),
             "{err}"
         );
         for ok in ["1.24.0", "1.24.1", "1.32.0", "2.0"] {
@@ -729,7 +736,7 @@ mod tests {
         check_min_onnxruntime(&parse("{}").unwrap(), "1.0.0", model).unwrap();
         let err = parse(r#"{"min_onnxruntime": "new"}"#).unwrap_err();
         assert!(
-            matches!(&err, SpecError::Io(m) if m.contains("min_onnxruntime")),
+            matches!(&err, SpecError::ModelFormat(m) if m.contains("min_onnxruntime")),
             "{err}"
         );
     }
@@ -886,7 +893,7 @@ mod tests {
     }
 
     #[test]
-    fn missing_pieces_are_config_errors_naming_them() {
+    fn missing_pieces_are_model_format_errors_naming_them() {
         let (mut i, o) = decoder("m", "m", &[]);
         i.retain(|d| d.name != "input_ids");
         let msg = analyze(&i, &o, &[], &SpecrtConfig::default(), None)
@@ -939,10 +946,13 @@ mod tests {
         assert_eq!(cfg.vocab_size, Some(64));
         assert_eq!(cfg.max_position_embeddings, Some(128));
         assert_eq!(cfg.kv_layout, Some(KvLayout::SharedBuffer));
-        assert!(matches!(SpecrtConfig::parse("{", p), Err(SpecError::Io(_))));
+        assert!(matches!(
+            SpecrtConfig::parse("{", p),
+            Err(SpecError::ModelFormat(_))
+        ));
         assert!(matches!(
             SpecrtConfig::parse(r#"{"vocab_size": -1}"#, p),
-            Err(SpecError::Io(_))
+            Err(SpecError::ModelFormat(_))
         ));
         assert!(matches!(
             SpecrtConfig::parse(r#"{"kv_layout": "paged"}"#, p),
@@ -1096,7 +1106,7 @@ mod tests {
     fn missing_model_paths_are_io_errors_naming_the_path() {
         let err = resolve_model_file(Path::new("/no/such/model_dir")).unwrap_err();
         assert!(
-            matches!(&err, SpecError::Io(m) if m.contains("/no/such/model_dir")),
+            matches!(&err, SpecError::NotFound(m) if m.contains("/no/such/model_dir")),
             "{err}"
         );
     }

@@ -218,8 +218,6 @@ pub struct DecoderOptions {
 }
 
 impl DecoderOptions {
-    /// `max_batch`'s allowed values, as messages word them.
-    pub const MAX_BATCH: &'static str = "an integer 1 <= max_batch <= 64";
     /// `prefill_chunk`'s allowed values.
     pub const PREFILL_CHUNK: &'static str = "an integer >= 1";
     /// `max_seq_len`'s allowed values.
@@ -250,9 +248,7 @@ impl DecoderOptions {
         if self.device_id < 0 || self.device_id > i64::from(i32::MAX) {
             return bad("device_id", self.device_id, Self::DEVICE_ID);
         }
-        if !(1..=crate::MAX_BATCH as i64).contains(&self.max_batch) {
-            return bad("max_batch", self.max_batch, Self::MAX_BATCH);
-        }
+        crate::batched::check_max_batch(self.max_batch)?;
         if self.prefill_chunk < 1 {
             return bad("prefill_chunk", self.prefill_chunk, Self::PREFILL_CHUNK);
         }
@@ -263,13 +259,7 @@ impl DecoderOptions {
                 specrt_core::BatchOptions::MAX_PREFILL_TOKENS,
             );
         }
-        if !(0..=specrt_core::MAX_SUFFIX_CACHE_TOKENS as i64).contains(&self.suffix_cache_tokens) {
-            return bad(
-                "suffix_cache_tokens",
-                self.suffix_cache_tokens,
-                specrt_core::SUFFIX_CACHE_TOKENS,
-            );
-        }
+        specrt_core::check_suffix_cache_tokens(self.suffix_cache_tokens)?;
         if self.cuda_graph && self.provider != Provider::Cuda {
             return Err(cuda_graph_needs_cuda(self.provider));
         }
@@ -388,45 +378,54 @@ impl OrtOptions {
 
     /// Check the values that need no library or model.
     ///
-    /// Errors: [`SpecError::Config`] for a relative or empty library path, zero threads, a zero `max_seq_len` or a
-    /// negative device id.
+    /// Errors: [`SpecError::Setting`] naming the option: a relative or empty library path (`ort_library`), zero
+    /// threads, a zero `max_seq_len`, an empty profile prefix, `cuda_graph` / `cpu_graph_steps` with another provider,
+    /// a negative device id; [`SpecError::NotFound`] for a profile prefix in a folder that does not exist.
     pub fn validate(&self) -> Result<()> {
         if self.ort_library.as_os_str().is_empty() {
-            return Err(SpecError::Config(
-                "ort_library is empty (expected the absolute path of libonnxruntime.so.1.x)".into(),
+            return Err(SpecError::setting(
+                "ort_library",
+                "ort_library is empty (expected the absolute path of libonnxruntime.so.1.x)",
             ));
         }
         if !self.ort_library.is_absolute() {
-            return Err(SpecError::Config(format!(
-                "ort_library {:?} is not an absolute path (a relative path would be resolved against the Python \
-                 interpreter's directory)",
-                self.ort_library
-            )));
+            return Err(SpecError::setting(
+                "ort_library",
+                format!(
+                    "ort_library {:?} is not an absolute path (a relative path would be resolved against the Python \
+                     interpreter's directory)",
+                    self.ort_library
+                ),
+            ));
         }
         if self.intra_op_threads == Some(0) {
-            return Err(SpecError::Config(
-                "intra_op_threads 0 is invalid (expected >= 1)".into(),
+            return Err(SpecError::setting(
+                "intra_op_threads",
+                "intra_op_threads 0 is invalid (expected >= 1)",
             ));
         }
         if self.inter_op_threads == 0 {
-            return Err(SpecError::Config(
-                "inter_op_threads 0 is invalid (expected >= 1)".into(),
+            return Err(SpecError::setting(
+                "inter_op_threads",
+                "inter_op_threads 0 is invalid (expected >= 1)",
             ));
         }
         if self.max_seq_len == Some(0) {
-            return Err(SpecError::Config(
-                "max_seq_len 0 is invalid (expected >= 1)".into(),
+            return Err(SpecError::setting(
+                "max_seq_len",
+                "max_seq_len 0 is invalid (expected >= 1)",
             ));
         }
         if let Some(prefix) = &self.profile {
             if prefix.as_os_str().is_empty() {
-                return Err(SpecError::Config(
-                    "profile prefix is empty (expected a file name prefix such as /tmp/specrt-trace)".into(),
+                return Err(SpecError::setting(
+                    "profile",
+                    "profile prefix is empty (expected a file name prefix such as /tmp/specrt-trace)",
                 ));
             }
             if let Some(dir) = prefix.parent().filter(|d| !d.as_os_str().is_empty()) {
                 if !dir.is_dir() {
-                    return Err(SpecError::Io(format!(
+                    return Err(SpecError::NotFound(format!(
                         "profile directory {} does not exist (the trace of profile prefix {} goes there)",
                         dir.display(),
                         prefix.display()
@@ -438,16 +437,19 @@ impl OrtOptions {
             return Err(cuda_graph_needs_cuda(self.provider));
         }
         if self.cpu_graph_steps && self.provider != Provider::Cpu {
-            return Err(SpecError::Config(format!(
-                "cpu_graph_steps needs provider 'cpu' (got provider '{}'; on CUDA use cuda_graph)",
-                self.provider
-            )));
+            return Err(SpecError::setting(
+                "cpu_graph_steps",
+                format!(
+                    "cpu_graph_steps needs provider 'cpu' (got provider '{}'; on CUDA use cuda_graph)",
+                    self.provider
+                ),
+            ));
         }
         if self.device_id < 0 {
-            return Err(SpecError::Config(format!(
-                "device_id {} is invalid (expected >= 0)",
-                self.device_id
-            )));
+            return Err(SpecError::setting(
+                "device_id",
+                format!("device_id {} is invalid (expected >= 0)", self.device_id),
+            ));
         }
         Ok(())
     }
@@ -596,10 +598,7 @@ mod tests {
         ];
         for case in cases {
             assert!(
-                matches!(
-                    case.validate(),
-                    Err(SpecError::Config(_) | SpecError::Setting { .. })
-                ),
+                matches!(case.validate(), Err(SpecError::Setting { .. })),
                 "{case:?}"
             );
         }
@@ -673,7 +672,7 @@ mod tests {
                     suffix_cache_tokens: -1,
                     ..base.clone()
                 },
-                "suffix_cache_tokens -1 is invalid (expected an integer 0 <= suffix_cache_tokens <= 67108864",
+                "suffix_cache_tokens -1 is invalid (expected an integer 0 <= suffix_cache_tokens <= 67108864, 0 = no",
             ),
             (
                 DecoderOptions {

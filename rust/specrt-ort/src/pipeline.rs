@@ -86,10 +86,10 @@ impl Pipeline {
     /// only in padding rows beyond the tokenizer's ids, as Qwen2.5 7B's 152064 against 0.5B's 151936, the draft then
     /// fitted to the target's width: [`specrt_core::vocab`]).
     ///
-    /// Errors: [`SpecError::Io`] (a missing model or library, an unreadable or malformed JSON file),
-    /// [`SpecError::Vocab`] (draft and target vocabularies differ, both named), [`SpecError::Provider`] (CUDA
-    /// unavailable without `allow_fallback`), [`SpecError::Config`] (bad options), [`SpecError::Backend`] (ONNX
-    /// Runtime failed to load a model).
+    /// Errors: [`SpecError::NotFound`] (a missing model or library), [`SpecError::Io`] /
+    /// [`SpecError::ModelFormat`] (an unreadable / malformed file or model), [`SpecError::Vocab`] (draft and target
+    /// vocabularies differ, both named), [`SpecError::Provider`] (CUDA unavailable without `allow_fallback`),
+    /// [`SpecError::Setting`] (bad options, named), [`SpecError::Backend`] (ONNX Runtime failed to load a model).
     pub fn load(target: &Path, draft: Option<&Path>, options: &OrtOptions) -> Result<Self> {
         BatchPipeline::load_single(target, draft, options, DEFAULT_PREFIX_CACHING)
             .map(|driver| Self { driver })
@@ -501,7 +501,7 @@ mod tests {
                     ..GenerationRequest::default()
                 },
                 "num_speculative_tokens",
-                "65 is invalid (expected 0 <= K <= 64",
+                "65 is invalid (expected an integer 0 <= K <= 64",
             ),
             (
                 GenerationRequest {

@@ -7,11 +7,13 @@ use std::fmt;
 use std::str::FromStr;
 
 use specrt_core::{
-    AutoK, GenerationConfig, LookupMethod, LookupProposer, NgramConfig, NgramProposer, PinnedCosts,
-    Result, SamplingParams, SpecError, MAX_DRAFT_TOKENS,
+    check_num_speculative_tokens, invalid_num_speculative_tokens, AutoK, GenerationConfig,
+    LookupMethod, LookupProposer, NgramConfig, NgramProposer, PinnedCosts, Result, SamplingParams,
+    SpecError,
 };
 use specrt_grammar::OutputConstraint;
 use specrt_text::detok::TextOptions;
+use specrt_text::stop::check_stop_strings;
 
 use crate::folder::FolderDefaults;
 
@@ -51,20 +53,15 @@ impl FromStr for SpeculativeTokens {
 
     /// Parse `"auto"` or an integer (range checked by [`Pipeline::resolve`]).
     ///
-    /// Errors: [`SpecError::Config`] naming the text.
+    /// Errors: [`SpecError::Setting`] (`num_speculative_tokens`) naming the text.
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
         if s == "auto" {
             return Ok(SpeculativeTokens::Auto);
         }
-        s.parse().map(SpeculativeTokens::Fixed).map_err(|_| {
-            SpecError::setting(
-                "num_speculative_tokens",
-                format!(
-                    "num_speculative_tokens {s:?} is invalid (expected an integer 0..64 or \"auto\")"
-                ),
-            )
-        })
+        s.parse()
+            .map(SpeculativeTokens::Fixed)
+            .map_err(|_| invalid_num_speculative_tokens(format_args!("{s:?}")))
     }
 }
 
@@ -287,9 +284,7 @@ pub fn resolve_request(
     has_draft: bool,
     vocab_size: Option<usize>,
 ) -> Result<GenerationConfig> {
-    if request.stop.iter().any(String::is_empty) {
-        return Err(SpecError::setting("stop", "stop strings must be non-empty"));
-    }
+    check_stop_strings(&request.stop)?;
     if let Some(c) = &request.constraint {
         // The schema, regex or grammar itself (no tokenizer needed): refused before the request queues.
         c.validate()?;
@@ -321,16 +316,14 @@ pub fn resolve_request(
     }
     let auto = request.num_speculative_tokens == SpeculativeTokens::Auto || auto_proposer;
     let k = match request.num_speculative_tokens {
-        SpeculativeTokens::Fixed(k) if k > MAX_DRAFT_TOKENS => {
-            return Err(SpecError::setting(
-                "num_speculative_tokens",
-                format!(
-                    "num_speculative_tokens {k} is invalid (expected 0 <= K <= {MAX_DRAFT_TOKENS}, or \"auto\")"
-                ),
-            ))
+        SpeculativeTokens::Fixed(k) => {
+            check_num_speculative_tokens(k)?;
+            if proposer == Proposer::TargetOnly {
+                0
+            } else {
+                k
+            }
         }
-        SpeculativeTokens::Fixed(_) if proposer == Proposer::TargetOnly => 0,
-        SpeculativeTokens::Fixed(k) => k,
         SpeculativeTokens::Auto => AUTO_K_MAX,
     };
     // a fixed K with the auto proposer is auto K's cap; K = 0 is target-only decoding

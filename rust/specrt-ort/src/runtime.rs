@@ -25,9 +25,9 @@ pub fn loaded_library() -> Option<&'static Path> {
 
 /// Load `libonnxruntime` from `path` (absolute) unless this process already loaded it.
 ///
-/// Errors: [`SpecError::Config`] for a relative path, or when another library file is already loaded (one ONNX
-/// Runtime per process); [`SpecError::Io`] when the file does not exist; [`SpecError::Backend`] with code
-/// `LoadLibrary` when it cannot be loaded or is not ONNX Runtime, and code `LibraryVersion` when it is older than the
+/// Errors: [`SpecError::Setting`] (`ort_library`) for a relative path, or when another library file is already
+/// loaded (one ONNX Runtime per process); [`SpecError::NotFound`] when the file does not exist;
+/// [`SpecError::Backend`] with code `LoadLibrary` when it cannot be loaded or is not ONNX Runtime, and code `LibraryVersion` when it is older than the
 /// API this build needs (ONNX Runtime 1.20).
 pub fn init_runtime(path: &Path) -> Result<()> {
     init_runtime_with_threads(path, crate::options::physical_cores())
@@ -42,14 +42,16 @@ pub fn init_runtime(path: &Path) -> Result<()> {
 /// Errors: as [`init_runtime`].
 pub fn init_runtime_with_threads(path: &Path, intra_threads: usize) -> Result<()> {
     if !path.is_absolute() {
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::setting(
+            "ort_library",
+            format!(
             "ONNX Runtime library path {} is not absolute (expected e.g. <site-packages>/onnxruntime/capi/\
              libonnxruntime.so.1.x)",
             path.display()
         )));
     }
     if !path.is_file() {
-        return Err(SpecError::Io(format!(
+        return Err(SpecError::NotFound(format!(
             "ONNX Runtime library not found: {} (expected the libonnxruntime.so.1.x shipped in the onnxruntime or \
              onnxruntime-gpu wheel's capi/ folder; set SPECRT_ORT_LIBRARY to override)",
             path.display()
@@ -63,7 +65,9 @@ pub fn init_runtime_with_threads(path: &Path, intra_threads: usize) -> Result<()
         if *loaded == canonical {
             return Ok(());
         }
-        return Err(SpecError::Config(format!(
+        return Err(SpecError::setting(
+            "ort_library",
+            format!(
             "ONNX Runtime is already loaded from {} in this process; cannot also load {} (one library per process)",
             loaded.display(),
             path.display()

@@ -385,14 +385,14 @@ fn wrong_layouts_and_options_are_refused_by_name() {
         panic!("a GQA model must be refused");
     };
     assert!(
-        matches!(err, SpecError::Config(ref m) if m.contains("shared_buffer") && m.contains("--attention batched")),
+        matches!(err, SpecError::ModelFormat(ref m) if m.contains("shared_buffer") && m.contains("--attention batched")),
         "{err}"
     );
     let Err(err) = OrtBackend::new(&batched, &opts) else {
         panic!("OrtBackend must refuse the batched contract");
     };
     assert!(
-        matches!(err, SpecError::Config(ref m) if m.contains("batched")),
+        matches!(err, SpecError::ModelFormat(ref m) if m.contains("batched")),
         "{err}"
     );
     for max_batch in [0, 65] {
@@ -400,7 +400,7 @@ fn wrong_layouts_and_options_are_refused_by_name() {
             panic!("max_batch {max_batch} must be refused");
         };
         assert!(
-            matches!(err, SpecError::Config(ref m) if m.contains(&format!("max_batch {max_batch}")) && m.contains("64")),
+            matches!(err, SpecError::Setting { ref field, ref message } if field == "max_batch" && message.contains(&format!("max_batch {max_batch}")) && message.contains("64")),
             "{err}"
         );
     }
@@ -517,7 +517,7 @@ fn a_missing_prefill_graph_is_an_error_naming_it() {
     )
     .err()
     .expect("a missing prefill graph must be refused");
-    assert!(matches!(err, SpecError::Io(_)), "{err}");
+    assert!(matches!(err, SpecError::NotFound(_)), "{err}");
     assert!(err.to_string().contains("gone.onnx"), "{err}");
     // Not asked for: the model loads.
     BatchedOrtBackend::new(&dir, &options(&lib, L), 1).unwrap();

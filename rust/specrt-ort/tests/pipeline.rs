@@ -311,7 +311,7 @@ fn bad_settings_are_config_errors_naming_the_value() {
         .err()
         .unwrap();
     assert!(
-        matches!(&err, SpecError::Io(m) if m.contains("missing")),
+        matches!(&err, SpecError::NotFound(m) if m.contains("missing")),
         "{err}"
     );
 }

@@ -41,13 +41,13 @@ fn profiling_writes_a_trace_once_and_checks_its_prefix() {
     options.profile = Some(dir.join("trace"));
     let err = OrtBackend::new(&model, &options).err().unwrap();
     assert!(
-        matches!(err, SpecError::Io(ref m) if m.contains("does not exist")),
+        matches!(err, SpecError::NotFound(ref m) if m.contains("does not exist")),
         "{err}"
     );
     options.profile = Some(PathBuf::new());
     let err = OrtBackend::new(&model, &options).err().unwrap();
     assert!(
-        matches!(err, SpecError::Config(ref m) if m.contains("profile prefix is empty")),
+        matches!(err, SpecError::Setting { ref field, ref message } if field == "profile" && message.contains("profile prefix is empty")),
         "{err}"
     );
     options.profile = None;

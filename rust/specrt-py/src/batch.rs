@@ -131,7 +131,7 @@ impl PyBatchPipeline {
         prefix_cache_bytes: Option<usize>,
         max_prefill_tokens: Option<usize>,
         profile: Option<PathBuf>,
-        suffix_cache_tokens: usize,
+        suffix_cache_tokens: i64,
     ) -> PyResult<Self> {
         let suffix_cache =
             specrt_core::SuffixCache::for_setting(suffix_cache_tokens).map_err(to_pyerr)?;

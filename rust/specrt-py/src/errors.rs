@@ -10,14 +10,15 @@
 //! ├── SequenceLengthError(SpecrtError, ValueError)    SpecError::Length
 //! ├── BackendError(SpecrtError, RuntimeError)         SpecError::Backend (attributes code, message)
 //! ├── ProviderError(SpecrtError, RuntimeError)        SpecError::Provider
-//! ├── ModelFileError(SpecrtError, OSError)            SpecError::Io
-//! │   └── ModelFileNotFoundError(ModelFileError, FileNotFoundError)  SpecError::Io whose message says "not found"
+//! ├── ModelFileError(SpecrtError, OSError)            SpecError::Io, SpecError::ModelFormat
+//! │   └── ModelFileNotFoundError(ModelFileError, FileNotFoundError)  SpecError::NotFound
 //! ├── GenerationCancelled(SpecrtError)                SpecError::Cancelled
 //! └── InternalError(SpecrtError, RuntimeError)        SpecError::Internal, and any Rust panic
 //! ```
 //!
-//! Other binding files convert with [`to_pyerr`] (or `.map_err(to_pyerr)`) and run kernels with [`run_kernel`],
-//! which releases the GIL and turns a panic into `InternalError` instead of letting it cross into Python.
+//! The class is chosen by the variant alone, never by the message text. Other binding files convert with
+//! [`to_pyerr`] (or `.map_err(to_pyerr)`) and run kernels with [`run_kernel`], which releases the GIL and turns a
+//! panic into `InternalError` instead of letting it cross into Python. [`error_for`] exposes the mapping to tests.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -247,18 +248,84 @@ pub fn to_pyerr(err: SpecError) -> PyErr {
                 raise(py, &ex.backend, msg, &attrs)
             }
             SpecError::Provider(_) => raise(py, &ex.provider, msg, &[]),
-            SpecError::Io(_) => {
-                let lower = msg.to_lowercase();
-                if lower.contains("not found") || lower.contains("no such file") {
-                    raise(py, &ex.model_file_not_found, msg, &[])
-                } else {
-                    raise(py, &ex.model_file, msg, &[])
-                }
-            }
+            SpecError::NotFound(_) => raise(py, &ex.model_file_not_found, msg, &[]),
+            SpecError::Io(_) | SpecError::ModelFormat(_) => raise(py, &ex.model_file, msg, &[]),
             SpecError::Cancelled => raise(py, &ex.cancelled, msg, &[]),
             SpecError::Internal(_) => raise(py, &ex.internal, msg, &[]),
         }
     })
+}
+
+/// The names [`error_for`] accepts: one per `SpecError` variant.
+const VARIANTS: [&str; 14] = [
+    "Config",
+    "Setting",
+    "Shape",
+    "Vocab",
+    "NonFinite",
+    "Length",
+    "Backend",
+    "Provider",
+    "NotFound",
+    "Io",
+    "ModelFormat",
+    "Cancelled",
+    "Internal",
+    "Panic",
+];
+
+/// The exception ``to_pyerr`` makes of one Rust error variant (for tests of the mapping and tools that check it).
+///
+/// Args:
+///     variant: the ``SpecError`` variant's name (``"Config"``, ``"Setting"``, ``"Shape"``, ``"Vocab"``,
+///         ``"NonFinite"``, ``"Length"``, ``"Backend"``, ``"Provider"``, ``"NotFound"``, ``"Io"``, ``"ModelFormat"``,
+///         ``"Cancelled"``, ``"Internal"``; or ``"Panic"``: a Rust panic inside a kernel).
+///     message: the error's message (``Setting``: also its ``field`` is ``"field"``; ``Backend``: its ``code`` is
+///         ``"Code"``; ``NonFinite``: its ``what``).
+///
+/// Returns:
+///     The exception instance (not raised).
+///
+/// Raises:
+///     ValueError: an unknown variant name.
+#[pyfunction]
+#[pyo3(signature = (variant, message))]
+pub fn error_for(py: Python<'_>, variant: &str, message: &str) -> PyResult<Py<PyAny>> {
+    let m = message.to_owned();
+    let err = match variant {
+        "Config" => SpecError::Config(m),
+        "Setting" => SpecError::setting("field", m),
+        "Shape" => SpecError::Shape(m),
+        "Vocab" => SpecError::Vocab(m),
+        "NonFinite" => SpecError::NonFinite {
+            row: 0,
+            token: 0,
+            value: "NaN".to_owned(),
+            what: m,
+        },
+        "Length" => SpecError::Length(m),
+        "Backend" => SpecError::Backend {
+            code: "Code".to_owned(),
+            message: m,
+        },
+        "Provider" => SpecError::Provider(m),
+        "NotFound" => SpecError::NotFound(m),
+        "Io" => SpecError::Io(m),
+        "ModelFormat" => SpecError::ModelFormat(m),
+        "Cancelled" => SpecError::Cancelled,
+        "Internal" => SpecError::Internal(m),
+        "Panic" => {
+            let e = run_kernel(py, || -> specrt_core::Result<()> { panic!("{m}") }).unwrap_err();
+            return Ok(e.into_value(py).into_any());
+        }
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "variant {other:?} is invalid (expected one of: {})",
+                VARIANTS.join(", ")
+            )))
+        }
+    };
+    Ok(to_pyerr(err).into_value(py).into_any())
 }
 
 /// Run a core kernel with the GIL released; a `SpecError` becomes its exception, a panic becomes `InternalError`
@@ -308,5 +375,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ] {
         m.add(name, cls.clone_ref(py))?;
     }
+    m.add("ERROR_VARIANTS", VARIANTS.to_vec())?;
+    m.add_function(wrap_pyfunction!(error_for, m)?)?;
     Ok(())
 }

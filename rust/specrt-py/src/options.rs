@@ -61,7 +61,7 @@ pub fn check_decoder_options(
         max_seq_len: opt_int_option("max_seq_len", max_seq_len, DecoderOptions::MAX_SEQ_LEN)?,
         device_id: int_option("device_id", device_id, DecoderOptions::DEVICE_ID)?,
         cuda_graph: boolean("cuda_graph", cuda_graph)?,
-        max_batch: int_option("max_batch", max_batch, DecoderOptions::MAX_BATCH)?,
+        max_batch: int_option("max_batch", max_batch, &specrt_ort::max_batch_expected())?,
         prefill_chunk: int_option(
             "prefill_chunk",
             prefill_chunk,
@@ -76,7 +76,11 @@ pub fn check_decoder_options(
             None => None,
         },
         suffix_cache_tokens: match suffix_cache_tokens {
-            Some(v) => int_option("suffix_cache_tokens", v, specrt_core::SUFFIX_CACHE_TOKENS)?,
+            Some(v) => int_option(
+                "suffix_cache_tokens",
+                v,
+                &specrt_core::suffix_cache_tokens_expected(),
+            )?,
             None => 0,
         },
     };

@@ -4,7 +4,10 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString};
 use specrt_core::sampling::Fault;
-use specrt_core::{check_prompt, AutoK, GenerationConfig, NgramConfig, PinnedCosts, SpecError};
+use specrt_core::{
+    check_prompt, num_speculative_tokens_expected, AutoK, GenerationConfig, NgramConfig,
+    PinnedCosts, SpecError,
+};
 use specrt_ort::specrt_grammar::{ConstraintFields, OutputConstraint, CONSTRAINT_FIELDS};
 use specrt_ort::{
     resolve_request as resolve_request_rs, FolderDefaults, GenerationRequest, Proposer,
@@ -29,7 +32,7 @@ impl RequestConfig {
     ///
     /// Args:
     ///     max_new_tokens: most tokens to emit (>= 1).
-    ///     num_speculative_tokens: K, draft tokens per round, 0..64 (0 = plain target decoding).
+    ///     num_speculative_tokens: K, draft tokens per round, 0 <= K <= MAX_DRAFT_TOKENS (0 = plain target decoding).
     ///     temperature, top_k, top_p, min_p: logits processing (0 = greedy; top_k 0, top_p 1, min_p 0 = off).
     ///     repetition_penalty, frequency_penalty, presence_penalty: penalties (1, 0, 0 = off).
     ///     seed: seed of the request's random stream.
@@ -349,11 +352,17 @@ pub(crate) fn request_of(
                 r.num_speculative_tokens = if value.is_instance_of::<PyString>() {
                     let s: String = value.extract()?;
                     if s != "auto" {
-                        return Err(invalid(&key, &value, "an integer 0..64 or 'auto'"));
+                        return Err(invalid(&key, &value, &num_speculative_tokens_expected()));
                     }
                     SpeculativeTokens::Auto
                 } else {
-                    let k = int_in(&key, &value, 0, i128::MAX, "an integer 0..64 or 'auto'")?;
+                    let k = int_in(
+                        &key,
+                        &value,
+                        0,
+                        i128::MAX,
+                        &num_speculative_tokens_expected(),
+                    )?;
                     SpeculativeTokens::Fixed(usize::try_from(k).unwrap_or(usize::MAX))
                 };
             }

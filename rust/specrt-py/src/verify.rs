@@ -119,12 +119,7 @@ pub fn verify(
     let vocab = tgt.as_array().shape()[1];
     let tokens = token_ids(draft_tokens, "draft_tokens", vocab)?;
     let k = tokens.len();
-    if k > specrt_core::MAX_DRAFT_TOKENS {
-        return Err(to_pyerr(SpecError::Config(format!(
-            "{k} draft tokens is invalid (expected 0 <= k <= {})",
-            specrt_core::MAX_DRAFT_TOKENS
-        ))));
-    }
+    specrt_core::check_draft_count(k).map_err(to_pyerr)?;
     let tgt = f32_2d(
         target_logits,
         "target_logits",

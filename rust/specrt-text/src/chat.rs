@@ -398,19 +398,19 @@ impl ChatTemplate {
     /// `pad_token_id` named through `tokenizer.json`.
     ///
     /// # Errors
-    /// [`SpecError::Io`] when the folder has no template or a file is unreadable or malformed; the errors of
-    /// [`ChatTemplate::new`].
+    /// [`SpecError::NotFound`] when the folder has no template, [`SpecError::Io`] / [`SpecError::ModelFormat`] when a
+    /// file is unreadable / malformed; the errors of [`ChatTemplate::new`].
     pub fn from_folder(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let config = read_json_object(&path.join("tokenizer_config.json"))?;
         let template_path = path.join("chat_template.jinja");
         let source = if template_path.is_file() {
             std::fs::read_to_string(&template_path)
-                .map_err(|e| SpecError::Io(format!("{}: {e}", template_path.display())))?
+                .map_err(|e| SpecError::io(template_path.display(), &e))?
         } else if let Some(Json::String(s)) = config.as_ref().and_then(|c| c.get("chat_template")) {
             s.clone()
         } else {
-            return Err(SpecError::Io(format!(
+            return Err(SpecError::NotFound(format!(
                 "{} not found (and tokenizer_config.json has no chat_template string): {} has no chat template",
                 template_path.display(),
                 path.display()
@@ -603,16 +603,15 @@ fn read_json_object(path: &Path) -> Result<Option<Map<String, Json>>> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| SpecError::Io(format!("{}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| SpecError::io(path.display(), &e))?;
     match serde_json::from_str::<Json>(&text) {
         Ok(Json::Object(o)) => Ok(Some(o)),
-        Ok(other) => Err(SpecError::Io(format!(
+        Ok(other) => Err(SpecError::ModelFormat(format!(
             "{}: expected a JSON object, found {}",
             path.display(),
             json_kind(&other)
         ))),
-        Err(e) => Err(SpecError::Io(format!(
+        Err(e) => Err(SpecError::ModelFormat(format!(
             "{}: not valid JSON: {e}",
             path.display()
         ))),
@@ -1407,7 +1406,7 @@ mod tests {
         );
         std::fs::remove_file(dir.join("chat_template.jinja")).unwrap();
         assert!(
-            matches!(ChatTemplate::from_folder(&dir), Err(SpecError::Io(m)) if m.contains("not found"))
+            matches!(ChatTemplate::from_folder(&dir), Err(SpecError::NotFound(m)) if m.contains("not found"))
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

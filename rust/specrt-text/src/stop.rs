@@ -27,18 +27,27 @@ pub struct StopStrings {
     max_chars: usize,
 }
 
+/// The one check of a request's stop strings (the request resolver and [`StopStrings::new`]).
+///
+/// # Errors
+/// [`SpecError::Setting`] (`stop`) for an empty stop string (it would match everywhere), naming its index.
+pub fn check_stop_strings(stops: &[String]) -> Result<()> {
+    match stops.iter().position(String::is_empty) {
+        Some(i) => Err(SpecError::setting(
+            "stop",
+            format!("stop strings must be non-empty (stop string {i} is empty)"),
+        )),
+        None => Ok(()),
+    }
+}
+
 impl StopStrings {
     /// Check and keep `stops`.
     ///
     /// # Errors
-    /// [`SpecError::Setting`] (`stop`) for an empty stop string (it would match everywhere), naming its index.
+    /// As [`check_stop_strings`].
     pub fn new(stops: Vec<String>) -> Result<Self> {
-        if let Some(i) = stops.iter().position(String::is_empty) {
-            return Err(SpecError::setting(
-                "stop",
-                format!("stop string {i} is empty (stop strings must be non-empty)"),
-            ));
-        }
+        check_stop_strings(&stops)?;
         let max_chars = stops.iter().map(|s| s.chars().count()).max().unwrap_or(0);
         Ok(Self { stops, max_chars })
     }

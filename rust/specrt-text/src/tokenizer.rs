@@ -49,23 +49,24 @@ impl Tokenizer {
     /// Load `path` (a `tokenizer.json`).
     ///
     /// # Errors
-    /// [`SpecError::Io`] naming the path: "tokenizer file not found: ..." when it does not exist (Python's
-    /// `ModelFileNotFoundError`), otherwise when it cannot be read or `tokenizers` cannot parse it.
+    /// Naming the path: [`SpecError::NotFound`] ("tokenizer file not found: ...") when it does not exist (Python's
+    /// `ModelFileNotFoundError`), [`SpecError::Io`] when it cannot be read, [`SpecError::ModelFormat`] when
+    /// `tokenizers` cannot parse it.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let json = match std::fs::read_to_string(path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(SpecError::Io(format!(
+                return Err(SpecError::NotFound(format!(
                     "tokenizer file not found: {} (expected the tokenizer.json of a folder written by `specrt convert`)",
                     path.display()
                 )))
             }
             Err(e) => {
-                return Err(SpecError::Io(format!(
-                    "cannot read {}: {e}",
-                    path.display()
-                )))
+                return Err(SpecError::io(
+                    format_args!("cannot read {}", path.display()),
+                    &e,
+                ))
             }
         };
         Self::from_json(&json, &path.display().to_string())
@@ -74,10 +75,11 @@ impl Tokenizer {
     /// Parse the text of a `tokenizer.json`; `origin` names it in errors (a path, or e.g. `"<json>"`).
     ///
     /// # Errors
-    /// [`SpecError::Io`] naming `origin` when `tokenizers` cannot parse it.
+    /// [`SpecError::ModelFormat`] naming `origin` when `tokenizers` cannot parse it.
     pub fn from_json(json: &str, origin: &str) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_str(json)
-            .map_err(|e| SpecError::Io(format!("{origin}: cannot be loaded by tokenizers: {e}")))?;
+        let inner = tokenizers::Tokenizer::from_str(json).map_err(|e| {
+            SpecError::ModelFormat(format!("{origin}: cannot be loaded by tokenizers: {e}"))
+        })?;
         let mut special_ids: Vec<u32> = inner
             .get_added_tokens_decoder()
             .into_iter()
@@ -295,14 +297,14 @@ mod tests {
         let missing = dir.join("nope.json");
         let err = Tokenizer::from_file(&missing).unwrap_err();
         assert!(
-            matches!(&err, SpecError::Io(m) if m.contains("not found") && m.contains("nope.json")),
+            matches!(&err, SpecError::NotFound(m) if m.contains("not found") && m.contains("nope.json")),
             "{err}"
         );
         let bad = dir.join("bad.json");
         std::fs::write(&bad, "{not json").unwrap();
         let err = Tokenizer::from_file(&bad).unwrap_err();
         assert!(
-            matches!(&err, SpecError::Io(m) if m.contains("bad.json") && m.contains("tokenizers")),
+            matches!(&err, SpecError::ModelFormat(m) if m.contains("bad.json") && m.contains("tokenizers")),
             "{err}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
