@@ -237,10 +237,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "questions of the paired per-question ratio), tokens per round, acceptance rate and outputs equal to "
         "target-only token for token (greedy, or coupled sampling at --temperature > 0); a PNG of the speedups. "
         f"Defaults: {sb.per_category} question per category, {sb.max_new_tokens} new tokens per turn "
-        "(--max-new-tokens), K as -k, greedy. Time of the default run (Qwen2.5-Coder 1.5B / 0.5B, fp32, 2 CPU "
-        "cores), estimated from benches/RESULTS.md (target-only 6.3 tok/s, K=4 about 1.6x, prompt lookup "
-        "1.0-1.3x, prefill 12.6 ms per prompt token), not measured: about 18 min (21 turns x 6 methods: 12 min "
-        "decoding, 6 min prefill; the gguf pair on a Zen 3 EPYC measured 12.8 min); --per-category all (480 "
+        "(--max-new-tokens), K as -k, greedy. Time of the default run on 2 CPU cores (benches/RESULTS.md, "
+        "measured with six methods): the Qwen2.5-Coder 1.5B fp32 target and 0.5B int4 draft 27 min, the gguf pair "
+        "13 min, the seventh method about a seventh more; --per-category all (480 "
         "questions, 560 turns): about 8 hours. --repeats and "
         "--baseline do not apply; "
         "--quick cannot be combined with it",
@@ -269,9 +268,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--methods",
         type=_str_list,
         default=None,
-        help="comma-separated methods (default all; target_only always runs, the baseline): target_only, draft "
-        "(the draft model, K = -k), ngram (prompt lookup, up to K tokens), ngram+draft (prompt lookup, else the "
-        "draft model), auto_k (the draft model, K chosen per round), auto (proposer and K chosen per round)",
+        help="comma-separated methods (default all; target_only always runs, the baseline): "
+        "target_only, draft (the draft model, K = -k), ngram (prompt lookup, up to K tokens), ngram+draft (prompt "
+        "lookup, else the draft model), auto_k (the draft model, K chosen per round), auto (proposer and K chosen "
+        "per round), suffix (suffix decoding over the request's own text)",
     )
     g.add_argument(
         "--no-coupled",

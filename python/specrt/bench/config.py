@@ -80,7 +80,7 @@ class BenchConfig:
     suite: str | None = None
     per_category: int | None = 1
     categories: tuple[str, ...] = ()
-    methods: tuple[str, ...] = ("target_only", "draft", "ngram", "ngram+draft", "auto_k", "auto")
+    methods: tuple[str, ...] = ("target_only", "draft", "ngram", "ngram+draft", "auto_k", "auto", "suffix")
     coupled: bool = True
 
     @classmethod
@@ -101,7 +101,7 @@ class BenchConfig:
     @classmethod
     def spec_bench(cls, **overrides: Any) -> BenchConfig:
         """The Spec-Bench suite's defaults (``specrt bench --suite spec-bench``): one question per category, 48 new
-        tokens per turn, all methods, greedy (about 18 minutes for the default pair on 2 CPU cores, estimated in
+        tokens per turn, all methods, greedy (about half an hour for the fp32 pair on 2 CPU cores, measured in
         :mod:`specrt.bench.spec_bench`)."""
         from specrt.bench.spec_bench import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PER_CATEGORY
 

@@ -133,6 +133,7 @@ _METHOD_COLORS = {
     "ngram+draft": "tab:green",
     "auto_k": "tab:purple",
     "auto": "tab:red",
+    "suffix": "tab:brown",
 }
 
 

@@ -392,7 +392,7 @@ def _timing_line(report: dict[str, Any]) -> str:
 
 def method_label(method: str, k: int | str) -> str:
     """A spec-bench method as the tables and plots name it: ``target-only``, ``draft K=4``, ``ngram K=4``,
-    ``ngram+draft K=4``, ``auto K``, ``auto``."""
+    ``ngram+draft K=4``, ``auto K``, ``auto``, ``suffix K=4``."""
     if method == "target_only":
         return "target-only"
     if method == "auto_k":

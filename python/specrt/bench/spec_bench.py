@@ -29,6 +29,8 @@ target session, as the bench's default baseline ``"k0"``):
 - ``auto_k``: the draft model with ``num_speculative_tokens="auto"`` (K in 0..8 chosen each round by the cost model).
 - ``auto``: ``proposer="auto"`` with ``num_speculative_tokens="auto"``: each round the controller chooses a plain
   step, an n-gram match or the draft model, and K (up to 8), from the request's own measured acceptance and costs.
+- ``suffix``: suffix decoding over the request's own text (``proposer="suffix"``, no cache shared across questions),
+  K = ``k``.
 
 Per question, every method runs turn 1, then every method runs turn 2; the methods' order rotates from question to
 question so that machine load and session age fall on all alike. One run per question and method (``repeats`` does not
@@ -75,14 +77,10 @@ rendered text (``llama-speculative-simple`` takes no chat turns) and times targe
 prompt's depth. Each peer's speculative mode over its own target-only, per question (turns summed) and then the
 category's median, as for specrt (:func:`peer_summary`).
 
-**Time of the default run** (the Qwen2.5-Coder 1.5B / 0.5B pair, fp32, 2 cores; an estimate, not a measurement,
-from benches/RESULTS.md's default run: target-only 6.3-6.7 decode tok/s, K = 4 1.4-1.9x, prompt lookup 1.0-1.3x on
-prompts with little to copy, prefill about 12.6 ms per prompt token, 16.3 with the draft). One question per category
-is 21 turns (8 two-turn, 5 single-turn). Decoding 48 new tokens per turn: 21 x 48 x (1/6.3 + 1/10 + 1/7 + 1/9.5 +
-1/10 + 1/10) s = 11.9 min for the six methods (target-only, draft, ngram, ngram+draft, auto K, auto); prefill: about
-4000 prompt tokens per method (the summarization and rag questions are about 800 tokens each, a second turn about
-170) x (12.6 + 5 x 16.3) ms = 6.3 min; together about 18 min, less where answers end before 48 tokens (measured: the
-gguf pair on a 2-core Zen 3 EPYC, 12.8 min for specrt's part, benches/RESULTS.md "Spec-Bench"). All 480 questions
+**Time of the default run** (measured on a 2-core AMD EPYC Zen 3, benches/RESULTS.md "Spec-Bench"): one question
+per category is 21 turns (8 two-turn, 5 single-turn) at 48 new tokens; with the six methods before ``suffix`` the
+fp32 1.5B target with the int4 0.5B draft took 26.7 min (target-only 3.4 decode tok/s; Rust builds ran beside it) and
+the gguf pair 12.8 min for specrt's part; the seventh method adds about a seventh. All 480 questions
 (560 turns, 160 of them about 800 prompt tokens long): about 8 hours.
 """
 
@@ -110,7 +108,7 @@ MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "ex
 CATEGORIES = (*MT_BENCH_CATEGORIES, "translation", "summarization", "qa", "math_reasoning", "rag")
 
 #: Methods of the suite, in table order (the first is the baseline every other is paired with).
-METHODS = ("target_only", "draft", "ngram", "ngram+draft", "auto_k", "auto")
+METHODS = ("target_only", "draft", "ngram", "ngram+draft", "auto_k", "auto", "suffix")
 
 #: Questions per category of the default run (``--per-category``; see the module docstring for its time).
 DEFAULT_PER_CATEGORY = 1
@@ -227,6 +225,7 @@ def method_settings(method: str, k: int | str) -> dict[str, Any]:
         "ngram+draft": {"proposer": "ngram+draft", "num_speculative_tokens": k},
         "auto_k": {"proposer": "draft", "num_speculative_tokens": "auto"},
         "auto": {"proposer": "auto", "num_speculative_tokens": "auto"},
+        "suffix": {"proposer": "suffix", "num_speculative_tokens": k},
     }[method]
 
 
