@@ -92,3 +92,10 @@ def test_an_invalid_dtype_is_rejected_with_the_choices(capsys: pytest.CaptureFix
         cli.main(["convert", "m.gguf", "out", "--dtype", "int3"])
     assert exit_.value.code == 2
     assert "invalid choice: 'int3' (choose from" in capsys.readouterr().err
+
+
+def test_a_bad_suffix_cache_size_is_named_by_its_flag_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    # the Decoder's check (Rust's) runs before the model name is resolved: no model is pulled for this
+    assert cli.main(["serve", "--target", "no-such-model-is-ever-pulled", "--suffix-cache-tokens", "-5"]) == 2
+    err = capsys.readouterr().err
+    assert "--suffix-cache-tokens -5 is invalid" in err, err
