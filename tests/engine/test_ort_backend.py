@@ -31,6 +31,7 @@ except ImportError:  # errors.py not there yet: the binding maps to the built-in
 ConfigError = getattr(_errors, "ConfigError", ValueError)
 LengthError = getattr(_errors, "SequenceLengthError", ValueError)
 VocabError = getattr(_errors, "VocabError", ValueError)
+ModelFileError = getattr(_errors, "ModelFileError", OSError)
 ProviderError = getattr(_errors, "ProviderError", RuntimeError)
 BackendError = getattr(_errors, "BackendError", RuntimeError)
 
@@ -317,7 +318,7 @@ def test_corrupt_onnx_file_is_a_clear_error(tmp_path: Path) -> None:
         OrtModel(tmp_path)
 
 
-def test_non_decoder_graph_is_a_config_error(tmp_path: Path) -> None:
+def test_non_decoder_graph_is_a_model_file_error(tmp_path: Path) -> None:
     from onnx import TensorProto, helper, save
 
     graph = helper.make_graph(
@@ -329,8 +330,10 @@ def test_non_decoder_graph_is_a_config_error(tmp_path: Path) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
     save(model, str(tmp_path / "model.onnx"))
-    with pytest.raises(ConfigError, match="input_ids"):
+    # a model file outside the decoder contract is a malformed model file (Rust ModelFormat), not a bad setting
+    with pytest.raises(ModelFileError, match="input_ids") as e:
         OrtModel(tmp_path)
+    assert not isinstance(e.value, ConfigError)
 
 
 def test_missing_library_is_file_not_found_naming_it(contract_dir: Path, tmp_path: Path) -> None:
