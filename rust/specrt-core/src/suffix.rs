@@ -147,6 +147,13 @@ impl Index {
         }
     }
 
+    /// The continuations of the node `found` (a [`Index::deepest`] result) when it is `depth` tokens deep.
+    fn continuations(&self, found: Option<(usize, u32)>, depth: usize) -> Option<&Continuations> {
+        found
+            .filter(|&(n, _)| n == depth)
+            .map(|(_, id)| &self.next[id as usize])
+    }
+
     /// The deepest context of at least `min_match` tokens that ends `ctx` and was seen: `(depth, node id)`.
     fn deepest(&self, ctx: &[u32], min_match: usize) -> Option<(usize, u32)> {
         let mut node = ROOT;
@@ -259,17 +266,26 @@ impl SuffixCache {
             held.tokens + seq.len() > self.max_tokens
         };
         if over {
-            // Rebuild beside the readers, then swap it in: a decode step never waits on the rebuild.
-            let (mut kept, mut n): (std::collections::VecDeque<Vec<u32>>, usize) = {
+            // Rebuild beside the readers, then swap it in: a decode step never waits on the rebuild. The oldest
+            // sequences go until the new one fits in half the budget.
+            let (mut kept, n) = {
                 let held = self.shared.read().unwrap_or_else(PoisonError::into_inner);
-                (held.sequences.clone(), held.tokens)
+                let mut n = held.tokens;
+                let dropped = held
+                    .sequences
+                    .iter()
+                    .take_while(|s| {
+                        let drop = n + seq.len() > self.max_tokens / 2;
+                        if drop {
+                            n -= s.len();
+                        }
+                        drop
+                    })
+                    .count();
+                let kept: std::collections::VecDeque<Vec<u32>> =
+                    held.sequences.iter().skip(dropped).cloned().collect();
+                (kept, n)
             };
-            while n + seq.len() > self.max_tokens / 2 {
-                match kept.pop_front() {
-                    Some(s) => n -= s.len(),
-                    None => break,
-                }
-            }
             let mut index = Index::default();
             for s in &kept {
                 index.add_sequence(s);
@@ -412,30 +428,28 @@ impl SuffixProposer {
                 (l, g) => l.map_or(0, |x| x.0).max(g.map_or(0, |x| x.0)),
             };
             // the deeper match; equal depths pool their counts
-            let mut pooled: Vec<(u32, u32)> = Vec::new();
-            let mut total = 0u32;
-            for (index, found) in [
-                (Some(&self.local), local),
-                (shared.as_ref().map(|s| &s.index), global),
-            ] {
-                if let (Some(index), Some((n, id))) = (index, found) {
-                    if n == depth {
-                        let c = &index.next[id as usize];
-                        total = total.saturating_add(c.total);
-                        for &(t, cnt) in &c.counts {
-                            match pooled.iter_mut().find(|(u, _)| *u == t) {
-                                Some(e) => e.1 = e.1.saturating_add(cnt),
-                                None => pooled.push((t, cnt)),
-                            }
+            let mine = self.local.continuations(local, depth);
+            let theirs = shared
+                .as_ref()
+                .and_then(|s| s.index.continuations(global, depth));
+            let (token, count, total) = match (mine, theirs) {
+                // one source: its most frequent continuation is kept first
+                (Some(c), None) | (None, Some(c)) => (c.counts[0].0, c.counts[0].1, c.total),
+                (Some(a), Some(b)) => {
+                    let mut pooled = a.counts.clone();
+                    for &(t, cnt) in &b.counts {
+                        match pooled.iter_mut().find(|(u, _)| *u == t) {
+                            Some(e) => e.1 = e.1.saturating_add(cnt),
+                            None => pooled.push((t, cnt)),
                         }
                     }
+                    let (t, cnt) = pooled
+                        .into_iter()
+                        .reduce(|best, e| if e.1 > best.1 { e } else { best })
+                        .expect("a node has a continuation");
+                    (t, cnt, a.total.saturating_add(b.total))
                 }
-            }
-            let Some(&(token, count)) = pooled
-                .iter()
-                .reduce(|best, e| if e.1 > best.1 { e } else { best })
-            else {
-                break;
+                (None, None) => break,
             };
             prob *= f64::from(count) / f64::from(total.max(1));
             if prob < SUFFIX_MIN_PROB {
