@@ -528,6 +528,7 @@ def _serve(a: argparse.Namespace) -> int:
     app = create_app(dec, model_name=name, **options)
     draft = f"{a.draft}, {a.draft_dtype}" if a.draft and a.draft_dtype else a.draft or "none"
     print(f"specrt serve: {name} on http://{a.host}:{a.port} (draft: {draft})", file=sys.stderr)
+    _report_draft_vocabulary("specrt serve", dec)
     if not options["api_keys"] and not is_loopback(a.host):
         print(
             f"specrt serve: warning: no API key and --host {a.host}: anyone who reaches port {a.port} can use this "
@@ -536,6 +537,20 @@ def _serve(a: argparse.Namespace) -> int:
         )
     run_server(app, host=a.host, port=a.port, log_level=a.log_level, drain_timeout_s=a.drain_timeout)
     return 0
+
+
+def _report_draft_vocabulary(command: str, dec: Any) -> None:
+    """Say on stderr how a draft of another tokenizer drafts (nothing for one tokenizer or no draft)."""
+    v = dec.draft_vocabulary
+    if v is None or v["method"] != "token-level intersection":
+        return
+    print(
+        f"{command}: the draft's tokenizer differs from the target's: drafting through token-level intersection "
+        f"({v['shared_tokens']:,} token strings shared of the target's {v['target_vocab_size']:,} and the draft's "
+        f"{v['draft_vocab_size']:,}; the draft can propose {v['sample_shared_fraction']:.0%} of the target's tokens "
+        "of a short English and code sample, the rest always come from the target; the output is the target's)",
+        file=sys.stderr,
+    )
 
 
 def _generate(a: argparse.Namespace) -> int:
@@ -558,6 +573,7 @@ def _generate(a: argparse.Namespace) -> int:
     except ConfigError as e:
         raise ConfigError(_as_constraint_flags(str(e))) from e
     dec = _decoder(a)  # printed only with --json; without them greedy rounds read only argmax ids
+    _report_draft_vocabulary("specrt generate", dec)
     if a.chat:
         messages = ([{"role": "system", "content": a.system}] if a.system else []) + [
             {"role": "user", "content": prompt}

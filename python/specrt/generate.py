@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -191,8 +192,10 @@ class Decoder:
 
     Raises:
         UnknownModelError, ModelFileError, FileNotFoundError: a model cannot be found or read.
-        VocabError: draft and target tokenizers differ, or their logits widths differ other than in padding rows
-            beyond the tokenizer's ids (both widths and the tokenizer's size named).
+        VocabError: draft and target of one tokenizer whose logits widths differ other than in padding rows beyond
+            the tokenizer's ids (both widths and the tokenizer's size named), or of two tokenizers that share no
+            token string. A draft of another tokenizer is accepted and drafts through token-level intersection
+            (:attr:`draft_vocabulary` says which method a pair uses).
         ProviderError: CUDA requested and unavailable (without ``allow_fallback``); raised before a model name is
             pulled or converted.
         BackendError: ONNX Runtime failed to load a model.
@@ -265,10 +268,10 @@ class Decoder:
         self._solo_id: int | None = None  # the request of a stream() (a stream left unfinished leaves it behind)
         # The one driver of every generation (``specrt_ort::BatchPipeline``), in the layout the folders were converted
         # for (Rust reads it: the batched engine for the batched layout, at any max_batch, else the single-stream
-        # engine; target and draft layouts must agree, and max_batch > 1 needs the batched one). Rust also checks
-        # the draft against the target (the same tokenizer; logits widths equal or differing only in padding rows
-        # beyond the tokenizer's ids, as Qwen2.5 7B's 152064 against 0.5B's 151936): a VocabError before any
-        # session loads.
+        # engine; target and draft layouts must agree, and max_batch > 1 needs the batched one). Rust also compares
+        # the draft's vocabulary with the target's: one tokenizer (logits widths equal or differing only in padding
+        # rows beyond the tokenizer's ids, as Qwen2.5 7B's 152064 against 0.5B's 151936, else a VocabError before
+        # any session loads) or two, drafting through token-level intersection (``draft_vocabulary``).
         self._batch: Any = _specrt.BatchPipeline(
             *models,
             max_batch=max_batch,
@@ -311,6 +314,22 @@ class Decoder:
     def vocab_size(self) -> int:
         """Logits width shared by target and draft."""
         return self._batch.vocab_size
+
+    @property
+    def draft_vocabulary(self) -> dict[str, Any] | None:
+        """How the draft's vocabulary relates to the target's (``None`` without a draft).
+
+        ``{"method": "same tokenizer", "tokenizer_vocab_size": int | None}``, or for a draft whose tokenizer differs
+        ``{"method": "token-level intersection", "target_vocab_size": int, "draft_vocab_size": int,
+        "shared_tokens": int, "multi_token_spellings": int, "sample_shared_fraction": float}``: the draft proposes
+        only tokens whose strings both vocabularies hold (``shared_tokens``), its distribution restricted to them and
+        renormalised, so the output is exactly the target's at any temperature (token-level intersection, Timor et
+        al., ICML 2025, arXiv:2502.05202); ``sample_shared_fraction`` is the share of the target's tokens of a short
+        English and code sample that the draft can propose at all, an upper bound on the share it can get accepted on
+        such text. ``multi_token_spellings`` counts target tokens the draft reads as several of its own.
+        """
+        text = self._batch.draft_vocabulary_json
+        return None if text is None else json.loads(text)
 
     @property
     def max_seq_len(self) -> int:

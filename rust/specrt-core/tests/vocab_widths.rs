@@ -19,12 +19,12 @@
 
 mod common;
 
-use common::run_batch;
+use common::{fit_two_tokens, greedy, run_batch, softmax, t1, Fit};
 
-use specrt_core::testing::{chi2_quantile, MockBatchModel, MockConstraint, MockModel};
+use specrt_core::testing::{MockBatchModel, MockConstraint, MockModel};
 use specrt_core::{
     check_draft_width, Backend, BatchBackend, BatchEngine, BatchOptions, BatchRow, Constraint,
-    Engine, GenerationConfig, GenerationOutput, Result, SamplingParams, SpecError,
+    Engine, GenerationConfig, GenerationOutput, Result, SpecError,
 };
 
 const TOKENIZER: usize = 6;
@@ -154,117 +154,16 @@ impl<B: Backend> Backend for Refit<B> {
     }
 }
 
-fn t1(k: usize) -> GenerationConfig {
-    GenerationConfig {
-        num_speculative_tokens: k,
-        sampling: SamplingParams {
-            temperature: 1.0,
-            ..SamplingParams::default()
-        },
-        ..GenerationConfig::default()
-    }
-}
-
-fn greedy(k: usize, max_new: usize) -> GenerationConfig {
-    GenerationConfig {
-        max_new_tokens: max_new,
-        num_speculative_tokens: k,
-        sampling: SamplingParams::greedy(),
-        ..GenerationConfig::default()
-    }
-}
-
-fn softmax(row: &[f32]) -> Vec<f64> {
-    let m = row.iter().copied().fold(f32::MIN, f32::max);
-    let e: Vec<f64> = row.iter().map(|&x| f64::from(x - m).exp()).collect();
-    let s: f64 = e.iter().sum();
-    e.into_iter().map(|x| x / s).collect()
-}
-
-/// The fit of the first two tokens of `DRAWS` seeded generations to the target's law.
-#[derive(Debug)]
-struct Fit {
-    chi2: f64,
-    critical: f64,
-    cells: usize,
-    /// Emitted pairs whose target probability is 0 (ids beyond the target's rows included).
-    impossible: u64,
-    /// First tokens on the ids `>= TOKENIZER` (the wider model's extra rows): observed and expected frequency.
-    extra_observed: f64,
-    extra_expected: f64,
-}
-
-impl Fit {
-    fn extra_tolerance(&self) -> f64 {
-        Z * (self.extra_expected * (1.0 - self.extra_expected) / DRAWS as f64).sqrt()
-    }
-
-    fn passes(&self) -> bool {
-        assert!(self.cells >= 10, "too few cells to test: {self:?}");
-        self.chi2 < self.critical
-            && self.impossible == 0
-            && (self.extra_observed - self.extra_expected).abs() <= self.extra_tolerance()
-    }
-}
-
-/// Run `DRAWS` two-token generations on `engine` and fit them to `target`'s law (`width` = the target's rows).
+/// Run `DRAWS` two-token generations on `engine` and fit them to `target`'s law (`width` = the target's rows);
+/// marked: the ids `>= TOKENIZER` (the wider model's extra rows).
 fn fit(engine: &mut Engine, target: &MockModel, width: usize, cfg: &GenerationConfig) -> Fit {
-    let row = |seq: &[u32]| {
+    let law = |seq: &[u32]| {
         let mut r = vec![0f32; width];
         target.row(seq, &mut r);
         softmax(&r)
     };
-    let p1 = row(&PROMPT);
-    let mut expected = vec![0f64; width * width];
-    for a in 0..width {
-        let mut seq = PROMPT.to_vec();
-        seq.push(a as u32);
-        for (b, p2) in row(&seq).into_iter().enumerate() {
-            expected[a * width + b] = p1[a] * p2;
-        }
-    }
-    let mut counts = std::collections::HashMap::<(u32, u32), u64>::new();
-    for seed in 0..DRAWS {
-        let cfg = GenerationConfig {
-            max_new_tokens: 2,
-            seed,
-            ..cfg.clone()
-        };
-        let out = engine.generate(&PROMPT, cfg, |_| true).unwrap();
-        let [a, b] = out.tokens[..] else {
-            panic!("{:?}", out.tokens)
-        };
-        *counts.entry((a, b)).or_default() += 1;
-    }
-    let n = DRAWS as f64;
-    let (mut chi2, mut cells, mut impossible, mut extra) = (0.0, 0usize, 0u64, 0u64);
-    for (&(a, b), &c) in &counts {
-        let (a, b) = (a as usize, b as usize);
-        if a >= width || b >= width || expected[a * width + b] == 0.0 {
-            impossible += c;
-        }
-        if a >= TOKENIZER {
-            extra += c;
-        }
-    }
-    for a in 0..width {
-        for b in 0..width {
-            let ex = expected[a * width + b] * n;
-            if ex >= 5.0 {
-                let o = counts.get(&(a as u32, b as u32)).copied().unwrap_or(0) as f64;
-                chi2 += (o - ex).powi(2) / ex;
-                cells += 1;
-            }
-        }
-    }
-    Fit {
-        chi2,
-        critical: chi2_quantile((cells - 1) as f64, Z),
-        cells,
-        impossible,
-        extra_observed: extra as f64 / n,
-        extra_expected: p1[TOKENIZER.min(width)..].iter().sum(),
-    }
+    let extra = |t: u32| t as usize >= TOKENIZER;
+    fit_two_tokens(engine, law, &PROMPT, cfg, DRAWS, Z, extra)
 }
 
 fn engine(target: Box<dyn Backend>, draft: Box<dyn Backend>) -> Engine {
@@ -283,9 +182,9 @@ fn a_draft_narrower_than_the_target_keeps_the_targets_distribution() {
     let f = fit(&mut e, &model(WIDE), WIDE, &t1(3));
     eprintln!(
         "draft narrower: {f:?}, tolerance on the extra rows {:.4}",
-        f.extra_tolerance()
+        f.marked_tolerance()
     );
-    assert!(f.extra_expected > 0.1, "{f:?}");
+    assert!(f.marked_expected > 0.1, "{f:?}");
     assert!(f.passes(), "{f:?}");
 }
 
@@ -324,7 +223,7 @@ fn the_test_catches_a_target_cut_to_the_drafts_width() {
     let f = fit(&mut e, &model(WIDE), WIDE, &t1(3));
     eprintln!("broken (target cut): {f:?}");
     assert!(!f.passes(), "the broken pair passed: {f:?}");
-    assert!(f.chi2 > f.critical && f.extra_observed == 0.0, "{f:?}");
+    assert!(f.chi2 > f.critical && f.marked_observed == 0.0, "{f:?}");
 }
 
 #[test]

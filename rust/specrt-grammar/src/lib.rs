@@ -150,6 +150,23 @@ fn short(s: &str) -> String {
     }
 }
 
+/// The bytes each id of `tokenizer` stands for (`[tokenizer ids]`, by id), as llguidance reads them from
+/// `tokenizer.json`: byte-level pieces mapped back through GPT-2's byte table, SentencePiece's `▁` as a space and its
+/// `<0xNN>` pieces as the byte; an added token marked special as its content after the marker byte
+/// `0xFF` (`TokTrie::SPECIAL_TOKEN_MARKER`), so that it never equals plain text.
+///
+/// Errors: [`SpecError::ModelFormat`] for a tokenizer that is neither byte-level nor byte-fallback (llguidance's
+/// message), [`SpecError::Internal`] if the tokenizer cannot be written back as JSON.
+pub fn token_bytes(tokenizer: &Tokenizer) -> Result<Vec<Vec<u8>>> {
+    let json: Value = serde_json::from_str(&tokenizer.to_json()?)
+        .map_err(|e| SpecError::Internal(format!("tokenizer.json round trip: {e}")))?;
+    llguidance::token_bytes_from_tokenizer_json(&json)
+        .map_err(|e| SpecError::ModelFormat(format!("{}: token bytes: {e}", tokenizer.origin())))
+}
+
+/// The marker byte that begins the bytes of a special added token in [`token_bytes`].
+pub const SPECIAL_TOKEN_MARKER: u8 = TokTrie::SPECIAL_TOKEN_MARKER;
+
 fn new_factory(env: &TokEnv) -> anyhow::Result<ParserFactory> {
     let mut f = ParserFactory::new_simple(env)?;
     // Warnings go nowhere (errors come back as results).
@@ -201,9 +218,7 @@ impl GrammarCompiler {
                 "EOS id {bad} is out of range (expected < vocab size {vocab_size})"
             )));
         }
-        let json: Value = serde_json::from_str(&tokenizer.to_json()?)
-            .map_err(|e| SpecError::Internal(format!("tokenizer.json round trip: {e}")))?;
-        let mut bytes = llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| {
+        let mut bytes = token_bytes(tokenizer).map_err(|e| {
             SpecError::Config(format!("structured output cannot use this tokenizer: {e}"))
         })?;
         if bytes.len() > vocab_size {

@@ -32,6 +32,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use serde_json::Value;
+
 use specrt_core::{
     Backend, BatchBackend, BatchEngine, BatchOptions, Engine, RequestEngine, SingleStream,
 };
@@ -43,6 +45,7 @@ use specrt_text::tokenizer::Tokenizer;
 use crate::backend::OrtBackend;
 use crate::batched::BatchedOrtBackend;
 use crate::constraints::ConstraintCompiler;
+use crate::cross_vocab::DraftFit;
 use crate::folder::{chat_ids, FolderDefaults, TargetFolder};
 use crate::model::{resolve_model_file, SpecrtConfig};
 use crate::options::{KvLayout, OrtOptions};
@@ -97,6 +100,8 @@ pub struct BatchPipeline {
     next_id: u64,
     /// Compiles requests' constraints over the tokenizer (as [`crate::Pipeline`]'s).
     constraints: ConstraintCompiler,
+    /// With a draft loaded from a folder: how its vocabulary relates to the target's ([`Self::draft_vocabulary`]).
+    draft_vocabulary: Option<Value>,
 }
 
 impl BatchPipeline {
@@ -116,20 +121,19 @@ impl BatchPipeline {
         let folder = TargetFolder::open(target, draft)?;
         let t = BatchedOrtBackend::new(&folder.model_file, options, max_batch)?;
         let fallback_reason = t.fallback_reason().map(str::to_owned);
-        let d = match draft {
-            Some(p) => Some(
-                Box::new(BatchedOrtBackend::new(p, &options.for_draft(), max_batch)?)
-                    as Box<dyn BatchBackend>,
-            ),
-            None => None,
+        let (d, tokenizer_vocab, report) = match (draft, folder.draft_vocabulary) {
+            (Some(p), Some(vocabulary)) => {
+                let d = Box::new(BatchedOrtBackend::new(p, &options.for_draft(), max_batch)?);
+                let (fit, report) = DraftFit::new(vocabulary, t.vocab_size(), d.vocab_size())?;
+                let (d, n) = fit.batched(d)?;
+                (Some(d), n, Some(report))
+            }
+            _ => (None, None, None),
         };
-        let engine = BatchEngine::with_tokenizer_vocab(
-            Box::new(t),
-            d,
-            batch_options,
-            folder.tokenizer_vocab,
-        )?;
+        let engine =
+            BatchEngine::with_tokenizer_vocab(Box::new(t), d, batch_options, tokenizer_vocab)?;
         let mut pipeline = Self::from_engine(engine, folder.defaults, folder.tokenizer);
+        pipeline.draft_vocabulary = report;
         pipeline.chat_template = folder.chat_template;
         pipeline.providers = vec!["CPUExecutionProvider"];
         pipeline.fallback_reason = fallback_reason;
@@ -154,14 +158,20 @@ impl BatchPipeline {
         let fallback_reason = t.fallback_reason().map(str::to_owned);
         let mut draft_options = options.for_draft();
         draft_options.profile = None; // the target's session is the one profiled
-        let d = match draft {
-            Some(p) => Some(Box::new(OrtBackend::new(p, &draft_options)?) as Box<dyn Backend>),
-            None => None,
+        let (d, tokenizer_vocab, report) = match (draft, folder.draft_vocabulary) {
+            (Some(p), Some(vocabulary)) => {
+                let d = Box::new(OrtBackend::new(p, &draft_options)?);
+                let (fit, report) = DraftFit::new(vocabulary, t.vocab_size(), d.vocab_size())?;
+                let (d, n) = fit.single(d)?;
+                (Some(d), n, Some(report))
+            }
+            _ => (None, None, None),
         };
-        let mut engine = Engine::with_tokenizer_vocab(Box::new(t), d, folder.tokenizer_vocab)?;
+        let mut engine = Engine::with_tokenizer_vocab(Box::new(t), d, tokenizer_vocab)?;
         engine.set_prefix_caching(prefix_caching);
         let mut pipeline =
             Self::from_engine(SingleStream::new(engine), folder.defaults, folder.tokenizer);
+        pipeline.draft_vocabulary = report;
         pipeline.chat_template = folder.chat_template;
         pipeline.providers = providers;
         pipeline.fallback_reason = fallback_reason;
@@ -218,7 +228,17 @@ impl BatchPipeline {
             requests: HashMap::new(),
             next_id: 0,
             constraints,
+            draft_vocabulary: None,
         }
+    }
+
+    /// How the draft's vocabulary relates to the target's, for a draft loaded from a folder (`None` without one):
+    /// `{"method": "same tokenizer", "tokenizer_vocab_size": n | null}`, or for a draft of another tokenizer
+    /// ([`specrt_core::cross_vocab`]) `{"method": "token-level intersection", ...}` with the counts of
+    /// [`crate::cross_vocab::CrossVocabReport::to_json`].
+    #[must_use]
+    pub fn draft_vocabulary(&self) -> Option<&Value> {
+        self.draft_vocabulary.as_ref()
     }
 
     /// Share suffix decoding's cache of earlier requests among this pipeline's requests (`None`: each request that

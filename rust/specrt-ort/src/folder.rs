@@ -9,6 +9,7 @@ use specrt_core::{Result, SpecError};
 use specrt_text::chat::ChatTemplate;
 use specrt_text::tokenizer::Tokenizer;
 
+use crate::cross_vocab::DraftVocabulary;
 use crate::model::{resolve_model_file, CONFIG_FILE};
 
 /// Name of the Hugging Face generation defaults file in a model folder.
@@ -28,8 +29,8 @@ pub(crate) struct TargetFolder {
     pub tokenizer: Option<Tokenizer>,
     /// Its chat template, if the folder has one.
     pub chat_template: Option<ChatTemplate>,
-    /// With a draft: the tokenizer's size ([`check_draft_folder`]).
-    pub tokenizer_vocab: Option<usize>,
+    /// With a draft: how its vocabulary relates to the target's ([`check_draft_folder`]).
+    pub draft_vocabulary: Option<DraftVocabulary>,
 }
 
 impl TargetFolder {
@@ -40,8 +41,8 @@ impl TargetFolder {
     pub fn open(target: &Path, draft: Option<&Path>) -> Result<Self> {
         let model_file = resolve_model_file(target)?;
         let defaults = FolderDefaults::read(&model_file)?;
-        let tokenizer_vocab = match draft {
-            Some(d) => check_draft_folder(&model_file, d)?,
+        let draft_vocabulary = match draft {
+            Some(d) => Some(check_draft_folder(&model_file, d)?),
             None => None,
         };
         Ok(Self {
@@ -49,7 +50,7 @@ impl TargetFolder {
             chat_template: folder_chat_template(&model_file)?,
             model_file,
             defaults,
-            tokenizer_vocab,
+            draft_vocabulary,
         })
     }
 }
@@ -206,23 +207,33 @@ fn parse_ids(v: &Value, path: &Path, key: &str) -> Result<Vec<u32>> {
 }
 
 /// The checks a draft folder (or `.onnx` file) gets against its target's before any session loads (files of the
-/// models): the same `tokenizer.json` vocabulary, and its own `generation_config.json` well formed (not used: the
-/// target's defaults apply; a malformed file is an error, as in Python). Every engine that loads a draft from a
-/// folder calls it ([`Pipeline::load`], [`crate::BatchPipeline::load`], the Python binding's `Engine`).
+/// models): its vocabulary compared with the target's (`tokenizer.json`), and its own `generation_config.json` well
+/// formed (not used: the target's defaults apply; a malformed file is an error, as in Python). Every engine that
+/// loads a draft from a folder calls it ([`crate::BatchPipeline::load`], [`crate::BatchPipeline::load_single`]).
 ///
-/// Returns the tokenizer's size (largest id + 1 of the target's `tokenizer.json`; `None` without one): what the
-/// engines' width rule ([`specrt_core::check_draft_width`], through [`Engine::with_tokenizer_vocab`] and
-/// [`specrt_core::BatchEngine::with_tokenizer_vocab`]) compares logits widths that differ with.
+/// Returns [`DraftVocabulary::Same`] with the tokenizer's size (largest id + 1 of the target's `tokenizer.json`;
+/// `None` without one: what the engines' width rule [`specrt_core::check_draft_width`] compares logits widths that
+/// differ with) when the vocabularies are equal or the target has no tokenizer to compare, else
+/// [`DraftVocabulary::Other`] with both tokenizers (the pair drafts through token-level intersection).
 ///
-/// Errors: [`SpecError::Vocab`] (vocabularies differ), [`SpecError::NotFound`] (a missing model file, a draft
-/// without the `tokenizer.json` its target has), [`SpecError::Io`] / [`SpecError::ModelFormat`] (an unreadable or
-/// malformed file).
-pub fn check_draft_folder(target: &Path, draft: &Path) -> Result<Option<usize>> {
+/// Errors: [`SpecError::NotFound`] (a missing model file, a draft without the `tokenizer.json` its target has),
+/// [`SpecError::Io`] / [`SpecError::ModelFormat`] (an unreadable or malformed file).
+pub fn check_draft_folder(target: &Path, draft: &Path) -> Result<DraftVocabulary> {
     let target_file = resolve_model_file(target)?;
     let draft_file = resolve_model_file(draft)?;
-    check_same_vocabulary(&target_file, &draft_file)?;
+    let same = same_vocabulary(&target_file, &draft_file)?;
     FolderDefaults::read(&draft_file)?;
-    tokenizer_size(&target_file.with_file_name(TOKENIZER_FILE))
+    let path = |f: &Path| f.with_file_name(TOKENIZER_FILE);
+    if same {
+        Ok(DraftVocabulary::Same {
+            tokenizer_vocab: tokenizer_size(&path(&target_file))?,
+        })
+    } else {
+        Ok(DraftVocabulary::Other {
+            target: Box::new(Tokenizer::from_file(path(&target_file))?),
+            draft: Box::new(Tokenizer::from_file(path(&draft_file))?),
+        })
+    }
 }
 
 /// The size of a `tokenizer.json`'s vocabulary: its largest id + 1 over `model.vocab` (a token -> id map, or a
@@ -322,41 +333,29 @@ fn tokenizer_vocabulary(path: &Path) -> Result<Option<std::collections::HashMap<
     Ok(Some(vocab))
 }
 
-/// Refuse a draft whose tokenizer vocabulary differs from the target's (as Python's `Decoder` does).
-fn check_same_vocabulary(target_file: &Path, draft_file: &Path) -> Result<()> {
+/// Whether a draft's tokenizer vocabulary equals the target's (`true` too when the target has no
+/// `tokenizer.json` to compare).
+///
+/// Errors: [`SpecError::NotFound`] for a draft without the `tokenizer.json` its target has; as
+/// [`tokenizer_vocabulary`].
+fn same_vocabulary(target_file: &Path, draft_file: &Path) -> Result<bool> {
     let target = target_file.with_file_name(TOKENIZER_FILE);
     let draft = draft_file.with_file_name(TOKENIZER_FILE);
     if !target.is_file() {
-        return Ok(());
+        return Ok(true);
     }
     if !draft.is_file() {
         return Err(SpecError::NotFound(format!(
-            "{} not found: a draft needs its tokenizer.json to be checked against the target's ({})",
+            "{} not found: a draft needs its tokenizer.json to be compared with the target's ({})",
             draft.display(),
             target.display()
         )));
     }
     // Usually byte-identical (a draft cut from the target, or one family's converter): no parsing needed.
-    let same_bytes = std::fs::read(&target).ok() == std::fs::read(&draft).ok();
-    if same_bytes {
-        return Ok(());
+    if std::fs::read(&target).ok() == std::fs::read(&draft).ok() {
+        return Ok(true);
     }
-    let (Some(vt), Some(vd)) = (
-        tokenizer_vocabulary(&target)?,
-        tokenizer_vocabulary(&draft)?,
-    ) else {
-        return Ok(());
-    };
-    if vt != vd {
-        return Err(SpecError::Vocab(format!(
-            "draft tokenizer ({}, {} tokens) differs from target tokenizer ({}, {} tokens)",
-            draft.display(),
-            vd.len(),
-            target.display(),
-            vt.len()
-        )));
-    }
-    Ok(())
+    Ok(tokenizer_vocabulary(&target)? == tokenizer_vocabulary(&draft)?)
 }
 
 #[cfg(test)]
@@ -423,7 +422,7 @@ mod tests {
     }
 
     #[test]
-    fn tokenizers_with_different_vocabularies_are_refused() {
+    fn vocabularies_are_compared_and_a_missing_draft_tokenizer_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let write = |dir: &str, vocab: &str| {
             let folder = tmp.path().join(dir);
@@ -438,20 +437,16 @@ mod tests {
         let t = write("t", r#"{"a": 0, "b": 1}"#);
         let same = write("same", r#"{"b": 1,  "a": 0}"#);
         let other = write("other", r#"{"a": 0, "c": 1}"#);
-        check_same_vocabulary(&t, &same).unwrap();
-        let err = check_same_vocabulary(&t, &other).unwrap_err();
-        assert!(
-            matches!(&err, SpecError::Vocab(m) if m.contains("other") && m.contains("3 tokens")),
-            "{err}"
-        );
-        // A draft without the tokenizer its target has cannot be checked: refused, naming the missing file.
-        let err = check_same_vocabulary(&t, &tmp.path().join("none/model.onnx")).unwrap_err();
+        assert!(same_vocabulary(&t, &same).unwrap());
+        assert!(!same_vocabulary(&t, &other).unwrap());
+        // A draft without the tokenizer its target has cannot be compared: refused, naming the missing file.
+        let err = same_vocabulary(&t, &tmp.path().join("none/model.onnx")).unwrap_err();
         assert!(
             matches!(&err, SpecError::NotFound(m) if m.contains("none/tokenizer.json not found")),
             "{err}"
         );
         // Without a target tokenizer there is nothing to compare.
-        check_same_vocabulary(&tmp.path().join("none/model.onnx"), &t).unwrap();
+        assert!(same_vocabulary(&tmp.path().join("none/model.onnx"), &t).unwrap());
     }
 
     #[test]

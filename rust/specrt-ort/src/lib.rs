@@ -63,6 +63,7 @@ mod backend;
 pub mod batch_pipeline;
 mod batched;
 pub mod constraints;
+pub mod cross_vocab;
 mod cuda_graph;
 pub mod discover;
 pub mod folder;

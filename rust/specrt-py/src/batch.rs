@@ -250,6 +250,20 @@ impl PyBatchPipeline {
         self.vocab_size
     }
 
+    /// How the draft's vocabulary relates to the target's, as JSON text (``None`` without a draft folder):
+    /// ``{"method": "same tokenizer", "tokenizer_vocab_size": int | null}`` or, for a draft of another tokenizer
+    /// drafting through token-level intersection (Timor et al., ICML 2025, arXiv:2502.05202),
+    /// ``{"method": "token-level intersection", "target_vocab_size", "draft_vocab_size", "shared_tokens",
+    /// "multi_token_spellings", "sample_shared_fraction"}``.
+    #[getter]
+    fn draft_vocabulary_json(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        run_kernel(py, || {
+            Ok(lock(&self.inner)
+                .draft_vocabulary()
+                .map(std::string::ToString::to_string))
+        })
+    }
+
     /// Whether requests share batched rounds (a folder in the batched layout); else they run one at a time.
     #[getter]
     fn batched(&self, py: Python<'_>) -> PyResult<bool> {
