@@ -80,6 +80,19 @@ def test_the_certificate_passes_another_tokenizer_and_fails_a_broken_sampler(tin
     assert not bad.passed and bad.p_value < bad.alpha
 
 
+def test_the_cli_says_when_a_draft_drafts_across_vocabularies(
+    tiny_pair: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specrt import cli
+
+    args = ["generate", "--target", str(tiny_pair["target"]), "--prompt", "in a", "--max-new-tokens", "4"]
+    assert cli.main([*args, "--draft", str(tiny_pair["draft"])]) == 0
+    err = capsys.readouterr().err
+    assert "token-level intersection" in err and "263 token strings shared" in err
+    assert cli.main([*args, "--draft", str(tiny_pair["same"])]) == 0
+    assert "token-level intersection" not in capsys.readouterr().err
+
+
 def test_a_pair_that_shares_no_token_string_is_refused(tmp_path: Path) -> None:
     # A draft whose every string differs from the target's: nothing to propose, a VocabError at load naming why.
     tokens, types, _ = tiny_vocab()
@@ -135,3 +148,18 @@ def test_gemma_drafted_by_smollm2_is_exact() -> None:
     bad = certify(CertifyConfig(str(target), str(draft), settings=settings, fault="residual_from_draft", n=400, **size))
     print(render_report(bad))
     assert not bad.passed
+
+
+@pytest.mark.model
+@pytest.mark.qwen
+def test_qwen_drafted_by_smollm2_is_exact() -> None:
+    # A target with a sibling, drafted by a model of another family (benches/bench_cross_vocab.py --target qwen...).
+    target, draft = _cached("qwen2.5-coder-1.5b-instruct"), _cached("smollm2-135m-instruct", "int4")
+    plain = specrt.Decoder(target)
+    spec = specrt.Decoder(target, draft)
+    assert spec.draft_vocabulary["method"] == "token-level intersection"
+    for prompt in ["def add(a, b):\n    return", "The capital of France is"]:
+        want = plain.generate(prompt, max_new_tokens=24, temperature=0.0, ignore_eos=True)
+        for k in (1, 4):
+            got = spec.generate(prompt, max_new_tokens=24, temperature=0.0, num_speculative_tokens=k, ignore_eos=True)
+            assert got.token_ids == want.token_ids, (prompt, k)
