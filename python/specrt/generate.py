@@ -194,7 +194,7 @@ class Decoder:
         UnknownModelError, ModelFileError, FileNotFoundError: a model cannot be found or read.
         VocabError: draft and target of one tokenizer whose logits widths differ other than in padding rows beyond
             the tokenizer's ids (both widths and the tokenizer's size named), or of two tokenizers that share no
-            token string. A draft of another tokenizer is accepted and drafts through token-level intersection
+            token string, or a tokenizer with more ids than its model has logits rows. A draft of another tokenizer is accepted and drafts through token-level intersection
             (:attr:`draft_vocabulary` says which method a pair uses).
         ProviderError: CUDA requested and unavailable (without ``allow_fallback``); raised before a model name is
             pulled or converted.

@@ -1395,8 +1395,8 @@ impl Backend for OrtBackend {
 
 #[cfg(test)]
 impl OrtBackend {
-    /// Replace the graph step of `(s, rows)` by a freshly allocated one, as the old code's lazy creation did (tests
-    /// of the replay checks only).
+    /// Replace the graph step of `(s, rows)` by a freshly allocated one, as a step created lazily after a capture
+    /// would be (tests of the replay checks only).
     fn recreate_graph_step(&mut self, s: usize, rows: usize) -> Result<()> {
         let (Some(g), KvState::Shared { buffers }) = (self.graphs.as_mut(), &mut self.kv) else {
             return Err(SpecError::Internal("no graph steps".into()));
@@ -1448,7 +1448,7 @@ mod graph_step_tests {
         b.forward_argmax(&[3], 20, 1, &mut ids).unwrap(); // graph 1 captured
         b.forward_argmax(&[4, 5, 6, 7], 21, 4, &mut ids).unwrap(); // graph 4 captured
         b.forward(&[8], 25, 1).unwrap(); // graph 1 replayed
-                                         // The old code's lazy creation: the 3-token step allocated after graphs were captured.
+                                         // A step created lazily: the 3-token step allocated after graphs were captured.
         b.recreate_graph_step(3, 3).unwrap();
         let err = b.forward_argmax(&[8, 9, 10], 26, 3, &mut ids).unwrap_err();
         assert!(

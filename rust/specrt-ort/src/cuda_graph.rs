@@ -683,7 +683,7 @@ mod tests {
 
     #[test]
     fn a_persistent_input_allocated_after_a_capture_is_refused() {
-        // The lazily created step of the old code: its logits_index (written once) allocated after graph 1 ran.
+        // A lazily created step: its logits_index (written once) allocated after graph 1 ran.
         let mut ledger = ReplayLedger::new();
         let a = ledger.allocation();
         ledger

@@ -18,7 +18,7 @@
 //! tokenizers version as Python's), stop strings ([`GenerationRequest::stop`]; they may end mid-token) and
 //! incremental detokenization that never shows a partial UTF-8 character, with the same text and token ids as
 //! Python's `Decoder` (tests/engine/test_rust_parity.py). Token ids in, token ids out: [`Pipeline::generate`]. Batched
-//! decoding from Rust is not here yet (Python's `Scheduler` drives the batched engine).
+//! decoding from Rust: [`crate::BatchPipeline`] (requests submitted, stepped together, events per request).
 //!
 //! KV memory: [`OrtOptions::new`] sets `max_seq_len = Some(4096)` ([`crate::DEFAULT_MAX_SEQ_LEN`], capped by the
 //! model's `max_position_embeddings`), as Python's `Decoder` does; `None` means the model's whole
