@@ -194,8 +194,9 @@ class Decoder:
         UnknownModelError, ModelFileError, FileNotFoundError: a model cannot be found or read.
         VocabError: draft and target of one tokenizer whose logits widths differ other than in padding rows beyond
             the tokenizer's ids (both widths and the tokenizer's size named), or of two tokenizers that share no
-            token string, or a tokenizer with more ids than its model has logits rows. A draft of another tokenizer is accepted and drafts through token-level intersection
-            (:attr:`draft_vocabulary` says which method a pair uses).
+            token string, or a tokenizer with more ids than its model has logits rows. A draft of another
+            tokenizer is accepted and drafts through token-level intersection (:attr:`draft_vocabulary` says which
+            method a pair uses).
         ProviderError: CUDA requested and unavailable (without ``allow_fallback``); raised before a model name is
             pulled or converted.
         BackendError: ONNX Runtime failed to load a model.
@@ -549,6 +550,49 @@ class Decoder:
                 yield from self._run(ids, _settings_of(a), a["prompt_logprobs"] is not None)
             finally:
                 self._owner = None
+
+    @property
+    def pipeline(self) -> Any:
+        """The Rust driver of every generation of this decoder (``_specrt.BatchPipeline``): what :meth:`stream` steps
+        for one request and a :class:`specrt.scheduler.Scheduler` steps for its batch."""
+        return self._batch
+
+    @property
+    def generation_lock(self) -> threading.Lock:
+        """The lock every :meth:`generate` / :meth:`stream` holds while it runs (generations are serialised); a
+        :class:`specrt.scheduler.Scheduler` over a single-stream decoder holds it while it has requests running, so
+        direct calls wait for them."""
+        return self._lock
+
+    def attach_scheduler(self, scheduler: Any) -> None:
+        """Make ``scheduler`` the only user of this batching decoder (its requests share one batch): direct
+        :meth:`generate` / :meth:`stream` calls raise ConfigError until :meth:`detach_scheduler`. The row of a stream
+        left unfinished is freed.
+
+        Raises:
+            ConfigError: a stream is open on this decoder, or another Scheduler owns it.
+        """
+        if not self._lock.acquire(blocking=False):
+            raise ConfigError(
+                "this Decoder is generating (a stream is open); finish or close it before a Scheduler takes it over"
+            )
+        try:
+            if self._scheduler is not None:
+                raise ConfigError(
+                    "this batching Decoder already has a Scheduler (one Scheduler owns its batch); close that one "
+                    "first, or submit to it"
+                )
+            self._scheduler = scheduler
+            if self._solo_id is not None:  # a stream left unfinished frees its row
+                self._batch.cancel(self._solo_id)
+                self._solo_id = None
+        finally:
+            self._lock.release()
+
+    def detach_scheduler(self, scheduler: Any) -> None:
+        """End ``scheduler``'s ownership of this decoder (nothing when it does not own it)."""
+        if self._scheduler is scheduler:
+            self._scheduler = None
 
     def _check_not_scheduled(self) -> None:
         if self._scheduler is not None:

@@ -256,31 +256,9 @@ class Scheduler:
         self._owns = decoder.batched
         self._holds_lock = False
         if self._owns:
-            self._take_over(decoder)
+            decoder.attach_scheduler(self)
         self._worker = threading.Thread(target=self._work, name="specrt-scheduler", daemon=True)
         self._worker.start()
-
-    def _take_over(self, decoder: Decoder) -> None:
-        """Become the only user of a batching decoder (its requests share one batch): direct ``generate`` /
-        ``stream`` calls raise ConfigError until :meth:`close`."""
-        from specrt.errors import ConfigError
-
-        if not decoder._lock.acquire(blocking=False):
-            raise ConfigError(
-                "this Decoder is generating (a stream is open); finish or close it before a Scheduler takes it over"
-            )
-        try:
-            if decoder._scheduler is not None:
-                raise ConfigError(
-                    "this batching Decoder already has a Scheduler (one Scheduler owns its batch); close that one "
-                    "first, or submit to it"
-                )
-            decoder._scheduler = self
-            if decoder._solo_id is not None:  # a stream left unfinished frees its row
-                decoder._batch.cancel(decoder._solo_id)
-                decoder._solo_id = None
-        finally:
-            decoder._lock.release()
 
     def _sweep_queue(self) -> None:
         """Finish queued requests that were cancelled or ran past their deadline: they never start, and they leave
@@ -313,7 +291,7 @@ class Scheduler:
         """``(entries, bytes)`` of the batched layout's prefix store (KV copies of both models, at most its budget,
         1 GiB by default); ``(0, 0)`` in the single-stream layout. Waits for a running step to end (the pipeline's
         lock)."""
-        return tuple(self.decoder._batch.prefix_cache_usage)
+        return tuple(self.decoder.pipeline.prefix_cache_usage)
 
     def submit(
         self,
@@ -420,22 +398,22 @@ class Scheduler:
         finally:
             self._hold_decoder(False)
             if self._owns:
-                self.decoder._scheduler = None
+                self.decoder.detach_scheduler(self)
 
     def _hold_decoder(self, hold: bool) -> None:
         """Take (``hold``) or give back a single-stream decoder's lock (no-op for a batching decoder, owned)."""
         if self._owns or hold == self._holds_lock:
             return
         if hold:
-            self.decoder._lock.acquire()
+            self.decoder.generation_lock.acquire()
         else:
-            self.decoder._lock.release()
+            self.decoder.generation_lock.release()
         self._holds_lock = hold
 
     def _round(self, rows: dict[int, tuple[RequestHandle, EventChunks]]) -> bool:
         """One iteration of the worker; False when closed and drained. An unexpected error ends the requests in the
         batch (with that error), never the worker."""
-        batch = self.decoder._batch
+        batch = self.decoder.pipeline
         with self._cond:
             self._cond.wait_for(lambda: self._queue or rows or self._closed)
             if not self._queue and not rows:
@@ -483,7 +461,7 @@ class Scheduler:
         events = batch.step()  # a failed model pass raises: every running row is gone (handled by the caller)
         for e in events:
             rid = e["id"]
-            if rid not in rows:  # not admitted by this scheduler (cannot happen after _take_over; be safe)
+            if rid not in rows:  # not admitted by this scheduler (cannot happen once it owns the decoder; be safe)
                 batch.cancel(rid)
                 continue
             h, chunks = rows[rid]

@@ -125,7 +125,7 @@ def test_concurrent_requests_each_equal_their_solo_run(pair, solo, solo_results,
 def test_rows_share_rounds_and_a_waiting_request_joins_when_a_row_frees(pair) -> None:
     """On the pipeline the Scheduler drives: 3 rows commit tokens in the same rounds; a 4th waits for a slot."""
     dec = batched(pair, 3)
-    eng = dec._batch
+    eng = dec.pipeline
     cfg = {"max_new_tokens": 6, "temperature": 0.0, "num_speculative_tokens": 2, "ignore_eos": True}
     long = {**cfg, "max_new_tokens": 40}
     ids = [eng.submit([1, 2, 3], cfg), eng.submit([4, 5], long), eng.submit([6], long), eng.submit([7, 8, 9], long)]

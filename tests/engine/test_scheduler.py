@@ -91,9 +91,10 @@ def test_a_bad_request_fails_alone(tiny) -> None:
 
 
 class ScriptedDecoder:
-    """Stands in for a single-stream Decoder and its driver (``_batch``: submit / step / cancel): each request yields
-    ``rounds`` one-token rounds, each only after the test releases it with ``step.release()``; records the order in
-    which requests started and, as ``"<prompt>:<rounds done>"``, when each was let go (``cancel``)."""
+    """Stands in for a single-stream Decoder (the surface a Scheduler uses: ``pipeline``, its driver with submit /
+    step / cancel, and ``generation_lock``): each request yields ``rounds`` one-token rounds, each only after the test
+    releases it with ``step.release()``; records the order in which requests started and, as
+    ``"<prompt>:<rounds done>"``, when each was let go (``cancel``)."""
 
     batched = False
 
@@ -101,8 +102,8 @@ class ScriptedDecoder:
         self.step = threading.Semaphore(0)
         self.started: list[str] = []
         self.closed: list[str] = []
-        self._lock = threading.Lock()
-        self._batch = _ScriptedPipeline(self)
+        self.generation_lock = threading.Lock()
+        self.pipeline = _ScriptedPipeline(self)
 
     def submission(self, prompt: str, rounds: int = 3, **_kw):
         return [ord(ch) for ch in prompt], {"prompt": prompt, "rounds": rounds}, False

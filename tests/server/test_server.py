@@ -43,7 +43,7 @@ class HeldDecoder:
         self._dec, self.free = dec, free
         self.gate = threading.Event()
         self.n_chunks = 0
-        self._batch = _HeldPipeline(self, dec._batch)
+        self.pipeline = _HeldPipeline(self, dec.pipeline)
 
     def __getattr__(self, name: str):
         return getattr(self._dec, name)
@@ -257,7 +257,7 @@ def test_full_queue_is_429_and_timeout_is_504(tiny, scheduler_clock) -> None:
     app = create_app(tiny, model_name="tiny", max_queue=1)
     sched = app.state.scheduler
     with TestClient(app) as c:
-        with tiny._lock:  # the worker's generation waits for this lock: a running request and a full queue
+        with tiny.generation_lock:  # the worker's generation waits for this lock: a running request and a full queue
             running = sched.submit("a", max_new_tokens=2)
             _wait_until(lambda: sched.running, "the worker took the first request")
             queued = sched.submit("b", max_new_tokens=2)
@@ -461,7 +461,7 @@ def test_a_setting_the_engine_refuses_is_a_400_even_when_streaming(tiny) -> None
         raise refusal
 
     refusing = HeldDecoder(tiny, free=10**9)
-    refusing._batch.submit = refuse
+    refusing.pipeline.submit = refuse
     with TestClient(create_app(refusing, model_name="tiny")) as c:
         for stream in (True, False):
             r = c.post("/v1/completions", json={"prompt": "x", "stream": stream})

@@ -347,7 +347,7 @@ def test_405_says_allow_and_429_and_503_say_retry_after(target_only) -> None:
         r = httpx.get(f"{base}/v1/completions")
         assert r.status_code == 405 and r.headers["allow"] == "POST", r.headers
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
-        with target_only._lock:  # the worker's generation waits for this lock: one running, two queued
+        with target_only.generation_lock:  # the worker's generation waits for this lock: one running, two queued
             running = sched.submit("a", max_new_tokens=2)
             for _ in range(6000):  # a hang guard, not a speed bound
                 if sched.running:
@@ -378,7 +378,7 @@ def test_all_choices_are_queued_at_once(target_only) -> None:
     sched = app.state.scheduler
     with TestClient(app) as c:
         out = {}
-        with target_only._lock:  # the worker waits: nothing finishes meanwhile
+        with target_only.generation_lock:  # the worker waits: nothing finishes meanwhile
             t = threading.Thread(
                 target=lambda: out.update(
                     r=c.post("/v1/completions", json={"prompt": ["a", "b"], "n": 3, "max_tokens": 2})
@@ -842,7 +842,7 @@ def test_metrics_report_the_prefix_store_a_batched_server_fills(served) -> None:
     )
     assert r.status_code == 200, r.text
     entries, used = gauge("specrt_prefix_cache_entries"), gauge("specrt_prefix_cache_bytes")
-    assert (entries, used) == tuple(float(x) for x in served.decoder._batch.prefix_cache_usage)
+    assert (entries, used) == tuple(float(x) for x in served.decoder.pipeline.prefix_cache_usage)
     if served.kind == "batched":
         assert entries >= 1 and 0 < used <= specrt._specrt.DEFAULT_PREFIX_CACHE_BYTES
     else:
