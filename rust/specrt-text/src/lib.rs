@@ -6,8 +6,12 @@
 //! - [`detok`]: incremental detokenization that never emits a partial UTF-8 sequence.
 //! - [`stop`]: stop strings matched across token boundaries.
 //! - [`chat`]: chat templates rendered with `minijinja` as Hugging Face transformers' `apply_chat_template` does.
+//!   Its rooms: `chat_time.rs` (the calendar and `strftime` behind `strftime_now`) and `python_values.rs` (values
+//!   written as Python's `json.dumps`, `str()` and `repr()` write them).
 
 pub mod chat;
+mod chat_time;
 pub mod detok;
+mod python_values;
 pub mod stop;
 pub mod tokenizer;
