@@ -27,7 +27,7 @@
 //! does not pay at that load (probing now and then).
 //!
 //! Constrained rows ([`BatchEngine::add_with`], structured output): each row its own constraint, with the round of
-//! the single-request engine from the same code (`constrained.rs`): its forced tokens proposed as free drafts up to
+//! the single-request engine from the same code (`constrained_round.rs`): its forced tokens proposed as free drafts up to
 //! its next draft position, then the batched draft pass it shares with the other rows, masked draft and target rows.
 //! Auto K prices the forced tokens ahead of the auto rows (the largest count: the pass is as long as its longest
 //! row) and pools their acceptance apart from the drafts'.
@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use crate::adaptive::{is_forced, AutoK, KController};
 use crate::backend::{BatchBackend, BatchRow};
-use crate::constrained::{ConstrainedProposal, ConstrainedScratch, Proposer};
+use crate::constrained_round::{ConstrainedProposal, ConstrainedScratch, Proposer};
 use crate::constraint::{mask_words, Constraint};
 use crate::error::{Result, SpecError};
 use crate::lookup::LookupProposer;

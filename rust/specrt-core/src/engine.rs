@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::adaptive::RoundKind;
 use crate::backend::Backend;
-use crate::constrained::{ConstrainedScratch, Proposer};
+use crate::constrained_round::{ConstrainedScratch, Proposer};
 use crate::constraint::{mask_words, Constraint};
 use crate::error::{Result, SpecError};
 use crate::lookup::LookupProposer;

@@ -8,7 +8,7 @@
 pub mod adaptive;
 pub mod backend;
 pub mod batch;
-mod constrained;
+mod constrained_round;
 pub mod constraint;
 pub mod cost;
 pub mod coupled;

@@ -44,7 +44,7 @@ use specrt_text::tokenizer::Tokenizer;
 
 use crate::backend::OrtBackend;
 use crate::batched::BatchedOrtBackend;
-use crate::constraints::ConstraintCompiler;
+use crate::constraint_compiler::ConstraintCompiler;
 use crate::cross_vocab::DraftFit;
 use crate::folder::{chat_ids, FolderDefaults, TargetFolder};
 use crate::model::{resolve_model_file, SpecrtConfig};

@@ -62,7 +62,7 @@
 mod backend;
 pub mod batch_pipeline;
 mod batched;
-pub mod constraints;
+pub mod constraint_compiler;
 pub mod cross_vocab;
 mod cuda_graph;
 pub mod discover;
@@ -79,7 +79,7 @@ pub mod runtime;
 pub use backend::{check_cuda_provider, OrtBackend};
 pub use batch_pipeline::{BatchEvent, BatchPipeline};
 pub use batched::{check_max_batch, max_batch_expected, BatchedOrtBackend, MAX_BATCH};
-pub use constraints::ConstraintCompiler;
+pub use constraint_compiler::ConstraintCompiler;
 pub use cuda_graph::MAX_GRAPH_TOKENS;
 pub use discover::find_ort_library;
 pub use folder::{check_draft_folder, FolderDefaults};
