@@ -197,6 +197,15 @@ impl VocabMap {
             .map(|i| self.shared[i].1)
     }
 
+    /// The row a draft that cannot read its context gives (`[target_width] float32`): `0.0` on every shared
+    /// string's target id, `-inf` elsewhere (uniform over the intersection).
+    pub fn uninformed_row(&self, out: &mut [f32]) {
+        out.fill(f32::NEG_INFINITY);
+        for &(_, t) in &self.shared {
+            out[t as usize] = 0.0;
+        }
+    }
+
     /// One row of draft logits (`[draft_width] float32`) as target logits (`out`: `[target_width] float32`): each
     /// shared draft id's logit at its target id, `-inf` elsewhere, so that the softmax is the draft's distribution
     /// restricted to the intersection and renormalised (module docs).
@@ -211,10 +220,13 @@ impl VocabMap {
 /// The draft tokens of one sequence and where each target token's spelling ends in them.
 #[derive(Clone, Debug, Default)]
 struct Track {
-    /// Draft ids whose KV the draft's cache holds (valid).
+    /// The draft ids of the target tokens fed.
     draft: Vec<u32>,
     /// `ends[i]`: `draft.len()` after target token `i` (one entry per target token fed).
     ends: Vec<usize>,
+    /// Leading draft ids whose KV the draft model's cache holds (`<= draft.len()`; less after a pass the model's
+    /// cache could not hold: the next pass feeds the rest again).
+    cached: usize,
 }
 
 impl Track {
@@ -235,6 +247,7 @@ impl Track {
         let d = self.draft_len(n)?;
         self.ends.truncate(n);
         self.draft.truncate(d);
+        self.cached = self.cached.min(d);
         Ok(d)
     }
 
@@ -244,6 +257,7 @@ impl Track {
         Ok(Self {
             draft: self.draft[..d].to_vec(),
             ends: self.ends[..n].to_vec(),
+            cached: self.cached.min(d),
         })
     }
 
@@ -258,8 +272,9 @@ impl Track {
 }
 
 /// A draft [`Backend`] of another tokenizer, seen by the engine as a draft of the target's width fed target ids
-/// (module docs). Its [`Backend::max_seq_len`] is the inner model's, in the inner model's positions: a context
-/// whose spelling in draft tokens runs past it ends the generation with [`SpecError::Length`].
+/// (module docs). Its [`Backend::max_seq_len`] is the inner model's, in the inner model's positions; a context
+/// whose spelling in draft tokens outgrows it gets rows without context ([`VocabMap::uninformed_row`]: proposals
+/// rarely accepted, the output unchanged) until a rollback brings it back within.
 pub struct CrossVocabDraft {
     inner: Box<dyn Backend>,
     map: VocabMap,
@@ -311,18 +326,28 @@ impl Backend for CrossVocabDraft {
                 tokens.len()
             )));
         }
-        let d_past = self.track.rewind(n_past)?;
+        self.track.rewind(n_past)?;
         if let Err(e) = self.track.push(&self.map, tokens) {
             self.track.rewind(n_past)?;
             return Err(e);
         }
         let total = n_past + tokens.len();
+        let (dw, tw) = (self.map.draft_width, self.map.target_width);
+        self.out.resize(n_logits * tw, 0.0);
+        let start = self.track.cached;
+        if self.track.draft.len() > self.inner.max_seq_len() {
+            // The spelled context outgrew the draft model's cache: proposals without context from here on
+            // (`uninformed_row`; lossless as any q the proposal is drawn from), never a failed request.
+            for out in self.out.chunks_exact_mut(tw) {
+                self.map.uninformed_row(out);
+            }
+            return Ok(&self.out);
+        }
         let first = self.track.ends[total - n_logits] - 1;
         let n_inner = self.track.draft.len() - first;
-        let (dw, tw) = (self.map.draft_width, self.map.target_width);
         let logits = match self
             .inner
-            .forward(&self.track.draft[d_past..], d_past, n_inner)
+            .forward(&self.track.draft[start..], start, n_inner)
         {
             Ok(l) => l,
             Err(e) => {
@@ -330,7 +355,7 @@ impl Backend for CrossVocabDraft {
                 return Err(e);
             }
         };
-        self.out.resize(n_logits * tw, 0.0);
+        self.track.cached = self.track.draft.len();
         for (r, out) in self.out.chunks_exact_mut(tw).enumerate() {
             let p = self.track.ends[total - n_logits + r] - 1 - first;
             self.map.map_row(&logits[p * dw..(p + 1) * dw], out);
@@ -408,81 +433,90 @@ impl BatchBackend for CrossVocabBatchDraft {
                 self.slots.len()
             )));
         }
-        // Each row's draft n_past; its spelling is track.draft[d_past..].
-        let mut d_past = Vec::with_capacity(rows.len());
+        // Each row's tokens fed; the inner model is fed `track.draft[start..]` (what its cache lacks), unless the
+        // spelled context outgrew its cache (`over`: rows without context, `VocabMap::uninformed_row`).
+        let max_inner = self.inner.max_seq_len();
+        let mut start = vec![0; rows.len()];
+        let mut live = vec![false; rows.len()];
+        let mut over = vec![false; rows.len()];
         for (r, row) in rows.iter().enumerate() {
             if row.tokens.is_empty() {
-                d_past.push(0);
                 continue;
             }
             let map = &self.map;
             let track = &mut self.slots[first_slot + r];
-            let d = track.rewind(row.n_past)?;
+            track.rewind(row.n_past)?;
             if let Err(e) = track.push(map, row.tokens) {
                 track.rewind(row.n_past)?;
                 return Err(e);
             }
-            d_past.push(d);
+            start[r] = track.cached;
+            over[r] = track.draft.len() > max_inner;
+            live[r] = !over[r];
         }
-        let spelled = |slots: &[Track], r: usize| -> usize {
-            if rows[r].tokens.is_empty() {
-                0
-            } else {
-                slots[first_slot + r].draft.len() - d_past[r]
-            }
-        };
         let s_d = (0..rows.len())
-            .map(|r| spelled(&self.slots, r))
+            .filter(|&r| live[r])
+            .map(|r| self.slots[first_slot + r].draft.len() - start[r])
             .max()
             .unwrap_or(0);
         // The draft position (in the padded inner frame) of row r's padded target position j, if meaningful.
         let inner_pos = |slots: &[Track], r: usize, j: usize| -> Option<usize> {
             let row = &rows[r];
             (j < row.tokens.len())
-                .then(|| slots[first_slot + r].ends[row.n_past + j] - 1 - d_past[r])
+                .then(|| slots[first_slot + r].ends[row.n_past + j] - 1 - start[r])
         };
         let n_inner = (0..rows.len())
+            .filter(|&r| live[r])
             .filter_map(|r| inner_pos(&self.slots, r, s - n_logits))
             .map(|p| s_d - p)
             .max()
             .unwrap_or(1);
-        let inputs: Vec<BatchRow<'_>> = rows
-            .iter()
-            .enumerate()
-            .map(|(r, row)| {
-                if row.tokens.is_empty() {
-                    BatchRow::EMPTY
-                } else {
-                    BatchRow {
-                        tokens: &self.slots[first_slot + r].draft[d_past[r]..],
-                        n_past: d_past[r],
+        let logits = if live.iter().any(|&l| l) {
+            let inputs: Vec<BatchRow<'_>> = (0..rows.len())
+                .map(|r| {
+                    if live[r] {
+                        BatchRow {
+                            tokens: &self.slots[first_slot + r].draft[start[r]..],
+                            n_past: start[r],
+                        }
+                    } else {
+                        BatchRow::EMPTY
                     }
-                }
-            })
-            .collect();
-        let result = self.inner.forward_rows(first_slot, &inputs, n_inner);
-        let logits = match result {
-            Ok(l) => l,
-            Err(e) => {
-                for (r, row) in rows.iter().enumerate() {
-                    if !row.tokens.is_empty() {
-                        self.slots[first_slot + r].rewind(row.n_past)?;
+                })
+                .collect();
+            match self.inner.forward_rows(first_slot, &inputs, n_inner) {
+                Ok(l) => l,
+                Err(e) => {
+                    for (r, row) in rows.iter().enumerate() {
+                        if !row.tokens.is_empty() {
+                            self.slots[first_slot + r].rewind(row.n_past)?;
+                        }
                     }
+                    return Err(e);
                 }
-                return Err(e);
             }
+        } else {
+            &[]
         };
         let (dw, tw) = (self.map.draft_width, self.map.target_width);
         self.out.clear();
         self.out.resize(rows.len() * n_logits * tw, 0.0);
         for r in 0..rows.len() {
+            if live[r] {
+                let track = &mut self.slots[first_slot + r];
+                track.cached = track.draft.len();
+            }
             for jj in 0..n_logits {
                 let at = (r * n_logits + jj) * tw;
                 let out = &mut self.out[at..at + tw];
                 // Padding positions hold zeros (nothing meaningful, as the trait says).
                 if let Some(p) = inner_pos(&self.slots, r, s - n_logits + jj) {
-                    let i = r * n_inner + p - (s_d - n_inner);
-                    self.map.map_row(&logits[i * dw..(i + 1) * dw], out);
+                    if over[r] {
+                        self.map.uninformed_row(out);
+                    } else {
+                        let i = r * n_inner + p - (s_d - n_inner);
+                        self.map.map_row(&logits[i * dw..(i + 1) * dw], out);
+                    }
                 }
             }
         }
@@ -492,7 +526,7 @@ impl BatchBackend for CrossVocabBatchDraft {
     fn move_slot(&mut self, from: usize, to: usize, n_valid: usize) -> Result<()> {
         let kept = self.slot(from)?.prefix(n_valid)?;
         self.slot(to)?;
-        self.inner.move_slot(from, to, kept.draft.len())?;
+        self.inner.move_slot(from, to, kept.cached)?;
         self.slots[to] = kept;
         Ok(())
     }
@@ -503,7 +537,7 @@ impl BatchBackend for CrossVocabBatchDraft {
 
     fn store_prefix(&mut self, key: u64, slot: usize, n: usize) -> Result<()> {
         let kept = self.slot(slot)?.prefix(n)?;
-        self.inner.store_prefix(key, slot, kept.draft.len())?;
+        self.inner.store_prefix(key, slot, kept.cached)?;
         self.prefixes.insert(key, kept);
         Ok(())
     }
@@ -515,7 +549,7 @@ impl BatchBackend for CrossVocabBatchDraft {
             .ok_or_else(|| SpecError::Config(format!("no prefix stored under key {key}")))?
             .prefix(n)?;
         self.slot(slot)?;
-        self.inner.load_prefix(key, slot, kept.draft.len())?;
+        self.inner.load_prefix(key, slot, kept.cached)?;
         self.slots[slot] = kept;
         Ok(())
     }

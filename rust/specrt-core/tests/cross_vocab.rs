@@ -143,9 +143,15 @@ impl Lcg {
 }
 
 /// The rows a cross-vocabulary draft must give after the target sequence `seq` for its last `n` positions: the draft
-/// model's row after the spelling of each prefix, mapped.
+/// model's row after the spelling of each prefix, mapped; rows without context (uniform over the shared strings)
+/// when the whole spelling outgrows the model's cache.
 fn expected_rows(m: &VocabMap, model: &MockModel, seq: &[u32], n: usize) -> Vec<f32> {
     let mut out = Vec::new();
+    if spelled(m, seq).len() > model.max_seq_len() {
+        let mut row = vec![0f32; TARGET.len()];
+        m.uninformed_row(&mut row);
+        return row.repeat(n);
+    }
     for i in seq.len() - n..seq.len() {
         let sp = spelled(m, &seq[..=i]);
         let mut row = vec![0f32; DRAFT.len()];
@@ -161,17 +167,33 @@ fn expected_rows(m: &VocabMap, model: &MockModel, seq: &[u32], n: usize) -> Vec<
 fn the_draft_sees_each_prefix_in_its_own_spelling_through_rollbacks() {
     // Random walks of forward calls (new tokens, rollbacks to any valid position, several rows of logits): every row
     // equals a fresh draft model's row after the expected spelling.
+    walk_single(draft(2.0));
+}
+
+#[test]
+fn a_spelling_longer_than_the_drafts_cache_gives_rows_without_context_until_a_rollback() {
+    // A draft cache of 20 positions: the walk's sequences outgrow it and come back within it.
+    walk_single(MockModel::new(DRAFT.len(), 20, 11, 2.0).with_noise(5, 0.5));
+}
+
+/// A rollback: to any position one step in eight, else by at most 3 target tokens (sequences then grow past a small
+/// draft cache and come back).
+fn rollback(rng: &mut Lcg, len: usize) -> usize {
+    if rng.below(8) == 0 {
+        rng.below(len + 1)
+    } else {
+        len - rng.below(len.min(3) + 1)
+    }
+}
+
+fn walk_single(model: MockModel) {
     let m = map();
-    let model = draft(2.0);
     let mut a = CrossVocabDraft::new(Box::new(model.clone()), m.clone()).unwrap();
     let mut rng = Lcg(7);
     let mut seq: Vec<u32> = Vec::new();
+    let (mut over, mut within) = (0, 0);
     for step in 0..400 {
-        let n_past = if seq.is_empty() {
-            0
-        } else {
-            rng.below(seq.len() + 1)
-        };
+        let n_past = rollback(&mut rng, seq.len());
         seq.truncate(n_past);
         let n_new = 1 + rng.below(5);
         let tokens: Vec<u32> = (0..n_new).map(|_| rng.below(TARGET.len()) as u32).collect();
@@ -183,6 +205,15 @@ fn the_draft_sees_each_prefix_in_its_own_spelling_through_rollbacks() {
             expected_rows(&m, &model, &seq, n_logits),
             "step {step}: {seq:?}"
         );
+        if spelled(&m, &seq).len() > model.max_seq_len() {
+            over += 1;
+        } else {
+            within += 1;
+        }
+    }
+    assert!(within > 50, "{within} calls within the draft's cache");
+    if model.max_seq_len() < 64 {
+        assert!(over > 50, "{over} calls beyond the draft's cache");
     }
     // A position beyond what was fed is an error, not a silent misalignment.
     let n = seq.len();
@@ -197,19 +228,28 @@ fn the_draft_sees_each_prefix_in_its_own_spelling_through_rollbacks() {
 
 #[test]
 fn the_batched_draft_keeps_each_slots_spelling_through_moves_and_prefixes() {
+    walk_batched(draft(2.0));
+}
+
+#[test]
+fn a_batched_spelling_longer_than_the_drafts_cache_gives_rows_without_context() {
+    walk_batched(MockModel::new(DRAFT.len(), 20, 11, 2.0).with_noise(5, 0.5));
+}
+
+fn walk_batched(model: MockModel) {
     let m = map();
-    let model = draft(2.0);
     let mut a =
         CrossVocabBatchDraft::new(Box::new(MockBatchModel::new(&model, 3)), m.clone()).unwrap();
     let mut rng = Lcg(11);
     let mut seqs: Vec<Vec<u32>> = vec![Vec::new(); 3];
     let mut stored: Option<Vec<u32>> = None;
+    let (mut over, mut within) = (0, 0);
     for step in 0..300 {
         match rng.below(10) {
             0 => {
                 // Move a slot's first n positions into another slot.
                 let (from, to) = (rng.below(3), rng.below(3));
-                let n = rng.below(seqs[from].len() + 1);
+                let n = rollback(&mut rng, seqs[from].len());
                 a.move_slot(from, to, n).unwrap();
                 seqs[to] = seqs[from][..n].to_vec();
             }
@@ -238,7 +278,7 @@ fn the_batched_draft_keeps_each_slots_spelling_through_moves_and_prefixes() {
                     } else {
                         1 + rng.below(4)
                     };
-                    let n_past = rng.below(s.len() + 1);
+                    let n_past = rollback(&mut rng, s.len());
                     if n_new > 0 {
                         s.truncate(n_past);
                     }
@@ -265,6 +305,12 @@ fn the_batched_draft_keeps_each_slots_spelling_through_moves_and_prefixes() {
                     }
                     let s = &mut seqs[first + r];
                     s.extend(t);
+                    let row_over = spelled(&m, s).len() > model.max_seq_len();
+                    if row_over {
+                        over += 1;
+                    } else {
+                        within += 1;
+                    }
                     // Padded position j of this row is token j; the last n_logits of `width` positions came back.
                     for jj in 0..n_logits {
                         let j = width - n_logits + jj;
@@ -272,13 +318,22 @@ fn the_batched_draft_keeps_each_slots_spelling_through_moves_and_prefixes() {
                             continue;
                         }
                         let upto = s.len() - t.len() + j + 1;
-                        let want = expected_rows(&m, &model, &s[..upto], 1);
+                        // The whole row's spelling decides whether the draft read its context.
+                        let want = if row_over {
+                            expected_rows(&m, &model, s, 1)
+                        } else {
+                            expected_rows(&m, &model, &s[..upto], 1)
+                        };
                         let at = (r * n_logits + jj) * tw;
                         assert_eq!(&got[at..at + tw], &want[..], "step {step}, row {r}, j {j}");
                     }
                 }
             }
         }
+    }
+    assert!(within > 50, "{within} rows within the draft's cache");
+    if model.max_seq_len() < 64 {
+        assert!(over > 10, "{over} rows beyond the draft's cache");
     }
 }
 
