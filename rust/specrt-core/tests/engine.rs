@@ -1,6 +1,9 @@
 //! The decode loop over mock models: greedy parity with target-only decoding, stops inside an accepted block,
 //! statistics, determinism, and the end-to-end distribution at temperature 1.
 
+mod common;
+
+use common::{greedy as greedy_cfg, t1 as t1_cfg};
 use specrt_core::testing::MockModel;
 use specrt_core::{
     Backend, Engine, FinishReason, GenerationConfig, GenerationOutput, SamplingParams, SpecError,
@@ -16,15 +19,6 @@ fn target(seed: u64) -> MockModel {
 
 fn draft(seed: u64, noise: f32) -> MockModel {
     target(seed).with_noise(seed + 1000, noise)
-}
-
-fn greedy_cfg(k: usize, max_new: usize) -> GenerationConfig {
-    GenerationConfig {
-        max_new_tokens: max_new,
-        num_speculative_tokens: k,
-        sampling: SamplingParams::greedy(),
-        ..GenerationConfig::default()
-    }
 }
 
 fn run(
@@ -695,17 +689,6 @@ fn ngram_drafts_at_temperature_one_keep_the_target_distribution() {
         n_ngram >= n,
         "{n_ngram} of {n} generations drafted from the prompt"
     );
-}
-
-fn t1_cfg(k: usize) -> GenerationConfig {
-    GenerationConfig {
-        num_speculative_tokens: k,
-        sampling: SamplingParams {
-            temperature: 1.0,
-            ..SamplingParams::default()
-        },
-        ..GenerationConfig::default()
-    }
 }
 
 #[test]
