@@ -159,7 +159,7 @@ pub fn matmul(
         return Packed::new(w).matmul(x, m, out, path, scratch, par);
     }
     if w.ty.block_len() == SUPER_BLOCK {
-        quantize_rows_super(x, m, w.k, &mut scratch.supers);
+        quantize_rows_super(x, m, w.k, &mut scratch.supers, path);
         let acts: &[ActSuper] = &scratch.supers;
         let ns = w.k / SUPER_BLOCK;
         run_tiles(w, m, out, par, &|wrow, m0, o: &mut [f32]| {
@@ -168,7 +168,7 @@ pub fn matmul(
             dispatch!(tile_k, path, w.ty, wrow, a, o);
         });
     } else {
-        quantize_rows(x, m, w.k, &mut scratch.blocks);
+        quantize_rows(x, m, w.k, &mut scratch.blocks, path);
         let acts: &[ActBlock] = &scratch.blocks;
         let nb = w.k / ACT_BLOCK;
         run_tiles(w, m, out, par, &|wrow, m0, o: &mut [f32]| {
@@ -239,14 +239,14 @@ impl Packed {
         let nb = self.blocks();
         let ty = self.ty;
         if ty.block_len() == SUPER_BLOCK {
-            quantize_rows_super(x, m, self.k, &mut scratch.supers);
+            quantize_rows_super(x, m, self.k, &mut scratch.supers, path);
             let acts: &[ActSuper] = &scratch.supers;
             self.run_pairs(m, out, par, &|g0, g1, m0, rows, o| {
                 let a = |i: usize| &acts[(m0 + i) * nb..(m0 + i + 1) * nb];
                 pairs!(group_k2, rows, path, ty, g0, g1, a, o);
             });
         } else {
-            quantize_rows(x, m, self.k, &mut scratch.blocks);
+            quantize_rows(x, m, self.k, &mut scratch.blocks, path);
             let acts: &[ActBlock] = &scratch.blocks;
             self.run_pairs(m, out, par, &|g0, g1, m0, rows, o| {
                 let a = |i: usize| &acts[(m0 + i) * nb..(m0 + i + 1) * nb];

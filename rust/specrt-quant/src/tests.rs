@@ -97,11 +97,11 @@ fn reference(ty: GgmlType, row: &[u8], x: &[f32]) -> (f64, f64) {
     dequantize_row(ty, row, &mut w);
     let d_of: Vec<f32> = if ty.block_len() == 256 {
         let mut acts: Vec<ActSuper> = Vec::new();
-        quantize_rows_super(x, 1, x.len(), &mut acts);
+        quantize_rows_super(x, 1, x.len(), &mut acts, KernelPath::Portable);
         (0..x.len()).map(|e| acts[e / 256].d).collect()
     } else {
         let mut acts: Vec<ActBlock> = Vec::new();
-        quantize_rows(x, 1, x.len(), &mut acts);
+        quantize_rows(x, 1, x.len(), &mut acts, KernelPath::Portable);
         (0..x.len()).map(|e| acts[e / 32].d).collect()
     };
     let (mut y, mut bound, mut mag) = (0.0f64, 0.0f64, 0.0f64);
@@ -282,9 +282,9 @@ fn mutated(mutation: Mutation, w: &QMatrix<'_>, x: &[f32], m: usize) -> Vec<f32>
     let mut supers: Vec<ActSuper> = Vec::new();
     let k_quant = w.ty.block_len() == 256;
     if k_quant {
-        quantize_rows_super(x, m, w.k, &mut supers);
+        quantize_rows_super(x, m, w.k, &mut supers, KernelPath::Portable);
     } else {
-        quantize_rows(x, m, w.k, &mut blocks);
+        quantize_rows(x, m, w.k, &mut blocks, KernelPath::Portable);
     }
     for r in 0..m {
         for n in 0..w.n {
@@ -423,6 +423,101 @@ proptest! {
         let v = f32::from_bits(bits);
         prop_assert_eq!(crate::acts::code(v), code_by_round(v), "v = {:e}", v);
         prop_assert_eq!(crate::acts::code(scaled), code_by_round(scaled), "v = {:e}", scaled);
+    }
+}
+
+/// Activations that stress the quantizers: random with outliers, values whose scaled codes land on and beside every
+/// halfway point (each 32-block's largest value 127 so that `x * id` is the code's own float), zeros, and (when
+/// `bad` is given) one non-finite value at that index.
+fn quantizer_input(rng: &mut Rng, k: usize, bad: Option<(usize, f32)>) -> Vec<f32> {
+    let mut x = random_x(1, k, rng);
+    for (i, v) in x.iter_mut().enumerate() {
+        match rng.next() % 4 {
+            0 => {
+                let h = (rng.next() % 254) as f32 - 127.0 + 0.5;
+                *v = f32::from_bits(
+                    h.to_bits()
+                        .wrapping_add((rng.next() % 3) as u32)
+                        .wrapping_sub(1),
+                );
+            }
+            1 if i % 64 < 32 => *v = 0.0,
+            _ => {}
+        }
+        if i % 32 == 0 {
+            *v = 127.0;
+        }
+    }
+    if rng.next().is_multiple_of(8) {
+        x[..32.min(k)].fill(0.0); // an all-zero block: scale 0
+    }
+    if let Some((at, v)) = bad {
+        x[at % k] = v;
+    }
+    x
+}
+
+/// Every field of the SIMD quantizers' blocks equals the portable quantizer's: codes, scales (bit patterns, so NaN
+/// against NaN compares), sums, offsets and pairs.
+fn assert_quantizers_agree(x: &[f32], k: usize) {
+    let m = x.len() / k;
+    for path in KernelPath::ALL.into_iter().filter(|p| p.is_available()) {
+        if k.is_multiple_of(256) {
+            let (mut want, mut got) = (Vec::new(), Vec::new());
+            quantize_rows_super(x, m, k, &mut want, KernelPath::Portable);
+            quantize_rows_super(x, m, k, &mut got, path);
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                let at = format!("{} super-block {i}", path.name());
+                assert_eq!(a.qs, b.qs, "{at}: codes");
+                assert_eq!(a.d.to_bits(), b.d.to_bits(), "{at}: d");
+                assert_eq!(a.sums16, b.sums16, "{at}: sums16");
+                assert_eq!(a.offsets16, b.offsets16, "{at}: offsets16");
+                assert_eq!(a.pairs32, b.pairs32, "{at}: pairs32");
+            }
+        }
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        quantize_rows(x, m, k, &mut want, KernelPath::Portable);
+        quantize_rows(x, m, k, &mut got, path);
+        for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+            let at = format!("{} block {i}", path.name());
+            assert_eq!(a.qs, b.qs, "{at}: codes");
+            assert_eq!(a.d.to_bits(), b.d.to_bits(), "{at}: d");
+            assert_eq!(a.sum, b.sum, "{at}: sum");
+        }
+    }
+}
+
+#[test]
+fn simd_quantizers_equal_the_portable_one_on_halfway_zero_and_non_finite_activations() {
+    let mut rng = Rng(11);
+    for round in 0..200 {
+        let k = 256 * (1 + round % 3);
+        let bad = match round % 5 {
+            0 => Some((rng.next() as usize, f32::NAN)),
+            1 => Some((rng.next() as usize, f32::NEG_INFINITY)),
+            _ => None,
+        };
+        assert_quantizers_agree(&quantizer_input(&mut rng, k, bad), k);
+    }
+    // the check sees a quantizer that rounds ties to even: the portable codes of exact halfway values differ from it
+    let x: Vec<f32> = (0..32)
+        .map(|i| if i == 0 { 127.0 } else { i as f32 - 0.5 })
+        .collect();
+    let mut want = Vec::new();
+    quantize_rows(&x, 1, 32, &mut want, KernelPath::Portable);
+    let even: Vec<i8> = x.iter().map(|v| v.round_ties_even() as i8).collect();
+    assert_ne!(want[0].qs.to_vec(), even);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    #[test]
+    fn simd_quantizers_equal_the_portable_one_on_any_floats(bits in proptest::collection::vec(any::<u32>(), 256), scale in -30i32..30) {
+        // any bit patterns (NaN, infinities, subnormals among them) and the same values scaled into a finite range
+        let raw: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+        assert_quantizers_agree(&raw, 256);
+        let finite: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b & 0x807F_FFFF | 0x3F80_0000) * 2f32.powi(scale)).collect();
+        assert_quantizers_agree(&finite, 256);
     }
 }
 

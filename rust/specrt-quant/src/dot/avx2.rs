@@ -121,6 +121,23 @@ pub(crate) unsafe fn mins_dot(mins: &[__m256i; 4], pairs: &[i32; 4]) -> __m256i 
     _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d))
 }
 
+/// How many blocks ahead the kernels prefetch the weights: a verification pass computes long enough on each block
+/// that the hardware prefetcher, which stops at every 4 KiB page, leaves the next page's first lines late.
+const PREFETCH_SUPERS: usize = 4;
+
+/// Prefetch the `size` bytes `ahead` blocks of `size` after `p` into every cache level. A hint: addresses past the
+/// matrix's end are harmless (a prefetch never faults).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn prefetch_ahead(p: *const u8, size: usize, ahead: usize) {
+    let q = p.wrapping_add(ahead * size);
+    let mut at = 0;
+    while at < size {
+        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(at).cast());
+        at += 64;
+    }
+}
+
 /// [`crate::dot::group_b`] on this path.
 ///
 /// # Safety
@@ -144,6 +161,10 @@ pub(crate) unsafe fn group_b<const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..acts[0].len() {
         let p = group.as_ptr().add(b * lay.size);
+        if b % 4 == 0 {
+            // blocks are 144-272 bytes: four at a time, as far ahead as a K-quant's super-blocks
+            prefetch_ahead(p, 4 * lay.size, PREFETCH_SUPERS * 1184 / (4 * lay.size) + 1);
+        }
         let codes = p.add(lay.codes);
         let x: [*const u8; R] =
             std::array::from_fn(|r| acts[r].get_unchecked(b).qs.as_ptr().cast());
@@ -218,6 +239,7 @@ pub(crate) unsafe fn group_k<const R: usize>(
     let m30 = _mm256_set1_epi8(0x30);
     for s in 0..acts[0].len() {
         let p = group.as_ptr().add(s * lay.size);
+        prefetch_ahead(p, lay.size, PREFETCH_SUPERS);
         let codes = p.add(lay.codes);
         let high = p.add(lay.high);
         let scales = p.add(lay.scales);

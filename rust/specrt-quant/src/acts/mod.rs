@@ -2,9 +2,20 @@
 //! ([`ActBlock`], for the 32-long weight formats, as llama.cpp's `block_q8_0` with a float32 scale) or per
 //! super-block of [`SUPER_BLOCK`] values ([`ActSuper`], for the K-quants, as llama.cpp's `block_q8_K`).
 //!
-//! Each row is quantized on its own, so a row's blocks never depend on the other rows of the pass.
+//! Each row is quantized on its own, so a row's blocks never depend on the other rows of the pass. The SIMD
+//! kernel paths quantize on AVX2 ([`avx2`]), with the same float operations lane by lane: the codes, scales and
+//! sums are the portable quantizer's bit for bit.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+use crate::dot::KernelPath;
 use crate::format::{ACT_BLOCK, SUPER_BLOCK};
+
+/// Whether `path` quantizes with the AVX2 quantizers (every SIMD path runs on a CPU with AVX2).
+fn simd(path: KernelPath) -> bool {
+    cfg!(target_arch = "x86_64") && path != KernelPath::Portable && path.is_available()
+}
 
 /// One block of 32 activations: `x[i] ~= d * qs[i]`.
 #[repr(C, align(32))]
@@ -28,17 +39,26 @@ impl Default for ActBlock {
     }
 }
 
-/// Quantize `x` (`[m, k]` float32 row-major, `k` a multiple of 32) into `out` (`[m, k / 32]` blocks), resized.
+/// Quantize `x` (`[m, k]` float32 row-major, `k` a multiple of 32) into `out` (`[m, k / 32]` blocks), resized, on
+/// `path`'s quantizer (the same bits on every path).
 ///
 /// # Panics
 /// When `x.len() != m * k` or `k % 32 != 0` (callers check shapes first).
-pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut Vec<ActBlock>) {
+pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut Vec<ActBlock>, path: KernelPath) {
     assert!(
         k.is_multiple_of(ACT_BLOCK) && x.len() == m * k,
         "quantize_rows: shape mismatch"
     );
     out.clear();
     out.resize(m * k / ACT_BLOCK, ActBlock::default());
+    if simd(path) {
+        #[cfg(target_arch = "x86_64")]
+        for (chunk, blk) in x.chunks_exact(ACT_BLOCK).zip(out.iter_mut()) {
+            // SAFETY: a SIMD path is available, so the CPU has AVX2; chunks are 32 long
+            unsafe { avx2::quantize_block(chunk, blk) };
+        }
+        return;
+    }
     for (chunk, blk) in x.chunks_exact(ACT_BLOCK).zip(out.iter_mut()) {
         quantize_block(chunk, blk);
     }
@@ -105,36 +125,62 @@ impl Default for ActSuper {
     }
 }
 
-/// Quantize `x` (`[m, k]` float32 row-major, `k` a multiple of 256) into `out` (`[m, k / 256]`), resized.
+/// Quantize `x` (`[m, k]` float32 row-major, `k` a multiple of 256) into `out` (`[m, k / 256]`), resized, on
+/// `path`'s quantizer (the same bits on every path).
 ///
 /// # Panics
 /// When `x.len() != m * k` or `k % 256 != 0` (callers check shapes first).
-pub fn quantize_rows_super(x: &[f32], m: usize, k: usize, out: &mut Vec<ActSuper>) {
+pub fn quantize_rows_super(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    out: &mut Vec<ActSuper>,
+    path: KernelPath,
+) {
     assert!(
         k.is_multiple_of(SUPER_BLOCK) && x.len() == m * k,
         "quantize_rows_super: shape mismatch"
     );
     out.clear();
     out.resize(m * k / SUPER_BLOCK, ActSuper::default());
+    let fast = simd(path);
     for (chunk, blk) in x.chunks_exact(SUPER_BLOCK).zip(out.iter_mut()) {
-        let amax = chunk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        let finite = chunk.iter().all(|v| v.is_finite());
-        let d = if finite { amax / 127.0 } else { f32::NAN };
-        let id = if d > 0.0 && finite { 1.0 / d } else { 0.0 };
-        for (k16, sum) in blk.sums16.iter_mut().enumerate() {
-            let mut s = 0i16;
-            let span = 16 * k16..16 * k16 + 16;
-            for (q, v) in blk.qs[span.clone()].iter_mut().zip(&chunk[span]) {
-                *q = code(v * id);
-                s += i16::from(*q);
+        if fast {
+            // SAFETY: a SIMD path is available, so the CPU has AVX2; chunks are 256 long
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                avx2::quantize_super(chunk, blk);
             }
-            *sum = s;
+        } else {
+            quantize_super(chunk, blk);
         }
-        blk.offsets16 = blk.sums16.map(|v| 32 * i32::from(v));
-        let s32 = |j: usize| blk.sums16[2 * j] + blk.sums16[2 * j + 1];
-        blk.pairs32 = std::array::from_fn(|i| {
-            i32::from(s32(2 * i) as u16) | (i32::from(s32(2 * i + 1) as u16) << 16)
-        });
-        blk.d = d;
+        derive_super_sums(blk);
     }
+}
+
+/// One super-block's codes, `d` and `sums16` (portable).
+fn quantize_super(chunk: &[f32], blk: &mut ActSuper) {
+    let amax = chunk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let finite = chunk.iter().all(|v| v.is_finite());
+    let d = if finite { amax / 127.0 } else { f32::NAN };
+    let id = if d > 0.0 && finite { 1.0 / d } else { 0.0 };
+    for (k16, sum) in blk.sums16.iter_mut().enumerate() {
+        let mut s = 0i16;
+        let span = 16 * k16..16 * k16 + 16;
+        for (q, v) in blk.qs[span.clone()].iter_mut().zip(&chunk[span]) {
+            *q = code(v * id);
+            s += i16::from(*q);
+        }
+        *sum = s;
+    }
+    blk.d = d;
+}
+
+/// `offsets16` and `pairs32` from `sums16`.
+fn derive_super_sums(blk: &mut ActSuper) {
+    blk.offsets16 = blk.sums16.map(|v| 32 * i32::from(v));
+    let s32 = |j: usize| blk.sums16[2 * j] + blk.sums16[2 * j + 1];
+    blk.pairs32 = std::array::from_fn(|i| {
+        i32::from(s32(2 * i) as u16) | (i32::from(s32(2 * i + 1) as u16) << 16)
+    });
 }
