@@ -15,15 +15,30 @@ $(PY):
 
 venv: $(PY) ## create the virtual environment .venv
 
-install: $(PY) ## build the Rust extension and install specrt (editable) with test extras into .venv
+# Written by every successful install; `make run` reinstalls only when a file the install builds from is newer (so a
+# later run needs no network: pip install -e would fetch maturin and rebuild each time).
+INSTALL_STAMP := $(VENV)/.specrt-installed
+INSTALL_INPUTS := Cargo.toml Cargo.lock pyproject.toml $(wildcard rust-toolchain.toml) \
+	$(shell find rust -type f -not -path '*/target/*' 2>/dev/null)
+
+define install-specrt
 	@echo "specrt: installing into $(VENV): downloads, then the Rust extension's build (the first time one to a few minutes on 2 cores); progress below, the whole log in target/install.log"
 	@mkdir -p target
 	@set -o pipefail; $(PY) -m pip install -v -e '.[cpu,test]' 2>&1 | tee target/install.log \
 		| { grep --line-buffered -E '^ *(Collecting|Downloading|Compiling|Finished|Built wheel for) |^Successfully installed' || true; } \
 		|| { echo "specrt: pip install failed; the end of target/install.log:" >&2; tail -n 40 target/install.log >&2; exit 1; }
+	@touch $(INSTALL_STAMP)
+endef
 
-run: install ## main job: pull the Qwen2.5-Coder 1.5B target + 0.5B draft (cached) and generate with speculation
-	$(VENV)/bin/specrt generate --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
+install: $(PY) ## build the Rust extension and install specrt (editable) with test extras into .venv
+	$(install-specrt)
+
+$(INSTALL_STAMP): $(INSTALL_INPUTS) | $(PY)
+	$(install-specrt)
+
+run: $(INSTALL_STAMP) ## main job: pull the Qwen2.5-Coder 1.5B target (fp32) + 0.5B draft (int4) (cached) and generate with speculation (installs first only if the Rust sources, Cargo.toml/.lock or pyproject.toml changed)
+	@echo "specrt: make run: Qwen2.5-Coder-1.5B-Instruct fp32 target with the 0.5B int4 draft, the fastest exact pair on a CPU (the fp32 target verifies every token, so the output is the target's own)"
+	$(VENV)/bin/specrt generate --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --draft-dtype int4 \
 		--chat --prompt "$(PROMPT)" --max-new-tokens 128 --temperature 0 --num-speculative-tokens 4 --stats
 
 test-rs: install ## Rust tests (all crates; the ONNX Runtime tests use the wheel's library and a tiny model, converted for GQA, batched attention and the graph form)

@@ -387,8 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="with --max-batch > 1: most prompt tokens prefilled per round over all joining requests, in whole "
-        "chunks (default: the Decoder's, specrt._specrt.DEFAULT_MAX_PREFILL_TOKENS); more lets requests "
-        "arriving together start sooner, and makes the running ones wait longer per round",
+        f"chunks (default: {_specrt.DEFAULT_MAX_PREFILL_TOKENS}, the Decoder's); more lets requests arriving "
+        "together start sooner, and makes the running ones wait longer per round",
     )
     sv.add_argument(
         "--no-prefix-caching",
@@ -528,6 +528,7 @@ def _serve(a: argparse.Namespace) -> int:
     app = create_app(dec, model_name=name, **options)
     draft = f"{a.draft}, {a.draft_dtype}" if a.draft and a.draft_dtype else a.draft or "none"
     print(f"specrt serve: {name} on http://{a.host}:{a.port} (draft: {draft})", file=sys.stderr)
+    _report_fallback("specrt serve", dec)
     _report_draft_vocabulary("specrt serve", dec)
     if not options["api_keys"] and not is_loopback(a.host):
         print(
@@ -537,6 +538,15 @@ def _serve(a: argparse.Namespace) -> int:
         )
     run_server(app, host=a.host, port=a.port, log_level=a.log_level, drain_timeout_s=a.drain_timeout)
     return 0
+
+
+def _report_fallback(command: str, dec: Any) -> None:
+    """Say on stderr, in one line, that ``--provider cuda --allow-fallback`` fell back to the CPU and why."""
+    if dec.fallback_reason is not None:
+        print(
+            f"{command}: warning: running on the CPU, not CUDA (--allow-fallback): {dec.fallback_reason}",
+            file=sys.stderr,
+        )
 
 
 def _report_draft_vocabulary(command: str, dec: Any) -> None:
@@ -573,6 +583,7 @@ def _generate(a: argparse.Namespace) -> int:
     except ConfigError as e:
         raise ConfigError(_as_constraint_flags(str(e))) from e
     dec = _decoder(a)  # printed only with --json; without them greedy rounds read only argmax ids
+    _report_fallback("specrt generate", dec)
     _report_draft_vocabulary("specrt generate", dec)
     if a.chat:
         messages = ([{"role": "system", "content": a.system}] if a.system else []) + [

@@ -4,8 +4,9 @@ Collects, without loading a model: specrt, Python and platform versions; which O
 installed (``onnxruntime``, ``onnxruntime-gpu``: exactly one should be); the ``libonnxruntime`` the Rust side
 loads, its version and the execution providers it was built with; whether the CUDA provider library, the CUDA
 runtime, cuBLAS and cuDNN load (naming what is missing); the NVIDIA driver, and each GPU's name and memory; and
-whether the CUDA provider can really be registered. Every probe reports its own failure instead of raising, so the
-report is complete on any machine.
+whether the CUDA provider can really be registered, and so whether ``--provider cuda`` runs on CUDA here or (with
+``--allow-fallback``) on the CPU. Every probe reports its own failure instead of raising, so the report is complete on
+any machine.
 """
 
 from __future__ import annotations
@@ -191,26 +192,39 @@ def _cuda_section(ort: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _cuda_usable(cuda: dict[str, Any]) -> dict[str, Any]:
+    """Whether ``provider="cuda"`` can run here: ``{"ok": True}``, or ``{"ok": False, "error": why}`` (the first
+    failure of the provider library or its registration; ``allow_fallback`` then runs on the CPU)."""
+    reg = cuda.get("provider_registers")
+    if reg is not None:
+        return {"ok": True} if reg["ok"] else {"ok": False, "error": reg["error"]}
+    lib = cuda.get("provider_library") or {}
+    return {"ok": False, "error": lib.get("error") or "the CUDA provider library did not load"}
+
+
 def collect_env() -> dict[str, Any]:
     """Collect the environment report (see the module docstring).
 
     Returns:
         dict with ``specrt``, ``python``, ``platform``, ``onnxruntime`` (distributions, ``library``, ``version``,
         ``providers``, ``problems``), ``cuda`` (per library ``{"loaded": soname or None, "error": ...}``,
-        ``preload``: what :func:`specrt._ort.preload_cuda_dlls` loaded, and ``provider_registers``) and ``gpu``
+        ``preload``: what :func:`specrt._ort.preload_cuda_dlls` loaded, ``provider_registers``, and ``usable``:
+        ``{"ok": bool, "error": why not}``, whether ``provider="cuda"`` runs on CUDA) and ``gpu``
         (``driver``, ``gpus``: name, ``memory_total_bytes``, ``memory_free_bytes``). Never raises for a missing
         piece: each failure is reported in its section.
     """
     from specrt import __version__
 
     ort = _onnxruntime_section()
+    cuda = _cuda_section(ort)
+    cuda["usable"] = _cuda_usable(cuda)
     return {
         "specrt": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "glibc": "-".join(platform.libc_ver()),
         "onnxruntime": ort,
-        "cuda": _cuda_section(ort),
+        "cuda": cuda,
         "gpu": _gpu_section(),
     }
 
@@ -265,6 +279,14 @@ def render_env(env: dict[str, Any], *, as_json: bool = False) -> str:
     reg = cuda.get("provider_registers")
     if reg is not None:
         lines.append("CUDA provider registers: " + ("yes" if reg["ok"] else f"NO ({reg['error']})"))
+    usable = cuda.get("usable")
+    if usable is not None:
+        lines.append(
+            "--provider cuda: available"
+            if usable["ok"]
+            else "--provider cuda: fails here, or with --allow-fallback runs on the CPU (CUDA cannot be used: "
+            f"{usable['error']})"
+        )
     lines.append(f"NVIDIA driver: {gpu.get('driver') or 'none found'}")
     lines.extend(
         f"GPU {g['index']}: {g['name']}, {g['memory_total_bytes'] / 2**30:.1f} GiB "

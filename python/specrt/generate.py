@@ -23,7 +23,7 @@ from typing import Any
 
 from specrt import _specrt
 from specrt._ort import check_cuda, find_ort_library, is_cuda
-from specrt.errors import ConfigError, ModelFileNotFoundError, SpecrtError
+from specrt.errors import ConfigError, ModelFileNotFoundError, ProviderError, SpecrtError
 from specrt.results import EventChunks, GenerationResult, Stats, StreamChunk
 
 __all__ = ["Decoder", "GenerationResult", "Stats", "StreamChunk", "check_request"]
@@ -154,7 +154,8 @@ class Decoder:
             ``max_position_embeddings``, capped at 4096 unless given.
         intra_op_threads: size of the ONNX Runtime thread pool that all models of the process share (default:
             physical cores; the first model loaded in a process decides it).
-        allow_fallback: with ``provider="cuda"``, run on CPU instead of raising when CUDA cannot be used.
+        allow_fallback: with ``provider="cuda"``, run on CPU instead of raising when CUDA cannot be used
+            (:attr:`fallback_reason` then says why; ``specrt generate`` / ``serve`` print it on stderr).
         cuda_graph: with ``provider="cuda"``, capture each decode step shape (1 to 16 new tokens) into a CUDA graph
             and replay it (ONNX Runtime's ``enable_cuda_graph``); model names are pulled in the graph form
             (``attention="gqa-graph"``, cached as ``<dtype>-G``), folders must be in it. Single-stream only
@@ -239,10 +240,18 @@ class Decoder:
             suffix_cache_tokens=suffix_cache_tokens,
         )
         _check_draft_dtype(draft, draft_dtype)
-        if is_cuda(provider) and not allow_fallback:
+        #: Why CUDA was requested but the models run on the CPU (``allow_fallback=True``), else ``None``.
+        self.fallback_reason: str | None = None
+        if is_cuda(provider):
             # Refuse before any work: a model name would be pulled and converted (minutes, hundreds of MB) only for
-            # the session to raise this ProviderError. The check and its message are the late path's (Rust's).
-            ort_library = check_cuda(ort_library, device_id)
+            # the session to raise this ProviderError. The check and its message are the late path's (Rust's); with
+            # allow_fallback its message is the fallback's reason.
+            try:
+                ort_library = check_cuda(ort_library, device_id)
+            except ProviderError as e:
+                if not allow_fallback:
+                    raise
+                self.fallback_reason = str(e)
 
         self.max_batch = max_batch
         self.target_path = resolve_model(target, dtype, attention=attention)
@@ -291,6 +300,14 @@ class Decoder:
         self.tokenizer: _specrt.Tokenizer = tokenizer
         #: Whether requests share batched rounds (a batched-layout folder); a Scheduler then owns the decoder.
         self.batched = batched
+        if is_cuda(provider) and self.fallback_reason is None and "CUDAExecutionProvider" not in self.providers:
+            # CUDA registered, yet the sessions fell back while loading (Rust keeps that reason; the binding does not
+            # expose it yet).
+            self.fallback_reason = (
+                "the batched model layout runs on the CPU provider only"
+                if batched
+                else "ONNX Runtime could not run these models on the CUDA provider"
+            )
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id holding _lock
         self._defaults = self._batch.defaults

@@ -99,3 +99,12 @@ def test_a_bad_suffix_cache_size_is_named_by_its_flag_before_loading(capsys: pyt
     assert cli.main(["serve", "--target", "no-such-model-is-ever-pulled", "--suffix-cache-tokens", "-5"]) == 2
     err = capsys.readouterr().err
     assert "--suffix-cache-tokens -5 is invalid" in err, err
+
+
+def test_help_shows_the_numbers_of_rust_defaults_not_their_names() -> None:
+    from specrt import _specrt
+
+    for prog, parser in COMMANDS.items():
+        assert "_specrt." not in parser.format_help(), f"{prog} --help names a constant instead of its value"
+    text = " ".join(COMMANDS["specrt serve"].format_help().split())
+    assert f"(default: {_specrt.DEFAULT_MAX_PREFILL_TOKENS}, the Decoder's)" in text

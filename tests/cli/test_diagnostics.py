@@ -91,7 +91,28 @@ def test_env_report_on_the_cpu_wheel_names_the_gpu_install_line() -> None:
     text = diagnostics.render_env(env)
     assert f"libonnxruntime: {find_ort_library()}" in text
     assert "CUDA provider library: MISSING" in text and INSTALL_CUDA in text
+    assert env["cuda"]["usable"] == {"ok": False, "error": missing["error"]}
+    said = "--provider cuda: fails here, or with --allow-fallback runs on the CPU (CUDA cannot be used: "
+    assert f"{said}{missing['error']})" in text.splitlines()
     assert json.loads(diagnostics.render_env(env, as_json=True)) == json.loads(json.dumps(env))
+
+
+def test_env_report_says_whether_provider_cuda_runs_on_cuda_or_falls_back() -> None:
+    env = diagnostics.collect_env()
+    registered = {"loaded": "libonnxruntime_providers_cuda.so"}
+    env["cuda"] = {"provider_library": registered, "provider_registers": {"ok": True}}
+    env["cuda"]["usable"] = diagnostics._cuda_usable(env["cuda"])
+    assert "--provider cuda: available" in diagnostics.render_env(env).splitlines()
+    env["cuda"] = {
+        "provider_library": registered,
+        "provider_registers": {"ok": False, "error": "ProviderError: no GPU"},
+    }
+    env["cuda"]["usable"] = diagnostics._cuda_usable(env["cuda"])
+    assert env["cuda"]["usable"] == {"ok": False, "error": "ProviderError: no GPU"}
+    assert (
+        "with --allow-fallback runs on the CPU (CUDA cannot be used: ProviderError: no GPU)"
+        in diagnostics.render_env(env)
+    )
 
 
 def test_env_report_flags_both_builds_installed(monkeypatch: pytest.MonkeyPatch) -> None:

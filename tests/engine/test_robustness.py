@@ -582,6 +582,8 @@ def test_cuda_requested_where_it_cannot_load_is_a_provider_error(tiny) -> None:
     assert isinstance(e.value, RuntimeError)
     dec = specrt.Decoder(tiny["target"], provider="cuda", allow_fallback=True, ort_library=find_ort_library())
     assert dec.providers == ["CPUExecutionProvider"]
+    assert dec.fallback_reason is not None and "cuda" in dec.fallback_reason.lower()  # the CLI prints it
+    assert specrt.Decoder(tiny["target"]).fallback_reason is None
     with pytest.raises(ConfigError, match="provider"):
         specrt.Decoder(tiny["target"], provider="tpu")
 
