@@ -162,8 +162,9 @@ pub(crate) unsafe fn group_b<const R: usize>(
     for b in 0..acts[0].len() {
         let p = group.as_ptr().add(b * lay.size);
         if b % 4 == 0 {
-            // blocks are 144-272 bytes: four at a time, as far ahead as a K-quant's super-blocks
-            prefetch_ahead(p, 4 * lay.size, PREFETCH_SUPERS * 1184 / (4 * lay.size) + 1);
+            // blocks are 144-272 bytes: four at a time, about as many bytes ahead as the K-quant kernel
+            let ahead = PREFETCH_SUPERS * layout(GgmlType::Q4_K).size / (4 * lay.size) + 1;
+            prefetch_ahead(p, 4 * lay.size, ahead);
         }
         let codes = p.add(lay.codes);
         let x: [*const u8; R] =
