@@ -1,11 +1,15 @@
 //! The GGUF-block matmul on one thread per path, Qwen2.5-Coder-1.5B's down projection (`[N = 1536, K = 8960]`,
-//! Q4_K and Q6_K) and gate|up (`[17920, 1536]`, Q4_K), for M = 1, 2, 3, 5, 8, 17 rows. `cargo bench -p specrt-quant`.
+//! Q4_K and Q6_K) and gate|up (`[17920, 1536]`, Q4_K), for M = 1, 2, 3, 5, 8, 17 rows, and the activation quantizers
+//! alone (`-- quantize`). `cargo bench -p specrt-quant`.
 //! (Beside ONNX Runtime's MatMulNBits, in one process: benches/bench_gguf_matmul.py.)
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use specrt_quant::{matmul, wants_packed, GgmlType, KernelPath, Packed, QMatrix, Scratch, Serial};
+use specrt_quant::{
+    matmul, quantize_rows, quantize_rows_super, wants_packed, GgmlType, KernelPath, Packed,
+    QMatrix, Scratch, Serial,
+};
 
 fn random_bytes(len: usize, mut seed: u64) -> Vec<u8> {
     (0..len)
@@ -92,5 +96,27 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// The activation quantizers alone, five rows of the down projection's input (`[5, 8960]`), per path.
+fn bench_quantize(c: &mut Criterion) {
+    let (m, k) = (5usize, 8960usize);
+    let x: Vec<f32> = random_bytes(m * k, 3)
+        .iter()
+        .map(|&b| f32::from(b) / 64.0 - 2.0)
+        .collect();
+    let mut group = c.benchmark_group(format!("quantize [{m}, {k}]"));
+    group.throughput(Throughput::Elements((m * k) as u64));
+    for path in KernelPath::ALL.into_iter().filter(|p| p.is_available()) {
+        let mut supers = Vec::new();
+        group.bench_function(BenchmarkId::new("super-blocks", path.name()), |b| {
+            b.iter(|| quantize_rows_super(black_box(&x), m, k, &mut supers, path));
+        });
+        let mut blocks = Vec::new();
+        group.bench_function(BenchmarkId::new("blocks", path.name()), |b| {
+            b.iter(|| quantize_rows(black_box(&x), m, k, &mut blocks, path));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_quantize);
 criterion_main!(benches);
