@@ -186,7 +186,7 @@ pub(crate) fn build_session(
         .map_err(ctx("setting inter-op threads"))?
         .with_parallel_execution(false)
         .map_err(ctx("setting sequential execution"))?
-        .with_operators(crate::ops::operators()?)
+        .with_operators(crate::ops::operators(options.effective_intra_op_threads())?)
         .map_err(ctx("registering specrt's operators"))?;
     if let Some(prefix) = &options.profile {
         builder = builder

@@ -7,10 +7,11 @@
 //!   attributes `ggml_type`, `K`.
 //!
 //! `B` is the GGUF tensor's bytes as stored (the converter's dtype `gguf`), so the weights a session computes with
-//! are the GGUF's, bit for bit. On the SIMD paths `B` is repacked once, at the node's first run, into
-//! `specrt_quant::Packed` column groups (the same codes and scales, rearranged; as many bytes again as the
-//! initializer, 2.8% more for Q4_K / Q5_K), which the kernels compute from; the copy is kept with the kernel while
-//! `B`'s buffer stays the same.
+//! are the GGUF's, bit for bit. On the SIMD paths `B` is repacked into `specrt_quant::Packed` column groups (the
+//! same codes and scales, rearranged; as many bytes again as the initializer, 2.8% more for Q4_K / Q5_K), which the
+//! kernels compute from: when the session is created if `B` is an initializer (on the session's intra-op thread
+//! count, so loading takes the time and the first request does not), else at the node's first run; the copy is
+//! kept with the kernel while `B`'s buffer stays the same.
 
 use std::sync::{Arc, Mutex};
 
@@ -25,17 +26,18 @@ use specrt_quant::{GgmlType, KernelPath, Packed, ParallelFor, QMatrix};
 /// The operator domain of specrt's own operators (graphs import it as opset `("ai.specrt", 1)`).
 pub const DOMAIN: &str = "ai.specrt";
 
-/// A fresh domain holding every specrt operator, for one session builder.
+/// A fresh domain holding every specrt operator, for one session builder; `pack_threads`: the threads that repack
+/// a node's weights when the session is created (the session's intra-op thread count).
 ///
 /// # Errors
 /// `SpecError::Backend` when ONNX Runtime refuses the domain.
-pub fn operators() -> Result<OperatorDomain> {
+pub fn operators(pack_threads: usize) -> Result<OperatorDomain> {
     let err = |e: ort::Error| SpecError::Backend {
         code: format!("{:?}", e.code()),
         message: format!("registering the {DOMAIN} operators: {}", e.message()),
     };
     OperatorDomain::new(DOMAIN)
-        .and_then(|d| d.add(GgufMatMul))
+        .and_then(|d| d.add(GgufMatMul { pack_threads }))
         .and_then(|d| d.add(GgufGather))
         .map_err(err)
 }
@@ -88,8 +90,31 @@ impl ParallelFor for OrtPool<'_> {
     }
 }
 
-/// `ai.specrt::GgufMatMul`.
-struct GgufMatMul;
+/// `ai.specrt::GgufMatMul`; `pack_threads` repack an initializer `B` when the session creates the kernel.
+struct GgufMatMul {
+    pack_threads: usize,
+}
+
+/// The packed copy of one `B`, with the address and length of the bytes it was packed from.
+type PackedCache = Mutex<Option<(usize, usize, Arc<Packed>)>>;
+
+/// `B` packed now when it is an initializer of the graph (`None` otherwise: packed at the first run).
+fn pack_initializer(
+    kctx: &KernelContext<'_>,
+    ty: GgmlType,
+    k: usize,
+    n: usize,
+    threads: usize,
+) -> Option<(usize, usize, Arc<Packed>)> {
+    let b = kctx
+        .constant_input::<ort::value::DynTensorValueType>(1)
+        .ok()?;
+    let (_, blocks) = b.try_extract_tensor::<u8>().ok()?;
+    // A malformed B is left for the first run, which reports it.
+    let w = QMatrix::new(ty, n, k, blocks).ok()?;
+    let packed = Arc::new(Packed::new_threads(&w, threads));
+    Some((blocks.as_ptr() as usize, blocks.len(), packed))
+}
 
 impl Operator for GgufMatMul {
     type Kernel<'attr> = BoxedKernel<'attr>;
@@ -115,8 +140,11 @@ impl Operator for GgufMatMul {
     ) -> ort::Result<Self::Kernel<'attr>> {
         let (ty, k, n) = attributes(kctx, true)?;
         let path = KernelPath::best();
-        // (address and length of the B it was packed from, the packed copy)
-        let cache: Mutex<Option<(usize, usize, Arc<Packed>)>> = Mutex::new(None);
+        let cache: PackedCache = Mutex::new(if specrt_quant::wants_packed(path) {
+            pack_initializer(kctx, ty, k, n, self.pack_threads)
+        } else {
+            None
+        });
         Ok(Box::new(move |ctx: &ComputeContext| {
             let a = ctx
                 .input(0)?

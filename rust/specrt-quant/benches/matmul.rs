@@ -1,6 +1,6 @@
 //! The GGUF-block matmul on one thread per path, Qwen2.5-Coder-1.5B's down projection (`[N = 1536, K = 8960]`,
 //! Q4_K and Q6_K) and gate|up (`[17920, 1536]`, Q4_K), for M = 1, 2, 3, 5, 8, 17 rows, and the activation quantizers
-//! alone (`-- quantize`). `cargo bench -p specrt-quant`.
+//! alone (`-- quantize`), and the load-time repack (`-- pack`). `cargo bench -p specrt-quant`.
 //! (Beside ONNX Runtime's MatMulNBits, in one process: benches/bench_gguf_matmul.py.)
 
 use std::hint::black_box;
@@ -118,5 +118,26 @@ fn bench_quantize(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench, bench_quantize);
+/// The load-time repack (`Packed::new`, one thread) of the down projection in each format of the registry's GGUFs.
+fn bench_pack(c: &mut Criterion) {
+    let (n, k) = (1536usize, 8960usize);
+    let mut group = c.benchmark_group(format!("pack [{n}, {k}]"));
+    group.sample_size(10);
+    group.throughput(Throughput::Elements((n * k) as u64));
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+    ] {
+        let k = k.next_multiple_of(ty.block_len());
+        let data = blocks(ty, n, k);
+        let w = QMatrix::new(ty, n, k, &data).unwrap();
+        group.bench_function(ty.name(), |b| b.iter(|| Packed::new(black_box(&w))));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_quantize, bench_pack);
 criterion_main!(benches);

@@ -52,15 +52,26 @@ pub(crate) fn decode(ty: GgmlType, blk: &[u8]) -> KSuper {
             } else {
                 (None, &blk[16..144])
             };
-            let codes = std::array::from_fn(|e| {
-                let (j, l) = (e / 32, e % 32);
-                let ql = qs[32 * (j / 2) + l];
-                let mut q = if j % 2 == 0 { ql & 0xF } else { ql >> 4 };
-                if let Some(qh) = qh {
-                    q |= ((qh[l] >> j) & 1) << 4;
+            // sub-block j, weight l: nibble j % 2 of qs[32 (j / 2) + l], plus bit j of qh[l] (Q5_K); in loops the
+            // compiler vectorizes (the load-time repack decodes every super-block of the model)
+            let mut codes = [0u8; 256];
+            for (pair, (q, out)) in qs
+                .chunks_exact(32)
+                .zip(codes.chunks_exact_mut(64))
+                .enumerate()
+            {
+                let (lo, hi) = out.split_at_mut(32);
+                for l in 0..32 {
+                    lo[l] = q[l] & 0xF;
+                    hi[l] = q[l] >> 4;
                 }
-                q
-            });
+                if let Some(qh) = qh {
+                    for l in 0..32 {
+                        lo[l] |= ((qh[l] >> (2 * pair)) & 1) << 4;
+                        hi[l] |= ((qh[l] >> (2 * pair + 1)) & 1) << 4;
+                    }
+                }
+            }
             KSuper {
                 codes,
                 scales: std::array::from_fn(|j| if j < 8 { i32::from(sc[j]) } else { 0 }),

@@ -109,27 +109,38 @@ pub struct Packed {
 }
 
 impl Packed {
-    /// Repack `w`.
+    /// Repack `w` on the calling thread.
     #[must_use]
     pub fn new(w: &QMatrix<'_>) -> Self {
+        Self::new_threads(w, 1)
+    }
+
+    /// Repack `w` on `threads` scoped threads (the calling one included; 0 counts as 1), each writing a
+    /// contiguous range of column groups. The bytes do not depend on `threads`.
+    #[must_use]
+    pub fn new_threads(w: &QMatrix<'_>, threads: usize) -> Self {
         let lay = layout(w.ty);
         let blocks = w.k / lay.block_len;
         let groups = w.n.div_ceil(GROUP);
-        let mut data = vec![0u8; groups * blocks * lay.size];
-        let bb = w.ty.block_bytes();
-        for g in 0..groups {
-            for b in 0..blocks {
-                let at = (g * blocks + b) * lay.size;
-                let out = &mut data[at..at + lay.size];
-                for c in 0..GROUP.min(w.n - g * GROUP) {
-                    let blk = &w.row(g * GROUP + c)[b * bb..(b + 1) * bb];
-                    if lay.block_len == SUPER_BLOCK {
-                        write_super(w.ty, &lay, c, &decode(w.ty, blk), out);
-                    } else {
-                        write_block(w.ty, &lay, c, &decode32(w.ty, blk), out);
-                    }
-                }
+        let group_bytes = blocks * lay.size;
+        let mut data = vec![0u8; groups * group_bytes];
+        let per_thread = groups.div_ceil(threads.clamp(1, groups.max(1))).max(1);
+        let pack_range = |first: usize, out: &mut [u8]| {
+            for (i, group) in out.chunks_exact_mut(group_bytes.max(1)).enumerate() {
+                pack_group(w, &lay, first + i, blocks, group);
             }
+        };
+        if group_bytes > 0 {
+            std::thread::scope(|s| {
+                let mut chunks = data.chunks_mut(per_thread * group_bytes).enumerate();
+                let own = chunks.next();
+                for (t, chunk) in chunks {
+                    s.spawn(move || pack_range(t * per_thread, chunk));
+                }
+                if let Some((_, chunk)) = own {
+                    pack_range(0, chunk);
+                }
+            });
         }
         Self {
             ty: w.ty,
@@ -162,6 +173,21 @@ impl Packed {
     #[must_use]
     pub fn bytes(&self) -> usize {
         self.data.len()
+    }
+}
+
+/// Group `g`'s `blocks` blocks into `out` (`blocks * lay.size` bytes, zeroed).
+fn pack_group(w: &QMatrix<'_>, lay: &Layout, g: usize, blocks: usize, out: &mut [u8]) {
+    let bb = w.ty.block_bytes();
+    for (b, out) in out.chunks_exact_mut(lay.size).enumerate().take(blocks) {
+        for c in 0..GROUP.min(w.n - g * GROUP) {
+            let blk = &w.row(g * GROUP + c)[b * bb..(b + 1) * bb];
+            if lay.block_len == SUPER_BLOCK {
+                write_super(w.ty, lay, c, &decode(w.ty, blk), out);
+            } else {
+                write_block(w.ty, lay, c, &decode32(w.ty, blk), out);
+            }
+        }
     }
 }
 

@@ -597,3 +597,28 @@ fn grid_activations_match_the_reference_to_float_rounding_and_catch_broken_kerne
         }
     }
 }
+
+#[test]
+fn packing_on_several_threads_gives_the_single_thread_bytes() {
+    let mut rng = Rng(0x5EED_0009);
+    for ty in SUPPORTED_TYPES {
+        let k = 2 * ty.block_len();
+        // fewer groups than threads, a padded last group, more groups than threads
+        for n in [1, 9, 41, 100] {
+            let data = random_blocks(ty, n, k, &mut rng);
+            let w = QMatrix::new(ty, n, k, &data).unwrap();
+            let one = crate::Packed::new(&w);
+            for threads in [0, 2, 3, 8] {
+                let many = crate::Packed::new_threads(&w, threads);
+                assert_eq!(many.bytes(), one.bytes(), "{ty:?} n {n} threads {threads}");
+                for g in 0..one.groups() {
+                    assert_eq!(
+                        many.group(g),
+                        one.group(g),
+                        "{ty:?} n {n} threads {threads} group {g}"
+                    );
+                }
+            }
+        }
+    }
+}
