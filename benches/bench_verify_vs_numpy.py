@@ -1,4 +1,4 @@
-"""Time one verification round: Rust (specrt._specrt.verify) vs the NumPy reference (specrt.reference.verify).
+"""Time one verification round: Rust (specrt._specrt.verify) vs the NumPy reference (specrt.reference_sampling.verify).
 
 Same inputs as the criterion bench in spirit: N(0, 2) logits with a 5-token head boosted +16..+12, draft = target +
 N(0, 0.5), T = 1, top_p = 0.9, k = 4, vocab = 151936; plus greedy. Reports the median over repeats.
@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 import specrt._specrt as rs
-from specrt import reference as ref
+from specrt import reference_sampling as ref
 
 
 def logits(rows: int, vocab: int, g: np.random.Generator) -> np.ndarray:

@@ -15,7 +15,7 @@ import numpy as np
 import specrt
 from specrt.convert import convert
 from specrt.convert.gguf_reader import GGUFModel
-from specrt.convert.reference import reference_logits
+from specrt.convert.reference_forward import reference_logits
 from specrt.convert.tiny import write_tiny_gguf
 from test_convert_formats import IDS, Runner
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from specrt import _specrt
 from specrt.cli_args import K_RANGE, REQUEST_DEFAULTS, k_arg, positive_int
-from specrt.server.cli_args import add_serve_arguments, app_options
 from specrt.server.defaults import API_KEY_ENV
+from specrt.server.serve_flags import add_serve_arguments, app_options
 
 __all__ = ["DTYPES", "build_parser", "main"]
 

@@ -25,7 +25,7 @@ from specrt.convert import (
 )
 from specrt.convert.errors import ConfigError, ModelFileError
 from specrt.convert.gguf_reader import GGUFModel
-from specrt.convert.reference import reference_logits
+from specrt.convert.reference_forward import reference_logits
 from specrt.convert.tiny import write_tiny_gguf
 
 ATOL = 1e-3

@@ -23,7 +23,7 @@ from specrt.convert import (
 )
 from specrt.convert.errors import ModelFileError
 from specrt.convert.gguf_reader import GGUFModel
-from specrt.convert.reference import reference_logits
+from specrt.convert.reference_forward import reference_logits
 from specrt.convert.tiny import write_hf_folder, write_tiny_gguf
 from specrt.convert.weights import WeightPlan
 

@@ -396,8 +396,8 @@ NEAR_BOUNDARY_STEPS = 1e-3
 
 def reference_with_boundaries(model: GGUFModel, ids: list[int], monkeypatch: pytest.MonkeyPatch) -> tuple:
     """``(int8-activation reference logits, float reference logits, rows holding an activation within
-    NEAR_BOUNDARY_STEPS of a rounding boundary)`` (:func:`specrt.convert.reference.reference_logits`)."""
-    from specrt.convert import reference
+    NEAR_BOUNDARY_STEPS of a rounding boundary)`` (:func:`specrt.convert.reference_forward.reference_logits`)."""
+    from specrt.convert import reference_forward as reference
 
     near: set[int] = set()
     plain = reference.int8_blocks
@@ -440,8 +440,8 @@ def test_gguf_logits_equal_the_numpy_reference_with_int8_activations(
 ) -> None:
     """The gguf form computes exactly "dequantized weights times int8 activations": its logits equal the NumPy
     reference's (float64, the GGUF's weights as stored, llama.cpp's rotary) with every quantized matrix's input
-    rounded per block of the type's block length (:func:`specrt.convert.reference.int8_blocks`), within the float32
-    tolerance of the reference tests (family_checks.tolerance; measured 0.0005-0.0024 of it), but for rows a
+    rounded per block of the type's block length (:func:`specrt.convert.reference_forward.int8_blocks`), within the
+    float32 tolerance of the reference tests (family_checks.tolerance; measured 0.0005-0.0024 of it), but for rows a
     rounding flip explains (:func:`rows_off`). A chunk on the cache and a rollback give the one prefill's rows
     exactly (the kernel's rows do not depend on how many rows a pass has)."""
     from family_checks import tolerance
@@ -493,7 +493,7 @@ def test_gguf_logits_are_the_fp32_forms_within_the_int8_activation_gap(tmp_path:
     (float64: nothing else differs; measured: the forms' gap is that gap to 1e-4), twice for a rounding flip, plus the
     float32 tolerance of each form."""
     from family_checks import tolerance
-    from specrt.convert.reference import reference_logits
+    from specrt.convert.reference_forward import reference_logits
 
     g = write_tiny_gguf(tmp_path / "m.gguf", seed=7, matrix_type=qtype, embed_type="Q6_K", **SHAPE)
     want = _forward(convert(g, tmp_path / "fp32", progress=False), IDS)

@@ -22,7 +22,7 @@ import pytest
 from family_checks import FAMILIES, errors_without, sequence_errors, tolerance
 from specrt.convert import UnsupportedModelError, convert, gguf_reader
 from specrt.convert.gguf_reader import GGUFModel
-from specrt.convert.reference import reference_logits
+from specrt.convert.reference_forward import reference_logits
 from specrt.convert.tiny import write_tiny_gguf
 from test_convert_formats import IDS, Runner
 from test_mistral import batched_errors

@@ -33,7 +33,7 @@ from specrt.convert import UnsupportedArchitectureError, UnsupportedModelError, 
 from specrt.convert.families import GGUF_ARCHITECTURES
 from specrt.convert.gguf_reader import GGUFModel
 from specrt.convert.graph import MIN_ONNXRUNTIME_WINDOW
-from specrt.convert.reference import reference_logits
+from specrt.convert.reference_forward import reference_logits
 from specrt.convert.tiny import write_hf_folder, write_tiny_gguf
 from specrt.errors import ConfigError
 from test_batched_graph import Batch

@@ -32,7 +32,7 @@ from family_checks import FAMILIES, copy_gguf, errors_without, hf_folder_kwargs,
 from specrt.convert import GGUFFormatError, UnsupportedModelError, convert, gguf_reader
 from specrt.convert.gguf_reader import GGUFModel
 from specrt.convert.hf_reader import HFModel
-from specrt.convert.reference import reference_logits
+from specrt.convert.reference_forward import reference_logits
 from specrt.convert.rope import LongRope, hf_rope, inv_freq, longrope_choice
 from specrt.convert.tiny import write_hf_folder, write_tiny_gguf
 from test_convert_formats import IDS, Runner

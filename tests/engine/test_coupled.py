@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import specrt
-from specrt import _specrt, reference
+from specrt import _specrt
+from specrt import reference_sampling as reference
 from specrt._ort import find_ort_library
 from specrt.convert import convert
 from specrt.convert.tiny import write_tiny_gguf

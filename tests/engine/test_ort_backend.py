@@ -208,7 +208,7 @@ def test_max_seq_len_is_capped_by_the_model_and_defaults_to_it(contract_dir: Pat
 def test_converted_gguf_runs_and_matches_numpy_reference(tmp_path: Path) -> None:
     convert_mod = pytest.importorskip("specrt.convert")
     tiny = pytest.importorskip("specrt.convert.tiny")
-    reference = pytest.importorskip("specrt.convert.reference")
+    reference = pytest.importorskip("specrt.convert.reference_forward")
     from specrt.convert.gguf_reader import GGUFModel
 
     gguf = tiny.write_tiny_gguf(tmp_path / "m.gguf", seed=3)

@@ -1,4 +1,4 @@
-"""Rust vs the NumPy reference (specrt.reference), draw for draw, on random inputs."""
+"""Rust vs the NumPy reference (specrt.reference_sampling), draw for draw, on random inputs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import specrt._specrt as rs
-from specrt import reference as ref
+from specrt import reference_sampling as ref
 
 params_st = st.builds(
     ref.Params,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import specrt._specrt as rs
-from specrt import reference as ref
+from specrt import reference_sampling as ref
 from specrt.errors import ConfigError, NonFiniteLogitsError, ShapeError, SpecrtError, VocabError
 
 V = 4

@@ -3,7 +3,7 @@
 ``ai.specrt::GgufMatMul`` (inputs ``A`` float32 ``[..., K]``, ``B`` uint8 ``[N, row_bytes]``; attributes
 ``ggml_type``, ``K``, ``N``; output float32 ``[..., N]`` = ``A @ dequantize(B).T``, activations quantized to int8 per
 block of the type's block length inside the kernel, 32 or 256 for the K types, as llama.cpp's Q8_0 / Q8_K: measured
-against :func:`specrt.convert.reference.int8_blocks`) and ``ai.specrt::GgufGather`` (inputs ``B`` uint8
+against :func:`specrt.convert.reference_forward.int8_blocks`) and ``ai.specrt::GgufGather`` (inputs ``B`` uint8
 ``[V, row_bytes]``, ``indices`` int64 ``[...]``; attributes ``ggml_type``, ``K``; output float32 ``[..., K]`` =
 ``dequantize(B)[indices]``) are written in Rust and registered on every specrt session (``rust/specrt-ort``); a plain
 ``onnxruntime.InferenceSession`` does not know the domain. :func:`specrt.convert.graph.build_decoder` calls these

@@ -20,7 +20,7 @@
 //!
 //! Noise: SplitMix64 (Steele, Lea and Flood 2014, "Fast splittable pseudorandom number generators") evaluated at the
 //! counter `(t << 32) | i` of a stream keyed by the seed; `u = ((z >> 11) + 1) * 2^-53`. The NumPy twin is
-//! `specrt.reference.coupled_uniforms` / `coupled_choice`.
+//! `specrt.reference_sampling.coupled_uniforms` / `coupled_choice`.
 
 /// SplitMix64's increment (the golden gamma).
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;

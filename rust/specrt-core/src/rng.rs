@@ -68,7 +68,7 @@ fn splitmix64(x: &mut u64) -> u64 {
 impl Rng {
     /// A generator from a 64-bit seed.
     ///
-    /// Derivation (reproduced by `specrt.reference.pcg_state_from_seed`): `lo = splitmix64(seed)`,
+    /// Derivation (reproduced by `specrt.reference_sampling.pcg_state_from_seed`): `lo = splitmix64(seed)`,
     /// `hi = splitmix64(...)` (second output), then `rand_pcg::Pcg64::new((hi << 64) | lo, DEFAULT_STREAM)`, i.e.
     /// `inc = (DEFAULT_STREAM << 1) | 1` and `state = ((hi << 64 | lo) + inc) * M + inc (mod 2^128)`.
     #[must_use]

@@ -9,7 +9,7 @@
 //! with probability `min(p(x), q(x))`, the reject branch with `R * max(0, p(x) - q(x)) / Z`, and the rejection
 //! probability `R` equals the residual mass `Z = 1 - sum min(p, q)`, so the two add up to `p(x)`.
 //!
-//! Random draws, in order (the NumPy reference `specrt.reference.verify` draws the same):
+//! Random draws, in order (the NumPy reference `specrt.reference_sampling.verify` draws the same):
 //! one uniform per evaluated draft position (drawn even when acceptance is certain, so the stream position does
 //! not depend on the values), then one uniform for the recovered or bonus token. Greedy mode draws nothing.
 

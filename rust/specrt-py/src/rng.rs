@@ -6,7 +6,7 @@ use specrt_core::Rng;
 
 use crate::errors::to_pyerr;
 
-/// A seeded PCG64 random stream, the twin of `numpy.random.PCG64` (see `specrt.reference.numpy_generator`).
+/// A seeded PCG64 random stream, the twin of `numpy.random.PCG64` (see `specrt.reference_sampling.numpy_generator`).
 ///
 /// Passed as `rng=` to `sample` / `sample_draft` / `verify`, it is advanced in place, so successive calls continue
 /// one stream.
@@ -19,7 +19,7 @@ pub struct PyRng {
 #[pymethods]
 impl PyRng {
     /// Create a stream from a 64-bit seed (splitmix64 -> `rand_pcg::Pcg64::new`, reproduced by
-    /// `specrt.reference.pcg_state_from_seed`).
+    /// `specrt.reference_sampling.pcg_state_from_seed`).
     ///
     /// Args:
     ///     seed: integer in [0, 2**64).

@@ -7,7 +7,7 @@
 //! `p(x) = (w[x] >= threshold ? w[x] : 0) / total`. Exact zeros (masked, `-inf` logits, or `exp` below `e^-87`,
 //! i.e. probability < 1.7e-38 relative to the top token) are never emitted.
 //!
-//! Exact definitions (mirrored by `python/specrt/reference.py`):
+//! Exact definitions (mirrored by `python/specrt/reference_sampling.py`):
 //! - penalties, for every token `t` seen so far (prompt or output): repetition (HF
 //!   `RepetitionPenaltyLogitsProcessor`): `x < 0 ? x * r : x / r` if `t` is in the prompt or the output; then
 //!   (vLLM / OpenAI) `x -= count_out(t) * frequency + (count_out(t) > 0) * presence`, counting output tokens only.
