@@ -296,7 +296,7 @@ def coupled_uniforms(seed: int, position: int, vocab: int) -> npt.NDArray[np.flo
 def coupled_choice(weights: npt.NDArray[np.float32], seed: int, position: int) -> int:
     """The coupled choice ``argmin_i -ln(u_i) / w_i`` from ``[vocab] float32`` non-negative weights."""
 
-# ----- models (rust/specrt-py/src/backend.rs) ---------------------------------------------------------------------
+# ----- models (rust/specrt-py/src/ort_model.rs) ---------------------------------------------------------------------
 
 @final
 class OrtModel:
@@ -401,7 +401,7 @@ class RequestConfig:
     @property
     def sampling(self) -> dict[str, float | int]: ...
 
-# ----- the one request resolver (rust/specrt-py/src/request.rs -> specrt_ort::resolve_request) --------------------
+# ----- the one request resolver (rust/specrt-py/src/request_config.rs -> specrt_ort::resolve_request) --------------------
 
 DEFAULT_MAX_SEQ_LEN: int
 DEFAULT_MAX_PREFILL_TOKENS: int

@@ -42,14 +42,14 @@ use specrt_text::chat::ChatTemplate;
 use specrt_text::detok::{RoundEnd, TextAssembler};
 use specrt_text::tokenizer::Tokenizer;
 
-use crate::backend::OrtBackend;
 use crate::batched::BatchedOrtBackend;
 use crate::constraint_compiler::ConstraintCompiler;
 use crate::cross_vocab::DraftFit;
 use crate::folder::{chat_ids, FolderDefaults, TargetFolder};
 use crate::model::{resolve_model_file, SpecrtConfig};
 use crate::options::{KvLayout, OrtOptions};
-use crate::request::{resolve_request, GenerationRequest};
+use crate::ort_backend::OrtBackend;
+use crate::request_settings::{resolve_request, GenerationRequest};
 
 /// What one round brought one request.
 #[derive(Debug, Clone, PartialEq)]

@@ -21,12 +21,12 @@ use specrt_core::backend::{BatchBackend, BatchRow};
 use specrt_core::subset::VocabSubset;
 use specrt_core::{Result, SpecError};
 
-use crate::backend::{build_session, describe, overridable_initializers, prefill_session};
 use crate::model::{
     analyze_batched, batched_new_name, batched_past_name, check_min_onnxruntime,
     choose_max_seq_len, resolve_model_file, BatchedIo, SpecrtConfig,
 };
 use crate::options::{KvLayout, OrtOptions, Provider, DEFAULT_MAX_SEQ_LEN};
+use crate::ort_backend::{build_session, describe, overridable_initializers, prefill_session};
 use crate::runtime::{init_runtime_with_threads, ort_err};
 
 /// Largest `max_batch` [`BatchedOrtBackend::new`] accepts.

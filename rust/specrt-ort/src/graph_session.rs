@@ -8,8 +8,8 @@ use ort::session::Session;
 use ort::value::Tensor;
 use specrt_core::{Result, SpecError};
 
-use crate::backend::build_session;
 use crate::options::{OrtOptions, Provider};
+use crate::ort_backend::build_session;
 use crate::runtime::{init_runtime_with_threads, ort_err};
 
 /// One output of [`GraphSession::run`]: its name, shape and float32 values (row-major).

@@ -59,7 +59,6 @@
 //! (the `tokenizers` crate) and prints text and statistics.
 #![deny(missing_docs)]
 
-mod backend;
 pub mod batch_pipeline;
 mod batched;
 pub mod constraint_compiler;
@@ -72,11 +71,11 @@ mod kv_binding;
 pub mod model;
 pub mod ops;
 pub mod options;
+mod ort_backend;
 pub mod pipeline;
-pub mod request;
+pub mod request_settings;
 pub mod runtime;
 
-pub use backend::{check_cuda_provider, OrtBackend};
 pub use batch_pipeline::{BatchEvent, BatchPipeline};
 pub use batched::{check_max_batch, max_batch_expected, BatchedOrtBackend, MAX_BATCH};
 pub use constraint_compiler::ConstraintCompiler;
@@ -88,8 +87,9 @@ pub use options::{
     physical_cores, Attention, DecoderOptions, KvLayout, Memory, MemoryPlan, OrtOptions, Provider,
     DEFAULT_MAX_SEQ_LEN,
 };
+pub use ort_backend::{check_cuda_provider, OrtBackend};
 pub use pipeline::{Pipeline, TextOutput, TextStep};
-pub use request::{
+pub use request_settings::{
     check_ids, resolve_request, GenerationRequest, Proposer, SpeculativeTokens, AUTO_K_MAX,
 };
 pub use runtime::{

@@ -63,7 +63,7 @@ use specrt_text::tokenizer::Tokenizer;
 use crate::batch_pipeline::{BatchEvent, BatchPipeline};
 use crate::folder::{FolderDefaults, TOKENIZER_FILE};
 use crate::options::OrtOptions;
-use crate::request::GenerationRequest;
+use crate::request_settings::GenerationRequest;
 
 /// A target model, an optional draft model and the target folder's defaults, ready to generate from token ids or
 /// text, one generation at a time: a front of the one driver ([`BatchPipeline`] over the single-stream engine,
@@ -364,7 +364,7 @@ pub struct TextOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::{Proposer, SpeculativeTokens, AUTO_K_MAX};
+    use crate::request_settings::{Proposer, SpeculativeTokens, AUTO_K_MAX};
     use specrt_core::testing::MockModel;
     use specrt_core::FinishReason;
     use specrt_core::{Backend, NgramConfig, PinnedCosts};

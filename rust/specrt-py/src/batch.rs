@@ -15,7 +15,7 @@ use specrt_ort::{check_ids, BatchEvent, BatchPipeline, Provider};
 use crate::args::ort_options;
 use crate::errors::{run_kernel, to_pyerr};
 use crate::outputs::{prompt_dict, stats_dict, step_dict};
-use crate::request::{ids_of, request_of, PyFolderDefaults};
+use crate::request_config::{ids_of, request_of, PyFolderDefaults};
 use crate::text::PyTokenizer;
 
 /// The driver every generation runs through (``specrt_ort::BatchPipeline``): requests submitted with their

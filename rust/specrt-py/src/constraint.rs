@@ -13,7 +13,7 @@ use specrt_ort::ConstraintCompiler;
 
 use crate::args::prompt_ids;
 use crate::errors::{run_kernel, to_pyerr};
-use crate::request::RequestConfig;
+use crate::request_config::RequestConfig;
 
 /// The masks a constrained request's rows get, position by position: the tokens its output constraint allows, with
 /// the EOS ids allowed exactly where it accepts (never under ``ignore_eos``), as the engine masks the target's and

@@ -6,7 +6,7 @@ use specrt_core::SpecError;
 use specrt_ort::{DecoderOptions, Provider};
 
 use crate::errors::to_pyerr;
-use crate::request::{as_int, boolean, invalid};
+use crate::request_config::{as_int, boolean, invalid};
 
 /// An int option (`None` passes through when `optional`); a non-int is a `ConfigError` naming it and `expected`.
 fn int_option(name: &str, value: &Bound<'_, PyAny>, expected: &str) -> PyResult<i64> {
