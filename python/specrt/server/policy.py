@@ -94,15 +94,16 @@ def check_policy(req: Any, chat: bool) -> None:
 
 #: specrt's setting names (a ``ConfigError``'s ``field``) -> the request fields that set them, where the names differ;
 #: every other setting has its request field's name. ``max_new_tokens`` is ``max_completion_tokens`` when a chat
-#: request used that, and ``prompt`` (the token ids) is a chat request's ``messages`` (see ``_param_of``).
+#: request used that, and ``prompt`` (the token ids) is a chat request's ``messages`` (see :func:`param_of`).
 REQUEST_FIELDS = {
     "max_new_tokens": "max_tokens",
     "kwargs": "chat_template_kwargs",  # the chat template's keyword arguments
 }
 
 
-#: The Decoder's constraint arguments (the values of ``_GUIDED`` and ``_STRUCTURED_OUTPUTS``) and the kinds their
-#: errors name: a refusal of one of them is about the request field that carried the constraint.
+#: The Decoder's constraint arguments (the values of :data:`specrt.server.structured.GUIDED` and
+#: :data:`specrt.server.structured.STRUCTURED_OUTPUTS`) and the kinds their errors name: a refusal of one of them is
+#: about the request field that carried the constraint.
 CONSTRAINT_SETTINGS = {"response_format", "json_schema", "json_object", "regex", "grammar", "choice"}
 
 
