@@ -126,8 +126,8 @@ impl Packed {
         let mut data = vec![0u8; groups * group_bytes];
         let per_thread = groups.div_ceil(threads.clamp(1, groups.max(1))).max(1);
         let pack_range = |first: usize, out: &mut [u8]| {
-            for (i, group) in out.chunks_exact_mut(group_bytes.max(1)).enumerate() {
-                pack_group(w, &lay, first + i, blocks, group);
+            for (i, group) in out.chunks_exact_mut(group_bytes).enumerate() {
+                pack_group(w, &lay, first + i, group);
             }
         };
         if group_bytes > 0 {
@@ -176,10 +176,10 @@ impl Packed {
     }
 }
 
-/// Group `g`'s `blocks` blocks into `out` (`blocks * lay.size` bytes, zeroed).
-fn pack_group(w: &QMatrix<'_>, lay: &Layout, g: usize, blocks: usize, out: &mut [u8]) {
+/// Group `g`'s blocks into `out` (one `lay.size` slice per block, zeroed).
+fn pack_group(w: &QMatrix<'_>, lay: &Layout, g: usize, out: &mut [u8]) {
     let bb = w.ty.block_bytes();
-    for (b, out) in out.chunks_exact_mut(lay.size).enumerate().take(blocks) {
+    for (b, out) in out.chunks_exact_mut(lay.size).enumerate() {
         for c in 0..GROUP.min(w.n - g * GROUP) {
             let blk = &w.row(g * GROUP + c)[b * bb..(b + 1) * bb];
             if lay.block_len == SUPER_BLOCK {
