@@ -401,7 +401,7 @@ class RequestConfig:
     @property
     def sampling(self) -> dict[str, float | int]: ...
 
-# ----- the one request resolver (rust/specrt-py/src/request_config.rs -> specrt_ort::resolve_request) --------------------
+# ----- the one request resolver (rust/specrt-py/src/request_config.rs -> specrt_ort::resolve_request) -----------------
 
 DEFAULT_MAX_SEQ_LEN: int
 DEFAULT_MAX_PREFILL_TOKENS: int
