@@ -1,10 +1,14 @@
 //! [`BatchedOrtBackend`]: the batched decoder contract (`specrt convert --attention batched`, ARCHITECTURE.md
 //! "Batched rounds") in one ONNX Runtime session on the CPU, implementing [`specrt_core::backend::BatchBackend`].
 //!
-//! The KV cache is host memory allocated once: per layer `key_t` `[max_batch, kv_heads, head_dim, L]` and `value`
-//! `[max_batch, kv_heads, L, head_dim]` float32 (keys transposed, as the graph reads them). A pass over the slots
-//! `[first_slot, first_slot + B)` binds views of that contiguous slot range as the `past_key_values.{i}.*` inputs (no
-//! copy); the graph returns the pass's keys and values as `new.{i}.key` / `new.{i}.value` `[B, kv_heads, S,
+//! The KV cache is host memory allocated once for `max_seq_len` positions a slot, laid out per layer as `key_t`
+//! `[max_batch, kv_heads, head_dim, W]` and `value` `[max_batch, kv_heads, W, head_dim]` float32 (keys transposed, as
+//! the graph reads them) with a *window* `W <= max_seq_len` that follows the longest cached row: it grows in steps of
+//! [`KV_WINDOW_STEP`] positions (by at least a quarter) when a pass needs more, and shrinks to half or less when the
+//! rows it held are gone, the cached positions moved in place. The graph's attention reads all `W` positions of a
+//! row (masked beyond its length), so a pass costs what the longest row's context costs, not what `max_seq_len`
+//! does (benches/RESULTS.md, "The batched layout's KV window"). A pass over the slots `[first_slot, first_slot + B)`
+//! binds views of that contiguous slot range as the `past_key_values.{i}.*` inputs (no copy); the graph returns the pass's keys and values as `new.{i}.key` / `new.{i}.value` `[B, kv_heads, S,
 //! head_dim]`, and the backend writes row `b`'s first `m_b` (its real token count) at offset `past_lengths[b]` of its
 //! slot (keys transposed into `key_t`). Pads are never written. Inputs, the new-KV outputs and the logits are views
 //! of grow-only host buffers, so a steady decode loop allocates no buffers.
@@ -107,6 +111,39 @@ fn load_prefill_graph(
     Ok(session)
 }
 
+/// The KV window's granularity, in positions: a window is a multiple of it (or `max_seq_len`).
+pub const KV_WINDOW_STEP: usize = 128;
+
+/// The window for `live` cached positions now in a window of `window` (`max_seq_len` at most): `window` when it
+/// fits and `live` would not fit in half of it; else `live` rounded up to [`KV_WINDOW_STEP`], and when growing at least
+/// `window + window / 4` (few moves as a context grows a token at a time).
+fn window_for(live: usize, window: usize, max_seq_len: usize) -> usize {
+    let fit = |n: usize| n.max(1).div_ceil(KV_WINDOW_STEP) * KV_WINDOW_STEP;
+    let w = if live > window {
+        fit(live.max(window + window / 4))
+    } else if fit(live) * 2 <= window {
+        fit(live)
+    } else {
+        window
+    };
+    w.min(max_seq_len)
+}
+
+/// Rows `0..rows` of `buf`, at a stride of `old` values, to a stride of `new`, keeping each row's first `len(i)`
+/// values. Rows move to larger offsets when growing (the last row first) and to smaller ones when shrinking (the
+/// first row first), so no row is overwritten before it moves; `copy_within` handles a row's own overlap.
+fn move_rows(buf: &mut [f32], rows: usize, old: usize, new: usize, len: impl Fn(usize) -> usize) {
+    let mut move_row = |i: usize| {
+        let n = len(i);
+        buf.copy_within(i * old..i * old + n, i * new);
+    };
+    if new > old {
+        (0..rows).rev().for_each(&mut move_row);
+    } else {
+        (0..rows).for_each(&mut move_row);
+    }
+}
+
 fn c_name(name: String) -> Result<CString> {
     CString::new(name)
         .map_err(|e| SpecError::Internal(format!("a model name holds a NUL byte: {e}")))
@@ -123,10 +160,14 @@ pub struct BatchedOrtBackend {
     binding: IoBinding,
     /// The prefill graph's binding (see [`OrtOptions::prefill_graph`]); bound afresh for each pass it runs.
     prefill_binding: Option<IoBinding>,
-    /// Per layer `[max_batch, kv_heads, head_dim, max_seq_len]` float32: the keys, transposed.
+    /// Per layer room for `max_seq_len` positions a slot, laid out `[max_batch, kv_heads, head_dim, window]`
+    /// float32 in its first entries: the keys, transposed.
     key_t: Vec<Box<[f32]>>,
-    /// Per layer `[max_batch, kv_heads, max_seq_len, head_dim]` float32: the values.
+    /// Per layer, laid out `[max_batch, kv_heads, window, head_dim]` float32 in its first entries: the values.
     value: Vec<Box<[f32]>>,
+    /// Positions a slot's rows hold now (the `L` of the passes' cache inputs): at least every slot's `cached`, a
+    /// multiple of [`KV_WINDOW_STEP`] or `max_seq_len` (module docs).
+    window: usize,
     /// Per layer, grow-only: the `new.{i}.key` output `[B, kv_heads, S, head_dim]` in the first entries.
     new_key: Vec<Vec<f32>>,
     /// Per layer, grow-only: the `new.{i}.value` output `[B, kv_heads, S, head_dim]` in the first entries.
@@ -310,6 +351,7 @@ impl BatchedOrtBackend {
             past_lengths: vec![0; max_batch].into_boxed_slice(),
             n_keep: vec![0].into_boxed_slice(),
             cached: vec![0; max_batch].into_boxed_slice(),
+            window: KV_WINDOW_STEP.min(max_seq_len),
             stored: std::collections::HashMap::new(),
             names,
             prefill_min_tokens,
@@ -355,6 +397,36 @@ impl BatchedOrtBackend {
     /// [`BatchBackend::move_slot`]; 0 at first); `None` for a slot `>= max_batch`.
     pub fn cached_len(&self, slot: usize) -> Option<usize> {
         self.cached.get(slot).copied()
+    }
+
+    /// Positions a slot's rows hold now: the cache length `L` the next pass reads (module docs), at least the
+    /// longest cached row and at most `max_seq_len`.
+    pub fn kv_window(&self) -> usize {
+        self.window
+    }
+
+    /// Make the window fit `needed` positions in a slot (and every slot's cached ones): grow or shrink it
+    /// ([`window_for`]), moving each slot's cached positions to the new row length in place.
+    fn fit_window(&mut self, needed: usize) {
+        let live = self.cached.iter().copied().max().unwrap_or(0).max(needed);
+        let new = window_for(live, self.window, self.max_seq_len);
+        let old = self.window;
+        if new == old {
+            return;
+        }
+        let (kvh, hd) = (self.io.kv_heads, self.io.head_dim);
+        let cached = &self.cached;
+        for (key_t, value) in self.key_t.iter_mut().zip(self.value.iter_mut()) {
+            // key_t: a row per (slot, head, dim) of `window` positions; value: a block per (slot, head) of `window`
+            // positions of `head_dim`.
+            move_rows(key_t, self.max_batch * kvh * hd, old, new, |i| {
+                cached[i / (kvh * hd)]
+            });
+            move_rows(value, self.max_batch * kvh, old * hd, new * hd, |i| {
+                cached[i / kvh] * hd
+            });
+        }
+        self.window = new;
     }
 
     /// Addresses of the KV buffers' data (`[l0.key_t, l0.value, l1.key_t, ...]`): allocated once, never moved. For
@@ -444,7 +516,12 @@ impl BatchedOrtBackend {
         prefill: bool,
     ) -> Result<()> {
         let b = rows.len();
-        let (kvh, hd, l) = (self.io.kv_heads, self.io.head_dim, self.max_seq_len);
+        let (kvh, hd, l, w) = (
+            self.io.kv_heads,
+            self.io.head_dim,
+            self.max_seq_len,
+            self.window,
+        );
         let n = b * s;
         if self.ids.len() < n {
             self.ids.resize(n, PAD_TOKEN);
@@ -498,18 +575,18 @@ impl BatchedOrtBackend {
             .map_err(bind_err("num_logits_to_keep"))?;
 
         // The slot range's caches: views of the host buffers, no copy.
-        let per_slot = kvh * hd * l;
+        let per_slot = kvh * hd * w;
         let range = first_slot * per_slot..(first_slot + b) * per_slot;
         let n_new = b * kvh * s * hd;
         for (i, names) in self.names.iter().enumerate() {
             let key_t =
-                TensorRef::from_array_view(([b, kvh, hd, l], &self.key_t[i][range.clone()]))
+                TensorRef::from_array_view(([b, kvh, hd, w], &self.key_t[i][range.clone()]))
                     .map_err(|e| ort_err("a key_t view", &e))?;
             binding
                 .bind_input(names.key_t.as_str(), &key_t)
                 .map_err(bind_err(&names.key_t))?;
             let value =
-                TensorRef::from_array_view(([b, kvh, l, hd], &self.value[i][range.clone()]))
+                TensorRef::from_array_view(([b, kvh, w, hd], &self.value[i][range.clone()]))
                     .map_err(|e| ort_err("a value view", &e))?;
             binding
                 .bind_input(names.value.as_str(), &value)
@@ -540,7 +617,7 @@ impl BatchedOrtBackend {
 
     /// Write each non-empty row's first `m` new keys / values at its slot's offset `n_past`.
     fn write_kv(&mut self, first_slot: usize, rows: &[BatchRow<'_>], s: usize) {
-        let (kvh, hd, l) = (self.io.kv_heads, self.io.head_dim, self.max_seq_len);
+        let (kvh, hd, l) = (self.io.kv_heads, self.io.head_dim, self.window);
         for layer in 0..self.io.n_layers {
             let (key_t, value) = (&mut self.key_t[layer], &mut self.value[layer]);
             let (new_k, new_v) = (&self.new_key[layer], &self.new_value[layer]);
@@ -601,6 +678,13 @@ impl BatchBackend for BatchedOrtBackend {
     ) -> Result<&[f32]> {
         let s = self.validate(first_slot, rows, n_logits)?;
         let prefill = s >= self.prefill_min_tokens; // usize::MAX without a prefill graph
+                                                    // validated: n_past + m <= max_seq_len for every row
+        let needed = rows
+            .iter()
+            .map(|r| r.n_past + r.tokens.len())
+            .max()
+            .unwrap_or(0);
+        self.fit_window(needed);
         self.bind(first_slot, rows, s, n_logits, prefill)?;
         let (session, binding) = match (&self.prefill_session, &self.prefill_binding) {
             (Some(session), Some(binding)) if prefill => (session, binding),
@@ -652,7 +736,8 @@ impl BatchBackend for BatchedOrtBackend {
         if from == to {
             return Ok(());
         }
-        let (kvh, hd, l) = (self.io.kv_heads, self.io.head_dim, self.max_seq_len);
+        // n_valid <= cached[from] <= window: no window change is needed
+        let (kvh, hd, l) = (self.io.kv_heads, self.io.head_dim, self.window);
         for (key_t, value) in self.key_t.iter_mut().zip(self.value.iter_mut()) {
             for h in 0..kvh {
                 for d in 0..hd {
@@ -684,7 +769,7 @@ impl BatchBackend for BatchedOrtBackend {
                 self.cached.get(slot).copied().unwrap_or(0)
             )));
         }
-        let (kvh, hd, l) = (self.io.kv_heads, self.io.head_dim, self.max_seq_len);
+        let (kvh, hd, l) = (self.io.kv_heads, self.io.head_dim, self.window);
         let mut kept = StoredPrefix {
             n,
             key_t: Vec::with_capacity(self.key_t.len()),
@@ -710,18 +795,20 @@ impl BatchBackend for BatchedOrtBackend {
 
     /// See [`BatchBackend::load_prefix`]: the stored rows are copied back into `slot`'s `key_t` / `value` rows.
     fn load_prefix(&mut self, key: u64, slot: usize, n: usize) -> Result<()> {
-        let kept = self
+        let stored = self
             .stored
             .get(&key)
             .filter(|k| n <= k.n && slot < self.max_batch);
-        let Some(kept) = kept else {
+        let Some(m) = stored.map(|k| k.n) else {
             return Err(SpecError::Config(format!(
                 "load_prefix: key {key} (stored: {}), n {n}, slot {slot} (of {})",
                 self.stored.contains_key(&key),
                 self.max_batch
             )));
         };
-        let (kvh, hd, l, m) = (self.io.kv_heads, self.io.head_dim, self.max_seq_len, kept.n);
+        self.fit_window(n);
+        let kept = &self.stored[&key];
+        let (kvh, hd, l) = (self.io.kv_heads, self.io.head_dim, self.window);
         for ((key_t, value), (k, v)) in self
             .key_t
             .iter_mut()
@@ -745,5 +832,36 @@ impl BatchBackend for BatchedOrtBackend {
 
     fn drop_prefix(&mut self, key: u64) {
         self.stored.remove(&key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{window_for, KV_WINDOW_STEP as STEP};
+
+    #[test]
+    fn the_window_grows_by_steps_and_a_quarter_and_shrinks_only_to_half_or_less() {
+        let max = 4096;
+        // fits: unchanged
+        assert_eq!(window_for(0, STEP, max), STEP);
+        assert_eq!(window_for(STEP, STEP, max), STEP);
+        // grows to the next step, by at least a quarter
+        assert_eq!(window_for(STEP + 1, STEP, max), 2 * STEP);
+        assert_eq!(window_for(8 * STEP + 1, 8 * STEP, max), 10 * STEP);
+        assert_eq!(window_for(12 * STEP, 8 * STEP, max), 12 * STEP);
+        // capped at max_seq_len, which need not be a multiple of the step
+        assert_eq!(window_for(300, 256, 300), 300);
+        assert_eq!(window_for(4000, 3 * STEP, max), max);
+        // shrinks when the live positions fit in half of it, not before
+        assert_eq!(window_for(4 * STEP, 8 * STEP, max), 4 * STEP);
+        assert_eq!(window_for(4 * STEP + 1, 8 * STEP, max), 8 * STEP);
+        assert_eq!(window_for(1, 8 * STEP, max), STEP);
+        // every result holds the live positions
+        for live in 0..=max {
+            for window in [STEP, 3 * STEP, 8 * STEP, max] {
+                let w = window_for(live, window, max);
+                assert!(w >= live && w <= max, "{live} {window} -> {w}");
+            }
+        }
     }
 }

@@ -77,7 +77,9 @@ pub mod request_settings;
 pub mod runtime;
 
 pub use batch_pipeline::{BatchEvent, BatchPipeline};
-pub use batched::{check_max_batch, max_batch_expected, BatchedOrtBackend, MAX_BATCH};
+pub use batched::{
+    check_max_batch, max_batch_expected, BatchedOrtBackend, KV_WINDOW_STEP, MAX_BATCH,
+};
 pub use constraint_compiler::ConstraintCompiler;
 pub use cuda_graph::MAX_GRAPH_TOKENS;
 pub use discover::find_ort_library;

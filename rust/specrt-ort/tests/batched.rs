@@ -231,6 +231,67 @@ fn ragged_rows_match_their_batch_1_runs() {
     );
 }
 
+/// The KV window (`BatchedOrtBackend::kv_window`): the cache length a pass reads follows the longest cached row, not
+/// `max_seq_len`. Rows that outgrow it move to a longer window and rows that outlive a shrink move to a shorter one,
+/// in place, and every row's logits still match its batch-1 run (a row moved to a wrong offset, or a shrink that
+/// dropped a live position, fails the comparison).
+#[test]
+fn the_kv_window_follows_the_longest_row_and_moves_rows_intact() {
+    use specrt_ort::KV_WINDOW_STEP as STEP;
+    let Some((lib, gqa, batched)) = env_paths() else {
+        return;
+    };
+    let full = 256; // the test model's max_position_embeddings
+    let mut h = Harness::new(&lib, &gqa, &batched, full);
+    let v = h.vocab;
+    let kv = h.batched.kv_buffer_addresses();
+    assert_eq!(h.batched.kv_window(), STEP);
+
+    h.pass(0, &[(0, tokens(1, 100, v)), (0, tokens(2, 20, v))], 100);
+    assert_eq!(h.batched.kv_window(), STEP, "100 positions fit");
+    // Slot 0 outgrows the window in a pass beside slot 1: both rows move first.
+    h.pass(0, &[(100, tokens(3, 40, v)), (20, tokens(4, 3, v))], 3);
+    assert_eq!(
+        h.batched.kv_window(),
+        2 * STEP,
+        "140 positions: the next step"
+    );
+    h.pass(0, &[(140, tokens(5, 2, v)), (23, tokens(6, 2, v))], 2);
+    // Slot 2 joins; slot 0 rolls back and then starts a new short prompt: the longest row is now 25 positions, and
+    // the window shrinks with slot 1's and slot 2's rows moved to it.
+    h.pass(1, &[(25, vec![]), (0, tokens(7, 9, v))], 9);
+    h.pass(0, &[(0, tokens(8, 10, v))], 10);
+    assert_eq!(
+        h.batched.kv_window(),
+        2 * STEP,
+        "slot 0 cached 142 positions before this pass"
+    );
+    h.pass(
+        0,
+        &[
+            (10, tokens(9, 2, v)),
+            (25, tokens(10, 4, v)),
+            (9, tokens(11, 1, v)),
+        ],
+        4,
+    );
+    assert_eq!(
+        h.batched.kv_window(),
+        STEP,
+        "29 positions: back to one step"
+    );
+    // A moved row (slot 1 to slot 3) continues after the shrink.
+    let n1 = h.len(1);
+    h.move_slot(1, 3, n1);
+    h.pass(3, &[(n1, tokens(12, 3, v))], 3);
+    assert!(h.checked >= 150, "only {} rows were compared", h.checked);
+    assert_eq!(
+        kv,
+        h.batched.kv_buffer_addresses(),
+        "KV buffers must never move"
+    );
+}
+
 /// At the model's last position (`max_position_embeddings` = 256 = the rows of its rotary cache), pads and rows that
 /// sit out must still be fed valid positions: `n_past + j` would index past the rotary cache.
 #[test]
