@@ -116,23 +116,30 @@ pub fn vocab_map(
         }
     }
     let fallback = byte_token.iter().flatten().next().copied().unwrap_or(0);
-    let spellings = tb
-        .iter()
-        .enumerate()
-        .map(|(t, b)| {
-            if taken[t] {
-                return Ok(Vec::new()); // the map spells it as its shared draft id
-            }
-            let text = b.strip_prefix(&[SPECIAL_TOKEN_MARKER]).unwrap_or(b);
-            match std::str::from_utf8(text) {
-                Ok(s) if !s.is_empty() => draft.encode(s, false),
-                _ => Ok(text
+    // Unshared target strings that are text are spelled by the draft's tokenizer, all in one batch (on every core:
+    // Gemma 3's 216k unshared strings took 4.2 s one by one); other bytes by the draft's single-byte tokens. A
+    // shared one is spelled by its shared draft id (the map's own), so its spelling here stays empty.
+    let mut spellings = vec![Vec::new(); tb.len()];
+    let mut texts: Vec<(usize, &str)> = Vec::new();
+    for (t, b) in tb.iter().enumerate() {
+        if taken[t] {
+            continue;
+        }
+        let text = b.strip_prefix(&[SPECIAL_TOKEN_MARKER]).unwrap_or(b);
+        match std::str::from_utf8(text) {
+            Ok(s) if !s.is_empty() => texts.push((t, s)),
+            _ => {
+                spellings[t] = text
                     .iter()
                     .filter_map(|&x| byte_token[usize::from(x)])
-                    .collect()),
+                    .collect();
             }
-        })
-        .collect::<Result<Vec<_>>>()?;
+        }
+    }
+    let strs: Vec<&str> = texts.iter().map(|&(_, s)| s).collect();
+    for ((t, _), ids) in texts.iter().zip(draft.encode_batch(&strs, false)?) {
+        spellings[*t] = ids;
+    }
     let map = VocabMap::new(
         target_width,
         draft_width,

@@ -593,6 +593,32 @@ mod tests {
         Tokenizer::from_json(&json.to_string(), "<metaspace>").unwrap()
     }
 
+    /// `Tokenizer::encode_batch` gives each text what `encode` gives it alone, in order (its batch runs on a thread
+    /// pool), on both tokenizer kinds, with texts that hold special tokens, multi-byte characters and nothing.
+    #[test]
+    fn a_batch_encodes_each_text_as_alone_in_order() {
+        let (bpe, _, _) = byte_level(&[&b"Hi"[..], &b"\nBye"[..]]);
+        let texts: Vec<String> = (0..300)
+            .map(|i| match i % 5 {
+                0 => format!("Hi {i}\nBye"),
+                1 => format!("<|end|>{i}<tool>"),
+                2 => "日本語 ü".repeat(i % 7),
+                3 => String::new(),
+                _ => format!("{i:x} a b"),
+            })
+            .collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        for tok in [bpe, metaspace()] {
+            let batch = tok.encode_batch(&refs, false).unwrap();
+            let alone: Vec<Vec<u32>> = refs.iter().map(|t| tok.encode(t, false).unwrap()).collect();
+            assert_eq!(batch, alone, "{}", tok.origin());
+            assert!(
+                batch.iter().any(|ids| ids.len() > 2),
+                "the texts must encode to something"
+            );
+        }
+    }
+
     fn run(
         asm: &mut TextAssembler,
         rounds: &[Vec<u32>],

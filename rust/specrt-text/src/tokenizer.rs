@@ -117,6 +117,28 @@ impl Tokenizer {
             })
     }
 
+    /// Token ids of each of `texts`, as [`Tokenizer::encode`] gives them one by one, encoded on the `tokenizers`
+    /// library's thread pool (one thread per core; the `TOKENIZERS_PARALLELISM` environment variable turns it off).
+    ///
+    /// # Errors
+    /// As [`Tokenizer::encode`].
+    pub fn encode_batch(&self, texts: &[&str], add_special_tokens: bool) -> Result<Vec<Vec<u32>>> {
+        let encodings = self
+            .inner
+            .encode_batch(texts.to_vec(), add_special_tokens)
+            .map_err(|e| {
+                SpecError::Internal(format!(
+                    "tokenizers failed to encode a batch of {} texts with {}: {e}",
+                    texts.len(),
+                    self.origin
+                ))
+            })?;
+        Ok(encodings
+            .into_iter()
+            .map(|e| e.get_ids().to_vec())
+            .collect())
+    }
+
     /// The tokenizer serialised back to `tokenizer.json` text (compact), for libraries that read the file format
     /// (llguidance's token bytes).
     ///
