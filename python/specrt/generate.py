@@ -174,7 +174,8 @@ class Decoder:
             names; CPU, float32 activations; a batched-layout folder runs this way at any ``max_batch``) with
             ``max_batch`` KV cache slots each, and :class:`specrt.scheduler.Scheduler`
             runs its requests in shared rounds (``stream`` / ``generate`` still run one request at a time). The
-            batched attention reads every slot's whole capacity, so keep ``max_seq_len`` near what requests need.
+            batched attention reads every slot's cache up to a window that follows the longest cached row (steps
+            of 128 positions), so a large ``max_seq_len`` costs time only when a request is that long.
         prefill_chunk: with ``max_batch`` > 1, most prompt tokens a joining request prefills per pass (its
             prompt's chunks).
         max_prefill_tokens: with ``max_batch`` > 1, most prompt tokens prefilled per round over all joining
