@@ -12,9 +12,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from probe_load import PROMPT  # the palindrome prompt of RESULTS: one definition
 from specrt import Decoder
-
-PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."
 
 
 def main() -> None:
