@@ -43,6 +43,7 @@ __all__ = [
     "NonFiniteLogitsError",
     "OptimalK",
     "OrtModel",
+    "PreparedRequest",
     "ProviderError",
     "RequestConfig",
     "Rng",
@@ -357,11 +358,11 @@ class OrtModel:
     @staticmethod
     def check_cuda(ort_library: str | os.PathLike[str], device_id: int = 0) -> None: ...
 
-# ----- the decode loop (rust/specrt-py/src/engine.rs) -------------------------------------------------------------
+# ----- the request (rust/specrt-py/src/request_config.rs, prepared.rs) ------------------------------------------------
 
 @final
 class RequestConfig:
-    """The settings of one generation request (low level; BatchPipeline.submit resolves a dict)."""
+    """The settings of one generation request (low level; BatchPipeline.prepare resolves a dict)."""
 
     def __new__(
         cls,
@@ -400,6 +401,19 @@ class RequestConfig:
     def constraint_kind(self) -> str | None: ...
     @property
     def sampling(self) -> dict[str, float | int]: ...
+
+@final
+class PreparedRequest:
+    """A request resolved and checked once (BatchPipeline.prepare), queued as it is (BatchPipeline.submit)."""
+
+    @property
+    def prompt_ids(self) -> list[int]: ...
+    @property
+    def config(self) -> RequestConfig: ...
+    @property
+    def stop(self) -> list[str]: ...
+    @property
+    def scored(self) -> bool: ...
 
 # ----- the one request resolver (rust/specrt-py/src/request_config.rs -> specrt_ort::resolve_request) -----------------
 
@@ -489,7 +503,8 @@ class BatchPipeline:
         profile: str | os.PathLike[str] | None = None,
         suffix_cache_tokens: int = 0,
     ) -> BatchPipeline: ...
-    def submit(self, prompt: Sequence[int], settings: dict[str, Any]) -> int: ...
+    def prepare(self, prompt: Sequence[int], settings: dict[str, Any]) -> PreparedRequest: ...
+    def submit(self, request: PreparedRequest) -> int: ...
     def step(self) -> list[dict[str, Any]]:
         """One round: per request ``{"id", "text", "tokens", "sources", "logprobs", "top_logprobs", "n_drafted",
         "finish_reason", "prompt", "done", "error"}``."""

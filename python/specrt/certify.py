@@ -220,7 +220,7 @@ def _processing(dec: Any, settings: dict[str, Any]) -> tuple[dict[str, Any], Any
     (``_specrt.ConstraintMasks``), None without one."""
     from specrt import _specrt
 
-    _, config, _ = dec.prepare(prompt=[0], **settings)
+    config = dec.prepare(prompt=[0], **settings).config
     masks = None
     if config.constraint_kind is not None:
         masks = _specrt.ConstraintMasks(dec.target_path, config, dec.vocab_size)

@@ -92,7 +92,7 @@ def check_request(caller: str = "Decoder.generate", *, has_draft: bool, **kwargs
         TypeError: an argument stream() does not take (naming ``caller``).
         ConfigError: a setting out of range (named, with the allowed range).
     """
-    _request_settings(_bind_stream_args(caller, kwargs), has_draft=has_draft)
+    _specrt.resolve_request(_settings_of(_bind_stream_args(caller, kwargs)), has_draft=has_draft)
 
 
 def _settings_of(a: dict[str, Any]) -> dict[str, Any]:
@@ -100,35 +100,6 @@ def _settings_of(a: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in a.items() if k not in ("self", "prompt", "messages")}
 
 
-def _request_settings(
-    a: dict[str, Any],
-    *,
-    has_draft: bool,
-    defaults: Any = None,
-    vocab_size: int | None = None,
-    prompt_ids: Sequence[int] | None = None,
-    max_seq_len: int | None = None,
-    eos_token_ids: Sequence[int] | None = None,
-) -> tuple[Any, list[str], list[int] | None]:
-    """The engine's ``RequestConfig``, the stop strings and the checked prompt ids of :meth:`Decoder.stream`'s
-    arguments ``a`` (name -> value), from the one resolver in Rust (``specrt_ort::resolve_request``): ``defaults``
-    (the target folder's ``FolderDefaults``) for the sampling values left ``None``, every validation.
-
-    Raises:
-        ConfigError, VocabError, SequenceLengthError, TypeError: as :meth:`Decoder.stream` documents.
-    """
-    return _specrt.resolve_request(
-        _settings_of(a),
-        has_draft=has_draft,
-        defaults=defaults,
-        vocab_size=vocab_size,
-        prompt_ids=prompt_ids,
-        max_seq_len=max_seq_len,
-        eos_token_ids=eos_token_ids,
-    )
-
-
-#: Defaults of :meth:`Decoder.stream`'s request settings, from Rust (``GenerationRequest::default()``).
 _D = _specrt.request_defaults()
 
 
@@ -311,9 +282,8 @@ class Decoder:
             )
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id holding _lock
-        self._defaults = self._batch.defaults
         #: The sampling defaults the target folder sets (generation_config.json; absent and ``null`` keys left out).
-        self.defaults: dict[str, Any] = self._defaults.sampling()
+        self.defaults: dict[str, Any] = self._batch.defaults.sampling()
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -552,7 +522,8 @@ class Decoder:
             TypeError: a token id that is not an integer.
         """
         a = dict(locals())
-        ids = self.encode(a["prompt"], a["messages"])
+        # Resolved and checked once, now: a bad setting raises before this call waits for the decoder.
+        request = self._batch.prepare(self.encode(a["prompt"], a["messages"]), _settings_of(a))
         self._check_not_scheduled()
         me = threading.get_ident()
         if self._owner == me:
@@ -565,7 +536,7 @@ class Decoder:
             self._check_not_scheduled()  # a Scheduler may have taken the decoder over while this call waited
             self._owner = me
             try:
-                yield from self._run(ids, _settings_of(a), a["prompt_logprobs"] is not None)
+                yield from self._run(request)
             finally:
                 self._owner = None
 
@@ -619,46 +590,29 @@ class Decoder:
                 "Scheduler, or close it before calling generate / stream"
             )
 
-    def prepare(self, **kwargs: Any) -> tuple[list[int], Any, list[str]]:
-        """The prompt ids, the engine's ``RequestConfig`` and the stop strings of :meth:`stream`'s keyword arguments,
-        resolved and checked by the one resolver in Rust (``specrt_ort::resolve_request``) as ``submit`` resolves them,
-        without generating (``specrt certify`` reads the processing in force from it).
+    def prepare(self, **kwargs: Any) -> Any:
+        """A request from :meth:`stream`'s keyword arguments, resolved and checked once by the one resolver in Rust
+        (``specrt_ort::resolve_request``: the folder's defaults, every range, the prompt against the vocabulary and
+        ``max_seq_len``), not queued: a ``_specrt.PreparedRequest`` with ``prompt_ids`` (``list[int]``), ``config``
+        (the engine's ``RequestConfig``: ``specrt certify`` reads the processing in force from it), ``stop`` and
+        ``scored``. :meth:`stream` and :meth:`specrt.scheduler.Scheduler.submit` run requests made here. Never waits
+        for a running generation.
 
         Raises:
-            TypeError: an argument :meth:`stream` does not take. (plus what :meth:`stream` raises for bad settings)
+            TypeError: an argument :meth:`stream` does not take. (plus what :meth:`stream` raises for bad settings,
+                before anything runs)
         """
         a = _bind_stream_args("Decoder.prepare", kwargs)
-        config, stops, ids = _request_settings(
-            a,
-            has_draft=self.draft_path is not None,
-            defaults=self._defaults,
-            vocab_size=self.vocab_size,
-            prompt_ids=self.encode(a["prompt"], a["messages"]),
-            max_seq_len=self.max_seq_len,
-            eos_token_ids=self.eos_token_ids,
-        )
-        return ids, config, stops
+        return self._batch.prepare(self.encode(a["prompt"], a["messages"]), _settings_of(a))
 
-    def submission(self, **kwargs: Any) -> tuple[list[int], dict[str, Any], bool]:
-        """A batched request from :meth:`stream`'s keyword arguments (for :class:`specrt.scheduler.Scheduler`): the
-        prompt ids, the settings for ``BatchPipeline.submit`` (which resolves and checks them) and whether the
-        prompt is scored.
-
-        Raises:
-            TypeError: an argument :meth:`stream` does not take. ConfigError: both or neither of prompt and messages,
-                or a chat template that fails.
-        """
-        a = _bind_stream_args("Scheduler.submit", kwargs)
-        return self.encode(a["prompt"], a["messages"]), _settings_of(a), a["prompt_logprobs"] is not None
-
-    def _run(self, ids: list[int], settings: dict[str, Any], scored: bool) -> Iterator[StreamChunk]:
-        """One request on the decoder's driver (``BatchPipeline``; no Scheduler owns it): submitted (resolved and
-        checked by the one resolver), stepped round by round, its events turned into chunks; cancelled when the
-        stream ends early (a closed generator, Ctrl-C between rounds)."""
+    def _run(self, request: Any) -> Iterator[StreamChunk]:
+        """One prepared request on the decoder's driver (``BatchPipeline``; no Scheduler owns it): queued, stepped
+        round by round, its events turned into chunks; cancelled when the stream ends early (a closed generator,
+        Ctrl-C between rounds)."""
         if self._solo_id is not None:
             self._batch.cancel(self._solo_id)  # a stream left unfinished leaves its row behind
-        rid = self._solo_id = self._batch.submit(ids, settings)
-        events = EventChunks(ids, scored)
+        rid = self._solo_id = self._batch.submit(request)
+        events = EventChunks(request.prompt_ids, request.scored)
         try:
             while not events.done:
                 for e in self._batch.step():

@@ -86,7 +86,7 @@ class RequestHandle:
     """
 
     request_id: str
-    kwargs: dict[str, Any]
+    request: Any  # the prepared request (``_specrt.PreparedRequest``), resolved and checked at submission
     timeout_s: float | None
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
@@ -306,18 +306,23 @@ class Scheduler:
             prompt: as :meth:`Decoder.stream` (or give ``messages=``).
             timeout_s: seconds from now after which the request ends with :class:`RequestTimeoutError` (default:
                 the scheduler's ``default_timeout_s``).
-            kwargs: every other argument of :meth:`Decoder.stream` (checked when the request starts; a bad one
-                ends that request with its error, not the scheduler).
+            kwargs: every other argument of :meth:`Decoder.stream`, resolved and checked now (:meth:`Decoder.prepare`):
+                a bad one raises here and nothing is queued.
 
         Raises:
             QueueFullError: ``max_queue`` requests are already waiting.
             SchedulerClosedError: after :meth:`close`.
-            ConfigError: ``timeout_s`` <= 0.
+            ConfigError: ``timeout_s`` <= 0; a setting out of range (named); a schema, regex or grammar that is not
+                valid; both or neither of prompt and messages.
+            SequenceLengthError, VocabError, TypeError: as :meth:`Decoder.stream`.
         """
         from specrt.errors import ConfigError
 
         if timeout_s is not None and not timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0 seconds or None, got {timeout_s!r}")
+        if prompt is not None:
+            kwargs = {**kwargs, "prompt": prompt}
+        request = self.decoder.prepare(**kwargs)  # never waits for a running round
         with self._cond:
             if self._closed:
                 raise SchedulerClosedError("the scheduler is closed (shutting down); no new requests are accepted")
@@ -326,12 +331,9 @@ class Scheduler:
                     f"{len(self._queue)} requests are waiting (max_queue {self.max_queue}); retry later"
                 )
             self._n += 1
-            kwargs = dict(kwargs)
-            if prompt is not None:
-                kwargs["prompt"] = prompt
             handle = RequestHandle(
                 request_id=f"req-{self._n}",
-                kwargs=kwargs,
+                request=request,
                 timeout_s=self.default_timeout_s if timeout_s is None else float(timeout_s),
             )
             self._queue.append(handle)
@@ -449,13 +451,12 @@ class Scheduler:
                 self._finished(h)
                 continue
             try:
-                ids, settings, scored = self.decoder.submission(**h.kwargs)
-                rid = batch.submit(ids, settings)  # resolved and checked by the one resolver (Rust)
-            except Exception as e:  # the request's own error: the others go on
+                rid = batch.submit(h.request)  # resolved and checked at submission
+            except Exception as e:  # the request's own error (a constraint that does not compile): the others go on
                 h._finish(None, e)
                 self._finished(h)
                 continue
-            rows[rid] = (h, EventChunks(ids, scored))
+            rows[rid] = (h, EventChunks(h.request.prompt_ids, h.request.scored))
 
     def _step(self, batch: Any, rows: dict[int, tuple[RequestHandle, EventChunks]]) -> None:
         events = batch.step()  # a failed model pass raises: every running row is gone (handled by the caller)

@@ -128,7 +128,8 @@ def test_rows_share_rounds_and_a_waiting_request_joins_when_a_row_frees(pair) ->
     eng = dec.pipeline
     cfg = {"max_new_tokens": 6, "temperature": 0.0, "num_speculative_tokens": 2, "ignore_eos": True}
     long = {**cfg, "max_new_tokens": 40}
-    ids = [eng.submit([1, 2, 3], cfg), eng.submit([4, 5], long), eng.submit([6], long), eng.submit([7, 8, 9], long)]
+    requests = [([1, 2, 3], cfg), ([4, 5], long), ([6], long), ([7, 8, 9], long)]
+    ids = [eng.submit(eng.prepare(prompt, settings)) for prompt, settings in requests]
     seen: list[set[int]] = []
     emitted: dict[int, int] = {}
     while not eng.is_idle:
@@ -198,12 +199,11 @@ def test_a_bad_or_expired_request_ends_alone(pair, solo_results, scheduler_clock
     dec = batched(pair, 3)
     with Scheduler(dec) as sched:
         good = sched.submit(**REQUESTS[0])
-        bad = sched.submit(prompt="x", temperature=-1.0)
+        with pytest.raises(ConfigError, match="temperature"):  # refused at submission; never takes a row
+            sched.submit(prompt="x", temperature=-1.0)
         slow = sched.submit(prompt="a b", max_new_tokens=200, temperature=0, ignore_eos=True, timeout_s=60)
         # Its 60 s run out as soon as it has generated something (the worker's next clock reading): mid-generation.
         scheduler_clock.advance(61, when=lambda: slow.token_times)
-        with pytest.raises(ConfigError, match="temperature"):
-            bad.result(timeout=60)
         with pytest.raises(RequestTimeoutError) as e:
             slow.result(timeout=60)
         assert len(e.value.token_ids) < 200

@@ -45,7 +45,7 @@ def test_a_null_sampling_value_in_generation_config_is_unset(tiny_target: Path, 
     dec = specrt.Decoder(folder)
     assert "temperature" not in dec.defaults and "top_k" not in dec.defaults
     assert dec.defaults["top_p"] == 0.5
-    _, config, _ = dec.prepare(prompt=[1, 2], max_new_tokens=3)
+    config = dec.prepare(prompt=[1, 2], max_new_tokens=3).config
     assert config.sampling["temperature"] == 1.0  # unset: the neutral value
     assert config.sampling["top_p"] == 0.5
     assert len(dec.generate([1, 2], max_new_tokens=3, seed=1).token_ids) >= 1
@@ -152,3 +152,25 @@ def test_the_first_chunk_of_a_prompt_scored_stream_carries_the_prompt_scores(tin
     assert first.prompt_logprobs == result.prompt_logprobs and first.prompt_logprobs[0] is None
     assert first.prompt_top_logprobs == result.prompt_top_logprobs
     assert all(c.prompt_logprobs is None for c in chunks[1:])
+
+
+def test_a_prepared_request_runs_as_it_was_resolved_and_may_run_twice(tiny_target: Path) -> None:
+    # Decoder.prepare is the one resolution (Scheduler.submit and stream use it); the pipeline's submit queues the
+    # prepared request as it is, and queuing it again runs the same request again.
+    dec = _decoder(tiny_target)
+    settings = {"max_new_tokens": 6, "temperature": 0, "stop": ["never"], "prompt_logprobs": 1}
+    request = dec.prepare(prompt=[1, 2, 3], **settings)
+    assert request.prompt_ids == [1, 2, 3]
+    assert request.stop == ["never"]
+    assert request.scored
+    assert request.config.max_new_tokens == 6
+    assert request.config.sampling["temperature"] == 0.0
+    batch = dec.pipeline
+    runs = []
+    for _ in range(2):
+        rid = batch.submit(request)
+        done = None
+        while done is None:
+            done = next((e["done"] for e in batch.step() if e["id"] == rid and e["done"]), None)
+        runs.append(done["tokens"])
+    assert runs[0] == runs[1] == dec.generate([1, 2, 3], **settings).token_ids

@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from specrt.errors import ConfigError, GenerationCancelled
+from specrt.errors import ConfigError, GenerationCancelled, SequenceLengthError, VocabError
 from specrt.generate import GenerationResult
 from specrt.scheduler import QueueFullError, RequestTimeoutError, Scheduler, SchedulerClosedError
 
@@ -74,16 +75,29 @@ def test_asyncio_streams_and_results(tiny) -> None:
         assert text == want.text == res.text and ids == want.token_ids == res.token_ids
 
 
-def test_a_bad_request_fails_alone(tiny) -> None:
+def test_a_bad_request_is_refused_at_submission_and_queues_nothing(tiny) -> None:
+    # Resolved and checked once, by submit (Decoder.prepare): the error is raised there, naming the setting, nothing
+    # of the request is queued, and the requests around it run as if it had never been sent.
     with Scheduler(tiny) as sched:
-        bad = sched.submit("hi", max_new_tokens=4, temperature=-1.0)
-        unknown = sched.submit("hi", max_new_tokens=4, bogus=1)
+        first = sched.submit("hi", max_new_tokens=4, temperature=0)
+        bad = [
+            ({"temperature": -1.0}, ConfigError, "temperature"),
+            ({"bogus": 1}, TypeError, "bogus"),
+            ({"stop": [""]}, ConfigError, "stop"),
+            ({"stop_token_ids": [10**6]}, VocabError, "stop_token_ids"),
+            ({"max_new_tokens": 10**6}, SequenceLengthError, "maximum sequence length"),
+            ({"regex": "("}, ConfigError, "regex"),
+        ]
+        for settings, error, message in bad:
+            with pytest.raises(error, match=message):
+                sched.submit("hi", **{"max_new_tokens": 4, **settings})
+        with pytest.raises(VocabError, match="prompt token"):
+            sched.submit([1, -3], max_new_tokens=4)
+        with pytest.raises(ConfigError, match="exactly one of prompt and messages"):
+            sched.submit(max_new_tokens=4)
         good = sched.submit("hi", max_new_tokens=4, temperature=0)
-        with pytest.raises(ConfigError, match="temperature"):
-            bad.result(timeout=30)
-        with pytest.raises(TypeError, match="bogus"):
-            unknown.result(timeout=30)
-        assert len(good.result(timeout=30).token_ids) >= 1
+        assert (first.request_id, good.request_id) == ("req-1", "req-2")  # no refused request took an id
+        assert good.result(timeout=30).token_ids == first.result(timeout=30).token_ids
     with pytest.raises(ConfigError, match="max_queue must be an integer >= 1, got 0"):
         Scheduler(tiny, max_queue=0)
     with Scheduler(tiny) as sched, pytest.raises(ConfigError, match="timeout_s must be > 0"):
@@ -91,9 +105,9 @@ def test_a_bad_request_fails_alone(tiny) -> None:
 
 
 class ScriptedDecoder:
-    """Stands in for a single-stream Decoder (the surface a Scheduler uses: ``pipeline``, its driver with submit /
-    step / cancel, and ``generation_lock``): each request yields ``rounds`` one-token rounds, each only after the test
-    releases it with ``step.release()``; records the order in which requests started and, as
+    """Stands in for a single-stream Decoder (the surface a Scheduler uses: ``prepare``, ``pipeline``, its driver
+    with submit / step / cancel, and ``generation_lock``): each request yields ``rounds`` one-token rounds, each only
+    after the test releases it with ``step.release()``; records the order in which requests started and, as
     ``"<prompt>:<rounds done>"``, when each was let go (``cancel``)."""
 
     batched = False
@@ -105,8 +119,8 @@ class ScriptedDecoder:
         self.generation_lock = threading.Lock()
         self.pipeline = _ScriptedPipeline(self)
 
-    def submission(self, prompt: str, rounds: int = 3, **_kw):
-        return [ord(ch) for ch in prompt], {"prompt": prompt, "rounds": rounds}, False
+    def prepare(self, prompt: str, rounds: int = 3, **_kw) -> SimpleNamespace:
+        return SimpleNamespace(prompt_ids=[ord(ch) for ch in prompt], scored=False, prompt=prompt, rounds=rounds)
 
 
 class _ScriptedPipeline:
@@ -119,10 +133,10 @@ class _ScriptedPipeline:
         self.requests: dict[int, list] = {}  # id -> [prompt, rounds, done]
         self.next = 0
 
-    def submit(self, _ids, settings: dict) -> int:
+    def submit(self, request: SimpleNamespace) -> int:
         rid, self.next = self.next, self.next + 1
-        self.requests[rid] = [settings["prompt"], settings["rounds"], 0]
-        self.dec.started.append(settings["prompt"])
+        self.requests[rid] = [request.prompt, request.rounds, 0]
+        self.dec.started.append(request.prompt)
         return rid
 
     def cancel(self, rid: int) -> bool:

@@ -126,7 +126,7 @@ def test_separate_decoders_run_in_parallel_and_match_serial_results(tiny) -> Non
 
 
 def test_two_threads_on_one_driver_do_not_crash(tiny) -> None:
-    # The binding locks the driver per call; concurrent submit/step/cancel from two threads interleave their
+    # The binding locks the driver per call; concurrent prepare/submit/step/cancel from two threads interleave their
     # requests (that is what Decoder's lock and the Scheduler are for) but never crash or corrupt memory, and each
     # thread's requests end with valid tokens.
     batch = _specrt.BatchPipeline(
@@ -138,7 +138,8 @@ def test_two_threads_on_one_driver_do_not_crash(tiny) -> None:
     def worker(seed: int) -> None:
         try:
             for _ in range(20):
-                rid = batch.submit([1, 2, 3], {"max_new_tokens": 16, "seed": seed, "num_speculative_tokens": 3})
+                request = batch.prepare([1, 2, 3], {"max_new_tokens": 16, "seed": seed, "num_speculative_tokens": 3})
+                rid = batch.submit(request)
                 for _ in range(40):
                     events = batch.step()
                     for e in events:
@@ -205,12 +206,13 @@ def test_the_gil_is_released_while_models_run(tiny) -> None:
     model.forward(tokens, 0)  # warm-up
     prompt = [1 + i % 250 for i in range(400)]
     settings = {"max_new_tokens": 100, "temperature": 0.0, "num_speculative_tokens": 4, "ignore_eos": True}
-    running = [batch.submit(prompt, settings)]
+    request = batch.prepare(prompt, settings)
+    running = [batch.submit(request)]
     batch.step()
 
     def prefill() -> None:  # the running request gives way to a new one, whose first step prefills its prompt
         batch.cancel(running.pop())
-        running.append(batch.submit(prompt, settings))
+        running.append(batch.submit(request))
         batch.step()
 
     calls = {

@@ -43,7 +43,8 @@ async def chat_completions(ctx: ServerContext, request: Request) -> Any:
     tool_mode = None if constrained_by != "tool_choice" else "auto" if req.tool_choice == "auto" else "forced"
     kw["logprobs"] = bool(req.logprobs)
     kw["top_logprobs"] = req.top_logprobs or 0  # from the target's verification row of each position
-    choices = submit_all(ctx, endpoint, req, kw, [ids], "messages", field)
+    # Off the event loop too: submitting resolves and checks each choice (a constraint's schema, regex or grammar).
+    choices = await asyncio.to_thread(submit_all, ctx, endpoint, req, kw, [ids], "messages", field)
     if not isinstance(choices, list):
         return choices
     if tool_mode is not None:

@@ -51,7 +51,10 @@ async def completions(ctx: ServerContext, request: Request) -> Any:
     kw["top_logprobs"] = req.logprobs or 0
     if req.echo and want_logprobs:
         kw["prompt_logprobs"] = req.logprobs
-    choices = submit_all(ctx, endpoint, req, kw, prompts, "prompt", "max_tokens", texts if req.echo else None)
+    # Off the event loop too: submitting resolves and checks each choice (a constraint's schema, regex or grammar).
+    choices = await asyncio.to_thread(
+        submit_all, ctx, endpoint, req, kw, prompts, "prompt", "max_tokens", texts if req.echo else None
+    )
     if not isinstance(choices, list):
         return choices
     for c in choices:

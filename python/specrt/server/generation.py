@@ -13,13 +13,12 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from specrt import _specrt
 from specrt.errors import ConfigError, GenerationCancelled, SequenceLengthError, SpecrtError
 from specrt.generate import GenerationResult, StreamChunk, check_request
 from specrt.scheduler import QueueFullError, RequestHandle, RequestTimeoutError, SchedulerClosedError
 from specrt.server.context import ServerContext, failure, model_not_found, outcome, rejected, unavailable
 from specrt.server.policy import param_of
-from specrt.server.settings import seeds
+from specrt.server.settings import refused_param, seeds
 from specrt.server.wire import BYTE_DECODER, FINISH, error_event, error_response, speculative, sse, usage
 from specrt.toolcalls import ToolCallParser
 
@@ -110,30 +109,7 @@ def submit_all(
             f"this server's queue (max_queue {ctx.scheduler.max_queue}); send fewer at a time",
             "n" if req.n > 1 else source,
         )
-    # Token ids and length are checked before queueing (Rust's check_prompt: prompt + max_new_tokens within the
-    # maximum sequence length); the other settings when the request starts, before any response is sent (see
-    # reply), so a bad request is a 400, not a failed stream. The server's own default is capped to the room a
-    # prompt leaves (at least 1, so a prompt that fills the context is refused by the same check).
-    budgets = []
-    for k, ids in enumerate(prompts):
-        budget = kw["max_new_tokens"]
-        if max_tokens_field is None:
-            budget = max(1, min(budget, ctx.decoder.max_seq_len - len(ids)))
-        try:
-            _specrt.resolve_request(
-                {"max_new_tokens": budget},
-                has_draft=ctx.decoder.draft_path is not None,
-                vocab_size=ctx.decoder.vocab_size,
-                prompt_ids=ids,
-                max_seq_len=ctx.decoder.max_seq_len,
-            )
-        except SequenceLengthError as e:
-            where = "" if len(prompts) == 1 else f"{source}.{k}: "
-            # About the prompt when it fills the context alone, else about the field that set max_new_tokens.
-            full = len(ids) >= ctx.decoder.max_seq_len
-            return rejected(ctx, endpoint, f"{where}{e}", source if full else max_tokens_field or source)
-        budgets.append(budget)
-    if ctx.scheduler.queue_length + n_total > ctx.scheduler.max_queue:  # all or none (nothing else submits meanwhile)
+    if ctx.scheduler.queue_length + n_total > ctx.scheduler.max_queue:  # all or none
         ctx.metrics.requests.labels(endpoint, "rejected_queue_full").inc()
         return error_response(
             429,
@@ -142,13 +118,21 @@ def submit_all(
             "rate_limit_error",
             code="queue_full",
         )
+    # Each choice is resolved and checked once, by Scheduler.submit (the one resolver in Rust: every setting, the
+    # prompt's ids and length), before any token work: a bad request is a 400 and nothing of it stays queued. The
+    # server's own default max_new_tokens is capped to the room a prompt leaves (at least 1, so a prompt that fills
+    # the context is refused by the same check).
     choices: list[Choice] = []
+    k, ids = 0, prompts[0]
     try:
         for k, ids in enumerate(prompts):
+            budget = kw["max_new_tokens"]
+            if max_tokens_field is None:
+                budget = max(1, min(budget, ctx.decoder.max_seq_len - len(ids)))
             for i, seed in enumerate(seeds(ctx, req)):
-                handle = ctx.scheduler.submit(ids, **{**kw, "max_new_tokens": budgets[k], "seed": seed})
+                handle = ctx.scheduler.submit(ids, **{**kw, "max_new_tokens": budget, "seed": seed})
                 choices.append(Choice(k * req.n + i, k, handle, len(ids), echoes[k] if echoes else ""))
-    except (QueueFullError, SchedulerClosedError, ConfigError, SpecrtError, ValueError) as e:
+    except (QueueFullError, SchedulerClosedError, SpecrtError, TypeError, ValueError) as e:
         for c in choices:
             c.handle.cancel()
         if isinstance(e, QueueFullError):
@@ -156,7 +140,12 @@ def submit_all(
             return error_response(429, str(e), "rate_limit_error", code="queue_full")
         if isinstance(e, SchedulerClosedError):
             return error_response(503, str(e), "server_error", code="shutting_down")
-        return rejected(ctx, endpoint, str(e), param_of(e, req) or source)
+        if isinstance(e, SequenceLengthError):
+            where = "" if len(prompts) == 1 else f"{source}.{k}: "
+            # About the prompt when it fills the context alone, else about the field that set max_new_tokens.
+            full = len(ids) >= ctx.decoder.max_seq_len
+            return rejected(ctx, endpoint, f"{where}{e}", source if full else max_tokens_field or source)
+        return rejected(ctx, endpoint, str(e), refused_param(e, req) or source)
     return choices
 
 
@@ -332,9 +321,10 @@ async def reply(
 ) -> Any:
     """A stream of server-sent events, or the whole response once every choice's result is in.
 
-    A stream's HTTP status is sent only once the first choice has started and produced its first round, so a
-    setting the engine refuses (or a timeout in the queue) is still an HTTP error, not an error event (the
-    choices share their settings; each prompt's ids and length were checked before queueing)."""
+    Every setting, prompt id and length was checked when the choices were submitted (:func:`submit_all`). A
+    stream's HTTP status is still sent only once the first choice has produced its first round, so what can fail
+    before that (a timeout in the queue, a constraint that does not compile over the tokenizer, a failed first
+    pass) is an HTTP error, not an error event."""
     if req.stream:
         for c in choices:
             c.chunks = c.handle.aiter()

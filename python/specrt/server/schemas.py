@@ -45,7 +45,7 @@ def pydantic_models() -> dict[str, Any]:
         repetition_penalty: float | None = None
         frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
         presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-        seed: int | None = None  # 0 <= seed < 2**64, checked by the Rust resolver (_submit_all)
+        seed: int | None = None  # 0 <= seed < 2**64, checked by the Rust resolver (submit_all)
         stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
         n: int = Field(default=1, ge=1, le=128)
         stream: bool = False

@@ -1,4 +1,4 @@
-"""A request's Decoder settings: sampling, stop, structured output (checked before the request queues), seeds."""
+"""A request's Decoder settings: sampling, stop, structured output (checked when the request is submitted), seeds."""
 
 from __future__ import annotations
 
@@ -51,9 +51,13 @@ def settings_of(ctx: ServerContext, req: Any, max_tokens: int) -> dict[str, Any]
 
 
 def constrain(ctx: ServerContext, req: Any, kw: dict[str, Any]) -> str | None:
-    """Put the request's structured-output field into the Decoder settings ``kw`` and check it now, before the
-    request queues (the Rust resolver compiles the schema, regex or grammar; a bad one is a 400 naming the
-    request field). Returns that field (None: the request has no constraint)."""
+    """Put the request's structured-output field into the Decoder settings ``kw`` (checked with the other settings
+    when the request is submitted: the Rust resolver validates the schema, regex or grammar; :func:`refused_param`
+    names the request field that carried it). Returns that field (None: the request has no constraint).
+
+    Raises:
+        BadFieldError: a tool's ``parameters`` that do not compile (:func:`check_tool_schemas`).
+    """
     found = constraint_fields(req)
     if not found:
         return None
@@ -61,16 +65,21 @@ def constrain(ctx: ServerContext, req: Any, kw: dict[str, Any]) -> str | None:
     if param == "tool_choice":
         check_tool_schemas(ctx, req)
     kw[arg] = value
-    try:
-        check_request("specrt serve", has_draft=ctx.decoder.draft_path is not None, **kw)
-    except ConfigError as e:
-        field = param_of(e, req)
-        if field is None or field.split(".", 1)[0] in CONSTRAINT_SETTINGS:
-            # The constraint itself: the request field that carried it, or the part of it the error names
-            # ("response_format.json_schema.name").
-            field = field if field is not None and field.startswith(param + ".") else param
-        raise BadFieldError(field, str(e)) from e
     return param
+
+
+def refused_param(error: BaseException, req: Any) -> str | None:
+    """The request field (OpenAI's ``param``) a setting refused at submission is about: :func:`param_of`, except that
+    an error about the structured-output constraint names the request field that carried it (``response_format``,
+    ``guided_json``, ``tool_choice``, ...), or the part of it the error names (``response_format.json_schema.name``)."""
+    field = param_of(error, req)
+    found = constraint_fields(req)
+    if not found or not isinstance(error, ConfigError):
+        return field
+    param = found[0][0]
+    if field is None or field.split(".", 1)[0] in CONSTRAINT_SETTINGS:
+        return field if field is not None and field.startswith(param + ".") else param
+    return field
 
 
 def check_tool_schemas(ctx: ServerContext, req: Any) -> None:

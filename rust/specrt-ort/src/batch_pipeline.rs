@@ -49,7 +49,9 @@ use crate::folder::{chat_ids, FolderDefaults, TargetFolder};
 use crate::model::{resolve_model_file, SpecrtConfig};
 use crate::options::{KvLayout, OrtOptions};
 use crate::ort_backend::OrtBackend;
-use crate::request_settings::{resolve_request, GenerationRequest};
+use crate::request_settings::{
+    resolve_request, stop_without_tokenizer, GenerationRequest, PreparedRequest, RequestScope,
+};
 
 /// What one round brought one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -299,35 +301,64 @@ impl BatchPipeline {
     }
 
     /// Queue a prompt of token ids; its output is text too when the pipeline has a tokenizer (stop strings need
-    /// one). Returns the request's id.
+    /// one). Returns the request's id. The same as [`BatchPipeline::prepare`] then
+    /// [`BatchPipeline::submit_prepared`].
     ///
-    /// Errors: as [`resolve_request`] (settings), [`SpecError::Setting`] / [`SpecError::Vocab`] /
-    /// [`SpecError::Length`] for the prompt ([`specrt_core::check_prompt`]), [`SpecError::Setting`] (`stop`) for stop
-    /// strings without a tokenizer, [`SpecError::Setting`] for a constraint (`request.constraint`) that does not
-    /// compile, [`SpecError::Config`] for one without a tokenizer. Nothing is queued on an error.
+    /// Errors: as [`RequestScope::prepare`] and [`BatchPipeline::submit_prepared`]. Nothing is queued on an error.
     pub fn submit_ids(&mut self, prompt_ids: &[u32], request: &GenerationRequest) -> Result<u64> {
-        let cfg = self.resolve(request)?;
+        let prepared = self.prepare(prompt_ids.to_vec(), request.clone())?;
+        self.submit_prepared(prepared)
+    }
+
+    /// `request` on `prompt_ids` resolved and checked against this pipeline ([`RequestScope::prepare`]), not queued.
+    ///
+    /// Errors: as [`RequestScope::prepare`].
+    pub fn prepare(
+        &self,
+        prompt_ids: Vec<u32>,
+        request: GenerationRequest,
+    ) -> Result<PreparedRequest> {
+        self.request_scope().prepare(prompt_ids, request)
+    }
+
+    /// What this pipeline checks requests against, as a copy ([`RequestScope::prepare`] needs nothing else): a
+    /// caller that shares the pipeline between threads prepares requests with it without waiting for a round.
+    #[must_use]
+    pub fn request_scope(&self) -> RequestScope {
+        RequestScope {
+            defaults: self.defaults.clone(),
+            has_draft: self.engine.has_draft(),
+            vocab_size: self.engine.vocab_size(),
+            max_seq_len: self.engine.max_seq_len(),
+            has_tokenizer: self.tokenizer.is_some(),
+        }
+    }
+
+    /// Queue a request prepared by [`BatchPipeline::prepare`] or a [`RequestScope`] of this pipeline (its settings
+    /// are not resolved again). Returns its id; it joins the batch at a later [`BatchPipeline::step`] with a free
+    /// slot.
+    ///
+    /// Errors: [`SpecError::Setting`] for a constraint (`request.constraint`) that does not compile over the
+    /// tokenizer, [`SpecError::Config`] for one without a tokenizer; [`SpecError::Setting`] (`stop`) for stop strings
+    /// without a tokenizer; the engine's own checks of the prompt. Nothing is queued on an error.
+    pub fn submit_prepared(&mut self, prepared: PreparedRequest) -> Result<u64> {
+        let PreparedRequest {
+            prompt_ids,
+            request,
+            config,
+        } = prepared;
         // Compiled before the request queues: a bad constraint is refused here.
         let constraint = self
             .constraints
             .compile_for(request.constraint.as_ref(), &self.defaults.eos_token_ids)?;
         let text = match &self.tokenizer {
-            Some(t) => Some(TextAssembler::new(
-                t.clone(),
-                request.stop.clone(),
-                request.text,
-            )?),
-            None if !request.stop.is_empty() => {
-                return Err(SpecError::setting(
-                    "stop",
-                    "stop strings need text: this pipeline has no tokenizer",
-                ))
-            }
+            Some(t) => Some(TextAssembler::new(t.clone(), request.stop, request.text)?),
+            None if !request.stop.is_empty() => return Err(stop_without_tokenizer()),
             None => None,
         };
         let id = self.next_id;
-        let scored = cfg.prompt_logprobs.is_some();
-        self.engine.add_with(id, prompt_ids, cfg, constraint)?;
+        let scored = config.prompt_logprobs.is_some();
+        self.engine.add_with(id, &prompt_ids, config, constraint)?;
         self.next_id += 1;
         self.requests.insert(
             id,

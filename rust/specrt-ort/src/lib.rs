@@ -92,7 +92,8 @@ pub use options::{
 pub use ort_backend::{check_cuda_provider, OrtBackend};
 pub use pipeline::{Pipeline, TextOutput, TextStep};
 pub use request_settings::{
-    check_ids, resolve_request, GenerationRequest, Proposer, SpeculativeTokens, AUTO_K_MAX,
+    check_ids, resolve_request, GenerationRequest, PreparedRequest, Proposer, RequestScope,
+    SpeculativeTokens, AUTO_K_MAX,
 };
 pub use runtime::{
     init_runtime, init_runtime_with_threads, loaded_library, runtime_info, RuntimeInfo,

@@ -10,7 +10,7 @@
 //!   none;
 //! - one resolver for every caller ([`resolve_request`]: Python's `Decoder`, `Scheduler` and `specrt serve` use
 //!   it through the binding);
-//! - the same validation, with errors that name the bad value and the allowed set ([`SpecError::Config`],
+//! - the same validation, with errors that name the bad setting and the allowed set ([`SpecError::Setting`],
 //!   [`SpecError::Vocab`]), and a draft whose `tokenizer.json` vocabulary differs from the target's is refused.
 //!
 //! Text in, text out ([`Pipeline::generate_text`], [`Pipeline::generate_text_stream`],
@@ -162,7 +162,7 @@ impl Pipeline {
     /// The engine settings for `request`: folder defaults filled in, K and the proposer translated as Python does,
     /// everything validated ([`resolve_request`]).
     ///
-    /// Errors: [`SpecError::Config`] for a value out of range (named, with the allowed set: proposer, K, n-gram
+    /// Errors: [`SpecError::Setting`] for a value out of range (named, with the allowed set: proposer, K, n-gram
     /// lengths, pinned costs without auto K, sampling settings, `max_new_tokens` 0) or a draft proposer without a
     /// draft model; [`SpecError::Vocab`] for a stop token id `>= vocab_size`.
     pub fn resolve(&self, request: &GenerationRequest) -> Result<GenerationConfig> {
@@ -176,7 +176,7 @@ impl Pipeline {
     /// each came from, the target's log-probability of each (natural log), the finish reason and the statistics
     /// (timings in ms).
     ///
-    /// Errors: as [`Pipeline::resolve`]; [`SpecError::Config`] for an empty prompt; [`SpecError::Vocab`] for a
+    /// Errors: as [`Pipeline::resolve`]; [`SpecError::Setting`] (`prompt`) for an empty prompt; [`SpecError::Vocab`] for a
     /// prompt id `>= vocab_size` (position named); [`SpecError::Length`] when prompt + `max_new_tokens` exceeds
     /// [`Pipeline::max_seq_len`]; [`SpecError::NonFinite`] / [`SpecError::Backend`] from a model.
     pub fn generate(
@@ -191,7 +191,7 @@ impl Pipeline {
     /// ([`StepOutput`]: tokens, sources, logprobs, K used, finish reason on the last round). Returning `false` stops
     /// the generation after that round with finish reason "stop", keeping what was emitted.
     ///
-    /// Errors: as [`Pipeline::generate`]; [`SpecError::Config`] for stop strings (they need text).
+    /// Errors: as [`Pipeline::generate`]; [`SpecError::Setting`] (`stop`) for stop strings (they need text).
     pub fn generate_stream(
         &mut self,
         prompt_ids: &[u32],

@@ -7,9 +7,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use specrt_core::{
-    check_num_speculative_tokens, invalid_num_speculative_tokens, AutoK, GenerationConfig,
-    LookupMethod, LookupProposer, NgramConfig, NgramProposer, PinnedCosts, Result, SamplingParams,
-    SpecError,
+    check_num_speculative_tokens, check_prompt, invalid_num_speculative_tokens, AutoK,
+    GenerationConfig, LookupMethod, LookupProposer, NgramConfig, NgramProposer, PinnedCosts,
+    Result, SamplingParams, SpecError,
 };
 use specrt_grammar::OutputConstraint;
 use specrt_text::detok::TextOptions;
@@ -385,6 +385,79 @@ pub fn resolve_request(
     };
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// A request resolved and checked once, at submission, against the pipeline that will run it: its prompt ids, its
+/// settings as given (stop strings, text options and constraint are read from them when it queues) and the engine
+/// settings they resolve to. Made by [`RequestScope::prepare`]; queued by
+/// [`crate::BatchPipeline::submit_prepared`], which resolves nothing again.
+#[derive(Debug, Clone)]
+pub struct PreparedRequest {
+    /// The prompt's token ids (non-empty, each `< vocab_size`; prompt + `max_new_tokens` within `max_seq_len`).
+    pub prompt_ids: Vec<u32>,
+    /// The settings as given.
+    pub request: GenerationRequest,
+    /// What [`resolve_request`] made of them.
+    pub config: GenerationConfig,
+}
+
+/// What a pipeline checks a request against, copied out of it ([`crate::BatchPipeline::request_scope`]) so that a
+/// request can be resolved and checked while the pipeline runs a round (a server's handler does not wait for it).
+#[derive(Debug, Clone)]
+pub struct RequestScope {
+    /// The target folder's defaults (EOS ids included).
+    pub defaults: FolderDefaults,
+    /// Whether a draft model is loaded.
+    pub has_draft: bool,
+    /// The models' vocabulary.
+    pub vocab_size: usize,
+    /// The KV capacity: prompt + `max_new_tokens` at most.
+    pub max_seq_len: usize,
+    /// Whether the pipeline has a tokenizer (stop strings need one).
+    pub has_tokenizer: bool,
+}
+
+impl RequestScope {
+    /// `request` on `prompt_ids`, resolved ([`resolve_request`]) and checked ([`check_prompt`]; stop strings need a
+    /// tokenizer): everything but the constraint's compilation over the tokenizer, which happens when it queues.
+    ///
+    /// Errors: as [`resolve_request`]; [`SpecError::Setting`] (`prompt`) for an empty prompt, [`SpecError::Vocab`]
+    /// for an id `>= vocab_size`, [`SpecError::Length`] for prompt + `max_new_tokens` beyond `max_seq_len`;
+    /// [`SpecError::Setting`] (`stop`) for stop strings without a tokenizer.
+    pub fn prepare(
+        &self,
+        prompt_ids: Vec<u32>,
+        request: GenerationRequest,
+    ) -> Result<PreparedRequest> {
+        let config = resolve_request(
+            &request,
+            &self.defaults,
+            self.has_draft,
+            Some(self.vocab_size),
+        )?;
+        check_prompt(
+            &prompt_ids,
+            config.max_new_tokens,
+            self.vocab_size,
+            self.max_seq_len,
+        )?;
+        if !self.has_tokenizer && !request.stop.is_empty() {
+            return Err(stop_without_tokenizer());
+        }
+        Ok(PreparedRequest {
+            prompt_ids,
+            request,
+            config,
+        })
+    }
+}
+
+/// The error for stop strings given to a pipeline without a tokenizer.
+pub(crate) fn stop_without_tokenizer() -> SpecError {
+    SpecError::setting(
+        "stop",
+        "stop strings need text: this pipeline has no tokenizer",
+    )
 }
 
 /// Each id `< vocab` ([`SpecError::Vocab`] naming the first bad one and its position, in Python's words).

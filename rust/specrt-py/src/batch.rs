@@ -3,18 +3,19 @@
 //! `specrt.Scheduler` adds the queue, threads, timeouts and asyncio.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use specrt_core::{
     BatchOptions, DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING,
 };
-use specrt_ort::{check_ids, BatchEvent, BatchPipeline, Provider};
+use specrt_ort::{check_ids, BatchEvent, BatchPipeline, Provider, RequestScope};
 
 use crate::args::ort_options;
 use crate::errors::{run_kernel, to_pyerr};
 use crate::outputs::{prompt_dict, stats_dict, step_dict};
+use crate::prepared::PyPreparedRequest;
 use crate::request_config::{ids_of, request_of, PyFolderDefaults};
 use crate::text::PyTokenizer;
 
@@ -23,12 +24,13 @@ use crate::text::PyTokenizer;
 /// layout, ``specrt convert --attention batched``) up to ``max_batch`` requests share each draft pass and each
 /// verification pass, a finished request leaving and a waiting one joining at the next round; without it the
 /// single-stream engine (default or graph form, any provider, CUDA graphs, structured output) serves one request
-/// at a time and the others wait. Requests are resolved by the one resolver at ``submit`` (the target folder's
-/// generation_config.json defaults, every check); text, stop strings and streamed pieces are the target folder's
+/// at a time and the others wait. Requests are resolved and checked once by the one resolver at ``prepare`` (the
+/// target folder's generation_config.json defaults, every check) and queued by ``submit``; text, stop strings and streamed pieces are the target folder's
 /// tokenizer's (as ``TextAssembler``).
 ///
 /// Low-level: ``specrt.Decoder`` and ``specrt.Scheduler`` (Python) add model names, the queue, threads, timeouts
-/// and asyncio. Each method locks the pipeline for its call.
+/// and asyncio. Each method locks the pipeline for its call, except ``prepare`` and the getters of fixed values and
+/// defaults, which never wait for a round.
 ///
 /// Args:
 ///     target: target model folder.
@@ -61,6 +63,9 @@ use crate::text::PyTokenizer;
 #[pyclass(module = "specrt._specrt", name = "BatchPipeline")]
 pub struct PyBatchPipeline {
     inner: Mutex<BatchPipeline>,
+    /// What requests are checked against (a copy, refreshed when the EOS ids change): `prepare` reads it without
+    /// waiting for a running round.
+    scope: RwLock<RequestScope>,
     vocab_size: usize,
     has_draft: bool,
     max_seq_len: usize,
@@ -69,6 +74,10 @@ pub struct PyBatchPipeline {
 
 fn lock(m: &Mutex<BatchPipeline>) -> std::sync::MutexGuard<'_, BatchPipeline> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn read(s: &RwLock<RequestScope>) -> std::sync::RwLockReadGuard<'_, RequestScope> {
+    s.read().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// One event as a dict: the round's keys (its tokens, sources, logprobs, top_logprobs, n_drafted,
@@ -176,6 +185,7 @@ impl PyBatchPipeline {
         let mut pipeline = pipeline;
         pipeline.set_suffix_cache(suffix_cache);
         Ok(Self {
+            scope: RwLock::new(pipeline.request_scope()),
             vocab_size: pipeline.vocab_size(),
             has_draft: pipeline.has_draft(),
             max_seq_len: pipeline.max_seq_len(),
@@ -184,23 +194,33 @@ impl PyBatchPipeline {
         })
     }
 
-    /// Queue a request: ``prompt`` token ids and ``settings`` (``Decoder.stream``'s keyword arguments by name, as
-    /// ``resolve_request`` takes them; ``stop`` strings and the structured-output fields included: the constraint is
-    /// compiled here). Returns its id; it joins the batch at a later ``step`` with a free row. Nothing is queued on
-    /// an error.
+    /// Resolve and check a request, once: ``prompt`` token ids and ``settings`` (``Decoder.stream``'s keyword
+    /// arguments by name, as ``resolve_request`` takes them; ``stop`` strings and the structured-output fields
+    /// included) against this pipeline's defaults, draft, vocabulary and ``max_seq_len``. Never waits for a running
+    /// round. Queue the result with ``submit``.
     ///
     /// Raises:
-    ///     ConfigError (a setting out of range, named; an empty prompt; a constraint that does not compile),
-    ///     VocabError, SequenceLengthError, TypeError (a token id that is not an integer).
-    fn submit(
+    ///     ConfigError (a setting out of range, named; an empty prompt; a schema, regex or grammar that is not
+    ///     valid), VocabError, SequenceLengthError, TypeError (a token id that is not an integer).
+    fn prepare(
         &self,
         py: Python<'_>,
         prompt: &Bound<'_, PyAny>,
         settings: &Bound<'_, PyDict>,
-    ) -> PyResult<u64> {
+    ) -> PyResult<PyPreparedRequest> {
         let prompt = ids_of("prompt", prompt, Some(self.vocab_size))?;
         let request = request_of(settings, Some(self.vocab_size))?;
-        run_kernel(py, || lock(&self.inner).submit_ids(&prompt, &request))
+        run_kernel(py, || read(&self.scope).prepare(prompt, request)).map(PyPreparedRequest)
+    }
+
+    /// Queue a request made by ``prepare`` (not resolved again). Returns its id; it joins the batch at a later
+    /// ``step`` with a free row. Nothing is queued on an error.
+    ///
+    /// Raises:
+    ///     ConfigError: a constraint that does not compile over the tokenizer.
+    fn submit(&self, py: Python<'_>, request: &PyPreparedRequest) -> PyResult<u64> {
+        let prepared = request.0.clone();
+        run_kernel(py, || lock(&self.inner).submit_prepared(prepared))
     }
 
     /// Run one round (GIL released); returns one dict per request that committed tokens, finished or failed (see
@@ -290,10 +310,8 @@ impl PyBatchPipeline {
 
     /// The target folder's generation defaults (``generation_config.json``; ``specrt_config.json``'s EOS ids).
     #[getter]
-    fn defaults(&self, py: Python<'_>) -> PyResult<PyFolderDefaults> {
-        run_kernel(py, || {
-            Ok(PyFolderDefaults(lock(&self.inner).defaults().clone()))
-        })
+    fn defaults(&self) -> PyFolderDefaults {
+        PyFolderDefaults(read(&self.scope).defaults.clone())
     }
 
     /// Whether a draft model is attached.
@@ -322,17 +340,20 @@ impl PyBatchPipeline {
 
     /// The ids that end requests submitted from now on (default: the target folder's EOS ids).
     #[getter]
-    fn eos_token_ids(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
-        run_kernel(py, || {
-            Ok(lock(&self.inner).defaults().eos_token_ids.clone())
-        })
+    fn eos_token_ids(&self) -> Vec<u32> {
+        read(&self.scope).defaults.eos_token_ids.clone()
     }
 
     #[setter]
     fn set_eos_token_ids(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
         check_ids("eos_token_ids", &ids, self.vocab_size).map_err(to_pyerr)?;
         run_kernel(py, || {
-            lock(&self.inner).set_eos_token_ids(ids);
+            let mut pipeline = lock(&self.inner);
+            pipeline.set_eos_token_ids(ids);
+            *self
+                .scope
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = pipeline.request_scope();
             Ok(())
         })
     }

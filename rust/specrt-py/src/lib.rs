@@ -12,6 +12,7 @@ pub mod errors;
 mod options;
 mod ort_model;
 mod outputs;
+mod prepared;
 mod quant;
 mod request_config;
 mod rng;
@@ -35,6 +36,7 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<constraint::PyConstraintMasks>()?;
     m.add_class::<batch::PyBatchPipeline>()?;
     m.add_class::<request_config::RequestConfig>()?;
+    m.add_class::<prepared::PyPreparedRequest>()?;
     m.add_class::<request_config::PyFolderDefaults>()?;
     m.add_function(wrap_pyfunction!(options::check_decoder_options, m)?)?;
     m.add_function(wrap_pyfunction!(request_config::resolve_request, m)?)?;
