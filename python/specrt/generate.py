@@ -432,7 +432,8 @@ class Decoder:
             prompt: text (encoded with the model's tokenizer) or token ids; or give ``messages``.
             messages: chat messages, rendered with the model folder's chat template.
             max_new_tokens: most tokens to emit (>= 1).
-            num_speculative_tokens: K, draft tokens per round (0..64; 0 or no draft = target-only), or ``"auto"``:
+            num_speculative_tokens: K, draft tokens per round (0 to ``MAX_DRAFT_TOKENS``, 64; 0 or no draft =
+                target-only), or ``"auto"``:
                 each round picks the K in 0..8 that maximises expected tokens per second from running estimates of
                 the acceptance rate and the measured costs (the seed's cost model; K = 0 when no K is predicted to
                 win, probing again later); with an n-gram proposer it also decides how many tokens of a match to

@@ -36,6 +36,17 @@ def test_stream_defaults_are_the_rust_request_defaults() -> None:
     assert settings == set(rust)
 
 
+def test_the_binding_takes_every_rust_setting_by_its_name() -> None:
+    # request_defaults names every GenerationRequest field (it destructures the struct: a new field does not compile
+    # until named there); request_of must take each of those names, with its default value, and no other.
+    rust = _specrt.request_defaults()
+    for name, value in rust.items():
+        _specrt.resolve_request({name: value}, has_draft=True)
+    _specrt.resolve_request(dict(rust), has_draft=True)
+    with pytest.raises(TypeError, match="max_tokens"):
+        _specrt.resolve_request({"max_tokens": 4}, has_draft=True)
+
+
 def test_a_null_sampling_value_in_generation_config_is_unset(tiny_target: Path, tmp_path: Path) -> None:
     folder = tmp_path / "m"
     shutil.copytree(tiny_target, folder)

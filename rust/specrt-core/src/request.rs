@@ -25,7 +25,7 @@ use crate::verify::{
 pub struct GenerationConfig {
     /// Most tokens to emit (>= 1).
     pub max_new_tokens: usize,
-    /// K, draft tokens per round, `0..=64`; 0 (or no draft model) is plain target decoding. Capped each round so
+    /// K, draft tokens per round, `0..=`[`crate::MAX_DRAFT_TOKENS`]; 0 (or no draft model) is plain target decoding. Capped each round so
     /// that no round drafts beyond `max_new_tokens`.
     pub num_speculative_tokens: usize,
     /// Logits processing applied to target rows and to the draft's rows alike.

@@ -23,7 +23,7 @@ pub const AUTO_K_MAX: usize = 8;
 /// How many draft tokens a round verifies: K.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpeculativeTokens {
-    /// K draft tokens per round, `0..=64` (0, or no proposer, is plain target decoding).
+    /// K draft tokens per round, `0..=`[`specrt_core::MAX_DRAFT_TOKENS`] (0, or no proposer, is plain target decoding).
     Fixed(usize),
     /// Each round picks the K in `0..=`[`AUTO_K_MAX`] that maximises expected tokens per second from running
     /// estimates of acceptance and measured costs (ARCHITECTURE.md, "K per round"). Depends on timings, so the
@@ -175,7 +175,7 @@ impl FromStr for Proposer {
 pub struct GenerationRequest {
     /// Most tokens to emit (>= 1; default 128).
     pub max_new_tokens: usize,
-    /// K per round, fixed `0..=64` or auto (default `Fixed(4)`).
+    /// K per round, fixed ([`SpeculativeTokens::Fixed`]) or auto (default `Fixed(4)`).
     pub num_speculative_tokens: SpeculativeTokens,
     /// Who drafts; `None` = [`Proposer::DraftModel`] when a draft model is loaded, else [`Proposer::TargetOnly`].
     pub proposer: Option<Proposer>,

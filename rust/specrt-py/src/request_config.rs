@@ -11,7 +11,7 @@ use specrt_core::{
 use specrt_ort::specrt_grammar::{ConstraintFields, OutputConstraint, CONSTRAINT_FIELDS};
 use specrt_ort::{
     resolve_request as resolve_request_rs, FolderDefaults, GenerationRequest, Proposer,
-    SpeculativeTokens,
+    SpeculativeTokens, TextOptions,
 };
 
 use crate::args::SamplingArgs;
@@ -596,41 +596,73 @@ impl PyFolderDefaults {
 }
 
 /// The defaults of ``Decoder.stream()``'s request settings (``GenerationRequest::default()`` in Rust, the one
-/// definition): a dict of Python names to values.
+/// definition): a dict of Python names to values. The struct is destructured without ``..``, so a field added to
+/// ``GenerationRequest`` does not compile until it is named here (and the tests then compare this dict with
+/// ``Decoder.stream``'s signature and with what ``request_of`` accepts).
 #[pyfunction]
 pub fn request_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let r = GenerationRequest::default();
+    let GenerationRequest {
+        max_new_tokens,
+        num_speculative_tokens,
+        proposer,
+        prompt_lookup_min,
+        prompt_lookup_max,
+        pinned_costs,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
+        seed,
+        stop,
+        stop_token_ids,
+        text:
+            TextOptions {
+                skip_special_tokens,
+                include_stop_str_in_output,
+            },
+        ignore_eos,
+        coupled,
+        logprobs,
+        top_logprobs,
+        prompt_logprobs,
+        min_tokens,
+        constraint,
+        fault: _, // a test hook (``_fault``), not a setting
+    } = GenerationRequest::default();
     let d = PyDict::new(py);
-    d.set_item("max_new_tokens", r.max_new_tokens)?;
-    match r.num_speculative_tokens {
+    d.set_item("max_new_tokens", max_new_tokens)?;
+    match num_speculative_tokens {
         SpeculativeTokens::Fixed(k) => d.set_item("num_speculative_tokens", k)?,
         SpeculativeTokens::Auto => d.set_item("num_speculative_tokens", "auto")?,
     }
-    d.set_item("proposer", r.proposer.map(Proposer::as_str))?;
-    d.set_item("prompt_lookup_min", r.prompt_lookup_min)?;
-    d.set_item("prompt_lookup_max", r.prompt_lookup_max)?;
+    d.set_item("proposer", proposer.map(Proposer::as_str))?;
+    d.set_item("prompt_lookup_min", prompt_lookup_min)?;
+    d.set_item("prompt_lookup_max", prompt_lookup_max)?;
+    // Empty lists and absent values are Python's None (no pinned costs, no stop strings or extra stop ids).
+    debug_assert!(pinned_costs.is_none() && stop.is_empty() && stop_token_ids.is_empty());
     d.set_item("pinned_costs", py.None())?;
-    d.set_item("temperature", r.temperature)?;
-    d.set_item("top_k", r.top_k)?;
-    d.set_item("top_p", r.top_p)?;
-    d.set_item("min_p", r.min_p)?;
-    d.set_item("repetition_penalty", r.repetition_penalty)?;
-    d.set_item("frequency_penalty", f64::from(r.frequency_penalty))?;
-    d.set_item("presence_penalty", f64::from(r.presence_penalty))?;
-    d.set_item("seed", r.seed)?;
+    d.set_item("temperature", temperature)?;
+    d.set_item("top_k", top_k)?;
+    d.set_item("top_p", top_p)?;
+    d.set_item("min_p", min_p)?;
+    d.set_item("repetition_penalty", repetition_penalty)?;
+    d.set_item("frequency_penalty", f64::from(frequency_penalty))?;
+    d.set_item("presence_penalty", f64::from(presence_penalty))?;
+    d.set_item("seed", seed)?;
     d.set_item("stop", py.None())?;
     d.set_item("stop_token_ids", py.None())?;
-    d.set_item("ignore_eos", r.ignore_eos)?;
-    d.set_item("coupled", r.coupled)?;
-    d.set_item("logprobs", r.logprobs)?;
-    d.set_item("top_logprobs", r.top_logprobs)?;
-    d.set_item("prompt_logprobs", r.prompt_logprobs)?;
-    d.set_item("min_tokens", r.min_tokens)?;
-    d.set_item("skip_special_tokens", r.text.skip_special_tokens)?;
-    d.set_item(
-        "include_stop_str_in_output",
-        r.text.include_stop_str_in_output,
-    )?;
+    d.set_item("ignore_eos", ignore_eos)?;
+    d.set_item("coupled", coupled)?;
+    d.set_item("logprobs", logprobs)?;
+    d.set_item("top_logprobs", top_logprobs)?;
+    d.set_item("prompt_logprobs", prompt_logprobs)?;
+    d.set_item("min_tokens", min_tokens)?;
+    d.set_item("skip_special_tokens", skip_special_tokens)?;
+    d.set_item("include_stop_str_in_output", include_stop_str_in_output)?;
+    debug_assert!(constraint.is_none());
     for name in CONSTRAINT_FIELDS {
         d.set_item(name, py.None())?; // no constraint (GenerationRequest::constraint None)
     }
