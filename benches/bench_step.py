@@ -29,7 +29,7 @@ gives the median / min / max of that per-generation figure, per worker process a
 arm's median to genai's. The token ids of each prompt are compared across arms (greedy: equal, unless fp rounding
 splits a near-tie).
 
-``--profile`` turns ONNX Runtime's profiler on in every worker (specrt: ``_specrt.BatchPipeline(profile=...)``, genai:
+``--profile`` turns ONNX Runtime's profiler on in every worker (specrt: ``_specrt.Driver(profile=...)``, genai:
 its ``session_options.enable_profiling``) and splits each arm's step into ``run_ms`` (the median ``model_run`` event
 of ONNX Runtime's trace, parsed by ``benches/profile_step.py``; prefill runs, a few among hundreds of steps, are
 outliers the median ignores) and ``outside_run_ms`` = step - run (binding, sampling, copies, Python, pyo3). specrt's
@@ -93,8 +93,8 @@ def _specrt_worker(arm: str, model: Path, threads: int, max_seq_len: int, profil
 
     if profile:
         # Decoder builds its driver itself: give that one the profiler (the target's session only).
-        pipeline = _specrt.BatchPipeline
-        _specrt.BatchPipeline = lambda *a, **kw: pipeline(*a, profile=profile, **kw)  # type: ignore[misc]
+        pipeline = _specrt.Driver
+        _specrt.Driver = lambda *a, **kw: pipeline(*a, profile=profile, **kw)  # type: ignore[misc]
     dec = specrt.Decoder(model, max_seq_len=max_seq_len, intra_op_threads=threads)
     steps: list[float] = []
     for line in sys.stdin:

@@ -28,11 +28,11 @@ __all__ = [
     "OPERATOR_DOMAIN",
     "PROPOSERS",
     "BackendError",
-    "BatchPipeline",
     "ChatTemplate",
     "ConfigError",
     "ConstraintMasks",
     "DraftComparison",
+    "Driver",
     "Encoding",
     "FolderDefaults",
     "GenerationCancelled",
@@ -362,7 +362,7 @@ class OrtModel:
 
 @final
 class RequestConfig:
-    """The settings of one generation request (low level; BatchPipeline.prepare resolves a dict)."""
+    """The settings of one generation request (low level; Driver.prepare resolves a dict)."""
 
     def __new__(
         cls,
@@ -404,7 +404,7 @@ class RequestConfig:
 
 @final
 class PreparedRequest:
-    """A request resolved and checked once (BatchPipeline.prepare), queued as it is (BatchPipeline.submit)."""
+    """A request resolved and checked once (Driver.prepare), queued as it is (Driver.submit)."""
 
     @property
     def prompt_ids(self) -> list[int]: ...
@@ -475,10 +475,10 @@ def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> list[int]
     """Token ids as ints, each 0 <= id < vocab_size (VocabError / TypeError otherwise)."""
 
 @final
-class BatchPipeline:
-    """The driver every generation runs through (``specrt_ort::BatchPipeline``): the batched engine (folders in the
+class Driver:
+    """The driver every generation runs through (``specrt_ort::Driver``): the batched engine (folders in the
     batched layout) or the single-stream one (one request at a time); ``batched`` None (default) takes the layout the
-    folders were converted for (``BatchPipeline::open``; ConfigError when target and draft differ, or max_batch > 1
+    folders were converted for (``Driver::open``; ConfigError when target and draft differ, or max_batch > 1
     without the batched layout). Requests are resolved at ``submit``; streamed text and stop strings are Rust's;
     ``specrt.Decoder`` / ``specrt.Scheduler`` drive it."""
 
@@ -502,7 +502,7 @@ class BatchPipeline:
         max_prefill_tokens: int | None = None,
         profile: str | os.PathLike[str] | None = None,
         suffix_cache_tokens: int = 0,
-    ) -> BatchPipeline: ...
+    ) -> Driver: ...
     def prepare(self, prompt: Sequence[int], settings: dict[str, Any]) -> PreparedRequest: ...
     def submit(self, request: PreparedRequest) -> int: ...
     def step(self) -> list[dict[str, Any]]:

@@ -248,13 +248,13 @@ class Decoder:
         }
         self._scheduler: Any = None  # the Scheduler that owns a batching decoder
         self._solo_id: int | None = None  # the request of a stream() (a stream left unfinished leaves it behind)
-        # The one driver of every generation (``specrt_ort::BatchPipeline``), in the layout the folders were converted
+        # The one driver of every generation (``specrt_ort::Driver``), in the layout the folders were converted
         # for (Rust reads it: the batched engine for the batched layout, at any max_batch, else the single-stream
         # engine; target and draft layouts must agree, and max_batch > 1 needs the batched one). Rust also compares
         # the draft's vocabulary with the target's: one tokenizer (logits widths equal or differing only in padding
         # rows beyond the tokenizer's ids, as Qwen2.5 7B's 152064 against 0.5B's 151936, else a VocabError before
         # any session loads) or two, drafting through token-level intersection (``draft_vocabulary``).
-        self._batch: Any = _specrt.BatchPipeline(
+        self._driver: Any = _specrt.Driver(
             *models,
             max_batch=max_batch,
             prefill_chunk=prefill_chunk,
@@ -265,8 +265,8 @@ class Decoder:
             suffix_cache_tokens=suffix_cache_tokens,
             **common,
         )
-        batched = self._batch.batched
-        tokenizer = self._batch.tokenizer
+        batched = self._driver.batched
+        tokenizer = self._driver.tokenizer
         if tokenizer is None:
             raise ModelFileNotFoundError(f"{self.target_path / 'tokenizer.json'} not found (the Decoder needs one)")
         self.tokenizer: _specrt.Tokenizer = tokenizer
@@ -283,7 +283,7 @@ class Decoder:
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id holding _lock
         #: The sampling defaults the target folder sets (generation_config.json; absent and ``null`` keys left out).
-        self.defaults: dict[str, Any] = self._batch.defaults.sampling()
+        self.defaults: dict[str, Any] = self._driver.defaults.sampling()
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -293,16 +293,16 @@ class Decoder:
         Raises:
             VocabError: (on setting) an id outside ``0 <= id < vocab_size``.
         """
-        return list(self._batch.eos_token_ids)
+        return list(self._driver.eos_token_ids)
 
     @eos_token_ids.setter
     def eos_token_ids(self, ids: Sequence[int]) -> None:
-        self._batch.eos_token_ids = list(ids)
+        self._driver.eos_token_ids = list(ids)
 
     @property
     def vocab_size(self) -> int:
         """Logits width shared by target and draft."""
-        return self._batch.vocab_size
+        return self._driver.vocab_size
 
     @property
     def draft_vocabulary(self) -> dict[str, Any] | None:
@@ -317,18 +317,18 @@ class Decoder:
         English and code sample that the draft can propose at all, an upper bound on the share it can get accepted on
         such text. ``multi_token_spellings`` counts target tokens the draft reads as several of its own.
         """
-        text = self._batch.draft_vocabulary_json
+        text = self._driver.draft_vocabulary_json
         return None if text is None else json.loads(text)
 
     @property
     def max_seq_len(self) -> int:
         """Longest prompt + new tokens."""
-        return self._batch.max_seq_len
+        return self._driver.max_seq_len
 
     @property
     def providers(self) -> list[str]:
         """ONNX Runtime execution providers in use (preferred first)."""
-        return list(self._batch.providers)
+        return list(self._driver.providers)
 
     def apply_chat_template(
         self,
@@ -350,7 +350,7 @@ class Decoder:
             ConfigError: the model has no chat template, or the template rejects the messages (its message), or uses
                 a construct the renderer lacks (named, with its line).
         """
-        template = self._batch.chat_template_source
+        template = self._driver.chat_template_source
         if not template:
             raise ConfigError(f"{self.target_path} has no chat_template.jinja; pass a plain prompt instead")
         return _compiled_chat_template(template, self.target_path).render(
@@ -524,7 +524,7 @@ class Decoder:
         """
         a = dict(locals())
         # Resolved and checked once, now: a bad setting raises before this call waits for the decoder.
-        request = self._batch.prepare(self.encode(a["prompt"], a["messages"]), _settings_of(a))
+        request = self._driver.prepare(self.encode(a["prompt"], a["messages"]), _settings_of(a))
         self._check_not_scheduled()
         me = threading.get_ident()
         if self._owner == me:
@@ -542,10 +542,10 @@ class Decoder:
                 self._owner = None
 
     @property
-    def pipeline(self) -> Any:
-        """The Rust driver of every generation of this decoder (``_specrt.BatchPipeline``): what :meth:`stream` steps
+    def driver(self) -> Any:
+        """The Rust driver of every generation of this decoder (``_specrt.Driver``): what :meth:`stream` steps
         for one request and a :class:`specrt.scheduler.Scheduler` steps for its batch."""
-        return self._batch
+        return self._driver
 
     @property
     def generation_lock(self) -> threading.Lock:
@@ -574,7 +574,7 @@ class Decoder:
                 )
             self._scheduler = scheduler
             if self._solo_id is not None:  # a stream left unfinished frees its row
-                self._batch.cancel(self._solo_id)
+                self._driver.cancel(self._solo_id)
                 self._solo_id = None
         finally:
             self._lock.release()
@@ -604,27 +604,27 @@ class Decoder:
                 before anything runs)
         """
         a = _bind_stream_args("Decoder.prepare", kwargs)
-        return self._batch.prepare(self.encode(a["prompt"], a["messages"]), _settings_of(a))
+        return self._driver.prepare(self.encode(a["prompt"], a["messages"]), _settings_of(a))
 
     def _run(self, request: Any) -> Iterator[StreamChunk]:
-        """One prepared request on the decoder's driver (``BatchPipeline``; no Scheduler owns it): queued, stepped
+        """One prepared request on the decoder's driver (``Driver``; no Scheduler owns it): queued, stepped
         round by round, its events turned into chunks; cancelled when the stream ends early (a closed generator,
         Ctrl-C between rounds)."""
         if self._solo_id is not None:
-            self._batch.cancel(self._solo_id)  # a stream left unfinished leaves its row behind
-        rid = self._solo_id = self._batch.submit(request)
+            self._driver.cancel(self._solo_id)  # a stream left unfinished leaves its row behind
+        rid = self._solo_id = self._driver.submit(request)
         events = EventChunks(request.prompt_ids, request.scored)
         try:
             while not events.done:
-                for e in self._batch.step():
+                for e in self._driver.step():
                     if e["id"] == rid:
                         if e["error"] is not None:
                             raise e["error"]
                         yield from events.chunks(e)
-                if not events.done and self._batch.is_idle:
-                    raise SpecrtError(f"request {rid} left the pipeline without finishing")  # a bug
+                if not events.done and self._driver.is_idle:
+                    raise SpecrtError(f"request {rid} left the driver without finishing")  # a bug
         finally:
-            self._batch.cancel(rid)  # a stream closed early frees its batch row now (a no-op once finished)
+            self._driver.cancel(rid)  # a stream closed early frees its batch row now (a no-op once finished)
             self._solo_id = None
 
     def __repr__(self) -> str:

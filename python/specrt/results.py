@@ -1,5 +1,5 @@
 """What a generation returns: :class:`Stats`, :class:`GenerationResult` and :class:`StreamChunk`, built from the
-events of the Rust driver (``specrt._specrt.BatchPipeline``)."""
+events of the Rust driver (``specrt._specrt.Driver``)."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def _prompt_fields(ids: list[int], prompt: dict[str, Any] | None) -> dict[str, A
 
 def _result_chunk(out: dict[str, Any], ids: list[int], scored: bool) -> StreamChunk:
     """The last chunk of a generation, carrying its :class:`GenerationResult`, from its whole output ``out`` (the keys
-    of ``BatchPipeline``'s ``done``: text, tokens, finish_reason, logprobs, sources, top_logprobs, stats, prompt)."""
+    of ``Driver``'s ``done``: text, tokens, finish_reason, logprobs, sources, top_logprobs, stats, prompt)."""
     prompt_logprobs, prompt_top = _prompt_lists(out["prompt"]) if scored else ([], [])
     result = GenerationResult(
         text=out["text"],
@@ -206,8 +206,8 @@ def _result_chunk(out: dict[str, Any], ids: list[int], scored: bool) -> StreamCh
 
 
 class EventChunks:
-    """One request's events (``BatchPipeline.step``'s dicts) -> :class:`StreamChunk` s. Its text, stop-string
-    cut and finish are Rust's (``specrt_ort::BatchPipeline``); this only builds the Python objects."""
+    """One request's events (``Driver.step``'s dicts) -> :class:`StreamChunk` s. Its text, stop-string
+    cut and finish are Rust's (``specrt_ort::Driver``); this only builds the Python objects."""
 
     def __init__(self, ids: list[int], scored: bool) -> None:
         self.ids = ids

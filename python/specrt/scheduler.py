@@ -289,9 +289,9 @@ class Scheduler:
     @property
     def prefix_cache_usage(self) -> tuple[int, int]:
         """``(entries, bytes)`` of the batched layout's prefix store (KV copies of both models, at most its budget,
-        1 GiB by default); ``(0, 0)`` in the single-stream layout. Waits for a running step to end (the pipeline's
+        1 GiB by default); ``(0, 0)`` in the single-stream layout. Waits for a running step to end (the driver's
         lock)."""
-        return tuple(self.decoder.pipeline.prefix_cache_usage)
+        return tuple(self.decoder.driver.prefix_cache_usage)
 
     def submit(
         self,
@@ -415,7 +415,7 @@ class Scheduler:
     def _round(self, rows: dict[int, tuple[RequestHandle, EventChunks]]) -> bool:
         """One iteration of the worker; False when closed and drained. An unexpected error ends the requests in the
         batch (with that error), never the worker."""
-        batch = self.decoder.pipeline
+        batch = self.decoder.driver
         with self._cond:
             self._cond.wait_for(lambda: self._queue or rows or self._closed)
             if not self._queue and not rows:

@@ -125,7 +125,7 @@ def test_concurrent_requests_each_equal_their_solo_run(pair, solo, solo_results,
 def test_rows_share_rounds_and_a_waiting_request_joins_when_a_row_frees(pair) -> None:
     """On the pipeline the Scheduler drives: 3 rows commit tokens in the same rounds; a 4th waits for a slot."""
     dec = batched(pair, 3)
-    eng = dec.pipeline
+    eng = dec.driver
     cfg = {"max_new_tokens": 6, "temperature": 0.0, "num_speculative_tokens": 2, "ignore_eos": True}
     long = {**cfg, "max_new_tokens": 40}
     requests = [([1, 2, 3], cfg), ([4, 5], long), ([6], long), ([7, 8, 9], long)]
@@ -145,7 +145,7 @@ def test_rows_share_rounds_and_a_waiting_request_joins_when_a_row_frees(pair) ->
     assert first_four > last_one, "request 4 joined only after request 1 left its slot"
     assert any({two, three, four} <= s for s in seen[first_four:]), "the joined request shares rounds with the others"
     assert emitted == {one: 6, two: 40, three: 40, four: 40}
-    assert not eng.cancel(one), "a finished request has left the pipeline"
+    assert not eng.cancel(one), "a finished request has left the driver"
 
 
 def test_decoder_generate_on_a_batching_decoder_equals_the_single_stream_decoder(pair, solo, solo_results) -> None:

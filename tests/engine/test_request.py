@@ -176,7 +176,7 @@ def test_a_prepared_request_runs_as_it_was_resolved_and_may_run_twice(tiny_targe
     assert request.scored
     assert request.config.max_new_tokens == 6
     assert request.config.sampling["temperature"] == 0.0
-    batch = dec.pipeline
+    batch = dec.driver
     runs = []
     for _ in range(2):
         rid = batch.submit(request)

@@ -733,7 +733,7 @@ def _ctrl_c_once_generating(dec: specrt.Decoder, how: str, stop: threading.Event
 
     def run() -> None:
         while not stop.is_set():
-            stats = dec.pipeline.last_stats()  # None until the decoder's first generation starts
+            stats = dec.driver.last_stats()  # None until the decoder's first generation starts
             if stats is not None and stats["n_emitted"] > 0:
                 sent["n_emitted"] = stats["n_emitted"]
                 _send_ctrl_c(how)
@@ -781,7 +781,7 @@ def test_ctrl_c_stops_a_long_generation_promptly_and_leaves_the_decoder_usable(
     assert not sender.is_alive() and "n_emitted" in sent
     # Ctrl-C came mid-generation and stopped it at that round, not after the 4000 tokens: the engine (left where the
     # interrupt found it) emitted far fewer. The margin is for the rounds the sender may lag on a loaded machine.
-    n_emitted = dec.pipeline.last_stats()["n_emitted"]
+    n_emitted = dec.driver.last_stats()["n_emitted"]
     assert streamed <= n_emitted < kw["max_new_tokens"], (streamed, n_emitted)
     assert n_emitted - sent["n_emitted"] < kw["max_new_tokens"] // 4, (sent, n_emitted)
     # The decoder is usable and gives what a fresh decoder gives.

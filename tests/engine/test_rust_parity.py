@@ -151,7 +151,7 @@ def test_a_chat_prompt_gives_the_same_text_and_tokens_in_python_and_rust(folders
 
 
 def _rust_batched(folders: dict[str, Path], prompts: list[str], max_batch: int, chat: bool = False, **kw) -> list:
-    """The Rust ``BatchPipeline`` (the example's ``--max-batch``): one JSON summary per prompt, in order."""
+    """The Rust ``Driver`` (the example's ``--max-batch``): one JSON summary per prompt, in order."""
     argv = [str(EXAMPLE), "--target", str(folders["target-B"]), "--draft", str(folders["draft-B"]), "--json"]
     argv += ["--max-batch", str(max_batch), "--max-seq-len", "256"]
     for p in prompts:
@@ -188,7 +188,7 @@ def batched(folders) -> specrt.Decoder:
     ],
 )
 def test_batched_python_and_rust_give_the_same_text_and_tokens(folders, batched, chat, settings) -> None:
-    """The Python Scheduler and the Rust BatchPipeline, the same three requests sharing rounds from the start."""
+    """The Python Scheduler and the Rust Driver, the same three requests sharing rounds from the start."""
     from specrt.scheduler import Scheduler
 
     kw = {"max_new_tokens": 24, **settings}

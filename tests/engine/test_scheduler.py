@@ -105,7 +105,7 @@ def test_a_bad_request_is_refused_at_submission_and_queues_nothing(tiny) -> None
 
 
 class ScriptedDecoder:
-    """Stands in for a single-stream Decoder (the surface a Scheduler uses: ``prepare``, ``pipeline``, its driver
+    """Stands in for a single-stream Decoder (the surface a Scheduler uses: ``prepare``, ``driver``
     with submit / step / cancel, and ``generation_lock``): each request yields ``rounds`` one-token rounds, each only
     after the test releases it with ``step.release()``; records the order in which requests started and, as
     ``"<prompt>:<rounds done>"``, when each was let go (``cancel``)."""
@@ -117,13 +117,13 @@ class ScriptedDecoder:
         self.started: list[str] = []
         self.closed: list[str] = []
         self.generation_lock = threading.Lock()
-        self.pipeline = _ScriptedPipeline(self)
+        self.driver = _ScriptedDriver(self)
 
     def prepare(self, prompt: str, rounds: int = 3, **_kw) -> SimpleNamespace:
         return SimpleNamespace(prompt_ids=[ord(ch) for ch in prompt], scored=False, prompt=prompt, rounds=rounds)
 
 
-class _ScriptedPipeline:
+class _ScriptedDriver:
     """The scripted driver: one request at a time, one released round per ``step``."""
 
     max_batch = 1

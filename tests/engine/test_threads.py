@@ -129,7 +129,7 @@ def test_two_threads_on_one_driver_do_not_crash(tiny) -> None:
     # The binding locks the driver per call; concurrent prepare/submit/step/cancel from two threads interleave their
     # requests (that is what Decoder's lock and the Scheduler are for) but never crash or corrupt memory, and each
     # thread's requests end with valid tokens.
-    batch = _specrt.BatchPipeline(
+    batch = _specrt.Driver(
         str(tiny["target"]), str(tiny["draft"]), ort_library=find_ort_library(), batched=False, max_seq_len=128
     )
     errors: list[BaseException] = []
@@ -199,7 +199,7 @@ def test_the_gil_is_released_while_models_run(tiny) -> None:
     model = _specrt.OrtModel(str(tiny["slow"]), ort_library=lib, max_seq_len=512)
     # Without prefix caching: each submission below repeats the prompt and its first step must prefill it in full
     # (a long native call).
-    batch = _specrt.BatchPipeline(
+    batch = _specrt.Driver(
         str(tiny["slow"]), str(tiny["slow"]), ort_library=lib, batched=False, max_seq_len=512, prefix_caching=False
     )
     tokens = np.arange(1, 257, dtype=np.int64)
@@ -218,8 +218,8 @@ def test_the_gil_is_released_while_models_run(tiny) -> None:
     calls = {
         "OrtModel.forward": lambda: model.forward(tokens, 0),
         # A long prompt: the first step of a request (its prefill and a round) is one native call.
-        "BatchPipeline.step (prefill)": prefill,
-        "BatchPipeline.step (a round)": batch.step,
+        "Driver.step (prefill)": prefill,
+        "Driver.step (a round)": batch.step,
     }
     for name, call in calls.items():
         assert _another_thread_runs_during(call), f"{name}: no other Python thread ran during it: it held the GIL"

@@ -43,13 +43,13 @@ class HeldDecoder:
         self._dec, self.free = dec, free
         self.gate = threading.Event()
         self.n_chunks = 0
-        self.pipeline = _HeldPipeline(self, dec.pipeline)
+        self.driver = _HeldDriver(self, dec.driver)
 
     def __getattr__(self, name: str):
         return getattr(self._dec, name)
 
 
-class _HeldPipeline:
+class _HeldDriver:
     def __init__(self, held: HeldDecoder, batch) -> None:
         self._held, self._inner = held, batch
 
@@ -461,7 +461,7 @@ def test_a_setting_the_engine_refuses_is_a_400_even_when_streaming(tiny) -> None
         raise refusal
 
     refusing = HeldDecoder(tiny, free=10**9)
-    refusing.pipeline.submit = refuse
+    refusing.driver.submit = refuse
     with TestClient(create_app(refusing, model_name="tiny")) as c:
         for stream in (True, False):
             r = c.post("/v1/completions", json={"prompt": "x", "stream": stream})

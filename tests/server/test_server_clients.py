@@ -842,7 +842,7 @@ def test_metrics_report_the_prefix_store_a_batched_server_fills(served) -> None:
     )
     assert r.status_code == 200, r.text
     entries, used = gauge("specrt_prefix_cache_entries"), gauge("specrt_prefix_cache_bytes")
-    assert (entries, used) == tuple(float(x) for x in served.decoder.pipeline.prefix_cache_usage)
+    assert (entries, used) == tuple(float(x) for x in served.decoder.driver.prefix_cache_usage)
     if served.kind == "batched":
         assert entries >= 1 and 0 < used <= specrt._specrt.DEFAULT_PREFIX_CACHE_BYTES
     else:

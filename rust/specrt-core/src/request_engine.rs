@@ -1,4 +1,4 @@
-//! [`RequestEngine`]: the one interface the driver (`specrt_ort::BatchPipeline`: text, stop strings, events) runs
+//! [`RequestEngine`]: the one interface the driver (`specrt_ort::Driver`: text, stop strings, events) runs
 //! every generation through, single-stream or batched: requests are added under an id, each [`RequestEngine::step`]
 //! runs one round and reports what each request committed ([`RowStep`]), a request is cut at a stop string with
 //! [`RequestEngine::stop_at`], and a finished one's output is taken with [`RequestEngine::take_output`].

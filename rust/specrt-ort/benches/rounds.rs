@@ -1,6 +1,6 @@
 //! Latency of whole speculative rounds (draft passes + one target pass + verification + bookkeeping) at
 //! K = 0, 1, 4, 8, on real ONNX models, from Rust alone (no Python in the loop), through the driver every generation
-//! runs through (`BatchPipeline` over the single-stream engine).
+//! runs through (`Driver` over the single-stream engine).
 //!
 //! Models, first that applies:
 //! 1. `$SPECRT_BENCH_TARGET` (and `$SPECRT_BENCH_DRAFT`; without it the target is its own draft);
@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use specrt_ort::specrt_core::{Stats, DEFAULT_PREFIX_CACHING};
 use specrt_ort::{
-    find_ort_library, BatchPipeline, GenerationRequest, OrtOptions, Proposer, SpeculativeTokens,
+    find_ort_library, Driver, GenerationRequest, OrtOptions, Proposer, SpeculativeTokens,
 };
 
 const KS: [usize; 4] = [0, 1, 4, 8];
@@ -141,7 +141,7 @@ impl Totals {
 
 /// Runs timed rounds of one configuration through the driver, restarting finished generations untimed.
 struct Runner<'a> {
-    driver: &'a mut BatchPipeline,
+    driver: &'a mut Driver,
     prompt: &'a [u32],
     request: GenerationRequest,
     /// The running generation.
@@ -228,7 +228,7 @@ fn main() {
     };
     let mut options = OrtOptions::new(&library);
     options.max_seq_len = Some(512);
-    let mut pipeline = BatchPipeline::load_single(
+    let mut pipeline = Driver::load_single(
         &models.target,
         Some(&models.draft),
         &options,

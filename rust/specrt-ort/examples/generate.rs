@@ -22,8 +22,8 @@ use std::str::FromStr;
 
 use specrt_ort::specrt_core::{BatchOptions, GenerationOutput};
 use specrt_ort::{
-    find_ort_library, BatchPipeline, GenerationRequest, OrtOptions, Pipeline, Proposer,
-    SpeculativeTokens, DEFAULT_MAX_SEQ_LEN,
+    find_ort_library, Driver, GenerationRequest, OrtOptions, Pipeline, Proposer, SpeculativeTokens,
+    DEFAULT_MAX_SEQ_LEN,
 };
 
 const USAGE: &str = "\
@@ -59,7 +59,7 @@ struct Args {
     draft: Option<PathBuf>,
     /// One prompt, or with `--max-batch` one or more.
     prompts: Vec<String>,
-    /// Run the prompts together in batched rounds on this many rows (`BatchPipeline`; batched-layout folders).
+    /// Run the prompts together in batched rounds on this many rows (`Driver`; batched-layout folders).
     max_batch: Option<usize>,
     ort_library: Option<PathBuf>,
     max_seq_len: usize,
@@ -273,10 +273,10 @@ fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// All prompts at once in batched rounds (`BatchPipeline`): each request's text on stdout when it finishes
+/// All prompts at once in batched rounds (`Driver`): each request's text on stdout when it finishes
 /// (`[i] text`), with `--json` one JSON object per request on stderr (as the single-stream one, plus `"index"`).
 fn run_batched(args: &Args, options: &OrtOptions, max_batch: usize) -> Result<(), String> {
-    let mut batch = BatchPipeline::load(
+    let mut batch = Driver::load(
         &args.target,
         args.draft.as_deref(),
         options,

@@ -157,7 +157,7 @@ pub fn vocab_map(
 }
 
 impl DraftVocabulary {
-    /// What [`crate::BatchPipeline::draft_vocabulary`] reports for a pair of one tokenizer.
+    /// What [`crate::Driver::draft_vocabulary`] reports for a pair of one tokenizer.
     #[must_use]
     pub fn same_report(tokenizer_vocab: Option<usize>) -> Value {
         json!({"method": SAME_TOKENIZER, "tokenizer_vocab_size": tokenizer_vocab})
@@ -175,7 +175,7 @@ pub(crate) enum DraftFit {
 
 impl DraftFit {
     /// The fit of a draft of `draft_width` logits rows to a target of `target_width`, and the report of
-    /// [`crate::BatchPipeline::draft_vocabulary`].
+    /// [`crate::Driver::draft_vocabulary`].
     ///
     /// Errors: as [`vocab_map`].
     pub(crate) fn new(

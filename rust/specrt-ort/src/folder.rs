@@ -19,7 +19,7 @@ pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 /// Name of the tokenizer file in a model folder (compared between draft and target).
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 /// A target folder read for loading, with its draft (if any) checked against it: what every loader needs before
-/// a session loads ([`crate::BatchPipeline::load`], [`crate::BatchPipeline::load_single`]).
+/// a session loads ([`crate::Driver::load`], [`crate::Driver::load_single`]).
 pub(crate) struct TargetFolder {
     /// The target's model file.
     pub model_file: PathBuf,
@@ -209,7 +209,7 @@ fn parse_ids(v: &Value, path: &Path, key: &str) -> Result<Vec<u32>> {
 /// The checks a draft folder (or `.onnx` file) gets against its target's before any session loads (files of the
 /// models): its vocabulary compared with the target's (`tokenizer.json`), and its own `generation_config.json` well
 /// formed (not used: the target's defaults apply; a malformed file is an error, as in Python). Every engine that
-/// loads a draft from a folder calls it ([`crate::BatchPipeline::load`], [`crate::BatchPipeline::load_single`]).
+/// loads a draft from a folder calls it ([`crate::Driver::load`], [`crate::Driver::load_single`]).
 ///
 /// Returns [`DraftVocabulary::Same`] with the tokenizer's size (largest id + 1 of the target's `tokenizer.json`;
 /// `None` without one: what the engines' width rule [`specrt_core::check_draft_width`] compares logits widths that
@@ -276,7 +276,7 @@ pub(crate) fn folder_chat_template(model_file: &Path) -> Result<Option<ChatTempl
 
 /// Chat `messages` rendered with `template` (as transformers' `apply_chat_template(..., add_generation_prompt=True)`)
 /// and encoded without added special tokens (the template places them): [`Pipeline::chat_prompt_ids`] and
-/// [`crate::BatchPipeline::chat_prompt_ids`].
+/// [`crate::Driver::chat_prompt_ids`].
 pub(crate) fn chat_ids(
     template: Option<&ChatTemplate>,
     tokenizer: &Tokenizer,

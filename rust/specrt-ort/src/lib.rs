@@ -59,12 +59,12 @@
 //! (the `tokenizers` crate) and prints text and statistics.
 #![deny(missing_docs)]
 
-pub mod batch_pipeline;
 mod batched;
 pub mod constraint_compiler;
 pub mod cross_vocab;
 mod cuda_graph;
 pub mod discover;
+pub mod driver;
 pub mod folder;
 pub mod graph_session;
 mod kv_binding;
@@ -76,13 +76,13 @@ pub mod pipeline;
 pub mod request_settings;
 pub mod runtime;
 
-pub use batch_pipeline::{BatchEvent, BatchPipeline};
 pub use batched::{
     check_max_batch, max_batch_expected, BatchedOrtBackend, KV_WINDOW_STEP, MAX_BATCH,
 };
 pub use constraint_compiler::ConstraintCompiler;
 pub use cuda_graph::MAX_GRAPH_TOKENS;
 pub use discover::find_ort_library;
+pub use driver::{Driver, DriverEvent};
 pub use folder::{check_draft_folder, FolderDefaults};
 pub use graph_session::{GraphOutput, GraphSession};
 pub use options::{

@@ -18,7 +18,7 @@
 //! tokenizers version as Python's), stop strings ([`GenerationRequest::stop`]; they may end mid-token) and
 //! incremental detokenization that never shows a partial UTF-8 character, with the same text and token ids as
 //! Python's `Decoder` (tests/engine/test_rust_parity.py). Token ids in, token ids out: [`Pipeline::generate`]. Batched
-//! decoding from Rust: [`crate::BatchPipeline`] (requests submitted, stepped together, events per request).
+//! decoding from Rust: [`crate::Driver`] (requests submitted, stepped together, events per request).
 //!
 //! KV memory: [`OrtOptions::new`] sets `max_seq_len = Some(4096)` ([`crate::DEFAULT_MAX_SEQ_LEN`], capped by the
 //! model's `max_position_embeddings`), as Python's `Decoder` does; `None` means the model's whole
@@ -60,19 +60,19 @@ use specrt_core::{
 use specrt_text::chat::ChatTemplate;
 use specrt_text::tokenizer::Tokenizer;
 
-use crate::batch_pipeline::{BatchEvent, BatchPipeline};
+use crate::driver::{Driver, DriverEvent};
 use crate::folder::{FolderDefaults, TOKENIZER_FILE};
 use crate::options::OrtOptions;
 use crate::request_settings::GenerationRequest;
 
 /// A target model, an optional draft model and the target folder's defaults, ready to generate from token ids or
-/// text, one generation at a time: a front of the one driver ([`BatchPipeline`] over the single-stream engine,
+/// text, one generation at a time: a front of the one driver ([`Driver`] over the single-stream engine,
 /// [`specrt_core::SingleStream`]), which every generation runs through (Python's `Decoder` and `Scheduler`,
 /// `specrt serve`).
 ///
 /// One generation at a time (`&mut self`); share one between threads behind a `Mutex`, or load one per thread.
 pub struct Pipeline {
-    driver: BatchPipeline,
+    driver: Driver,
 }
 
 impl Pipeline {
@@ -91,7 +91,7 @@ impl Pipeline {
     /// vocabularies differ, both named), [`SpecError::Provider`] (CUDA unavailable without `allow_fallback`),
     /// [`SpecError::Setting`] (bad options, named), [`SpecError::Backend`] (ONNX Runtime failed to load a model).
     pub fn load(target: &Path, draft: Option<&Path>, options: &OrtOptions) -> Result<Self> {
-        BatchPipeline::load_single(target, draft, options, DEFAULT_PREFIX_CACHING)
+        Driver::load_single(target, draft, options, DEFAULT_PREFIX_CACHING)
             .map(|driver| Self { driver })
     }
 
@@ -99,14 +99,14 @@ impl Pipeline {
     #[must_use]
     pub fn from_engine(engine: Engine, defaults: FolderDefaults) -> Self {
         Self {
-            driver: BatchPipeline::from_engine(SingleStream::new(engine), defaults, None),
+            driver: Driver::from_engine(SingleStream::new(engine), defaults, None),
         }
     }
 
-    /// A pipeline over a single-stream driver loaded elsewhere ([`BatchPipeline::load_single`], e.g. with prefix
+    /// A pipeline over a single-stream driver loaded elsewhere ([`Driver::load_single`], e.g. with prefix
     /// caching off).
     #[must_use]
-    pub fn from_driver(driver: BatchPipeline) -> Self {
+    pub fn from_driver(driver: Driver) -> Self {
         Self { driver }
     }
 
@@ -154,8 +154,8 @@ impl Pipeline {
         self.driver.fallback_reason()
     }
 
-    /// The driver this pipeline runs on (submit / step / cancel; [`BatchPipeline::stats`] of a running request).
-    pub fn driver_mut(&mut self) -> &mut BatchPipeline {
+    /// The driver this pipeline runs on (submit / step / cancel; [`Driver::stats`] of a running request).
+    pub fn driver_mut(&mut self) -> &mut Driver {
         &mut self.driver
     }
 
@@ -291,11 +291,11 @@ impl Pipeline {
     }
 
     /// Step the driver until request `id` ends, calling `on_event` with each of its events; `false` from it stops
-    /// the request keeping what was emitted ([`BatchPipeline::finish`]). Returns its text and output.
+    /// the request keeping what was emitted ([`Driver::finish`]). Returns its text and output.
     fn drive(
         &mut self,
         id: u64,
-        mut on_event: impl FnMut(&BatchEvent) -> bool,
+        mut on_event: impl FnMut(&DriverEvent) -> bool,
     ) -> Result<(String, GenerationOutput)> {
         loop {
             let events = match self.driver.step() {

@@ -1,5 +1,5 @@
 //! One generation's settings ([`GenerationRequest`]) and the one resolver every caller uses
-//! ([`resolve_request`]: the Rust [`crate::Pipeline`], [`crate::BatchPipeline`], Python's `Decoder`, `Scheduler` and
+//! ([`resolve_request`]: the Rust [`crate::Pipeline`], [`crate::Driver`], Python's `Decoder`, `Scheduler` and
 //! `specrt serve` through the binding): folder defaults filled in, K and the proposer translated, everything
 //! validated with errors that name the setting.
 
@@ -387,10 +387,10 @@ pub fn resolve_request(
     Ok(cfg)
 }
 
-/// A request resolved and checked once, at submission, against the pipeline that will run it: its prompt ids, its
+/// A request resolved and checked once, at submission, against the driver that will run it: its prompt ids, its
 /// settings as given (stop strings, text options and constraint are read from them when it queues) and the engine
 /// settings they resolve to. Made by [`RequestScope::prepare`]; queued by
-/// [`crate::BatchPipeline::submit_prepared`], which resolves nothing again.
+/// [`crate::Driver::submit_prepared`], which resolves nothing again.
 #[derive(Debug, Clone)]
 pub struct PreparedRequest {
     /// The prompt's token ids (non-empty, each `< vocab_size`; prompt + `max_new_tokens` within `max_seq_len`).
@@ -401,8 +401,8 @@ pub struct PreparedRequest {
     pub config: GenerationConfig,
 }
 
-/// What a pipeline checks a request against, copied out of it ([`crate::BatchPipeline::request_scope`]) so that a
-/// request can be resolved and checked while the pipeline runs a round (a server's handler does not wait for it).
+/// What a driver checks a request against, copied out of it ([`crate::Driver::request_scope`]) so that a
+/// request can be resolved and checked while the driver runs a round (a server's handler does not wait for it).
 #[derive(Debug, Clone)]
 pub struct RequestScope {
     /// The target folder's defaults (EOS ids included).
@@ -456,7 +456,7 @@ impl RequestScope {
 pub(crate) fn stop_without_tokenizer() -> SpecError {
     SpecError::setting(
         "stop",
-        "stop strings need text: this pipeline has no tokenizer",
+        "stop strings need text: this driver has no tokenizer",
     )
 }
 

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use specrt_core::{FinishReason, PinnedCosts, SpecError};
 use specrt_ort::{
-    BatchPipeline, GenerationRequest, OrtOptions, Pipeline, Proposer, SpeculativeTokens,
-    TextOptions, AUTO_K_MAX,
+    Driver, GenerationRequest, OrtOptions, Pipeline, Proposer, SpeculativeTokens, TextOptions,
+    AUTO_K_MAX,
 };
 
 fn env_paths() -> Option<(PathBuf, PathBuf)> {
@@ -331,9 +331,8 @@ fn prefix_caching_gives_the_tokens_of_a_full_prefill() {
     let options = options(&lib);
     let mut cached = Pipeline::load(&model, Some(&model), &options).unwrap();
     // Pipeline::load turns prefix caching on; the same driver without it:
-    let mut fresh = Pipeline::from_driver(
-        BatchPipeline::load_single(&model, Some(&model), &options, false).unwrap(),
-    );
+    let mut fresh =
+        Pipeline::from_driver(Driver::load_single(&model, Some(&model), &options, false).unwrap());
     let vocab = cached.vocab_size() as u32;
     let base = prompt(vocab as usize);
     let extra =

@@ -11,8 +11,7 @@ use std::path::PathBuf;
 use serde_json::{json, Value};
 use specrt_core::{BatchOptions, FinishReason, SpecError};
 use specrt_ort::{
-    BatchPipeline, GenerationRequest, OrtOptions, OutputConstraint, Pipeline, Proposer,
-    SpeculativeTokens,
+    Driver, GenerationRequest, OrtOptions, OutputConstraint, Pipeline, Proposer, SpeculativeTokens,
 };
 
 fn folders() -> Option<(PathBuf, PathBuf, PathBuf)> {
@@ -165,8 +164,7 @@ fn greedy_batched_constrained_rows_equal_single_stream_constrained_output() {
     let mut options = OrtOptions::new(&lib);
     options.max_seq_len = Some(512);
     let mut solo = Pipeline::load(&t, Some(&d), &options).unwrap();
-    let mut batch =
-        BatchPipeline::load(&tb, Some(&db), &options, 4, BatchOptions::default()).unwrap();
+    let mut batch = Driver::load(&tb, Some(&db), &options, 4, BatchOptions::default()).unwrap();
     let ask = |p: &Pipeline, q: &str| {
         p.chat_prompt_ids(&[json!({"role": "user", "content": q})])
             .unwrap()

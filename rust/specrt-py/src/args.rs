@@ -1,5 +1,5 @@
 //! Argument conversions shared by the binding's entry points (`sample`, `sample_draft`, `process_logits`,
-//! `log_softmax_at`, `verify`, `BatchPipeline`): Python keyword values -> core types, each written once with its error
+//! `log_softmax_at`, `verify`, `Driver`): Python keyword values -> core types, each written once with its error
 //! message.
 
 use numpy::PyReadonlyArray1;

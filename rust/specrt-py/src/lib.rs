@@ -3,11 +3,11 @@ use pyo3::prelude::*;
 
 mod args;
 pub mod arrays;
-mod batch;
 mod chat;
 mod constraint;
 mod cost;
 mod coupled;
+mod driver;
 pub mod errors;
 mod options;
 mod ort_model;
@@ -34,7 +34,7 @@ fn _specrt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     quant::register(m)?;
     m.add_class::<ort_model::PyOrtModel>()?;
     m.add_class::<constraint::PyConstraintMasks>()?;
-    m.add_class::<batch::PyBatchPipeline>()?;
+    m.add_class::<driver::PyDriver>()?;
     m.add_class::<request_config::RequestConfig>()?;
     m.add_class::<prepared::PyPreparedRequest>()?;
     m.add_class::<request_config::PyFolderDefaults>()?;

@@ -1,13 +1,13 @@
-//! `PreparedRequest`: a request resolved and checked once, at submission (`BatchPipeline.prepare`), queued as it is
-//! (`BatchPipeline.submit`).
+//! `PreparedRequest`: a request resolved and checked once, at submission (`Driver.prepare`), queued as it is
+//! (`Driver.submit`).
 
 use pyo3::prelude::*;
 use specrt_ort::PreparedRequest;
 
 use crate::request_config::RequestConfig;
 
-/// One generation request, resolved and checked against the pipeline that made it (``BatchPipeline.prepare``): its
-/// prompt ids, the engine's settings, its stop strings. ``BatchPipeline.submit`` queues it without resolving it again
+/// One generation request, resolved and checked against the driver that made it (``Driver.prepare``): its
+/// prompt ids, the engine's settings, its stop strings. ``Driver.submit`` queues it without resolving it again
 /// (a prepared request may be submitted more than once).
 #[pyclass(module = "specrt._specrt", name = "PreparedRequest", frozen)]
 pub struct PyPreparedRequest(pub PreparedRequest);

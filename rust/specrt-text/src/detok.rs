@@ -31,7 +31,7 @@
 //!
 //! # Views: vLLM's `skip_special_tokens` and `include_stop_str_in_output` ([`TextOptions`])
 //! The one definition of which text a request gets, for the `Decoder` and `specrt serve` (Python) and `Pipeline` /
-//! `BatchPipeline` (Rust), with vLLM's meaning of its two output options (`vllm/v1/engine/detokenizer.py`):
+//! `Driver` (Rust), with vLLM's meaning of its two output options (`vllm/v1/engine/detokenizer.py`):
 //! - **Stop strings are matched in the text without special tokens**, whatever `skip_special_tokens` says: that is
 //!   where the engine's stop decision ([`StopHit::n_keep`]) is made, so every view of a request stops at the same
 //!   token. (vLLM matches in its output text, which has special tokens' text with `skip_special_tokens = false`;

@@ -1,16 +1,17 @@
-//! [`BatchPipeline`]: many requests at once from Rust, text in and text out: submit requests (each resolved and
-//! checked at once by the one resolver), call [`BatchPipeline::step`] to run one batched round, and receive each
-//! request's [`BatchEvent`]s (its new text, the tokens, and on its last event the output). Stop strings are cut
-//! per request (the engine's row is cut back with `stop_at`), and one request's bad settings or failure never
-//! touches the others.
+//! [`Driver`]: the one driver of every generation (Rust's `Pipeline`, Python's `Decoder` and `Scheduler`, the
+//! server), many requests at once on the batched layout or one at a time on the single-stream engine, text in and
+//! text out: submit requests (each resolved and checked once by the one resolver), call [`Driver::step`] to run one
+//! round, and receive each request's [`DriverEvent`]s (its new text, the tokens, and on its last event the output).
+//! Stop strings are cut per request (the engine's row is cut back with `stop_at`), and one request's bad settings or
+//! failure never touches the others.
 //!
 //! ```no_run
 //! use std::path::Path;
 //! use specrt_ort::specrt_core::BatchOptions;
-//! use specrt_ort::{find_ort_library, BatchPipeline, GenerationRequest, OrtOptions};
+//! use specrt_ort::{find_ort_library, Driver, GenerationRequest, OrtOptions};
 //!
 //! let options = OrtOptions::new(find_ort_library(None)?);
-//! let mut batch = BatchPipeline::load(
+//! let mut batch = Driver::load(
 //!     Path::new("/models/smollm2-135m-instruct/fp32-B"), // the batched layout (`specrt convert --attention batched`)
 //!     None,
 //!     &options,
@@ -55,8 +56,8 @@ use crate::request_settings::{
 
 /// What one round brought one request.
 #[derive(Debug, Clone, PartialEq)]
-pub struct BatchEvent {
-    /// The request's id ([`BatchPipeline::submit_text`]'s).
+pub struct DriverEvent {
+    /// The request's id ([`Driver::submit_text`]'s).
     pub id: u64,
     /// Text to show now (empty for a request submitted as ids without a tokenizer, or while text is held back:
     /// a partial UTF-8 character or a possible partial stop string).
@@ -86,10 +87,10 @@ struct Tracked {
 /// The driver of every generation: an engine of requests ([`RequestEngine`]: a batched engine over folders in the
 /// batched layout, or the single-stream engine, one request at a time) with the target folder's defaults and
 /// tokenizer.
-pub struct BatchPipeline {
+pub struct Driver {
     engine: Box<dyn RequestEngine>,
     /// ONNX Runtime execution providers of the target session, preferred first (empty for
-    /// [`BatchPipeline::from_engine`]).
+    /// [`Driver::from_engine`]).
     providers: Vec<&'static str>,
     /// Why CUDA was requested but the CPU is used (`allow_fallback`), if it was.
     fallback_reason: Option<String>,
@@ -106,7 +107,7 @@ pub struct BatchPipeline {
     draft_vocabulary: Option<Value>,
 }
 
-impl BatchPipeline {
+impl Driver {
     /// Load a target folder (and an optional draft, loaded with [`OrtOptions::for_draft`]) converted with
     /// `--attention batched`, holding up to `max_batch` rows, with the batched engine's `batch_options` (`prefill_chunk`
     /// = most prompt tokens a joining request prefills per round; prefix caching and its byte budget).
@@ -120,10 +121,10 @@ impl BatchPipeline {
         max_batch: usize,
         batch_options: BatchOptions,
     ) -> Result<Self> {
-        let folder = TargetFolder::open(target, draft)?;
+        let mut folder = TargetFolder::open(target, draft)?;
         let t = BatchedOrtBackend::new(&folder.model_file, options, max_batch)?;
         let fallback_reason = t.fallback_reason().map(str::to_owned);
-        let (d, tokenizer_vocab, report) = match (draft, folder.draft_vocabulary) {
+        let (d, tokenizer_vocab, report) = match (draft, folder.draft_vocabulary.take()) {
             (Some(p), Some(vocabulary)) => {
                 let d = Box::new(BatchedOrtBackend::new(p, &options.for_draft(), max_batch)?);
                 let (fit, report) = DraftFit::new(vocabulary, t.vocab_size(), d.vocab_size())?;
@@ -134,13 +135,10 @@ impl BatchPipeline {
         };
         let engine =
             BatchEngine::with_tokenizer_vocab(Box::new(t), d, batch_options, tokenizer_vocab)?;
-        let mut pipeline = Self::from_engine(engine, folder.defaults, folder.tokenizer);
-        pipeline.draft_vocabulary = report;
-        pipeline.chat_template = folder.chat_template;
-        pipeline.providers = vec!["CPUExecutionProvider"];
-        pipeline.fallback_reason = fallback_reason;
-        pipeline.batched = true;
-        Ok(pipeline)
+        let mut driver = Self::loaded(engine, folder, report, fallback_reason);
+        driver.providers = vec!["CPUExecutionProvider"];
+        driver.batched = true;
+        Ok(driver)
     }
 
     /// Load a target folder (and an optional draft, loaded with [`OrtOptions::for_draft`]) in the single-stream
@@ -154,13 +152,13 @@ impl BatchPipeline {
         options: &OrtOptions,
         prefix_caching: bool,
     ) -> Result<Self> {
-        let folder = TargetFolder::open(target, draft)?;
+        let mut folder = TargetFolder::open(target, draft)?;
         let t = OrtBackend::new(&folder.model_file, options)?;
         let providers = t.providers();
         let fallback_reason = t.fallback_reason().map(str::to_owned);
         let mut draft_options = options.for_draft();
         draft_options.profile = None; // the target's session is the one profiled
-        let (d, tokenizer_vocab, report) = match (draft, folder.draft_vocabulary) {
+        let (d, tokenizer_vocab, report) = match (draft, folder.draft_vocabulary.take()) {
             (Some(p), Some(vocabulary)) => {
                 let d = Box::new(OrtBackend::new(p, &draft_options)?);
                 let (fit, report) = DraftFit::new(vocabulary, t.vocab_size(), d.vocab_size())?;
@@ -171,13 +169,24 @@ impl BatchPipeline {
         };
         let mut engine = Engine::with_tokenizer_vocab(Box::new(t), d, tokenizer_vocab)?;
         engine.set_prefix_caching(prefix_caching);
-        let mut pipeline =
-            Self::from_engine(SingleStream::new(engine), folder.defaults, folder.tokenizer);
-        pipeline.draft_vocabulary = report;
-        pipeline.chat_template = folder.chat_template;
-        pipeline.providers = providers;
-        pipeline.fallback_reason = fallback_reason;
-        Ok(pipeline)
+        let mut driver = Self::loaded(SingleStream::new(engine), folder, report, fallback_reason);
+        driver.providers = providers;
+        Ok(driver)
+    }
+
+    /// The driver over `engine`, loaded from `folder` (its defaults, tokenizer and chat template), with the draft's
+    /// vocabulary `report` and the provider's `fallback_reason`.
+    fn loaded(
+        engine: impl RequestEngine + 'static,
+        folder: TargetFolder,
+        report: Option<Value>,
+        fallback_reason: Option<String>,
+    ) -> Self {
+        let mut driver = Self::from_engine(engine, folder.defaults, folder.tokenizer);
+        driver.draft_vocabulary = report;
+        driver.chat_template = folder.chat_template;
+        driver.fallback_reason = fallback_reason;
+        driver
     }
 
     /// Load a target folder (and an optional draft) in the layout they were converted for, read from their
@@ -207,7 +216,7 @@ impl BatchPipeline {
         }
     }
 
-    /// A pipeline over an engine of requests built elsewhere (other backends, mock models in tests).
+    /// A driver over an engine of requests built elsewhere (other backends, mock models in tests).
     #[must_use]
     pub fn from_engine(
         engine: impl RequestEngine + 'static,
@@ -243,7 +252,7 @@ impl BatchPipeline {
         self.draft_vocabulary.as_ref()
     }
 
-    /// Share suffix decoding's cache of earlier requests among this pipeline's requests (`None`: each request that
+    /// Share suffix decoding's cache of earlier requests among this driver's requests (`None`: each request that
     /// asks for suffix decoding drafts from its own text; [`specrt_core::SuffixCache::for_setting`] builds one from
     /// `suffix_cache_tokens`).
     pub fn set_suffix_cache(&mut self, cache: Option<std::sync::Arc<specrt_core::SuffixCache>>) {
@@ -288,9 +297,9 @@ impl BatchPipeline {
 
     /// Queue a text prompt (encoded with the target folder's tokenizer, special tokens added as its post-processor
     /// says). Returns the request's id. Resolved and checked now (the one resolver); it joins the batch at a
-    /// later [`BatchPipeline::step`] with a free slot.
+    /// later [`Driver::step`] with a free slot.
     ///
-    /// Errors: [`SpecError::Setting`] (`prompt`) without a tokenizer; otherwise as [`BatchPipeline::submit_ids`].
+    /// Errors: [`SpecError::Setting`] (`prompt`) without a tokenizer; otherwise as [`Driver::submit_ids`].
     pub fn submit_text(&mut self, prompt: &str, request: &GenerationRequest) -> Result<u64> {
         let tokenizer = self
             .tokenizer
@@ -300,17 +309,17 @@ impl BatchPipeline {
         self.submit_ids(&ids, request)
     }
 
-    /// Queue a prompt of token ids; its output is text too when the pipeline has a tokenizer (stop strings need
-    /// one). Returns the request's id. The same as [`BatchPipeline::prepare`] then
-    /// [`BatchPipeline::submit_prepared`].
+    /// Queue a prompt of token ids; its output is text too when the driver has a tokenizer (stop strings need
+    /// one). Returns the request's id. The same as [`Driver::prepare`] then
+    /// [`Driver::submit_prepared`].
     ///
-    /// Errors: as [`RequestScope::prepare`] and [`BatchPipeline::submit_prepared`]. Nothing is queued on an error.
+    /// Errors: as [`RequestScope::prepare`] and [`Driver::submit_prepared`]. Nothing is queued on an error.
     pub fn submit_ids(&mut self, prompt_ids: &[u32], request: &GenerationRequest) -> Result<u64> {
         let prepared = self.prepare(prompt_ids.to_vec(), request.clone())?;
         self.submit_prepared(prepared)
     }
 
-    /// `request` on `prompt_ids` resolved and checked against this pipeline ([`RequestScope::prepare`]), not queued.
+    /// `request` on `prompt_ids` resolved and checked against this driver ([`RequestScope::prepare`]), not queued.
     ///
     /// Errors: as [`RequestScope::prepare`].
     pub fn prepare(
@@ -321,8 +330,8 @@ impl BatchPipeline {
         self.request_scope().prepare(prompt_ids, request)
     }
 
-    /// What this pipeline checks requests against, as a copy ([`RequestScope::prepare`] needs nothing else): a
-    /// caller that shares the pipeline between threads prepares requests with it without waiting for a round.
+    /// What this driver checks requests against, as a copy ([`RequestScope::prepare`] needs nothing else): a
+    /// caller that shares the driver between threads prepares requests with it without waiting for a round.
     #[must_use]
     pub fn request_scope(&self) -> RequestScope {
         RequestScope {
@@ -334,8 +343,8 @@ impl BatchPipeline {
         }
     }
 
-    /// Queue a request prepared by [`BatchPipeline::prepare`] or a [`RequestScope`] of this pipeline (its settings
-    /// are not resolved again). Returns its id; it joins the batch at a later [`BatchPipeline::step`] with a free
+    /// Queue a request prepared by [`Driver::prepare`] or a [`RequestScope`] of this driver (its settings
+    /// are not resolved again). Returns its id; it joins the batch at a later [`Driver::step`] with a free
     /// slot.
     ///
     /// Errors: [`SpecError::Setting`] for a constraint (`request.constraint`) that does not compile over the
@@ -404,8 +413,8 @@ impl BatchPipeline {
         ))
     }
 
-    /// The engine settings `request` resolves to here ([`resolve_request`] with this pipeline's defaults, draft
-    /// and vocabulary): what [`BatchPipeline::submit_ids`] would run.
+    /// The engine settings `request` resolves to here ([`resolve_request`] with this driver's defaults, draft
+    /// and vocabulary): what [`Driver::submit_ids`] would run.
     ///
     /// Errors: as [`resolve_request`].
     pub fn resolve(&self, request: &GenerationRequest) -> Result<specrt_core::GenerationConfig> {
@@ -423,7 +432,7 @@ impl BatchPipeline {
         self.chat_template.as_ref()
     }
 
-    /// Use `tokenizer` for text (a pipeline built with [`BatchPipeline::from_engine`] without one).
+    /// Use `tokenizer` for text (a driver built with [`Driver::from_engine`] without one).
     pub fn set_tokenizer(&mut self, tokenizer: Tokenizer) {
         self.constraints.set_tokenizer(tokenizer.clone());
         self.tokenizer = Some(tokenizer);
@@ -439,14 +448,14 @@ impl BatchPipeline {
     ///
     /// Errors: [`SpecError::Backend`] / [`SpecError::NonFinite`] when the round itself fails (every running
     /// request is then failed); a single request's failure is its event's `error`.
-    pub fn step(&mut self) -> Result<Vec<BatchEvent>> {
+    pub fn step(&mut self) -> Result<Vec<DriverEvent>> {
         let steps = self.engine.step()?;
         let mut events = Vec::with_capacity(steps.len());
         for row in steps {
             let id = row.id;
             if let Some(error) = row.error {
                 self.requests.remove(&id);
-                events.push(BatchEvent {
+                events.push(DriverEvent {
                     id,
                     text: String::new(),
                     step: StepOutput::default(),
@@ -489,7 +498,7 @@ impl BatchPipeline {
             } else {
                 None
             };
-            events.push(BatchEvent {
+            events.push(DriverEvent {
                 id,
                 text,
                 step,
@@ -586,15 +595,15 @@ fn folder_layout(path: &Path) -> Result<Option<KvLayout>> {
     Ok(SpecrtConfig::read_beside(&resolve_model_file(path)?)?.kv_layout)
 }
 
-/// The refusal of a text input (`field`: `prompt`, `messages`) by a pipeline without a tokenizer.
+/// The refusal of a text input (`field`: `prompt`, `messages`) by a driver without a tokenizer.
 fn no_tokenizer(field: &str) -> SpecError {
     SpecError::setting(
         field,
-        format!("{field} is text but this pipeline has no tokenizer; submit token ids"),
+        format!("{field} is text but this driver has no tokenizer; submit token ids"),
     )
 }
 
-/// `path` is in the batched layout when `batched`, in a single-stream one otherwise ([`BatchPipeline::open`]).
+/// `path` is in the batched layout when `batched`, in a single-stream one otherwise ([`Driver::open`]).
 ///
 /// Errors: [`SpecError::Setting`] (`max_batch`) naming the folder, its layout and the one needed.
 fn check_layout(path: &Path, batched: bool) -> Result<()> {
@@ -646,7 +655,7 @@ mod tests {
         (target, draft)
     }
 
-    fn batch(max_batch: usize) -> BatchPipeline {
+    fn batch(max_batch: usize) -> Driver {
         let (t, d) = models();
         let engine = BatchEngine::new(
             Box::new(MockBatchModel::new(&t, max_batch)),
@@ -654,7 +663,7 @@ mod tests {
             BatchOptions::default(),
         )
         .unwrap();
-        BatchPipeline::from_engine(engine, FolderDefaults::default(), Some(tokenizer()))
+        Driver::from_engine(engine, FolderDefaults::default(), Some(tokenizer()))
     }
 
     fn solo() -> Pipeline {
@@ -701,14 +710,14 @@ mod tests {
         ]
     }
 
-    fn run_all(b: &mut BatchPipeline) -> HashMap<u64, (String, String, GenerationOutput)> {
+    fn run_all(b: &mut Driver) -> HashMap<u64, (String, String, GenerationOutput)> {
         run_from(b, Vec::new())
     }
 
     /// [`run_all`] after rounds already run, whose events are `first`.
     fn run_from(
-        b: &mut BatchPipeline,
-        first: Vec<BatchEvent>,
+        b: &mut Driver,
+        first: Vec<DriverEvent>,
     ) -> HashMap<u64, (String, String, GenerationOutput)> {
         let mut streamed: HashMap<u64, String> = HashMap::new();
         let mut steps: HashMap<u64, StepOutput> = HashMap::new();

@@ -1,4 +1,4 @@
-//! `BatchPipeline`: many requests in batched rounds, text out (wraps `specrt_ort::BatchPipeline`: the one resolver,
+//! `Driver`: many requests in batched rounds, text out (wraps `specrt_ort::Driver`: the one resolver,
 //! the tokenizer, stop strings and streamed text are Rust's). Converts and forwards, nothing more; the Python
 //! `specrt.Scheduler` adds the queue, threads, timeouts and asyncio.
 
@@ -10,7 +10,7 @@ use pyo3::types::PyDict;
 use specrt_core::{
     BatchOptions, DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_PREFIX_CACHING,
 };
-use specrt_ort::{check_ids, BatchEvent, BatchPipeline, Provider, RequestScope};
+use specrt_ort::{check_ids, Driver, DriverEvent, Provider, RequestScope};
 
 use crate::args::ort_options;
 use crate::errors::{run_kernel, to_pyerr};
@@ -19,7 +19,7 @@ use crate::prepared::PyPreparedRequest;
 use crate::request_config::{ids_of, request_of, PyFolderDefaults};
 use crate::text::PyTokenizer;
 
-/// The driver every generation runs through (``specrt_ort::BatchPipeline``): requests submitted with their
+/// The driver every generation runs through (``specrt_ort::Driver``): requests submitted with their
 /// settings, one round per ``step``, per-request events out, ``cancel``. With ``batched`` (folders in the batched
 /// layout, ``specrt convert --attention batched``) up to ``max_batch`` requests share each draft pass and each
 /// verification pass, a finished request leaving and a waiting one joining at the next round; without it the
@@ -29,7 +29,7 @@ use crate::text::PyTokenizer;
 /// tokenizer's (as ``TextAssembler``).
 ///
 /// Low-level: ``specrt.Decoder`` and ``specrt.Scheduler`` (Python) add model names, the queue, threads, timeouts
-/// and asyncio. Each method locks the pipeline for its call, except ``prepare`` and the getters of fixed values and
+/// and asyncio. Each method locks the driver for its call, except ``prepare`` and the getters of fixed values and
 /// defaults, which never wait for a round.
 ///
 /// Args:
@@ -53,16 +53,16 @@ use crate::text::PyTokenizer;
 ///         first (default ``DEFAULT_PREFIX_CACHE_BYTES``, 1 GiB).
 ///     profile: write ONNX Runtime's profile of the target's session under this prefix (single-stream only).
 ///     suffix_cache_tokens: tokens of earlier requests' prompts and outputs that suffix decoding
-///         (``proposer="suffix"``, ``"suffix+draft"``) shares among this pipeline's requests (default 0: none, each
+///         (``proposer="suffix"``, ``"suffix+draft"``) shares among this driver's requests (default 0: none, each
 ///         request drafts from its own text; about 1 KB a token at most). A request's text can then shape another's
 ///         drafts, never its output.
 ///
 /// Raises:
 ///     FileNotFoundError, ModelFileError: a model or the library is missing or unreadable. ConfigError: a model
 ///     not in the layout asked for, or a setting out of range. VocabError, ProviderError, BackendError.
-#[pyclass(module = "specrt._specrt", name = "BatchPipeline")]
-pub struct PyBatchPipeline {
-    inner: Mutex<BatchPipeline>,
+#[pyclass(module = "specrt._specrt", name = "Driver")]
+pub struct PyDriver {
+    inner: Mutex<Driver>,
     /// What requests are checked against (a copy, refreshed when the EOS ids change): `prepare` reads it without
     /// waiting for a running round.
     scope: RwLock<RequestScope>,
@@ -72,7 +72,7 @@ pub struct PyBatchPipeline {
     max_batch: usize,
 }
 
-fn lock(m: &Mutex<BatchPipeline>) -> std::sync::MutexGuard<'_, BatchPipeline> {
+fn lock(m: &Mutex<Driver>) -> std::sync::MutexGuard<'_, Driver> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -84,7 +84,7 @@ fn read(s: &RwLock<RequestScope>) -> std::sync::RwLockReadGuard<'_, RequestScope
 /// finish_reason) plus ``id``, ``text``, ``prompt`` (a prompt-scores dict or None), ``error`` (an exception or None)
 /// and ``done`` (None, or ``{"text", "tokens", "sources", "logprobs", "top_logprobs", "finish_reason", "stats",
 /// "prompt"}`` on the request's last event).
-fn event_dict(py: Python<'_>, e: BatchEvent) -> PyResult<Bound<'_, PyDict>> {
+fn event_dict(py: Python<'_>, e: DriverEvent) -> PyResult<Bound<'_, PyDict>> {
     let d = step_dict(py, &e.step)?;
     d.set_item("id", e.id)?;
     d.set_item("text", e.text)?;
@@ -113,7 +113,7 @@ fn event_dict(py: Python<'_>, e: BatchEvent) -> PyResult<Bound<'_, PyDict>> {
 }
 
 #[pymethods]
-impl PyBatchPipeline {
+impl PyDriver {
     #[new]
     #[pyo3(signature = (
         target, draft=None, *, ort_library, batched=None, max_batch=4, max_seq_len=None, intra_op_threads=None,
@@ -163,40 +163,38 @@ impl PyBatchPipeline {
             max_prefill_tokens: max_prefill_tokens.unwrap_or(DEFAULT_MAX_PREFILL_TOKENS),
             ..BatchOptions::default()
         };
-        let pipeline = run_kernel(py, move || match batched {
-            None => BatchPipeline::open(
+        let driver = run_kernel(py, move || match batched {
+            None => Driver::open(
                 &target,
                 draft.as_deref(),
                 &options,
                 max_batch,
                 batch_options,
             ),
-            Some(true) => BatchPipeline::load(
+            Some(true) => Driver::load(
                 &target,
                 draft.as_deref(),
                 &options,
                 max_batch,
                 batch_options,
             ),
-            Some(false) => {
-                BatchPipeline::load_single(&target, draft.as_deref(), &options, prefix_caching)
-            }
+            Some(false) => Driver::load_single(&target, draft.as_deref(), &options, prefix_caching),
         })?;
-        let mut pipeline = pipeline;
-        pipeline.set_suffix_cache(suffix_cache);
+        let mut driver = driver;
+        driver.set_suffix_cache(suffix_cache);
         Ok(Self {
-            scope: RwLock::new(pipeline.request_scope()),
-            vocab_size: pipeline.vocab_size(),
-            has_draft: pipeline.has_draft(),
-            max_seq_len: pipeline.max_seq_len(),
-            max_batch: pipeline.max_batch(),
-            inner: Mutex::new(pipeline),
+            scope: RwLock::new(driver.request_scope()),
+            vocab_size: driver.vocab_size(),
+            has_draft: driver.has_draft(),
+            max_seq_len: driver.max_seq_len(),
+            max_batch: driver.max_batch(),
+            inner: Mutex::new(driver),
         })
     }
 
     /// Resolve and check a request, once: ``prompt`` token ids and ``settings`` (``Decoder.stream``'s keyword
     /// arguments by name, as ``resolve_request`` takes them; ``stop`` strings and the structured-output fields
-    /// included) against this pipeline's defaults, draft, vocabulary and ``max_seq_len``. Never waits for a running
+    /// included) against this driver's defaults, draft, vocabulary and ``max_seq_len``. Never waits for a running
     /// round. Queue the result with ``submit``.
     ///
     /// Raises:
@@ -224,7 +222,7 @@ impl PyBatchPipeline {
     }
 
     /// Run one round (GIL released); returns one dict per request that committed tokens, finished or failed (see
-    /// the class docs for the keys). A finished or failed request has left the pipeline.
+    /// the class docs for the keys). A finished or failed request has left the driver.
     ///
     /// Raises:
     ///     BackendError, NonFiniteLogitsError: the round itself failed (every running request is dropped).
@@ -348,12 +346,12 @@ impl PyBatchPipeline {
     fn set_eos_token_ids(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
         check_ids("eos_token_ids", &ids, self.vocab_size).map_err(to_pyerr)?;
         run_kernel(py, || {
-            let mut pipeline = lock(&self.inner);
-            pipeline.set_eos_token_ids(ids);
+            let mut driver = lock(&self.inner);
+            driver.set_eos_token_ids(ids);
             *self
                 .scope
                 .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = pipeline.request_scope();
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = driver.request_scope();
             Ok(())
         })
     }
