@@ -591,7 +591,7 @@ class Decoder:
                 "Scheduler, or close it before calling generate / stream"
             )
 
-    def prepare(self, **kwargs: Any) -> Any:
+    def prepare(self, *, _caller: str = "Decoder.prepare", **kwargs: Any) -> Any:
         """A request from :meth:`stream`'s keyword arguments, resolved and checked once by the one resolver in Rust
         (``specrt_ort::resolve_request``: the folder's defaults, every range, the prompt against the vocabulary and
         ``max_seq_len``), not queued: a ``_specrt.PreparedRequest`` with ``prompt_ids`` (``list[int]``), ``config``
@@ -599,11 +599,13 @@ class Decoder:
         ``scored``. :meth:`stream` and :meth:`specrt.scheduler.Scheduler.submit` run requests made here. Never waits
         for a running generation.
 
+        ``_caller`` names the function the user called in a TypeError's message (``"Scheduler.submit"``).
+
         Raises:
             TypeError: an argument :meth:`stream` does not take. (plus what :meth:`stream` raises for bad settings,
                 before anything runs)
         """
-        a = _bind_stream_args("Decoder.prepare", kwargs)
+        a = _bind_stream_args(_caller, kwargs)
         return self._driver.prepare(self.encode(a["prompt"], a["messages"]), _settings_of(a))
 
     def _run(self, request: Any) -> Iterator[StreamChunk]:

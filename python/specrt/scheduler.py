@@ -322,7 +322,7 @@ class Scheduler:
             raise ConfigError(f"timeout_s must be > 0 seconds or None, got {timeout_s!r}")
         if prompt is not None:
             kwargs = {**kwargs, "prompt": prompt}
-        request = self.decoder.prepare(**kwargs)  # never waits for a running round
+        request = self.decoder.prepare(_caller="Scheduler.submit", **kwargs)  # never waits for a running round
         with self._cond:
             if self._closed:
                 raise SchedulerClosedError("the scheduler is closed (shutting down); no new requests are accepted")
