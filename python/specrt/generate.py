@@ -100,6 +100,7 @@ def _settings_of(a: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in a.items() if k not in ("self", "prompt", "messages")}
 
 
+#: Defaults of :meth:`Decoder.stream`'s request settings, from Rust (``GenerationRequest::default()``).
 _D = _specrt.request_defaults()
 
 

@@ -316,7 +316,7 @@ impl Driver {
     /// Errors: as [`RequestScope::prepare`] and [`Driver::submit_prepared`]. Nothing is queued on an error.
     pub fn submit_ids(&mut self, prompt_ids: &[u32], request: &GenerationRequest) -> Result<u64> {
         let prepared = self.prepare(prompt_ids.to_vec(), request.clone())?;
-        self.submit_prepared(prepared)
+        self.submit_prepared(&prepared)
     }
 
     /// `request` on `prompt_ids` resolved and checked against this driver ([`RequestScope::prepare`]), not queued.
@@ -350,7 +350,7 @@ impl Driver {
     /// Errors: [`SpecError::Setting`] for a constraint (`request.constraint`) that does not compile over the
     /// tokenizer, [`SpecError::Config`] for one without a tokenizer; [`SpecError::Setting`] (`stop`) for stop strings
     /// without a tokenizer; the engine's own checks of the prompt. Nothing is queued on an error.
-    pub fn submit_prepared(&mut self, prepared: PreparedRequest) -> Result<u64> {
+    pub fn submit_prepared(&mut self, prepared: &PreparedRequest) -> Result<u64> {
         let PreparedRequest {
             prompt_ids,
             request,
@@ -361,13 +361,18 @@ impl Driver {
             .constraints
             .compile_for(request.constraint.as_ref(), &self.defaults.eos_token_ids)?;
         let text = match &self.tokenizer {
-            Some(t) => Some(TextAssembler::new(t.clone(), request.stop, request.text)?),
+            Some(t) => Some(TextAssembler::new(
+                t.clone(),
+                request.stop.clone(),
+                request.text,
+            )?),
             None if !request.stop.is_empty() => return Err(stop_without_tokenizer()),
             None => None,
         };
         let id = self.next_id;
         let scored = config.prompt_logprobs.is_some();
-        self.engine.add_with(id, &prompt_ids, config, constraint)?;
+        self.engine
+            .add_with(id, prompt_ids, config.clone(), constraint)?;
         self.next_id += 1;
         self.requests.insert(
             id,

@@ -217,8 +217,7 @@ impl PyDriver {
     /// Raises:
     ///     ConfigError: a constraint that does not compile over the tokenizer.
     fn submit(&self, py: Python<'_>, request: &PyPreparedRequest) -> PyResult<u64> {
-        let prepared = request.0.clone();
-        run_kernel(py, || lock(&self.inner).submit_prepared(prepared))
+        run_kernel(py, || lock(&self.inner).submit_prepared(&request.0))
     }
 
     /// Run one round (GIL released); returns one dict per request that committed tokens, finished or failed (see
